@@ -1,0 +1,106 @@
+//! Command line: `heatsink serve` and friends.
+//!
+//! Every `serve` flag can also come from a `HEATSINK_<FLAG>` environment variable and
+//! from the `--config` TOML file; precedence is flag > env > file > default.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, FileConfig, LogFormat, Overrides};
+use crate::error::Error;
+
+/// heatsink: a MySQL wire-protocol proxy that rewrites hot-spot statements.
+#[derive(Debug, Parser)]
+#[command(name = "heatsink", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy.
+    Serve(Box<ServeArgs>),
+    /// Probe a health endpoint; exit 0 when it answers 200 (for container health checks).
+    Health {
+        /// Endpoint URL.
+        #[arg(long, default_value = "http://127.0.0.1:9633/healthz")]
+        url: String,
+    },
+}
+
+/// `heatsink serve` flags. All optional here: defaults are applied after merging the
+/// config file, so that a file value is not shadowed by a flag default.
+#[derive(Debug, Args, Default)]
+pub struct ServeArgs {
+    /// Address to accept client connections on [default: 127.0.0.1:6033].
+    #[arg(long, env = "HEATSINK_LISTEN")]
+    pub listen: Option<String>,
+    /// MySQL/MariaDB server address [default: 127.0.0.1:3306].
+    #[arg(long, env = "HEATSINK_BACKEND")]
+    pub backend: Option<String>,
+    /// Rule file or directory of *.toml rule files [default: rules].
+    #[arg(long, env = "HEATSINK_RULES")]
+    pub rules: Option<PathBuf>,
+    /// Admin port address (MySQL protocol).
+    #[arg(long, env = "HEATSINK_ADMIN")]
+    pub admin: Option<String>,
+    /// Prometheus metrics address.
+    #[arg(long, env = "HEATSINK_METRICS")]
+    pub metrics: Option<String>,
+    /// TOML config file.
+    #[arg(long, env = "HEATSINK_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Maximum concurrent client connections [default: 1000].
+    #[arg(long, env = "HEATSINK_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Seconds a client may stay idle between commands; 0 = forever [default: 28800].
+    #[arg(long, env = "HEATSINK_IDLE_TIMEOUT")]
+    pub idle_timeout: Option<u64>,
+    /// Seconds allowed for the connection phase [default: 10].
+    #[arg(long, env = "HEATSINK_HANDSHAKE_TIMEOUT")]
+    pub handshake_timeout: Option<u64>,
+    /// Seconds allowed to connect to the backend [default: 5].
+    #[arg(long, env = "HEATSINK_CONNECT_TIMEOUT")]
+    pub connect_timeout: Option<u64>,
+    /// Seconds in-flight statements get to finish on shutdown [default: 30].
+    #[arg(long, env = "HEATSINK_DRAIN_TIMEOUT")]
+    pub drain_timeout: Option<u64>,
+    /// Log format [default: human].
+    #[arg(long, env = "HEATSINK_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log filter, e.g. info, debug, heatsink=debug [default: info].
+    #[arg(long, env = "HEATSINK_LOG_LEVEL")]
+    pub log_level: Option<String>,
+    /// Statement plans cached per rule set [default: 10000].
+    #[arg(long, env = "HEATSINK_PLAN_CACHE_SIZE")]
+    pub plan_cache_size: Option<u64>,
+}
+
+impl ServeArgs {
+    /// The effective configuration: flags/env over the config file over defaults.
+    pub fn resolve(self) -> Result<Config, Error> {
+        let file = match &self.config {
+            Some(p) => FileConfig::load(p)?,
+            None => FileConfig::default(),
+        };
+        let o = Overrides {
+            listen: self.listen,
+            backend: self.backend,
+            rules: self.rules,
+            admin: self.admin,
+            metrics: self.metrics,
+            max_connections: self.max_connections,
+            idle_timeout: self.idle_timeout,
+            handshake_timeout: self.handshake_timeout,
+            connect_timeout: self.connect_timeout,
+            drain_timeout: self.drain_timeout,
+            log_format: self.log_format,
+            log_level: self.log_level,
+            plan_cache_size: self.plan_cache_size,
+        };
+        Config::resolve(o, file)
+    }
+}

@@ -1,0 +1,228 @@
+//! Runtime configuration: one struct, filled from flags, `HEATSINK_*` environment
+//! variables, a TOML file and defaults, in that order of precedence.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Source};
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines (default).
+    #[default]
+    Human,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Everything `heatsink serve` needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address clients connect to.
+    pub listen: String,
+    /// MySQL/MariaDB server every client connection is relayed to.
+    pub backend: String,
+    /// Rule file, or directory of `*.toml` rule files.
+    pub rules: PathBuf,
+    /// Admin port (MySQL protocol), off when `None`.
+    pub admin: Option<String>,
+    /// Prometheus metrics / health endpoint, off when `None`.
+    pub metrics: Option<String>,
+    /// Client connections served at once; more get "Too many connections".
+    pub max_connections: usize,
+    /// A client idle this long between commands is disconnected (zero: never).
+    pub idle_timeout: Duration,
+    /// The whole connection phase (greeting to auth OK) must finish within this.
+    pub handshake_timeout: Duration,
+    /// Connecting to the backend must succeed within this.
+    pub connect_timeout: Duration,
+    /// On shutdown, in-flight statements get this long to finish.
+    pub drain_timeout: Duration,
+    /// Log format on stderr.
+    pub log_format: LogFormat,
+    /// Log filter (`info`, `debug`, `heatsink=debug,warn`, …).
+    pub log_level: String,
+    /// Number of statement plans cached per rule set.
+    pub plan_cache_size: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:6033".into(),
+            backend: "127.0.0.1:3306".into(),
+            rules: PathBuf::from("rules"),
+            admin: None,
+            metrics: None,
+            max_connections: 1000,
+            idle_timeout: Duration::from_secs(28_800),
+            handshake_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(30),
+            log_format: LogFormat::Human,
+            log_level: "info".into(),
+            plan_cache_size: 10_000,
+        }
+    }
+}
+
+/// The TOML file's shape: every key optional, unknown keys rejected.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub backend: Option<String>,
+    pub rules: Option<PathBuf>,
+    pub admin: Option<String>,
+    pub metrics: Option<String>,
+    pub max_connections: Option<usize>,
+    pub idle_timeout: Option<u64>,
+    pub handshake_timeout: Option<u64>,
+    pub connect_timeout: Option<u64>,
+    pub drain_timeout: Option<u64>,
+    pub log_format: Option<LogFormat>,
+    pub log_level: Option<String>,
+    pub plan_cache_size: Option<u64>,
+}
+
+impl FileConfig {
+    /// Parses a config file's text; `origin` names it in errors.
+    pub fn from_str(text: &str, origin: &str) -> Result<Self, Error> {
+        toml::from_str(text).map_err(|e| {
+            Error::new(
+                Source::Internal,
+                format!("config file {origin}: {}", e.to_string().trim()),
+            )
+        })
+    }
+
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::with_cause(
+                Source::Internal,
+                format!("reading config file {}", path.display()),
+                e,
+            )
+        })?;
+        Self::from_str(&text, &path.display().to_string())
+    }
+}
+
+/// Values given on the command line or in the environment (clap already applied
+/// flag-over-env); `None` means "not given".
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub backend: Option<String>,
+    pub rules: Option<PathBuf>,
+    pub admin: Option<String>,
+    pub metrics: Option<String>,
+    pub max_connections: Option<usize>,
+    pub idle_timeout: Option<u64>,
+    pub handshake_timeout: Option<u64>,
+    pub connect_timeout: Option<u64>,
+    pub drain_timeout: Option<u64>,
+    pub log_format: Option<LogFormat>,
+    pub log_level: Option<String>,
+    pub plan_cache_size: Option<u64>,
+}
+
+impl Config {
+    /// Merges command line/environment over file over defaults.
+    pub fn resolve(cli: Overrides, file: FileConfig) -> Result<Config, Error> {
+        let d = Config::default();
+        let secs = Duration::from_secs;
+        let c = Config {
+            listen: cli.listen.or(file.listen).unwrap_or(d.listen),
+            backend: cli.backend.or(file.backend).unwrap_or(d.backend),
+            rules: cli.rules.or(file.rules).unwrap_or(d.rules),
+            admin: cli.admin.or(file.admin),
+            metrics: cli.metrics.or(file.metrics),
+            max_connections: cli
+                .max_connections
+                .or(file.max_connections)
+                .unwrap_or(d.max_connections),
+            idle_timeout: cli
+                .idle_timeout
+                .or(file.idle_timeout)
+                .map(secs)
+                .unwrap_or(d.idle_timeout),
+            handshake_timeout: cli
+                .handshake_timeout
+                .or(file.handshake_timeout)
+                .map(secs)
+                .unwrap_or(d.handshake_timeout),
+            connect_timeout: cli
+                .connect_timeout
+                .or(file.connect_timeout)
+                .map(secs)
+                .unwrap_or(d.connect_timeout),
+            drain_timeout: cli
+                .drain_timeout
+                .or(file.drain_timeout)
+                .map(secs)
+                .unwrap_or(d.drain_timeout),
+            log_format: cli.log_format.or(file.log_format).unwrap_or(d.log_format),
+            log_level: cli.log_level.or(file.log_level).unwrap_or(d.log_level),
+            plan_cache_size: cli
+                .plan_cache_size
+                .or(file.plan_cache_size)
+                .unwrap_or(d.plan_cache_size),
+        };
+        c.validate()
+    }
+
+    /// Rejects impossible values.
+    pub fn validate(self) -> Result<Config, Error> {
+        let bad = |m: &str| {
+            Err(Error::new(
+                Source::Internal,
+                format!("invalid configuration: {m}"),
+            ))
+        };
+        if self.max_connections == 0 {
+            return bad("max_connections must be at least 1");
+        }
+        if self.handshake_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return bad("handshake_timeout and connect_timeout must be at least 1 second");
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precedence_flag_over_file_over_default() {
+        let file = FileConfig::from_str(
+            "listen = \"127.0.0.1:1\"\nbackend = \"b:2\"\nmax_connections = 7\n",
+            "t",
+        )
+        .unwrap();
+        let cli = Overrides {
+            listen: Some("127.0.0.1:9".into()),
+            ..Default::default()
+        };
+        let c = Config::resolve(cli, file).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9");
+        assert_eq!(c.backend, "b:2");
+        assert_eq!(c.max_connections, 7);
+        assert_eq!(c.drain_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_rejected() {
+        let e = FileConfig::from_str("listn = \"x\"\n", "heatsink.toml").unwrap_err();
+        assert!(e.to_string().contains("heatsink.toml"), "{e}");
+        assert!(e.to_string().contains("listn"), "{e}");
+        let file = FileConfig::from_str("max_connections = 0\n", "t").unwrap();
+        assert!(Config::resolve(Overrides::default(), file).is_err());
+    }
+}

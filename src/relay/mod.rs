@@ -1,0 +1,11 @@
+//! The data path: one task per client connection, relaying to its own backend
+//! connection (1:1), following the command/response state machine only as far as it
+//! must to find response boundaries and to splice in rewritten statements.
+//!
+//! - [`response`]: where a response ends (pure state machine, unit-tested).
+//! - [`session`]: the per-connection task (handshake, auth, command loop).
+
+pub mod response;
+pub mod session;
+
+pub use session::{serve_client, Shared, Stats};

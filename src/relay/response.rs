@@ -1,0 +1,496 @@
+//! Where does a response end?
+//!
+//! [`ResponseParser`] follows the command/response state machine one packet at a time,
+//! looking only at the first bytes of each packet. The relay forwards bytes as they
+//! arrive and asks the parser when to stop reading. Rows are never decoded.
+
+use crate::wire::packets::{self, lenenc_int, EOF, ERR, LOCAL_INFILE, OK};
+use crate::wire::status;
+
+/// The shape of response a command produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseKind {
+    /// OK, ERR, LOCAL INFILE request or result set(s): COM_QUERY, COM_STMT_EXECUTE,
+    /// COM_PROCESS_INFO.
+    Generic,
+    /// Rows then a terminator: COM_STMT_FETCH.
+    Fetch,
+    /// COM_STMT_PREPARE: prepare-OK, parameter and column definitions.
+    Prepare,
+    /// Column definitions then a terminator: COM_FIELD_LIST.
+    FieldList,
+    /// Exactly one packet of any content: COM_STATISTICS, COM_PING, COM_INIT_DB, …
+    Single,
+}
+
+/// What the caller should do after a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Keep reading packets of this response.
+    More,
+    /// The response is complete.
+    Done,
+    /// The server asked for a LOCAL INFILE: relay the client's file packets (up to an
+    /// empty one), then keep reading.
+    LocalInfile,
+}
+
+/// A packet that does not fit the protocol state (the backend broke framing).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unexpected packet in {state}: {detail}")]
+pub struct ProtocolViolation {
+    pub state: &'static str,
+    pub detail: String,
+}
+
+/// The prepare-OK fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrepareOk {
+    pub statement_id: u32,
+    pub columns: u16,
+    pub params: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    First,
+    Columns(u64),
+    ColumnsEof,
+    Rows,
+    PrepareParams(u16, u16),
+    PrepareParamsEof(u16),
+    PrepareColumns(u16),
+    PrepareColumnsEof,
+    FieldDefs,
+    Finished,
+}
+
+/// Follows one response; see the module docs.
+#[derive(Debug, Clone)]
+pub struct ResponseParser {
+    state: State,
+    kind: ResponseKind,
+    /// CLIENT_DEPRECATE_EOF was negotiated: no EOF after column definitions, and result
+    /// sets end with an OK packet carrying the 0xFE header.
+    deprecate_eof: bool,
+    /// Status flags of the last OK/EOF seen (transaction state for the session).
+    pub last_status: Option<u16>,
+    /// The response contained an ERR packet.
+    pub errored: bool,
+    /// Number of OK packets (statement results without rows) seen.
+    pub oks: u32,
+    /// Number of result sets seen.
+    pub result_sets: u32,
+    /// Set for [`ResponseKind::Prepare`] when the prepare succeeded.
+    pub prepare_ok: Option<PrepareOk>,
+}
+
+impl ResponseParser {
+    /// A parser for one response of `kind`.
+    pub fn new(kind: ResponseKind, deprecate_eof: bool) -> Self {
+        ResponseParser {
+            state: match kind {
+                ResponseKind::Fetch => State::Rows,
+                ResponseKind::FieldList => State::FieldDefs,
+                _ => State::First,
+            },
+            kind,
+            deprecate_eof,
+            last_status: None,
+            errored: false,
+            oks: 0,
+            result_sets: 0,
+            prepare_ok: None,
+        }
+    }
+
+    /// True once the response is complete.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Finished
+    }
+
+    /// Packets bigger than this are rows (or continuation data): the caller may feed
+    /// only their first bytes. Everything smaller must be fed whole.
+    pub const WHOLE_PACKET_LIMIT: usize = 1 << 20;
+
+    fn is_terminator(&self, first: u8, len: usize) -> bool {
+        first == EOF
+            && if self.deprecate_eof {
+                len < crate::wire::MAX_PAYLOAD
+            } else {
+                len < 9
+            }
+    }
+
+    fn violation(&self, detail: String) -> ProtocolViolation {
+        ProtocolViolation {
+            state: match self.state {
+                State::First => "response start",
+                State::Columns(_) | State::ColumnsEof => "column definitions",
+                State::Rows => "rows",
+                State::PrepareParams(..) | State::PrepareParamsEof(_) => "prepare parameters",
+                State::PrepareColumns(_) | State::PrepareColumnsEof => "prepare columns",
+                State::FieldDefs => "field list",
+                State::Finished => "finished response",
+            },
+            detail,
+        }
+    }
+
+    /// After a statement result: more results follow, or the response is done.
+    fn after_result(&mut self, status_flags: Option<u16>) -> Step {
+        if status_flags.is_some() {
+            self.last_status = status_flags;
+        }
+        if status_flags.unwrap_or(0) & status::MORE_RESULTS_EXISTS != 0
+            && self.kind == ResponseKind::Generic
+        {
+            self.state = State::First;
+            Step::More
+        } else {
+            self.state = State::Finished;
+            Step::Done
+        }
+    }
+
+    fn finish_err(&mut self) -> Step {
+        self.errored = true;
+        self.state = State::Finished;
+        Step::Done
+    }
+
+    /// Feeds one physical packet that starts a logical packet. `payload` is the whole
+    /// payload when `len <= WHOLE_PACKET_LIMIT`, else at least its first byte.
+    pub fn feed(&mut self, payload: &[u8], len: usize) -> Result<Step, ProtocolViolation> {
+        if self.kind == ResponseKind::Single {
+            if let Some(&b) = payload.first() {
+                if b == OK || b == EOF {
+                    self.last_status = packets::parse_ok(payload)
+                        .map(|o| o.status)
+                        .or_else(|| packets::terminator_status(payload, false));
+                }
+                self.errored = b == ERR;
+            }
+            self.state = State::Finished;
+            return Ok(Step::Done);
+        }
+        // No response packet of any state is empty (a row has at least one column).
+        let Some(&first) = payload.first() else {
+            return Err(self.violation("empty packet".into()));
+        };
+        match self.state {
+            State::First => match first {
+                OK if self.kind == ResponseKind::Prepare => {
+                    if payload.len() < 9 {
+                        return Err(self.violation("short prepare OK".into()));
+                    }
+                    let p = PrepareOk {
+                        statement_id: u32::from_le_bytes([
+                            payload[1], payload[2], payload[3], payload[4],
+                        ]),
+                        columns: u16::from_le_bytes([payload[5], payload[6]]),
+                        params: u16::from_le_bytes([payload[7], payload[8]]),
+                    };
+                    self.prepare_ok = Some(p);
+                    self.state = State::PrepareParams(p.params, p.columns);
+                    Ok(self.prepare_next())
+                }
+                OK => {
+                    self.oks += 1;
+                    let st = packets::parse_ok(payload).map(|o| o.status);
+                    if st.is_none() {
+                        return Err(self.violation("short OK packet".into()));
+                    }
+                    Ok(self.after_result(st))
+                }
+                ERR => Ok(self.finish_err()),
+                LOCAL_INFILE if self.kind == ResponseKind::Generic => Ok(Step::LocalInfile),
+                _ if self.kind == ResponseKind::Generic && len <= Self::WHOLE_PACKET_LIMIT => {
+                    match lenenc_int(payload) {
+                        Some((n, used)) if n > 0 && used == payload.len() => {
+                            self.result_sets += 1;
+                            self.state = State::Columns(n);
+                            Ok(Step::More)
+                        }
+                        _ => Err(self.violation(format!(
+                            "expected OK, ERR or column count, got {first:#04x} ({len} bytes)"
+                        ))),
+                    }
+                }
+                _ => Err(self.violation(format!("unexpected first byte {first:#04x}"))),
+            },
+            State::Columns(n) => {
+                if first == ERR {
+                    return Ok(self.finish_err());
+                }
+                self.state = if n > 1 {
+                    State::Columns(n - 1)
+                } else if self.deprecate_eof {
+                    State::Rows
+                } else {
+                    State::ColumnsEof
+                };
+                Ok(Step::More)
+            }
+            State::ColumnsEof => {
+                if first == ERR {
+                    return Ok(self.finish_err());
+                }
+                if !self.is_terminator(first, len) {
+                    return Err(self.violation(format!("expected EOF, got {first:#04x}")));
+                }
+                let st = packets::terminator_status(payload, false);
+                self.last_status = st.or(self.last_status);
+                // A cursor was opened (COM_STMT_EXECUTE with a cursor type): rows come
+                // later through COM_STMT_FETCH.
+                if st.unwrap_or(0) & status::CURSOR_EXISTS != 0 {
+                    self.state = State::Finished;
+                    return Ok(Step::Done);
+                }
+                self.state = State::Rows;
+                Ok(Step::More)
+            }
+            State::Rows => {
+                if first == ERR && len <= Self::WHOLE_PACKET_LIMIT {
+                    return Ok(self.finish_err());
+                }
+                if self.is_terminator(first, len) {
+                    return Ok(
+                        self.after_result(packets::terminator_status(payload, self.deprecate_eof))
+                    );
+                }
+                Ok(Step::More)
+            }
+            State::FieldDefs => {
+                if first == ERR {
+                    return Ok(self.finish_err());
+                }
+                if self.is_terminator(first, len) {
+                    self.last_status = packets::terminator_status(payload, self.deprecate_eof)
+                        .or(self.last_status);
+                    self.state = State::Finished;
+                    return Ok(Step::Done);
+                }
+                Ok(Step::More)
+            }
+            State::PrepareParams(n, cols) => {
+                self.state = State::PrepareParams(n.saturating_sub(1), cols);
+                if n == 0 {
+                    return Err(self.violation("too many parameter definitions".into()));
+                }
+                if n == 1 {
+                    self.state = if self.deprecate_eof {
+                        State::PrepareColumns(cols)
+                    } else {
+                        State::PrepareParamsEof(cols)
+                    };
+                    return Ok(self.prepare_next());
+                }
+                Ok(Step::More)
+            }
+            State::PrepareParamsEof(cols) => {
+                if !self.is_terminator(first, len) {
+                    return Err(self.violation(format!("expected EOF, got {first:#04x}")));
+                }
+                self.state = State::PrepareColumns(cols);
+                Ok(self.prepare_next())
+            }
+            State::PrepareColumns(n) => {
+                if n == 0 {
+                    return Err(self.violation("too many column definitions".into()));
+                }
+                self.state = if n > 1 {
+                    State::PrepareColumns(n - 1)
+                } else if self.deprecate_eof {
+                    State::Finished
+                } else {
+                    State::PrepareColumnsEof
+                };
+                Ok(if self.is_done() {
+                    Step::Done
+                } else {
+                    Step::More
+                })
+            }
+            State::PrepareColumnsEof => {
+                if !self.is_terminator(first, len) {
+                    return Err(self.violation(format!("expected EOF, got {first:#04x}")));
+                }
+                self.state = State::Finished;
+                Ok(Step::Done)
+            }
+            State::Finished => Err(self.violation("data after the end of a response".into())),
+        }
+    }
+
+    /// Called after the LOCAL INFILE data was relayed: the server answers OK or ERR.
+    pub fn infile_sent(&mut self) {
+        self.state = State::First;
+    }
+
+    /// Skips empty sections of a prepare response.
+    fn prepare_next(&mut self) -> Step {
+        loop {
+            match self.state {
+                State::PrepareParams(0, cols) => self.state = State::PrepareColumns(cols),
+                State::PrepareColumns(0) => {
+                    self.state = State::Finished;
+                    return Step::Done;
+                }
+                _ => return Step::More,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(p: &mut ResponseParser, packets: &[&[u8]]) -> Vec<Step> {
+        packets
+            .iter()
+            .map(|pk| p.feed(pk, pk.len()).unwrap())
+            .collect()
+    }
+
+    const COLDEF: &[u8] =
+        b"\x03def\x00\x00\x00\x01a\x00\x0c\x3f\x00\x0b\x00\x00\x00\x03\x01\x00\x00\x00\x00";
+    const EOF_PKT: &[u8] = &[0xFE, 0, 0, 0x02, 0x00];
+    const EOF_MORE: &[u8] = &[0xFE, 0, 0, 0x0A, 0x00];
+    const OK_PKT: &[u8] = &[0x00, 1, 0, 0x02, 0x00, 0, 0];
+    const OK_MORE: &[u8] = &[0x00, 1, 0, 0x0A, 0x00, 0, 0];
+    const OK_TERM: &[u8] = &[0xFE, 0, 0, 0x02, 0x00, 0, 0];
+
+    #[test]
+    fn ok_and_err() {
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        assert_eq!(run(&mut p, &[OK_PKT]), vec![Step::Done]);
+        assert_eq!(p.last_status, Some(2));
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        let err = packets::err_payload(1146, b"42S02", "no table");
+        assert_eq!(run(&mut p, &[&err]), vec![Step::Done]);
+        assert!(p.errored);
+    }
+
+    #[test]
+    fn result_set_with_and_without_eof() {
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        let steps = run(
+            &mut p,
+            &[&[2], COLDEF, COLDEF, EOF_PKT, b"\x011\x012", EOF_PKT],
+        );
+        assert_eq!(steps.last(), Some(&Step::Done));
+        assert!(steps[..5].iter().all(|s| *s == Step::More));
+        let mut p = ResponseParser::new(ResponseKind::Generic, true);
+        let steps = run(&mut p, &[&[1], COLDEF, b"\x011", OK_TERM]);
+        assert_eq!(steps, vec![Step::More, Step::More, Step::More, Step::Done]);
+    }
+
+    #[test]
+    fn multiple_results() {
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        let steps = run(
+            &mut p,
+            &[OK_MORE, &[1], COLDEF, EOF_PKT, b"\x011", EOF_MORE, OK_PKT],
+        );
+        assert_eq!(steps.last(), Some(&Step::Done));
+        assert_eq!(steps.iter().filter(|s| **s == Step::Done).count(), 1);
+        assert_eq!(p.result_sets, 1);
+        assert_eq!(p.oks, 2);
+    }
+
+    #[test]
+    fn row_starting_with_fe_is_data() {
+        // A text row whose first value is ≥ 16 MiB starts with 0xFE but is long.
+        let mut p = ResponseParser::new(ResponseKind::Generic, true);
+        run(&mut p, &[&[1], COLDEF]);
+        let big = [0xFEu8, 0, 0, 0, 1, 0, 0, 0, 0];
+        assert_eq!(
+            p.feed(&big[..1], crate::wire::MAX_PAYLOAD).unwrap(),
+            Step::More
+        );
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        run(&mut p, &[&[1], COLDEF, EOF_PKT]);
+        assert_eq!(p.feed(&big, big.len()).unwrap(), Step::More);
+    }
+
+    #[test]
+    fn err_in_the_middle_of_rows() {
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        let err = packets::err_payload(1317, b"70100", "interrupted");
+        let steps = run(&mut p, &[&[1], COLDEF, EOF_PKT, b"\x011", &err]);
+        assert_eq!(steps.last(), Some(&Step::Done));
+        assert!(p.errored);
+    }
+
+    #[test]
+    fn local_infile() {
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        assert_eq!(run(&mut p, &[b"\xFB/tmp/x.csv"]), vec![Step::LocalInfile]);
+        p.infile_sent();
+        assert_eq!(run(&mut p, &[OK_PKT]), vec![Step::Done]);
+    }
+
+    #[test]
+    fn prepare_variants() {
+        let prep = |cols: u16, params: u16| {
+            let mut v = vec![0u8, 7, 0, 0, 0];
+            v.extend_from_slice(&cols.to_le_bytes());
+            v.extend_from_slice(&params.to_le_bytes());
+            v.extend_from_slice(&[0, 0, 0]);
+            v
+        };
+        let mut p = ResponseParser::new(ResponseKind::Prepare, false);
+        assert_eq!(run(&mut p, &[&prep(0, 0)]), vec![Step::Done]);
+        assert_eq!(p.prepare_ok.unwrap().statement_id, 7);
+        let mut p = ResponseParser::new(ResponseKind::Prepare, false);
+        let s = run(
+            &mut p,
+            &[&prep(1, 2), COLDEF, COLDEF, EOF_PKT, COLDEF, EOF_PKT],
+        );
+        assert_eq!(s.last(), Some(&Step::Done));
+        assert_eq!(s.iter().filter(|x| **x == Step::Done).count(), 1);
+        let mut p = ResponseParser::new(ResponseKind::Prepare, true);
+        let s = run(&mut p, &[&prep(1, 2), COLDEF, COLDEF, COLDEF]);
+        assert_eq!(s, vec![Step::More, Step::More, Step::More, Step::Done]);
+        let mut p = ResponseParser::new(ResponseKind::Prepare, true);
+        let s = run(&mut p, &[&prep(0, 1), COLDEF]);
+        assert_eq!(s, vec![Step::More, Step::Done]);
+    }
+
+    #[test]
+    fn cursor_ends_after_metadata() {
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        let eof_cursor: &[u8] = &[0xFE, 0, 0, 0x42, 0x00];
+        let s = run(&mut p, &[&[1], COLDEF, eof_cursor]);
+        assert_eq!(s.last(), Some(&Step::Done));
+        let mut p = ResponseParser::new(ResponseKind::Fetch, false);
+        let s = run(&mut p, &[b"\x00\x00\x01", &[0xFE, 0, 0, 0xC2, 0]]);
+        assert_eq!(s, vec![Step::More, Step::Done]);
+    }
+
+    #[test]
+    fn field_list_and_single() {
+        let mut p = ResponseParser::new(ResponseKind::FieldList, false);
+        assert_eq!(
+            run(&mut p, &[COLDEF, COLDEF, EOF_PKT]).last(),
+            Some(&Step::Done)
+        );
+        let mut p = ResponseParser::new(ResponseKind::Single, false);
+        assert_eq!(run(&mut p, &[b"Uptime: 5  Threads: 1"]), vec![Step::Done]);
+    }
+
+    #[test]
+    fn garbage_is_a_violation_not_a_panic() {
+        for junk in [&[][..], &[0xFE][..], &[0xFC, 1][..], &[0x00][..]] {
+            let mut p = ResponseParser::new(ResponseKind::Generic, false);
+            assert!(p.feed(junk, junk.len()).is_err(), "{junk:?}");
+        }
+        let mut p = ResponseParser::new(ResponseKind::Prepare, false);
+        assert!(p.feed(&[0, 1], 2).is_err());
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        run(&mut p, &[OK_PKT]);
+        assert!(p.feed(OK_PKT, OK_PKT.len()).is_err());
+    }
+}

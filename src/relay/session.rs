@@ -1,0 +1,785 @@
+//! One client connection and its backend connection.
+//!
+//! Life of a session:
+//! 1. connect to the backend (a failure is answered with a 2003 ERR packet);
+//! 2. relay the greeting (unsupported capability bits cleared) and the client's
+//!    handshake response, then pump authentication packets both ways until the backend
+//!    says OK or ERR — the backend authenticates, the proxy knows no passwords;
+//! 3. command loop: read a command, decide (passthrough / reject / rewrite), forward,
+//!    and stream the response back, packet boundaries found by [`ResponseParser`].
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Buf;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::response::{ResponseKind, ResponseParser, Step};
+use crate::config::Config;
+use crate::error::{Error, Result, Source};
+use crate::rewrite::{Decision, Engine, StatementContext};
+use crate::wire::handshake::{patch_client_hello, patch_greeting};
+use crate::wire::io::{header, Logical, Packet, PacketIo};
+use crate::wire::packets::{self, err_of, errors};
+use crate::wire::{caps, cmd, status, MAX_PAYLOAD};
+
+/// Counters shared by all sessions (read by metrics and the admin port).
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Client connections accepted.
+    pub connections_total: AtomicU64,
+    /// Client connections open now.
+    pub connections_active: AtomicU64,
+    /// Connections refused by the connection limit.
+    pub connections_refused: AtomicU64,
+    /// Connections whose backend could not be reached.
+    pub backend_connect_errors: AtomicU64,
+    /// Statements forwarded unchanged.
+    pub passthrough: AtomicU64,
+    /// Statements replaced by a rule.
+    pub rewritten: AtomicU64,
+    /// Statements rejected by a rule.
+    pub rejected: AtomicU64,
+}
+
+/// State shared by every session of one server.
+pub struct Shared {
+    /// Effective configuration.
+    pub config: Config,
+    /// The rule set in force; a reload swaps in a new one, a statement sees one.
+    pub engine: ArcSwap<Engine>,
+    /// Counters.
+    pub stats: Stats,
+}
+
+impl Shared {
+    /// Shared state for a server with `config` and an initial rule set.
+    pub fn new(config: Config, engine: Engine) -> Arc<Self> {
+        Arc::new(Shared {
+            config,
+            engine: ArcSwap::from_pointee(engine),
+            stats: Stats::default(),
+        })
+    }
+}
+
+/// Serves one accepted client connection to completion. Never panics on bad input:
+/// errors end the session and are logged with their source.
+pub async fn serve_client(
+    client: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let _ = client.set_nodelay(true);
+    let mut client = PacketIo::new(client, Source::Client);
+    let backend = match connect_backend(&shared.config).await {
+        Ok(b) => b,
+        Err(e) => {
+            shared.stats.backend_connect_errors.fetch_add(1, Relaxed);
+            warn!(%peer, error = %e, "backend unreachable");
+            let msg = format!(
+                "Can't connect to MySQL server on '{}' ({})",
+                shared.config.backend,
+                e.cause
+                    .as_ref()
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| e.context.clone())
+            );
+            let _ = client
+                .write_packet(0, &err_of(errors::CANT_CONNECT, &msg))
+                .await;
+            client.shutdown().await;
+            return;
+        }
+    };
+    let mut s = Session {
+        client,
+        backend: PacketIo::new(backend, Source::Backend),
+        shared,
+        deprecate_eof: false,
+        current_db: None,
+        status: 0,
+        peer,
+        backend_id: 0,
+    };
+    let outcome = async {
+        let hs = s.shared.config.handshake_timeout;
+        match tokio::time::timeout(hs, s.handshake()).await {
+            Err(_) => return Err(Error::client("handshake timed out")),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(false)) => return Ok(()), // authentication failed; client got the ERR
+            Ok(Ok(true)) => {}
+        }
+        s.command_loop(shutdown).await
+    }
+    .await;
+    match outcome {
+        Ok(()) => debug!(peer = %s.peer, id = s.backend_id, "session closed"),
+        Err(e) if e.is_disconnect() => {
+            debug!(peer = %s.peer, id = s.backend_id, error = %e, "session ended")
+        }
+        Err(e) => warn!(peer = %s.peer, id = s.backend_id, error = %e, "session failed"),
+    }
+    s.backend.shutdown().await;
+    s.client.shutdown().await;
+}
+
+async fn connect_backend(config: &Config) -> Result<TcpStream> {
+    let fut = TcpStream::connect(config.backend.as_str());
+    match tokio::time::timeout(config.connect_timeout, fut).await {
+        Err(_) => Err(Error::with_cause(
+            Source::Backend,
+            "connecting",
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+        )),
+        Ok(Err(e)) => Err(Error::with_cause(Source::Backend, "connecting", e)),
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            Ok(s)
+        }
+    }
+}
+
+struct Session {
+    /// The application's connection.
+    client: PacketIo<TcpStream>,
+    /// This session's own backend connection.
+    backend: PacketIo<TcpStream>,
+    /// Config, rules and counters.
+    shared: Arc<Shared>,
+    /// CLIENT_DEPRECATE_EOF was negotiated (changes result-set framing).
+    deprecate_eof: bool,
+    /// Default database, tracked for rule matching of unqualified table names.
+    current_db: Option<String>,
+    /// Server status flags from the last OK/EOF (IN_TRANS, AUTOCOMMIT, …).
+    status: u16,
+    /// Client address, for logs.
+    peer: SocketAddr,
+    /// Backend connection id, for logs (the client sees the same id).
+    backend_id: u32,
+}
+
+/// How a relayed response went.
+struct Relayed {
+    parser: ResponseParser,
+}
+
+impl Session {
+    /// Relays the connection phase. Ok(true) when the backend accepted the client.
+    async fn handshake(&mut self) -> Result<bool> {
+        let mut greeting = self.backend.read_logical().await?;
+        if greeting.first_byte() == Some(packets::ERR) {
+            // The backend refused us before the handshake (e.g. too many connections,
+            // host blocked): the client sees the backend's own error.
+            self.client.write_all(&greeting.raw).await?;
+            return Ok(false);
+        }
+        if greeting.raw.len() > MAX_PAYLOAD {
+            return Err(Error::backend("greeting too large"));
+        }
+        let info = patch_greeting(&mut greeting.raw[4..], caps::UNSUPPORTED | caps::SSL)
+            .map_err(|e| Error::with_cause(Source::Backend, "reading greeting", e))?;
+        self.backend_id = info.connection_id;
+        self.client.write_all(&greeting.raw).await?;
+
+        let mut hello = self.client.read_logical().await?;
+        if hello.raw.len() > MAX_PAYLOAD {
+            return Err(Error::client("handshake response too large"));
+        }
+        let h = match patch_client_hello(&mut hello.raw[4..], info.capabilities) {
+            Ok(h) => h,
+            Err(e) => {
+                let msg = format!("Bad handshake: {e}");
+                let _ = self
+                    .client
+                    .write_packet(
+                        hello.last_seq.wrapping_add(1),
+                        &err_of(errors::BAD_HANDSHAKE, &msg),
+                    )
+                    .await;
+                return Err(Error::with_cause(
+                    Source::Client,
+                    "reading handshake response",
+                    e,
+                ));
+            }
+        };
+        if h.ssl_request {
+            let msg = "Bad handshake: SSL was not offered by this proxy";
+            let _ = self
+                .client
+                .write_packet(
+                    hello.last_seq.wrapping_add(1),
+                    &err_of(errors::BAD_HANDSHAKE, msg),
+                )
+                .await;
+            return Err(Error::client(
+                "client requested TLS, which is not configured",
+            ));
+        }
+        self.deprecate_eof = h.capabilities & caps::DEPRECATE_EOF != 0;
+        self.current_db = h.database.clone();
+        debug!(peer = %self.peer, id = self.backend_id, user = %h.user, "handshake");
+        self.backend.write_all(&hello.raw).await?;
+        self.auth_exchange().await
+    }
+
+    /// Pumps authentication packets both ways until the backend sends OK or ERR.
+    async fn auth_exchange(&mut self) -> Result<bool> {
+        loop {
+            tokio::select! {
+                p = self.backend.read_logical() => {
+                    let p = p?;
+                    self.client.write_all(&p.raw).await?;
+                    match p.first_byte() {
+                        Some(packets::OK) => {
+                            if let Some(o) = packets::parse_ok(&p.payload()) {
+                                self.status = o.status;
+                            }
+                            return Ok(true);
+                        }
+                        Some(packets::ERR) => return Ok(false),
+                        _ => {}
+                    }
+                }
+                p = self.client.read_logical() => {
+                    let p = p?;
+                    self.backend.write_all(&p.raw).await?;
+                }
+            }
+        }
+    }
+
+    async fn command_loop(&mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+        let idle = self.shared.config.idle_timeout;
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            let command = tokio::select! {
+                biased;
+                c = self.client.read_logical() => c?,
+                _ = shutdown.changed() => return Ok(()),
+                _ = sleep_or_forever(idle) => {
+                    info!(peer = %self.peer, id = self.backend_id, "idle timeout");
+                    return Ok(());
+                }
+            };
+            if !self.command(command).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Handles one client command; Ok(false) ends the session.
+    async fn command(&mut self, c: Logical) -> Result<bool> {
+        let Some(code) = c.first_byte() else {
+            return Err(Error::client("empty command packet"));
+        };
+        let kind = match code {
+            cmd::QUERY => return self.query(c).await.map(|_| true),
+            cmd::STMT_PREPARE => return self.prepare(c).await.map(|_| true),
+            cmd::QUIT => {
+                self.backend.write_all(&c.raw).await?;
+                return Ok(false);
+            }
+            cmd::STMT_CLOSE | cmd::STMT_SEND_LONG_DATA => {
+                self.backend.write_all(&c.raw).await?;
+                return Ok(true);
+            }
+            cmd::CHANGE_USER => {
+                self.backend.write_all(&c.raw).await?;
+                self.current_db = change_user_db(&c.payload());
+                return self.auth_exchange().await.map(|_| true);
+            }
+            cmd::STMT_EXECUTE | cmd::PROCESS_INFO => ResponseKind::Generic,
+            cmd::STMT_FETCH => ResponseKind::Fetch,
+            cmd::FIELD_LIST => ResponseKind::FieldList,
+            cmd::INIT_DB
+            | cmd::PING
+            | cmd::STATISTICS
+            | cmd::RESET_CONNECTION
+            | cmd::STMT_RESET
+            | cmd::SET_OPTION
+            | cmd::REFRESH
+            | cmd::PROCESS_KILL
+            | cmd::DEBUG
+            | cmd::SHUTDOWN
+            | cmd::CREATE_DB
+            | cmd::DROP_DB => ResponseKind::Single,
+            other => {
+                // Replication and other streaming commands: the relay cannot follow
+                // their framing, so the connection becomes a plain byte pipe.
+                debug!(peer = %self.peer, command = other, "unmodelled command: switching to raw pipe");
+                self.backend.write_all(&c.raw).await?;
+                self.raw_pipe().await?;
+                return Ok(false);
+            }
+        };
+        self.forward(&c).await?;
+        let r = self.relay_response(kind, 0, c.last_seq).await?;
+        if code == cmd::INIT_DB && !r.parser.errored {
+            self.current_db = Some(String::from_utf8_lossy(&c.payload()[1..]).into_owned());
+        }
+        Ok(true)
+    }
+
+    async fn forward(&mut self, c: &Logical) -> Result<()> {
+        self.backend.write_all(&c.raw).await
+    }
+
+    fn context<'a>(&'a self, prepared: bool) -> StatementContext<'a> {
+        StatementContext {
+            prepared,
+            in_transaction: self.status & status::IN_TRANS != 0,
+            current_db: self.current_db.as_deref(),
+        }
+    }
+
+    async fn query(&mut self, c: Logical) -> Result<()> {
+        let engine = self.shared.engine.load();
+        let decision = if engine.has_rules() {
+            engine.decide(&c.payload()[1..], &self.context(false))
+        } else {
+            Decision::Passthrough
+        };
+        match decision {
+            Decision::Passthrough => {
+                self.shared.stats.passthrough.fetch_add(1, Relaxed);
+                self.forward(&c).await?;
+                let r = self
+                    .relay_response(ResponseKind::Generic, 0, c.last_seq)
+                    .await?;
+                if !r.parser.errored {
+                    if let Some(db) = use_statement_db(&c.payload()[1..]) {
+                        self.current_db = Some(db);
+                    }
+                }
+                Ok(())
+            }
+            Decision::Reject(rej) => {
+                self.shared.stats.rejected.fetch_add(1, Relaxed);
+                let msg = format!("heatsink rule '{}': {}", rej.rule, rej.reason);
+                debug!(peer = %self.peer, rule = %rej.rule, reason = %rej.reason, "statement rejected");
+                self.client
+                    .write_packet(c.last_seq.wrapping_add(1), &err_of(errors::UNKNOWN, &msg))
+                    .await?;
+                Ok(())
+            }
+            Decision::Rewrite(rw) => {
+                self.shared.stats.rewritten.fetch_add(1, Relaxed);
+                debug!(peer = %self.peer, rule = %rw.rule, statements = rw.statements.len(), "statement rewritten");
+                let n = rw.statements.len();
+                for (i, sql) in rw.statements.iter().enumerate() {
+                    let mut payload = Vec::with_capacity(sql.len() + 1);
+                    payload.push(cmd::QUERY);
+                    payload.extend_from_slice(sql);
+                    let next = self.backend.write_packet(0, &payload).await?;
+                    let shift = c.last_seq.wrapping_add(1).wrapping_sub(next);
+                    if i + 1 == n {
+                        self.relay_response(ResponseKind::Generic, shift, c.last_seq)
+                            .await?;
+                    } else {
+                        let (parser, pkts) = self.collect_response(ResponseKind::Generic).await?;
+                        if parser.errored {
+                            // Report the failing step's error as the statement's error.
+                            if let Some(err) = pkts
+                                .iter()
+                                .find(|p| p.payload.first() == Some(&packets::ERR))
+                            {
+                                self.client
+                                    .write_packet(c.last_seq.wrapping_add(1), &err.payload)
+                                    .await?;
+                            }
+                            return Ok(());
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn prepare(&mut self, c: Logical) -> Result<()> {
+        let engine = self.shared.engine.load();
+        let decision = if engine.has_rules() {
+            engine.decide(&c.payload()[1..], &self.context(true))
+        } else {
+            Decision::Passthrough
+        };
+        match decision {
+            Decision::Passthrough => {
+                self.forward(&c).await?;
+                self.relay_response(ResponseKind::Prepare, 0, c.last_seq)
+                    .await?;
+                Ok(())
+            }
+            Decision::Reject(rej) => {
+                let msg = format!("heatsink rule '{}': {}", rej.rule, rej.reason);
+                self.client
+                    .write_packet(c.last_seq.wrapping_add(1), &err_of(errors::UNKNOWN, &msg))
+                    .await?;
+                Ok(())
+            }
+            Decision::Rewrite(rw) => {
+                let msg = format!(
+                    "heatsink rule '{}': prepared statements on this table are not supported yet",
+                    rw.rule
+                );
+                self.client
+                    .write_packet(c.last_seq.wrapping_add(1), &err_of(errors::UNKNOWN, &msg))
+                    .await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Streams one response from the backend to the client, forwarding complete
+    /// packets in bulk straight out of the read buffer. `shift` is added to every
+    /// sequence id (non-zero only when the command sent differs from the client's).
+    /// If the backend fails before anything was forwarded, the client gets a 2013 ERR
+    /// (sequence after `cmd_seq`) instead of a hang.
+    async fn relay_response(
+        &mut self,
+        kind: ResponseKind,
+        shift: u8,
+        cmd_seq: u8,
+    ) -> Result<Relayed> {
+        let mut parser = ResponseParser::new(kind, self.deprecate_eof);
+        let mut sent_any = false;
+        let res = relay_loop(
+            &mut self.backend,
+            &mut self.client,
+            &mut parser,
+            shift,
+            &mut sent_any,
+        )
+        .await;
+        match res {
+            Ok(()) => {
+                if let Some(st) = parser.last_status {
+                    self.status = st;
+                }
+                Ok(Relayed { parser })
+            }
+            Err(e) => {
+                if e.source == Source::Backend && !sent_any {
+                    let msg = "Lost connection to MySQL server during query";
+                    let _ = self
+                        .client
+                        .write_packet(cmd_seq.wrapping_add(1), &err_of(errors::SERVER_LOST, msg))
+                        .await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads one whole response without forwarding it (steps of a rewrite).
+    async fn collect_response(
+        &mut self,
+        kind: ResponseKind,
+    ) -> Result<(ResponseParser, Vec<Packet>)> {
+        let mut parser = ResponseParser::new(kind, self.deprecate_eof);
+        let mut pkts = Vec::new();
+        let mut continuing = false;
+        while !parser.is_done() {
+            let p = self.backend.read_packet().await?;
+            let len = p.payload.len();
+            if !continuing {
+                match parser.feed(&p.payload, len) {
+                    Ok(Step::LocalInfile) => {
+                        return Err(Error::backend("unexpected LOCAL INFILE request"))
+                    }
+                    Ok(_) => {}
+                    Err(v) => {
+                        return Err(Error::with_cause(Source::Backend, "reading response", v))
+                    }
+                }
+            }
+            continuing = len == MAX_PAYLOAD;
+            pkts.push(p);
+        }
+        if let Some(st) = parser.last_status {
+            self.status = st;
+        }
+        Ok((parser, pkts))
+    }
+
+    /// Turns the session into a plain bidirectional byte pipe until either side closes.
+    async fn raw_pipe(&mut self) -> Result<()> {
+        if !self.client.buf.is_empty() {
+            let b = self.client.buf.split();
+            self.backend.write_all(&b).await?;
+        }
+        if !self.backend.buf.is_empty() {
+            let b = self.backend.buf.split();
+            self.client.write_all(&b).await?;
+        }
+        tokio::io::copy_bidirectional(&mut self.client.io, &mut self.backend.io)
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::with_cause(Source::Backend, "raw pipe", e))
+    }
+}
+
+async fn sleep_or_forever(d: Duration) {
+    if d.is_zero() {
+        std::future::pending::<()>().await
+    } else {
+        tokio::time::sleep(d).await
+    }
+}
+
+/// The streaming core of [`Session::relay_response`]; see there.
+async fn relay_loop<B, C>(
+    backend: &mut PacketIo<B>,
+    client: &mut PacketIo<C>,
+    parser: &mut ResponseParser,
+    shift: u8,
+    sent_any: &mut bool,
+) -> Result<()>
+where
+    B: AsyncRead + AsyncWrite + Unpin,
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    // `ready`: bytes at the front of backend.buf already classified, to be forwarded.
+    let mut ready = 0usize;
+    // Bytes of the current packet still to pass through without looking at them.
+    let mut skip = 0usize;
+    // The next physical packet continues the current logical packet (pure data).
+    let mut continuing = false;
+    loop {
+        if skip > 0 {
+            let n = (backend.buf.len() - ready).min(skip);
+            ready += n;
+            skip -= n;
+            if skip > 0 {
+                flush(backend, client, &mut ready, sent_any).await?;
+                backend.fill().await?;
+                continue;
+            }
+        }
+        if parser.is_done() && !continuing {
+            break;
+        }
+        let avail = backend.buf.len() - ready;
+        if avail < 4 {
+            flush(backend, client, &mut ready, sent_any).await?;
+            backend.fill().await?;
+            continue;
+        }
+        let (len, _) = header(&backend.buf[ready..]);
+        if shift != 0 {
+            backend.buf[ready + 3] = backend.buf[ready + 3].wrapping_add(shift);
+        }
+        let next_continues = len == MAX_PAYLOAD;
+        if continuing {
+            ready += 4;
+            skip = len;
+            continuing = next_continues;
+            continue;
+        }
+        let whole = len <= ResponseParser::WHOLE_PACKET_LIMIT;
+        let need = if whole { 4 + len } else { 5 };
+        if avail < need {
+            if shift != 0 {
+                // Undo: the header is looked at again after the read.
+                backend.buf[ready + 3] = backend.buf[ready + 3].wrapping_sub(shift);
+            }
+            flush(backend, client, &mut ready, sent_any).await?;
+            backend.fill_to(need).await?;
+            continue;
+        }
+        let seen = if whole { len } else { 1 };
+        let step = parser
+            .feed(&backend.buf[ready + 4..ready + 4 + seen], len)
+            .map_err(|v| Error::with_cause(Source::Backend, "relaying response", v))?;
+        if whole {
+            ready += 4 + len;
+        } else {
+            ready += 4;
+            skip = len;
+        }
+        continuing = next_continues;
+        if step == Step::LocalInfile {
+            if shift != 0 {
+                return Err(Error::backend(
+                    "LOCAL INFILE request to a rewritten statement",
+                ));
+            }
+            flush(backend, client, &mut ready, sent_any).await?;
+            relay_infile(client, backend).await?;
+            parser.infile_sent();
+        }
+    }
+    flush(backend, client, &mut ready, sent_any).await
+}
+
+/// Forwards the first `ready` bytes of the backend buffer to the client.
+async fn flush<B, C>(
+    backend: &mut PacketIo<B>,
+    client: &mut PacketIo<C>,
+    ready: &mut usize,
+    sent_any: &mut bool,
+) -> Result<()>
+where
+    B: AsyncRead + AsyncWrite + Unpin,
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    if *ready > 0 {
+        client.write_all(&backend.buf[..*ready]).await?;
+        backend.buf.advance(*ready);
+        *ready = 0;
+        *sent_any = true;
+    }
+    Ok(())
+}
+
+/// Relays the client's LOCAL INFILE data packets to the backend, up to and including
+/// the empty packet that ends them.
+async fn relay_infile<B, C>(client: &mut PacketIo<C>, backend: &mut PacketIo<B>) -> Result<()>
+where
+    B: AsyncRead + AsyncWrite + Unpin,
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        client.fill_to(4).await?;
+        let (len, _) = header(&client.buf);
+        let mut left = 4 + len;
+        while left > 0 {
+            if client.buf.is_empty() {
+                client.fill().await?;
+            }
+            let n = client.buf.len().min(left);
+            backend.write_all(&client.buf[..n]).await?;
+            client.buf.advance(n);
+            left -= n;
+        }
+        if len == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// The database named by a successful `USE db` statement, if this is one.
+fn use_statement_db(sql: &[u8]) -> Option<String> {
+    let s = sql.trim_ascii_start();
+    if s.len() < 4 || !s[..3].eq_ignore_ascii_case(b"use") || !s[3].is_ascii_whitespace() {
+        return None;
+    }
+    let name = s[4..].trim_ascii();
+    let name = name.strip_suffix(b";").unwrap_or(name).trim_ascii();
+    let name = match name {
+        [b'`', inner @ .., b'`'] => String::from_utf8_lossy(inner).replace("``", "`"),
+        _ => String::from_utf8_lossy(name).into_owned(),
+    };
+    (!name.is_empty()).then_some(name)
+}
+
+/// The database named in a COM_CHANGE_USER payload (user, auth data, database).
+fn change_user_db(payload: &[u8]) -> Option<String> {
+    let rest = payload.get(1..)?;
+    let user_end = rest.iter().position(|&b| b == 0)?;
+    let rest = &rest[user_end + 1..];
+    let auth_len = *rest.first()? as usize;
+    let rest = rest.get(1 + auth_len..)?;
+    let db_end = rest.iter().position(|&b| b == 0)?;
+    let db = &rest[..db_end];
+    (!db.is_empty()).then(|| String::from_utf8_lossy(db).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn use_statements() {
+        assert_eq!(use_statement_db(b"  USE shop"), Some("shop".into()));
+        assert_eq!(use_statement_db(b"use `my``db`;"), Some("my`db".into()));
+        assert_eq!(use_statement_db(b"user_info"), None);
+        assert_eq!(use_statement_db(b"SELECT 1"), None);
+    }
+
+    #[test]
+    fn change_user_database() {
+        let mut p = vec![cmd::CHANGE_USER];
+        p.extend_from_slice(b"bob\0");
+        p.push(3);
+        p.extend_from_slice(&[1, 2, 3]);
+        p.extend_from_slice(b"shop\0");
+        p.extend_from_slice(&[45, 0]);
+        assert_eq!(change_user_db(&p), Some("shop".into()));
+        assert_eq!(change_user_db(&[cmd::CHANGE_USER]), None);
+    }
+
+    /// Drives relay_loop over in-memory streams: a result set split at awkward places
+    /// arrives whole and in order, with sequence ids shifted.
+    #[tokio::test]
+    async fn relay_forwards_exact_bytes_with_shift() {
+        use crate::wire::io::frame_into;
+        let mut wire = bytes::BytesMut::new();
+        let mut seq = frame_into(&mut wire, 1, &[1]);
+        seq = frame_into(
+            &mut wire,
+            seq,
+            b"\x03def\x00\x00\x00\x01a\x00\x0c\x3f\x00\x0b\x00\x00\x00\x03\x01\x00\x00\x00\x00",
+        );
+        seq = frame_into(&mut wire, seq, &[0xFE, 0, 0, 2, 0]);
+        let big = vec![b'x'; MAX_PAYLOAD + 100];
+        let mut row = vec![0xFE];
+        row.extend_from_slice(&(big.len() as u64).to_le_bytes());
+        row.extend_from_slice(&big);
+        seq = frame_into(&mut wire, seq, &row);
+        frame_into(&mut wire, seq, &[0xFE, 0, 0, 2, 0]);
+        let (mut back_side, backend_peer) = tokio::io::duplex(64 * 1024);
+        let (client_peer, mut client_side) = tokio::io::duplex(64 * 1024);
+        let input = wire.to_vec();
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            back_side.write_all(&input).await.unwrap();
+            back_side
+        });
+        let reader = tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut out = Vec::new();
+            let mut buf = vec![0u8; 65536];
+            loop {
+                let n = client_side.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                out.extend_from_slice(&buf[..n]);
+            }
+            out
+        });
+        let mut backend = PacketIo::new(backend_peer, Source::Backend);
+        let mut client = PacketIo::new(client_peer, Source::Client);
+        let mut parser = ResponseParser::new(ResponseKind::Generic, false);
+        let mut sent = false;
+        relay_loop(&mut backend, &mut client, &mut parser, 2, &mut sent)
+            .await
+            .unwrap();
+        assert!(parser.is_done());
+        drop(client);
+        let _ = writer.await.unwrap();
+        let out = reader.await.unwrap();
+        assert_eq!(out.len(), wire.len());
+        // Every header's sequence id is shifted by 2, every other byte is identical.
+        let mut expected = wire.to_vec();
+        let mut at = 0;
+        while at < expected.len() {
+            let (len, _) = header(&expected[at..]);
+            expected[at + 3] = expected[at + 3].wrapping_add(2);
+            at += 4 + len;
+        }
+        assert!(out == expected);
+    }
+}

@@ -1,0 +1,304 @@
+//! The plan cache: what was decided for a statement shape, reusable for every
+//! statement of that shape.
+//!
+//! Keys are byte strings: a header (key kind, protocol, current database) followed by
+//! the fingerprint, the fingerprint plus the values of the literals a rule read, or
+//! the exact statement text. Values are [`Cached`] outcomes; a rewrite is stored as a
+//! [`Template`] that is rendered with the literal bytes of each new statement.
+
+use std::io::Write as _;
+use std::sync::Arc;
+
+use moka::sync::Cache;
+
+use super::sqltok::{self, Slot, Token, TokenKind};
+use super::{Dynamic, Rejection, Rewritten};
+
+/// One piece of a rewritten statement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Segment {
+    /// Text printed by the parser from the rule's output.
+    Text(Box<[u8]>),
+    /// The bytes of the original statement's literal #i, copied verbatim.
+    Literal(usize),
+    /// A `?` taking the value of the original statement's parameter #j.
+    Param(usize),
+    /// A value the proxy chooses when rendering.
+    Dynamic(Dynamic),
+}
+
+/// A rewrite with holes for the values of the statement being executed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Template {
+    /// The segments of each rewritten statement, in order.
+    pub statements: Vec<Vec<Segment>>,
+}
+
+impl Template {
+    /// Split the parser's printed output on the markers. Marker `?k` stands for
+    /// `slots[k - 1]` when `k <= slots.len()`, else for
+    /// `dynamics[k - slots.len() - 1]`.
+    pub fn build(
+        printed: &[String],
+        slots: &[Slot],
+        dynamics: &[Dynamic],
+    ) -> Result<Template, String> {
+        let mut statements = Vec::with_capacity(printed.len());
+        for text in printed {
+            let bytes = text.as_bytes();
+            let toks = sqltok::lex_markers(bytes)
+                .map_err(|e| format!("the rewritten statement cannot be read back ({e})"))?;
+            let mut segs = Vec::new();
+            let mut at = 0;
+            for t in &toks {
+                let seg = match t.kind {
+                    TokenKind::Marker(k) => {
+                        let k = k as usize;
+                        if k == 0 {
+                            return Err("the rewritten statement holds an unknown marker".into());
+                        }
+                        match slots.get(k - 1) {
+                            Some(Slot::Literal(i)) => Segment::Literal(*i),
+                            Some(Slot::Param(j)) => Segment::Param(*j),
+                            None => match dynamics.get(k - 1 - slots.len()) {
+                                Some(d) => Segment::Dynamic(*d),
+                                None => {
+                                    return Err(
+                                        "the rewritten statement holds an unknown marker".into()
+                                    )
+                                }
+                            },
+                        }
+                    }
+                    TokenKind::Param => {
+                        return Err(
+                            "the rewrite adds a `?` parameter the original statement does not have"
+                                .into(),
+                        )
+                    }
+                    _ => continue,
+                };
+                if t.start > at {
+                    segs.push(Segment::Text(bytes[at..t.start].into()));
+                }
+                segs.push(seg);
+                at = t.end;
+            }
+            if at < bytes.len() {
+                segs.push(Segment::Text(bytes[at..].into()));
+            }
+            statements.push(segs);
+        }
+        Ok(Template { statements })
+    }
+
+    /// The statements for one execution: literal bytes from `sql` (whose literal
+    /// tokens are `literals`, in order), parameters as `?` (with their original
+    /// indices in the returned map when `prepared`), dynamic values chosen now.
+    pub fn render(
+        &self,
+        rule: &Arc<str>,
+        sql: &[u8],
+        literals: &[Token],
+        prepared: bool,
+    ) -> Result<Rewritten, String> {
+        let mut statements = Vec::with_capacity(self.statements.len());
+        let mut params = Vec::new();
+        for segs in &self.statements {
+            let mut out = Vec::with_capacity(sql.len() + 64);
+            for seg in segs {
+                match seg {
+                    Segment::Text(t) => out.extend_from_slice(t),
+                    Segment::Literal(i) => {
+                        let t = literals
+                            .get(*i)
+                            .ok_or("the statement has fewer literals than its plan")?;
+                        out.extend_from_slice(&sql[t.start..t.end]);
+                    }
+                    Segment::Param(j) => {
+                        out.push(b'?');
+                        params.push(*j);
+                    }
+                    Segment::Dynamic(Dynamic::RandomBelow(n)) => {
+                        let v: u32 = rand::random_range(0..(*n).max(1));
+                        let _ = write!(out, "{v}");
+                    }
+                }
+            }
+            statements.push(out);
+        }
+        Ok(Rewritten {
+            rule: rule.clone(),
+            statements,
+            param_map: prepared.then_some(params),
+        })
+    }
+}
+
+/// A decision as kept in the cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cached {
+    /// Forward the statement untouched.
+    Passthrough,
+    /// Refuse it.
+    Reject(Rejection),
+    /// Render this template.
+    Rewrite {
+        /// The rule that produced it.
+        rule: Arc<str>,
+        /// The rewrite with holes for the statement's values.
+        template: Template,
+    },
+    /// Under a fingerprint key: the plan depends on the values of these literals
+    /// (ascending indices); look up the key that adds their bytes.
+    DependsOn(Box<[usize]>),
+    /// Under a fingerprint key: literals of this shape cannot be marked; look up the
+    /// exact statement text.
+    ExactText,
+}
+
+/// Which kind of key a buffer holds (its first byte).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KeyKind {
+    /// Header + fingerprint.
+    Fingerprint = b'F',
+    /// Header + fingerprint + values of the literals a plan depends on.
+    Depends = b'D',
+    /// Header + exact statement bytes.
+    Exact = b'T',
+}
+
+/// Start a key: kind, protocol and current database, unambiguously encoded.
+pub fn key_header(out: &mut Vec<u8>, kind: KeyKind, prepared: bool, db: Option<&str>) {
+    out.push(kind as u8);
+    out.push(u8::from(prepared));
+    match db {
+        None => out.push(0),
+        Some(db) => {
+            out.push(1);
+            out.extend_from_slice(&(db.len() as u32).to_le_bytes());
+            out.extend_from_slice(db.as_bytes());
+        }
+    }
+}
+
+/// Turn a fingerprint key into the key of its value-dependent entry: the fingerprint
+/// key, then each listed literal's index and bytes, all length-prefixed.
+pub fn depends_key(fp_key: &[u8], sql: &[u8], literals: &[Token], deps: &[usize]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(fp_key.len() + 40);
+    key.push(KeyKind::Depends as u8);
+    key.extend_from_slice(&(fp_key.len() as u32).to_le_bytes());
+    key.extend_from_slice(fp_key);
+    for &i in deps {
+        key.extend_from_slice(&(i as u32).to_le_bytes());
+        match literals.get(i) {
+            Some(t) => {
+                let v = &sql[t.start..t.end];
+                key.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                key.extend_from_slice(v);
+            }
+            None => key.extend_from_slice(&u32::MAX.to_le_bytes()),
+        }
+    }
+    key
+}
+
+/// A bounded, concurrent map from key to cached outcome.
+pub struct PlanCache {
+    /// `None` when the capacity is zero: nothing is cached.
+    inner: Option<Cache<Vec<u8>, Arc<Cached>>>,
+}
+
+impl std::fmt::Debug for PlanCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanCache")
+            .field("entries", &self.inner.as_ref().map(|c| c.entry_count()))
+            .finish()
+    }
+}
+
+impl PlanCache {
+    /// A cache holding at most `capacity` entries (least recently and least
+    /// frequently used ones are evicted first).
+    pub fn new(capacity: u64) -> Self {
+        PlanCache {
+            inner: (capacity > 0).then(|| Cache::new(capacity)),
+        }
+    }
+
+    /// The cached outcome for `key`.
+    pub fn get(&self, key: &[u8]) -> Option<Arc<Cached>> {
+        self.inner.as_ref()?.get(key)
+    }
+
+    /// Remember an outcome.
+    pub fn insert(&self, key: Vec<u8>, value: Arc<Cached>) {
+        if let Some(c) = &self.inner {
+            c.insert(key, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_splits_on_markers_only() {
+        let slots = [Slot::Literal(0), Slot::Param(0), Slot::Literal(1)];
+        let dyns = [Dynamic::RandomBelow(1)];
+        let printed =
+            vec!["UPDATE t SET a = ?1, s = '?2', `?3` = ?3 + ?4 WHERE id = ?2".to_string()];
+        let t = Template::build(&printed, &slots, &dyns).unwrap();
+        assert_eq!(
+            t.statements[0],
+            vec![
+                Segment::Text((*b"UPDATE t SET a = ").into()),
+                Segment::Literal(0),
+                Segment::Text((*b", s = '?2', `?3` = ").into()),
+                Segment::Literal(1),
+                Segment::Text((*b" + ").into()),
+                Segment::Dynamic(Dynamic::RandomBelow(1)),
+                Segment::Text((*b" WHERE id = ").into()),
+                Segment::Param(0),
+            ]
+        );
+        let sql = b"x 'it''s' 7 \xe9";
+        let lits = sqltok::lex(sql).unwrap();
+        let lits: Vec<Token> = lits
+            .into_iter()
+            .filter(|t| matches!(t.kind, TokenKind::Literal(_)))
+            .collect();
+        let r = t.render(&Arc::from("r"), sql, &lits, true).unwrap();
+        assert_eq!(
+            r.statements,
+            vec![b"UPDATE t SET a = 'it''s', s = '?2', `?3` = 7 + 0 WHERE id = ?".to_vec()]
+        );
+        assert_eq!(r.param_map, Some(vec![0]));
+        let r = t.render(&Arc::from("r"), sql, &lits, false).unwrap();
+        assert_eq!(r.param_map, None);
+        // Unknown markers and bare parameters are refused.
+        assert!(Template::build(&["SELECT ?9".into()], &slots, &dyns).is_err());
+        assert!(Template::build(&["SELECT ?".into()], &slots, &dyns).is_err());
+    }
+
+    #[test]
+    fn keys_are_unambiguous() {
+        let mut a = Vec::new();
+        key_header(&mut a, KeyKind::Fingerprint, false, Some("ab"));
+        a.extend_from_slice(b"c");
+        let mut b = Vec::new();
+        key_header(&mut b, KeyKind::Fingerprint, false, Some("a"));
+        b.extend_from_slice(b"bc");
+        assert_ne!(a, b);
+        let mut c = Vec::new();
+        key_header(&mut c, KeyKind::Fingerprint, true, Some("ab"));
+        c.extend_from_slice(b"c");
+        assert_ne!(a, c);
+        let mut d = Vec::new();
+        key_header(&mut d, KeyKind::Fingerprint, false, None);
+        d.extend_from_slice(b"c");
+        assert_ne!(a, d);
+    }
+}

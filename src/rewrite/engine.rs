@@ -1,0 +1,1191 @@
+//! The engine: rules + scanner + plan cache, and the per-statement decision.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use sqlparser::ast::Statement;
+use sqlparser::dialect::MySqlDialect;
+use sqlparser::parser::{Parser, ParserError, ParserOptions};
+
+use super::cache::{self, Cached, KeyKind, PlanCache, Template};
+use super::prefilter::Prefilter;
+use super::sqltok::{self, Mode, Slot, Token, TokenKind};
+use super::{Decision, Dynamic, EngineError, Plan, PlanContext, Rejection, Rule, StatementContext};
+
+/// Parse SQL text the way the engine does: MySQL dialect, literals kept as written
+/// (no unescaping), so printing a statement reproduces its literals. Rules can use
+/// it to build their output from SQL text (format marker expressions into the text;
+/// they print as `?N` and parse back as the same markers).
+pub fn parse_statements(text: &str) -> Result<Vec<Statement>, ParserError> {
+    Parser::new(&MySqlDialect {})
+        .with_options(ParserOptions::new().with_unescape(false))
+        .try_with_sql(text)?
+        .parse_statements()
+}
+
+/// All tables of one (lowercased) name that rules are about.
+#[derive(Debug)]
+struct Pattern {
+    /// The unqualified name, lowercase.
+    name: Box<[u8]>,
+    /// `(rule index, database the rule requires)` for each rule table of this name.
+    tables: Vec<(usize, Option<Arc<str>>)>,
+}
+
+/// An immutable snapshot of the rules, with its own plan cache.
+///
+/// Cheap to share (`Arc<Engine>`); [`Engine::decide`] takes `&self` and is safe to
+/// call from any number of connections at once. To change rules, build a new engine
+/// and swap it in: the old cache goes away with the old rules.
+pub struct Engine {
+    /// The rules, in the order given (the order in which they are consulted).
+    rules: Vec<Arc<dyn Rule>>,
+    /// Each rule's name, shared into every [`Rejection`] and [`super::Rewritten`].
+    names: Vec<Arc<str>>,
+    /// Scanner over the table names; `None` when there are no rules.
+    prefilter: Option<Prefilter>,
+    /// Per scanner pattern id: which rules name a table of that name.
+    patterns: Vec<Pattern>,
+    /// Outcomes by fingerprint (or exact text, or fingerprint + literal values).
+    cache: PlanCache,
+    /// Number of statements parsed (plan cache misses), for metrics and tests.
+    parses: AtomicU64,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("rules", &self.names)
+            .field("cache", &self.cache)
+            .field("parses", &self.parses.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// A statement that names a ruled table, with what the lexer found in it.
+struct Named<'s, 'c> {
+    /// The statement bytes.
+    sql: &'s [u8],
+    /// Its tokens.
+    tokens: Vec<Token>,
+    /// Its literal tokens, in order (literal #i of the templates).
+    literals: Vec<Token>,
+    /// Indices of the rules whose tables it names, ascending.
+    rules: Vec<usize>,
+    /// The first ruled table name found, as written (for error messages).
+    table: String,
+    /// The connection's context.
+    ctx: &'c StatementContext<'c>,
+}
+
+impl Engine {
+    /// An engine without rules: everything passes through.
+    pub fn empty() -> Self {
+        Engine {
+            rules: Vec::new(),
+            names: Vec::new(),
+            prefilter: None,
+            patterns: Vec::new(),
+            cache: PlanCache::new(0),
+            parses: AtomicU64::new(0),
+        }
+    }
+
+    /// Build an engine over `rules`, caching at most `cache_capacity` plans.
+    ///
+    /// Rule names must be non-empty and unique; every rule must name at least one
+    /// table; two rules may not name the same table (a rule without a database
+    /// overlaps every database).
+    pub fn new(rules: Vec<Arc<dyn Rule>>, cache_capacity: u64) -> Result<Self, EngineError> {
+        if rules.is_empty() {
+            return Ok(Engine::empty());
+        }
+        let mut names: Vec<Arc<str>> = Vec::with_capacity(rules.len());
+        for r in &rules {
+            let name = r.name();
+            if name.is_empty() {
+                return Err(EngineError::EmptyRuleName);
+            }
+            if names.iter().any(|n| **n == *name) {
+                return Err(EngineError::DuplicateRule(name.to_string()));
+            }
+            names.push(Arc::from(name));
+        }
+        let mut patterns: Vec<Pattern> = Vec::new();
+        for (ri, r) in rules.iter().enumerate() {
+            if r.tables().is_empty() {
+                return Err(EngineError::NoTables(names[ri].to_string()));
+            }
+            for t in r.tables() {
+                if t.name.is_empty() {
+                    return Err(EngineError::EmptyTableName(names[ri].to_string()));
+                }
+                let lower: Box<[u8]> = t.name.to_ascii_lowercase().into_bytes().into();
+                let pi = match patterns.iter().position(|p| p.name == lower) {
+                    Some(pi) => pi,
+                    None => {
+                        patterns.push(Pattern {
+                            name: lower,
+                            tables: Vec::new(),
+                        });
+                        patterns.len() - 1
+                    }
+                };
+                let p = &mut patterns[pi];
+                for (other, db) in &p.tables {
+                    let overlap = match (db, &t.db) {
+                        (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+                        _ => true,
+                    };
+                    if *other != ri && overlap {
+                        return Err(EngineError::SharedTable {
+                            first: names[*other].to_string(),
+                            second: names[ri].to_string(),
+                            table: t.to_string(),
+                        });
+                    }
+                }
+                p.tables.push((ri, t.db.clone()));
+            }
+        }
+        let prefilter = Prefilter::new(patterns.iter().map(|p| &p.name))
+            .map_err(|e| EngineError::Prefilter(e.to_string()))?;
+        Ok(Engine {
+            rules,
+            names,
+            prefilter: Some(prefilter),
+            patterns,
+            cache: PlanCache::new(cache_capacity),
+            parses: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether any rule is loaded (if not, every statement passes through).
+    pub fn has_rules(&self) -> bool {
+        !self.rules.is_empty()
+    }
+
+    /// The rules, in the order they are consulted.
+    pub fn rules(&self) -> &[Arc<dyn Rule>] {
+        &self.rules
+    }
+
+    /// How many times a statement was parsed to build a plan (plan cache misses).
+    pub fn parses(&self) -> u64 {
+        self.parses.load(Ordering::Relaxed)
+    }
+
+    /// Decide what to do with one statement (the data-path call).
+    ///
+    /// `sql` is the statement as the client sent it (COM_QUERY / COM_STMT_PREPARE
+    /// payload), in the connection's character set.
+    #[inline]
+    pub fn decide(&self, sql: &[u8], ctx: &StatementContext<'_>) -> Decision {
+        let Some(prefilter) = &self.prefilter else {
+            return Decision::Passthrough;
+        };
+        let hits = prefilter.scan(sql);
+        if hits.is_empty() {
+            return Decision::Passthrough;
+        }
+        self.decide_named(sql, ctx, &hits)
+    }
+
+    /// The part of [`Engine::decide`] for statements the scanner flagged.
+    #[inline(never)]
+    fn decide_named(&self, sql: &[u8], ctx: &StatementContext<'_>, hits: &[usize]) -> Decision {
+        let tokens = match sqltok::lex(sql) {
+            Ok(t) => t,
+            Err(e) => {
+                let (rule, _) = &self.patterns[hits[0]].tables[0];
+                return Decision::Reject(Rejection {
+                    rule: self.names[*rule].clone(),
+                    reason: format!(
+                        "the statement mentions table '{}' but cannot be read ({e})",
+                        String::from_utf8_lossy(&self.patterns[hits[0]].name)
+                    ),
+                });
+            }
+        };
+        let Some((rules, table)) = self.named_rules(sql, &tokens, hits, ctx.current_db) else {
+            return Decision::Passthrough;
+        };
+        let literals: Vec<Token> = tokens
+            .iter()
+            .filter(|t| matches!(t.kind, TokenKind::Literal(_)))
+            .copied()
+            .collect();
+        let st = Named {
+            sql,
+            tokens,
+            literals,
+            rules,
+            table,
+            ctx,
+        };
+
+        let mut key = Vec::with_capacity(sql.len() + 16);
+        cache::key_header(&mut key, KeyKind::Fingerprint, ctx.prepared, ctx.current_db);
+        sqltok::normalize(
+            sql,
+            &st.tokens,
+            Mode::Fingerprint,
+            &mut key,
+            &mut Vec::new(),
+        );
+
+        let outcome = match self.cache.get(&key) {
+            None => self.plan_marked(&st, key, None),
+            Some(found) => match &*found {
+                Cached::DependsOn(deps) => {
+                    let dk = cache::depends_key(&key, sql, &st.literals, deps);
+                    match self.cache.get(&dk) {
+                        Some(o) => o,
+                        None => self.plan_marked(&st, key, Some(deps)),
+                    }
+                }
+                Cached::ExactText => {
+                    let ek = exact_key(&st);
+                    match self.cache.get(&ek) {
+                        Some(o) => o,
+                        None => self.plan_exact(&st, ek),
+                    }
+                }
+                _ => found,
+            },
+        };
+        self.decision(&outcome, &st)
+    }
+
+    /// The rules whose tables the statement names as identifiers (bare, backticked,
+    /// or double-quoted as under ANSI_QUOTES), honouring database qualifiers, and the
+    /// first such name. `None` if there are none (the hits were in strings,
+    /// comments, or other databases).
+    fn named_rules(
+        &self,
+        sql: &[u8],
+        tokens: &[Token],
+        hits: &[usize],
+        current_db: Option<&str>,
+    ) -> Option<(Vec<usize>, String)> {
+        let mut rules = Vec::new();
+        let mut first: Option<String> = None;
+        for (idx, t) in tokens.iter().enumerate() {
+            let Some(name) =
+                sqltok::ident_name(sql, t).or_else(|| sqltok::double_quoted_name(sql, t))
+            else {
+                continue;
+            };
+            for &h in hits {
+                let p = &self.patterns[h];
+                if !name.eq_ignore_ascii_case(&p.name) {
+                    continue;
+                }
+                let qualifier: Option<Cow<'_, [u8]>> = match idx.checked_sub(2) {
+                    Some(q) if &sql[tokens[idx - 1].start..tokens[idx - 1].end] == b"." => {
+                        sqltok::ident_name(sql, &tokens[q])
+                    }
+                    _ => None,
+                };
+                for (rule, db) in &p.tables {
+                    if let Some(db) = db {
+                        let effective = qualifier.as_deref().or(current_db.map(str::as_bytes));
+                        if effective.is_some_and(|e| !e.eq_ignore_ascii_case(db.as_bytes())) {
+                            continue;
+                        }
+                    }
+                    if let Err(pos) = rules.binary_search(rule) {
+                        rules.insert(pos, *rule);
+                    }
+                    if first.is_none() {
+                        first = Some(String::from_utf8_lossy(&name).into_owned());
+                    }
+                }
+            }
+        }
+        Some((rules, first?))
+    }
+
+    /// Plan with every literal and parameter marked; cache under the fingerprint
+    /// (or per literal values when the rule read some). `known` is the dependency
+    /// list found in the cache, if the lookup went through one.
+    fn plan_marked(
+        &self,
+        st: &Named<'_, '_>,
+        fp_key: Vec<u8>,
+        known: Option<&[usize]>,
+    ) -> Arc<Cached> {
+        let mut text = Vec::with_capacity(st.sql.len() + 16);
+        let mut slots = Vec::new();
+        sqltok::normalize(st.sql, &st.tokens, Mode::MarkAll, &mut text, &mut slots);
+        let text = match String::from_utf8(text) {
+            Ok(t) => t,
+            Err(_) => {
+                let out = Arc::new(self.reject_named(
+                    st,
+                    "is not valid UTF-8 outside its string literals, so the rule cannot be applied safely",
+                ));
+                self.cache.insert(fp_key, out.clone());
+                return out;
+            }
+        };
+        self.parses.fetch_add(1, Ordering::Relaxed);
+        let stmt = match parse_statements(&text) {
+            Ok(mut stmts) if stmts.len() == 1 && round_trips(&stmts[0], &slots) => stmts.remove(0),
+            Ok(stmts) if stmts.len() > 1 => {
+                let out = Arc::new(self.reject_several(st, stmts.len()));
+                self.cache.insert(fp_key, out.clone());
+                return out;
+            }
+            // A literal where a marker does not parse, or the parser does not keep
+            // every marker: plan this exact text with its literals in place.
+            _ => {
+                self.cache.insert(fp_key, Arc::new(Cached::ExactText));
+                return self.plan_exact(st, exact_key(st));
+            }
+        };
+        let pctx = PlanContext::new(
+            st.ctx.current_db,
+            st.ctx.prepared,
+            &slots,
+            st.sql,
+            &st.literals,
+        );
+        let result = self.run_rules(&stmt, &pctx, &st.rules);
+        let (reads, dynamics) = pctx.finish();
+        let out = Arc::new(self.outcome(result, &slots, &dynamics));
+        match known {
+            None if reads.is_empty() => self.cache.insert(fp_key, out.clone()),
+            None => {
+                let dk = cache::depends_key(&fp_key, st.sql, &st.literals, &reads);
+                self.cache
+                    .insert(fp_key, Arc::new(Cached::DependsOn(reads.into())));
+                self.cache.insert(dk, out.clone());
+            }
+            Some(deps) => {
+                // Cache only if the values this plan depends on are all in the key.
+                if reads.iter().all(|r| deps.contains(r)) {
+                    let dk = cache::depends_key(&fp_key, st.sql, &st.literals, deps);
+                    self.cache.insert(dk, out.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Plan the exact text (literals in place, parameters marked); cache under the
+    /// exact text.
+    fn plan_exact(&self, st: &Named<'_, '_>, key: Vec<u8>) -> Arc<Cached> {
+        let out = Arc::new(self.plan_exact_outcome(st));
+        self.cache.insert(key, out.clone());
+        out
+    }
+
+    fn plan_exact_outcome(&self, st: &Named<'_, '_>) -> Cached {
+        let mut text = Vec::with_capacity(st.sql.len() + 16);
+        let mut slots = Vec::new();
+        sqltok::normalize(st.sql, &st.tokens, Mode::MarkParams, &mut text, &mut slots);
+        let Ok(text) = String::from_utf8(text) else {
+            return self.reject_named(
+                st,
+                "is not valid UTF-8 and has a literal where it cannot be set aside, so the rule cannot be applied safely",
+            );
+        };
+        self.parses.fetch_add(1, Ordering::Relaxed);
+        let mut stmts = match parse_statements(&text) {
+            Ok(s) => s,
+            Err(e) => {
+                return self.reject_named(st, &format!("cannot be parsed ({e})"));
+            }
+        };
+        match stmts.len() {
+            0 => return Cached::Passthrough,
+            1 => {}
+            n => return self.reject_several(st, n),
+        }
+        let stmt = stmts.remove(0);
+        let params_kept = round_trips(&stmt, &slots);
+        let pctx = PlanContext::new(
+            st.ctx.current_db,
+            st.ctx.prepared,
+            &slots,
+            st.sql,
+            &st.literals,
+        );
+        let result = self.run_rules(&stmt, &pctx, &st.rules);
+        let (_, dynamics) = pctx.finish();
+        match self.outcome(result, &slots, &dynamics) {
+            Cached::Rewrite { rule, .. } if !params_kept => Cached::Reject(Rejection {
+                rule,
+                reason: "the statement's parameters do not survive parsing, so it cannot be rewritten safely".into(),
+            }),
+            other => other,
+        }
+    }
+
+    /// Ask every rule whose table the statement names. A refusal wins; two rules
+    /// that both want to rewrite the statement are refused too.
+    fn run_rules(
+        &self,
+        stmt: &Statement,
+        pctx: &PlanContext<'_>,
+        rules: &[usize],
+    ) -> Result<Option<(usize, Plan)>, Rejection> {
+        let mut found: Option<(usize, Plan)> = None;
+        for &ri in rules {
+            let rule = &self.rules[ri];
+            let planned = catch_unwind(AssertUnwindSafe(|| rule.plan(stmt, pctx)))
+                .unwrap_or_else(|_| Err("internal error: the rule failed while planning".into()));
+            match planned {
+                Err(reason) => {
+                    return Err(Rejection {
+                        rule: self.names[ri].clone(),
+                        reason,
+                    })
+                }
+                Ok(None) => {}
+                Ok(Some(plan)) => {
+                    if let Some((first, _)) = &found {
+                        return Err(Rejection {
+                            rule: self.names[*first].clone(),
+                            reason: format!(
+                                "the statement is also rewritten by rule '{}'; one statement cannot be rewritten by several rules",
+                                self.names[ri]
+                            ),
+                        });
+                    }
+                    found = Some((ri, plan));
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Turn what the rules said into a cacheable outcome.
+    fn outcome(
+        &self,
+        result: Result<Option<(usize, Plan)>, Rejection>,
+        slots: &[Slot],
+        dynamics: &[Dynamic],
+    ) -> Cached {
+        let (ri, plan) = match result {
+            Err(r) => return Cached::Reject(r),
+            Ok(None) => return Cached::Passthrough,
+            Ok(Some(found)) => found,
+        };
+        let rule = self.names[ri].clone();
+        if plan.statements.is_empty() {
+            return Cached::Reject(Rejection {
+                rule,
+                reason: "internal error: the rewrite has no statement".into(),
+            });
+        }
+        let printed: Vec<String> = plan.statements.iter().map(ToString::to_string).collect();
+        match Template::build(&printed, slots, dynamics) {
+            Ok(template) => Cached::Rewrite { rule, template },
+            Err(e) => Cached::Reject(Rejection {
+                rule,
+                reason: format!("internal error: {e}"),
+            }),
+        }
+    }
+
+    /// A cached outcome applied to this statement.
+    fn decision(&self, outcome: &Cached, st: &Named<'_, '_>) -> Decision {
+        match outcome {
+            Cached::Passthrough => Decision::Passthrough,
+            Cached::Reject(r) => Decision::Reject(r.clone()),
+            Cached::Rewrite { rule, template } => {
+                match template.render(rule, st.sql, &st.literals, st.ctx.prepared) {
+                    Ok(r) => Decision::Rewrite(r),
+                    Err(e) => Decision::Reject(Rejection {
+                        rule: rule.clone(),
+                        reason: format!("internal error: {e}"),
+                    }),
+                }
+            }
+            Cached::DependsOn(_) | Cached::ExactText => self.decision_internal(st),
+        }
+    }
+
+    /// Never expected: a lookup entry where an outcome should be.
+    #[cold]
+    fn decision_internal(&self, st: &Named<'_, '_>) -> Decision {
+        match self.reject_named(
+            st,
+            "cannot be planned (internal error: inconsistent plan cache)",
+        ) {
+            Cached::Reject(r) => Decision::Reject(r),
+            _ => Decision::Passthrough,
+        }
+    }
+
+    /// A rejection naming the first rule and table the statement names.
+    fn reject_named(&self, st: &Named<'_, '_>, what: &str) -> Cached {
+        Cached::Reject(Rejection {
+            rule: self.names[st.rules[0]].clone(),
+            reason: format!("the statement names table '{}' but {what}", st.table),
+        })
+    }
+
+    fn reject_several(&self, st: &Named<'_, '_>, n: usize) -> Cached {
+        self.reject_named(
+            st,
+            &format!("holds {n} statements; send statements that touch it one at a time"),
+        )
+    }
+}
+
+/// The exact-text key of a statement.
+fn exact_key(st: &Named<'_, '_>) -> Vec<u8> {
+    let mut key = Vec::with_capacity(st.sql.len() + 16);
+    cache::key_header(&mut key, KeyKind::Exact, st.ctx.prepared, st.ctx.current_db);
+    key.extend_from_slice(st.sql);
+    key
+}
+
+/// Whether printing `stmt` shows every marker of `slots` exactly once (the parser
+/// kept every value where it was) and no bare `?`.
+fn round_trips(stmt: &Statement, slots: &[Slot]) -> bool {
+    let printed = stmt.to_string();
+    let Ok(toks) = sqltok::lex_markers(printed.as_bytes()) else {
+        return false;
+    };
+    let mut seen = vec![0u32; slots.len()];
+    for t in &toks {
+        match t.kind {
+            TokenKind::Marker(k) => match (k as usize).checked_sub(1).and_then(|i| seen.get_mut(i))
+            {
+                Some(c) => *c += 1,
+                None => return false,
+            },
+            TokenKind::Param => return false,
+            _ => {}
+        }
+    }
+    seen.iter().all(|&c| c == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::ControlFlow;
+    use std::sync::atomic::AtomicUsize;
+
+    use sqlparser::ast::{
+        visit_relations, visit_relations_mut, BinaryOperator, Expr, Ident, ObjectNamePart,
+        TableFactor,
+    };
+
+    use super::*;
+    use crate::rewrite::{Rewritten, TableName};
+
+    /// Test-only rule: reads of its table go to `<table>_shadow`; writes are refused.
+    struct Shadow {
+        name: String,
+        tables: Vec<TableName>,
+        calls: AtomicUsize,
+    }
+
+    impl Shadow {
+        fn new(name: &str, db: Option<&str>, table: &str) -> Arc<Self> {
+            Arc::new(Shadow {
+                name: name.into(),
+                tables: vec![TableName::new(db, table)],
+                calls: AtomicUsize::new(0),
+            })
+        }
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Rule for Shadow {
+        fn name(&self) -> &str {
+            &self.name
+        }
+        fn tables(&self) -> &[TableName] {
+            &self.tables
+        }
+        fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let table = &self.tables[0];
+            let named = visit_relations(stmt, |n| {
+                if ctx.names_table(n, table) {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .is_break();
+            if !named {
+                return Ok(None);
+            }
+            if !matches!(stmt, Statement::Query(_)) {
+                return Err(format!("writes to {table} are not supported"));
+            }
+            let mut out = stmt.clone();
+            let _ = visit_relations_mut(&mut out, |n| {
+                if ctx.names_table(n, table) {
+                    if let Some(ObjectNamePart::Identifier(last)) = n.0.last_mut() {
+                        last.value = format!("{}_shadow", last.value);
+                    }
+                }
+                ControlFlow::<()>::Continue(())
+            });
+            Ok(Some(vec![out].into()))
+        }
+    }
+
+    /// Test-only rule: `UPDATE c SET n = n + <inc> WHERE id = <x>` becomes an upsert
+    /// into one of four slot rows; the increment must be a positive integer.
+    struct Counter {
+        tables: Vec<TableName>,
+        calls: AtomicUsize,
+    }
+
+    impl Counter {
+        fn new() -> Arc<Self> {
+            Arc::new(Counter {
+                tables: vec![TableName::new(None, "c")],
+                calls: AtomicUsize::new(0),
+            })
+        }
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Rule for Counter {
+        fn name(&self) -> &str {
+            "counter"
+        }
+        fn tables(&self) -> &[TableName] {
+            &self.tables
+        }
+        fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let Statement::Update(u) = stmt else {
+                return Ok(None);
+            };
+            let shape =
+                || "only `SET n = n + <increment> WHERE id = <value>` is supported".to_string();
+            let TableFactor::Table { name, .. } = &u.table.relation else {
+                return Err(shape());
+            };
+            if !ctx.names_table(name, &self.tables[0]) || !u.table.joins.is_empty() {
+                return Err(shape());
+            }
+            let [a] = u.assignments.as_slice() else {
+                return Err(shape());
+            };
+            let Expr::BinaryOp {
+                op: BinaryOperator::Plus,
+                right: inc,
+                ..
+            } = &a.value
+            else {
+                return Err(shape());
+            };
+            if !matches!(ctx.slot(inc), Some(Slot::Param(_))) {
+                let ok = ctx
+                    .literal(inc)
+                    .and_then(|l| l.as_i64())
+                    .is_some_and(|v| v > 0);
+                if !ok {
+                    return Err("the increment must be a positive integer".into());
+                }
+            }
+            let Some(Expr::BinaryOp {
+                op: BinaryOperator::Eq,
+                right: id,
+                ..
+            }) = &u.selection
+            else {
+                return Err(shape());
+            };
+            let slot = ctx.random_below(4);
+            let sql = format!(
+                "INSERT INTO c_slots (id, slot, n) VALUES ({id}, {slot}, {inc}) \
+                 ON DUPLICATE KEY UPDATE n = n + {inc}"
+            );
+            let stmts = parse_statements(&sql).map_err(|e| e.to_string())?;
+            Ok(Some(stmts.into()))
+        }
+    }
+
+    /// Test-only rule that misbehaves in a configurable way.
+    struct Broken {
+        tables: Vec<TableName>,
+        bare_param: bool,
+    }
+
+    impl Rule for Broken {
+        fn name(&self) -> &str {
+            "broken"
+        }
+        fn tables(&self) -> &[TableName] {
+            &self.tables
+        }
+        fn plan(&self, _: &Statement, _: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+            if self.bare_param {
+                let stmts = parse_statements("SELECT ?").map_err(|e| e.to_string())?;
+                return Ok(Some(stmts.into()));
+            }
+            panic!("rule bug");
+        }
+    }
+
+    fn engine(rules: Vec<Arc<dyn Rule>>) -> Engine {
+        Engine::new(rules, 1000).unwrap()
+    }
+
+    const TEXT: StatementContext<'static> = StatementContext {
+        prepared: false,
+        in_transaction: false,
+        current_db: None,
+    };
+
+    const PREPARED: StatementContext<'static> = StatementContext {
+        prepared: true,
+        in_transaction: false,
+        current_db: None,
+    };
+
+    fn ast(sql: &str) -> Vec<Statement> {
+        parse_statements(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Bytes as latin1 text (every byte one char), so any statement can be parsed.
+    fn latin1(b: &[u8]) -> String {
+        b.iter().map(|&c| c as char).collect()
+    }
+
+    #[track_caller]
+    fn rewritten(d: Decision) -> Rewritten {
+        match d {
+            Decision::Rewrite(r) => r,
+            other => panic!("expected a rewrite, got {other:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn rejected(d: Decision) -> Rejection {
+        match d {
+            Decision::Reject(r) => r,
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    /// Compare rewritten statements with the expected SQL as parsed ASTs.
+    #[track_caller]
+    fn assert_statements(r: &Rewritten, expected: &[&str]) {
+        let actual: Vec<Statement> = r.statements.iter().flat_map(|s| ast(&latin1(s))).collect();
+        let expected: Vec<Statement> = expected.iter().flat_map(|s| ast(s)).collect();
+        assert_eq!(actual, expected);
+    }
+
+    #[test]
+    fn no_rules_is_passthrough() {
+        let e = Engine::empty();
+        assert!(!e.has_rules());
+        assert_eq!(
+            e.decide(b"UPDATE t SET a = 1", &TEXT),
+            Decision::Passthrough
+        );
+        let e = Engine::new(Vec::new(), 10).unwrap();
+        assert!(!e.has_rules());
+        assert_eq!(e.decide(b"SELECT 1", &TEXT), Decision::Passthrough);
+    }
+
+    #[test]
+    fn unrelated_statements_are_not_parsed() {
+        let shadow = Shadow::new("shadow", None, "t");
+        let e = engine(vec![shadow.clone()]);
+        assert!(e.has_rules());
+        for sql in [
+            &b"SELECT * FROM t_x"[..],
+            b"SELECT * FROM xt",
+            b"SELECT 't' FROM u",
+            b"SELECT 1 FROM u -- t",
+            b"SELECT 1 FROM u /* t */",
+            b"SELECT @t, @@t",
+            b"SELECT 'it''s t', \"t\\\"\" FROM u",
+            b"garbage that does not parse",
+        ] {
+            assert_eq!(
+                e.decide(sql, &TEXT),
+                Decision::Passthrough,
+                "{}",
+                latin1(sql)
+            );
+        }
+        assert_eq!(e.parses(), 0);
+        assert_eq!(shadow.calls(), 0);
+    }
+
+    #[test]
+    fn cache_hit_renders_new_literals_without_replanning() {
+        let shadow = Shadow::new("shadow", None, "t");
+        let e = engine(vec![shadow.clone()]);
+        let r = rewritten(e.decide(b"SELECT a FROM t WHERE id = 5 AND s = 'x'", &TEXT));
+        assert_eq!(&*r.rule, "shadow");
+        assert_eq!(r.param_map, None);
+        assert_statements(&r, &["SELECT a FROM t_shadow WHERE id = 5 AND s = 'x'"]);
+        assert_eq!((shadow.calls(), e.parses()), (1, 1));
+
+        // Same shape: other literals, other keyword case, other spacing, comments.
+        let r = rewritten(e.decide(
+            b"select a  from t /* hi */ where id=42.5e3 AND s = _utf8mb4'it\\'s'",
+            &TEXT,
+        ));
+        assert_statements(
+            &r,
+            &["SELECT a FROM t_shadow WHERE id = 42.5e3 AND s = _utf8mb4'it\\'s'"],
+        );
+        // The literal bytes are copied verbatim (sqlparser cannot even parse this one).
+        let r = rewritten(e.decide(
+            b"SELECT a FROM t WHERE id = 1 AND s = _latin1'it''s' \n 'x'",
+            &TEXT,
+        ));
+        assert!(r.statements[0].ends_with(b" = _latin1'it''s' \n 'x'"));
+        let r = rewritten(e.decide(b"SELECT a FROM t WHERE id = 0x1F AND s = \"q\"", &TEXT));
+        assert_statements(
+            &r,
+            &["SELECT a FROM t_shadow WHERE id = 0x1F AND s = \"q\""],
+        );
+        assert_eq!((shadow.calls(), e.parses()), (1, 1));
+
+        // Latin1 bytes inside a literal are fine: they are never parsed.
+        let r = rewritten(e.decide(b"SELECT a FROM t WHERE id = 1 AND s = 'caf\xe9'", &TEXT));
+        assert!(r.statements[0].ends_with(b"'caf\xe9'"));
+        assert_statements(
+            &r,
+            &["SELECT a FROM t_shadow WHERE id = 1 AND s = 'caf\u{e9}'"],
+        );
+        assert_eq!((shadow.calls(), e.parses()), (1, 1));
+
+        // A different shape is planned once.
+        let r = rewritten(e.decide(b"SELECT a FROM `t` JOIN db.t AS u ON u.k = t.k", &TEXT));
+        assert_statements(
+            &r,
+            &["SELECT a FROM `t_shadow` JOIN db.t_shadow AS u ON u.k = t.k"],
+        );
+        assert_eq!((shadow.calls(), e.parses()), (2, 2));
+    }
+
+    #[test]
+    fn executable_comments_count() {
+        let e = engine(vec![Shadow::new("shadow", None, "t")]);
+        let r = rewritten(e.decide(
+            b"SELECT a /*!50000 , b */ FROM /*M!100100 t */ WHERE id = 1",
+            &TEXT,
+        ));
+        assert_statements(&r, &["SELECT a, b FROM t_shadow WHERE id = 1"]);
+    }
+
+    #[test]
+    fn prepared_statements_map_parameters() {
+        let shadow = Shadow::new("shadow", None, "t");
+        let e = engine(vec![shadow.clone()]);
+        let r = rewritten(e.decide(
+            b"SELECT a FROM t WHERE id = ? AND b = 'x' AND c = ?",
+            &PREPARED,
+        ));
+        assert_statements(
+            &r,
+            &["SELECT a FROM t_shadow WHERE id = ? AND b = 'x' AND c = ?"],
+        );
+        assert_eq!(r.param_map, Some(vec![0, 1]));
+        // The same text over the text protocol is a different cache entry.
+        assert_eq!(shadow.calls(), 1);
+        let r = rewritten(e.decide(b"SELECT a FROM t WHERE id = 1", &PREPARED));
+        assert_eq!(r.param_map, Some(vec![]));
+
+        // A rule may reorder and repeat parameters.
+        let counter = Counter::new();
+        let e = engine(vec![counter.clone()]);
+        let r = rewritten(e.decide(b"UPDATE c SET n = n + ? WHERE id = ?", &PREPARED));
+        assert_eq!(r.param_map, Some(vec![1, 0, 0]));
+        let text = latin1(&r.statements[0]);
+        assert!(
+            (0..4).any(|s| ast(&text)
+                == ast(&format!(
+                    "INSERT INTO c_slots (id, slot, n) VALUES (?, {s}, ?) ON DUPLICATE KEY UPDATE n = n + ?"
+                ))),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn plans_that_read_literals_are_cached_per_value() {
+        let counter = Counter::new();
+        let e = engine(vec![counter.clone()]);
+        let expect = |r: &Rewritten, id: &str, inc: &str| {
+            let text = latin1(&r.statements[0]);
+            assert!(
+                (0..4).any(|s| ast(&text)
+                    == ast(&format!(
+                        "INSERT INTO c_slots (id, slot, n) VALUES ({id}, {s}, {inc}) \
+                         ON DUPLICATE KEY UPDATE n = n + {inc}"
+                    ))),
+                "{text}"
+            );
+        };
+        let r = rewritten(e.decide(b"UPDATE c SET n = n + 1 WHERE id = 7", &TEXT));
+        expect(&r, "7", "1");
+        assert_eq!(counter.calls(), 1);
+        // Only the increment was read: a new id reuses the plan.
+        let r = rewritten(e.decide(b"UPDATE c SET n = n + 1 WHERE id = 'eight'", &TEXT));
+        expect(&r, "'eight'", "1");
+        assert_eq!(counter.calls(), 1);
+        let r = rewritten(e.decide(b"UPDATE c SET n = n + 2 WHERE id = 8", &TEXT));
+        expect(&r, "8", "2");
+        assert_eq!(counter.calls(), 2);
+        let rej = rejected(e.decide(b"UPDATE c SET n = n + 0 WHERE id = 8", &TEXT));
+        assert_eq!(
+            rej.message(),
+            "heatsink rule 'counter': the increment must be a positive integer"
+        );
+        assert_eq!(counter.calls(), 3);
+        rejected(e.decide(b"UPDATE c SET n = n + 0 WHERE id = 9", &TEXT));
+        rewritten(e.decide(b"UPDATE c SET n = n + 2 WHERE id = 9", &TEXT));
+        assert_eq!(counter.calls(), 3);
+
+        // The proxy picks the slot each time.
+        let slots: std::collections::HashSet<Vec<u8>> = (0..64)
+            .map(|_| {
+                rewritten(e.decide(b"UPDATE c SET n = n + 1 WHERE id = 7", &TEXT)).statements[0]
+                    .clone()
+            })
+            .collect();
+        assert!(slots.len() > 1);
+        assert_eq!(counter.calls(), 3);
+    }
+
+    #[test]
+    fn literal_where_a_marker_does_not_parse_falls_back_to_exact_text() {
+        let shadow = Shadow::new("shadow", None, "t");
+        let e = engine(vec![shadow.clone()]);
+        let sql = b"SELECT CAST(a AS DECIMAL(10, 2)) FROM t WHERE id = 5";
+        let r = rewritten(e.decide(sql, &TEXT));
+        assert_statements(
+            &r,
+            &["SELECT CAST(a AS DECIMAL(10,2)) FROM t_shadow WHERE id = 5"],
+        );
+        assert_eq!((shadow.calls(), e.parses()), (1, 2));
+        // Same text: cached.
+        rewritten(e.decide(sql, &TEXT));
+        assert_eq!((shadow.calls(), e.parses()), (1, 2));
+        // Same shape, other literal: the shape is known to need the exact text.
+        let r = rewritten(e.decide(
+            b"SELECT CAST(a AS DECIMAL(10, 2)) FROM t WHERE id = 6",
+            &TEXT,
+        ));
+        assert_statements(
+            &r,
+            &["SELECT CAST(a AS DECIMAL(10,2)) FROM t_shadow WHERE id = 6"],
+        );
+        assert_eq!((shadow.calls(), e.parses()), (2, 3));
+        // Parameters are still mapped.
+        let r = rewritten(e.decide(b"SELECT CAST(a AS CHAR(10)) FROM t WHERE id = ?", &PREPARED));
+        assert_statements(
+            &r,
+            &["SELECT CAST(a AS CHAR(10)) FROM t_shadow WHERE id = ?"],
+        );
+        assert_eq!(r.param_map, Some(vec![0]));
+    }
+
+    #[test]
+    fn rejections() {
+        let shadow = Shadow::new("shadow", None, "t");
+        let e = engine(vec![shadow.clone()]);
+        // The rule refuses.
+        let rej = rejected(e.decide(b"UPDATE t SET a = 1", &TEXT));
+        assert_eq!(
+            rej.message(),
+            "heatsink rule 'shadow': writes to t are not supported"
+        );
+        // Several statements.
+        let rej = rejected(e.decide(b"SELECT a FROM t; DELETE FROM u", &TEXT));
+        assert!(rej.reason.contains("holds 2 statements"), "{}", rej.reason);
+        assert_eq!(
+            e.decide(b"SELECT 1; SELECT 2", &TEXT),
+            Decision::Passthrough
+        );
+        // Does not parse.
+        let rej = rejected(e.decide(b"SELECT a FROM t LOCK IN SHARE MODE", &TEXT));
+        assert!(
+            rej.reason
+                .starts_with("the statement names table 't' but cannot be parsed"),
+            "{}",
+            rej.reason
+        );
+        // Cannot be lexed.
+        let rej = rejected(e.decide(b"SELECT a FROM t WHERE s = 'abc", &TEXT));
+        assert!(rej.reason.contains("unterminated string"), "{}", rej.reason);
+        // Not UTF-8 outside literals.
+        let rej = rejected(e.decide(b"SELECT caf\xe9 FROM t", &TEXT));
+        assert!(rej.reason.contains("not valid UTF-8"), "{}", rej.reason);
+        // Not UTF-8 and a literal that must stay in place.
+        let rej = rejected(e.decide(b"SELECT CAST(a AS CHAR(3)) FROM t WHERE s = '\xe9'", &TEXT));
+        assert!(rej.reason.contains("not valid UTF-8"), "{}", rej.reason);
+        // A double-quoted name (ANSI_QUOTES) is not waved through.
+        assert_ne!(
+            e.decide(b"UPDATE \"t\" SET a = 1", &TEXT),
+            Decision::Passthrough
+        );
+        // The same column name in another table is fine, and cached.
+        let calls = shadow.calls();
+        assert_eq!(
+            e.decide(b"SELECT t FROM u WHERE v = 1", &TEXT),
+            Decision::Passthrough
+        );
+        assert_eq!(
+            e.decide(b"SELECT t FROM u WHERE v = 2", &TEXT),
+            Decision::Passthrough
+        );
+        assert_eq!(shadow.calls(), calls + 1);
+    }
+
+    #[test]
+    fn several_rules() {
+        let e = engine(vec![
+            Shadow::new("a", None, "t"),
+            Shadow::new("b", None, "u"),
+            Counter::new(),
+        ]);
+        let rej = rejected(e.decide(b"SELECT * FROM t JOIN u", &TEXT));
+        assert_eq!(
+            rej.message(),
+            "heatsink rule 'a': the statement is also rewritten by rule 'b'; one statement cannot be rewritten by several rules"
+        );
+        // One rewrites, the other is not concerned.
+        let r = rewritten(e.decide(b"SELECT * FROM t WHERE x IN (SELECT c FROM v)", &TEXT));
+        assert_statements(&r, &["SELECT * FROM t_shadow WHERE x IN (SELECT c FROM v)"]);
+        // One refuses.
+        let rej = rejected(e.decide(b"UPDATE c SET n = n * 2 WHERE id = 1", &TEXT));
+        assert_eq!(&*rej.rule, "counter");
+    }
+
+    #[test]
+    fn database_qualifiers() {
+        let shadow = Shadow::new("shadow", Some("app"), "t");
+        let e = engine(vec![shadow.clone()]);
+        let db = |d: &'static str| StatementContext {
+            current_db: Some(d),
+            ..TEXT
+        };
+        rewritten(e.decide(b"SELECT a FROM t", &db("app")));
+        rewritten(e.decide(b"SELECT a FROM t", &db("APP")));
+        assert_eq!(
+            e.decide(b"SELECT a FROM t", &db("other")),
+            Decision::Passthrough
+        );
+        let r = rewritten(e.decide(b"SELECT a FROM app.t", &db("other")));
+        assert_statements(&r, &["SELECT a FROM app.t_shadow"]);
+        rewritten(e.decide(b"SELECT a FROM `app`.`t`", &db("other")));
+        assert_eq!(
+            e.decide(b"SELECT a FROM other.t", &db("app")),
+            Decision::Passthrough
+        );
+        // Never parsed: the qualifier rules the statement out before.
+        assert_eq!(
+            e.decide(b"SELECT a FROM other.t WHERE x = (", &db("app")),
+            Decision::Passthrough
+        );
+        // No default database: an unqualified name may be the table.
+        rewritten(e.decide(b"SELECT a FROM t", &TEXT));
+    }
+
+    #[test]
+    fn misbehaving_rules_are_contained() {
+        let tables = vec![TableName::new(None, "t")];
+        let e = engine(vec![Arc::new(Broken {
+            tables: tables.clone(),
+            bare_param: false,
+        })]);
+        let rej = rejected(e.decide(b"SELECT a FROM t", &TEXT));
+        assert!(rej.reason.contains("internal error"), "{}", rej.reason);
+        assert_eq!(e.decide(b"SELECT a FROM u", &TEXT), Decision::Passthrough);
+        let e = engine(vec![Arc::new(Broken {
+            tables,
+            bare_param: true,
+        })]);
+        let rej = rejected(e.decide(b"SELECT a FROM t", &TEXT));
+        assert!(rej.reason.contains("`?` parameter"), "{}", rej.reason);
+    }
+
+    #[test]
+    fn invalid_rule_sets() {
+        let err = |rules: Vec<Arc<dyn Rule>>| Engine::new(rules, 10).unwrap_err();
+        assert_eq!(
+            err(vec![
+                Shadow::new("a", None, "t"),
+                Shadow::new("a", None, "u")
+            ]),
+            EngineError::DuplicateRule("a".into())
+        );
+        assert_eq!(
+            err(vec![Shadow::new("", None, "t")]),
+            EngineError::EmptyRuleName
+        );
+        assert_eq!(
+            err(vec![Shadow::new("a", None, "")]),
+            EngineError::EmptyTableName("a".into())
+        );
+        assert!(matches!(
+            err(vec![
+                Shadow::new("a", Some("x"), "T"),
+                Shadow::new("b", None, "t")
+            ]),
+            EngineError::SharedTable { .. }
+        ));
+        // Same name in two databases is fine.
+        Engine::new(
+            vec![
+                Shadow::new("a", Some("x"), "t"),
+                Shadow::new("b", Some("y"), "t"),
+            ],
+            10,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn zero_capacity_caches_nothing() {
+        let shadow = Shadow::new("shadow", None, "t");
+        let e = Engine::new(vec![shadow.clone()], 0).unwrap();
+        rewritten(e.decide(b"SELECT a FROM t", &TEXT));
+        rewritten(e.decide(b"SELECT a FROM t", &TEXT));
+        assert_eq!(shadow.calls(), 2);
+    }
+
+    /// A micro benchmark, not a test:
+    /// `cargo test --release --lib decide_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn decide_speed() {
+        let e = engine(vec![Shadow::new("shadow", None, "hits")]);
+        let n = 200_000u32;
+        for (what, sql) in [
+            (
+                "miss",
+                &b"SELECT id, name FROM users WHERE id = 42 LIMIT 1"[..],
+            ),
+            (
+                "cached rewrite",
+                b"SELECT id, name FROM hits WHERE id = 42 LIMIT 1",
+            ),
+        ] {
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                std::hint::black_box(e.decide(std::hint::black_box(sql), &TEXT));
+            }
+            println!("{what}: {:?} per statement", t.elapsed() / n);
+        }
+        let _ = Ident::new("unused");
+    }
+}

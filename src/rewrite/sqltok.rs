@@ -1,0 +1,1059 @@
+//! A MySQL lexer over raw statement bytes.
+//!
+//! Statements arrive in the connection's character set (often latin1), so this lexer
+//! works on bytes and never assumes UTF-8. It knows just enough of MySQL's lexical
+//! rules to tell identifiers from strings, comments and literals:
+//!
+//! - strings `'…'` and `"…"` with backslash escapes and doubled quotes; adjacent
+//!   strings (`'a' 'b'`, which MySQL concatenates) form one literal;
+//! - identifiers: bare words and `` `…` `` (doubled backticks);
+//! - comments `-- ` (dash dash *whitespace*), `#`, `/* … */`; executable comments
+//!   `/*! … */` and `/*M! … */` hold SQL that runs, so their content is lexed as tokens;
+//! - numbers (integer, decimal, exponent), hex and bit literals (`0x1F`, `x'1F'`,
+//!   `0b101`, `b'101'`), national strings (`N'…'`) and charset introducers
+//!   (`_utf8mb4'…'`, `_binary 0x…`), each as one literal token;
+//! - `?` parameters, `@user` and `@@system` variables, operators.
+//!
+//! From the tokens it builds the *fingerprint* (the plan cache key: literals replaced
+//! by `?`, comments dropped, whitespace normalised, structural keywords uppercased)
+//! and the *marked text* the parser sees when a plan is built (literals and parameters
+//! replaced by numbered `?N` markers, see [`normalize`]).
+//!
+//! Assumed server settings: backslash escapes on (no `NO_BACKSLASH_ESCAPES`) and a
+//! connection character set in which byte 0x5C is always a backslash (not big5, gbk,
+//! sjis, cp932 or gb18030).
+
+/// What a token is; the lexer never needs more detail than this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenKind {
+    /// An unquoted word: keyword, identifier or function name.
+    Word,
+    /// A backtick-quoted identifier; the span includes the backticks.
+    QuotedIdent,
+    /// A literal value. The span covers everything that makes up the value: an
+    /// introducer or `N` prefix, the quotes, and adjacent strings MySQL concatenates.
+    Literal(LiteralKind),
+    /// A `?` parameter of a prepared statement.
+    Param,
+    /// A user or system variable: `@v`, `@'v'`, `@@v` (a following `.x` is separate).
+    Variable,
+    /// An operator or punctuation (multi-byte operators such as `<=>` are one token).
+    Punct,
+    /// `?N`: a numbered marker. Only produced by [`lex_markers`], which reads the
+    /// printed output of the parser where markers stand for literals and parameters.
+    Marker(u32),
+}
+
+/// The kind of a literal; rules can use it to tell `1` from `'1'`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LiteralKind {
+    /// A string, possibly with an introducer (`_utf8mb4'…'`) or `N` prefix.
+    String,
+    /// A decimal number: `12`, `1.5`, `.5`, `1e-3` (a sign is a separate operator).
+    Number,
+    /// A hex literal: `0x1F`, `x'1F'`, possibly with an introducer.
+    Hex,
+    /// A bit literal: `0b101`, `b'101'`, possibly with an introducer.
+    Bit,
+}
+
+/// One token and where it lies in the statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Token {
+    /// What the token is.
+    pub kind: TokenKind,
+    /// Byte offset of the first byte.
+    pub start: usize,
+    /// Byte offset one past the last byte.
+    pub end: usize,
+}
+
+/// Why a statement could not be lexed (an unterminated string, identifier or comment).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LexError {
+    /// Byte offset where the unterminated construct starts.
+    pub offset: usize,
+    /// What was left open.
+    pub what: &'static str,
+}
+
+impl std::fmt::Display for LexError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at byte {}", self.what, self.offset)
+    }
+}
+
+impl std::error::Error for LexError {}
+
+/// Lex a statement as the client sent it.
+pub fn lex(sql: &[u8]) -> Result<Vec<Token>, LexError> {
+    Lexer::new(sql, false).run()
+}
+
+/// Lex text printed by the parser, where `?N` is a [`TokenKind::Marker`].
+pub fn lex_markers(sql: &[u8]) -> Result<Vec<Token>, LexError> {
+    Lexer::new(sql, true).run()
+}
+
+/// Whether a byte can be part of an unquoted identifier. Bytes of multi-byte and
+/// 8-bit characters count: MySQL allows them in identifiers.
+#[inline]
+pub fn is_ident_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
+}
+
+#[inline]
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c)
+}
+
+/// Character sets that can introduce a literal (`_latin1'…'`), lowercase, without `_`.
+const CHARSETS: &[&[u8]] = &[
+    b"armscii8",
+    b"ascii",
+    b"big5",
+    b"binary",
+    b"cp1250",
+    b"cp1251",
+    b"cp1256",
+    b"cp1257",
+    b"cp850",
+    b"cp852",
+    b"cp866",
+    b"cp932",
+    b"dec8",
+    b"eucjpms",
+    b"euckr",
+    b"gb18030",
+    b"gb2312",
+    b"gbk",
+    b"geostd8",
+    b"greek",
+    b"hebrew",
+    b"hp8",
+    b"keybcs2",
+    b"koi8r",
+    b"koi8u",
+    b"latin1",
+    b"latin2",
+    b"latin5",
+    b"latin7",
+    b"macce",
+    b"macroman",
+    b"sjis",
+    b"swe7",
+    b"tis620",
+    b"ucs2",
+    b"ujis",
+    b"utf16",
+    b"utf16le",
+    b"utf32",
+    b"utf8",
+    b"utf8mb3",
+    b"utf8mb4",
+];
+
+fn is_charset(word: &[u8]) -> bool {
+    CHARSETS.iter().any(|c| c.eq_ignore_ascii_case(word))
+}
+
+struct Lexer<'a> {
+    /// The statement bytes.
+    s: &'a [u8],
+    /// Lex `?N` as a marker (printed parser output) instead of `?` followed by a number.
+    markers: bool,
+    /// Tokens so far.
+    toks: Vec<Token>,
+}
+
+impl<'a> Lexer<'a> {
+    fn new(s: &'a [u8], markers: bool) -> Self {
+        Lexer {
+            s,
+            markers,
+            toks: Vec::with_capacity(s.len() / 4 + 4),
+        }
+    }
+
+    #[inline]
+    fn at(&self, i: usize) -> u8 {
+        self.s.get(i).copied().unwrap_or(0)
+    }
+
+    fn push(&mut self, kind: TokenKind, start: usize, end: usize) {
+        self.toks.push(Token { kind, start, end });
+    }
+
+    fn run(mut self) -> Result<Vec<Token>, LexError> {
+        let n = self.s.len();
+        let mut i = 0;
+        // Start of the executable comment we are inside, if any.
+        let mut exec: Option<usize> = None;
+        while i < n {
+            let c = self.s[i];
+            if is_space(c) {
+                i += 1;
+                continue;
+            }
+            if let Some(j) = self.skip_comment(i)? {
+                i = j;
+                continue;
+            }
+            match c {
+                b'/' if self.at(i + 1) == b'*' => {
+                    // Executable comment (a plain comment was skipped above).
+                    if exec.is_some() {
+                        return Err(LexError {
+                            offset: i,
+                            what: "nested executable comment",
+                        });
+                    }
+                    exec = Some(i);
+                    let mut j = i + 3;
+                    if self.at(i + 2) == b'M' {
+                        j += 1;
+                    }
+                    // Optional version number (5 or 6 digits).
+                    let v = j;
+                    while j < n && j - v < 6 && self.s[j].is_ascii_digit() {
+                        j += 1;
+                    }
+                    i = j;
+                }
+                b'*' if exec.is_some() && self.at(i + 1) == b'/' => {
+                    exec = None;
+                    i += 2;
+                }
+                b'\'' | b'"' => {
+                    let end = self.string_run(i)?;
+                    self.push(TokenKind::Literal(LiteralKind::String), i, end);
+                    i = end;
+                }
+                b'`' => {
+                    let end = self.quoted(i, b'`', false, "unterminated quoted identifier")?;
+                    self.push(TokenKind::QuotedIdent, i, end);
+                    i = end;
+                }
+                b'?' => {
+                    let mut j = i + 1;
+                    if self.markers {
+                        while j < n && self.s[j].is_ascii_digit() {
+                            j += 1;
+                        }
+                    }
+                    if j > i + 1 {
+                        let num = std::str::from_utf8(&self.s[i + 1..j])
+                            .ok()
+                            .and_then(|d| d.parse::<u32>().ok())
+                            .ok_or(LexError {
+                                offset: i,
+                                what: "marker number out of range",
+                            })?;
+                        self.push(TokenKind::Marker(num), i, j);
+                    } else {
+                        self.push(TokenKind::Param, i, j);
+                    }
+                    i = j;
+                }
+                b'@' => i = self.variable(i)?,
+                b'0'..=b'9' => i = self.number_or_word(i),
+                b'.' if self.at(i + 1).is_ascii_digit()
+                    && !(i > 0 && (is_ident_byte(self.s[i - 1]) || self.s[i - 1] == b'`')) =>
+                {
+                    i = self.number_or_word(i);
+                }
+                c if is_ident_byte(c) => i = self.word(i)?,
+                _ => {
+                    let len = punct_len(&self.s[i..]);
+                    self.push(TokenKind::Punct, i, i + len);
+                    i += len;
+                }
+            }
+        }
+        if let Some(offset) = exec {
+            return Err(LexError {
+                offset,
+                what: "unterminated executable comment",
+            });
+        }
+        Ok(self.toks)
+    }
+
+    /// If a comment (not an executable one) starts at `i`, return the offset after it.
+    fn skip_comment(&self, i: usize) -> Result<Option<usize>, LexError> {
+        let n = self.s.len();
+        let c = self.at(i);
+        let line = |from: usize| {
+            self.s[from..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(n, |p| from + p + 1)
+        };
+        if c == b'#' {
+            return Ok(Some(line(i)));
+        }
+        if c == b'-' && self.at(i + 1) == b'-' && (i + 2 >= n || self.s[i + 2] <= b' ') {
+            return Ok(Some(line(i)));
+        }
+        if c == b'/' && self.at(i + 1) == b'*' {
+            let next = self.at(i + 2);
+            if next == b'!' || (next == b'M' && self.at(i + 3) == b'!') {
+                return Ok(None);
+            }
+            let body = i + 2;
+            return match self.s[body..].windows(2).position(|w| w == b"*/") {
+                Some(p) => Ok(Some(body + p + 2)),
+                None => Err(LexError {
+                    offset: i,
+                    what: "unterminated comment",
+                }),
+            };
+        }
+        Ok(None)
+    }
+
+    /// Offset of the next byte that is not whitespace or a plain comment.
+    fn skip_trivia(&self, mut i: usize) -> Result<usize, LexError> {
+        loop {
+            if i < self.s.len() && is_space(self.s[i]) {
+                i += 1;
+            } else if let Some(j) = self.skip_comment(i)? {
+                i = j;
+            } else {
+                return Ok(i);
+            }
+        }
+    }
+
+    /// End of a quoted run starting at `start` (which holds the opening quote).
+    fn quoted(
+        &self,
+        start: usize,
+        q: u8,
+        backslash: bool,
+        what: &'static str,
+    ) -> Result<usize, LexError> {
+        let n = self.s.len();
+        let mut i = start + 1;
+        while i < n {
+            let c = self.s[i];
+            if backslash && c == b'\\' {
+                i += 2;
+            } else if c == q {
+                if self.at(i + 1) == q {
+                    i += 2;
+                } else {
+                    return Ok(i + 1);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        Err(LexError {
+            offset: start,
+            what,
+        })
+    }
+
+    /// A string at `start` plus any adjacent strings MySQL concatenates with it.
+    fn string_run(&self, start: usize) -> Result<usize, LexError> {
+        let q = self.s[start];
+        let mut end = self.quoted(start, q, true, "unterminated string")?;
+        loop {
+            let j = self.skip_trivia(end)?;
+            match self.at(j) {
+                q @ (b'\'' | b'"') if j < self.s.len() => {
+                    end = self.quoted(j, q, true, "unterminated string")?;
+                }
+                _ => return Ok(end),
+            }
+        }
+    }
+
+    /// `@name`, `@'name'`, `@@name`; a lone `@` is punctuation.
+    fn variable(&mut self, start: usize) -> Result<usize, LexError> {
+        let mut i = start + 1;
+        if self.at(i) == b'@' {
+            i += 1;
+        }
+        let end = match self.at(i) {
+            q @ (b'\'' | b'"' | b'`') if i < self.s.len() => {
+                self.quoted(i, q, q != b'`', "unterminated variable name")?
+            }
+            _ => {
+                let mut j = i;
+                while j < self.s.len() && is_ident_byte(self.s[j]) {
+                    j += 1;
+                }
+                j
+            }
+        };
+        if end == start + 1 {
+            self.push(TokenKind::Punct, start, end);
+        } else {
+            self.push(TokenKind::Variable, start, end);
+        }
+        Ok(end)
+    }
+
+    /// A number (or hex/bit literal) at `start`; digits followed by identifier bytes
+    /// form an identifier instead (`1abc`, `0xZZ`).
+    fn number_or_word(&mut self, start: usize) -> usize {
+        let s = self.s;
+        let n = s.len();
+        let ident_end = |mut j: usize| {
+            while j < n && is_ident_byte(s[j]) {
+                j += 1;
+            }
+            j
+        };
+        // 0x… / 0b…
+        if s[start] == b'0' && matches!(self.at(start + 1), b'x' | b'X' | b'b' | b'B') {
+            let hex = matches!(s[start + 1], b'x' | b'X');
+            let mut j = start + 2;
+            while j < n
+                && (if hex {
+                    s[j].is_ascii_hexdigit()
+                } else {
+                    matches!(s[j], b'0' | b'1')
+                })
+            {
+                j += 1;
+            }
+            if j > start + 2 && !(j < n && is_ident_byte(s[j])) {
+                let kind = if hex {
+                    LiteralKind::Hex
+                } else {
+                    LiteralKind::Bit
+                };
+                self.push(TokenKind::Literal(kind), start, j);
+                return j;
+            }
+            let end = ident_end(start);
+            self.push(TokenKind::Word, start, end);
+            return end;
+        }
+        let mut j = start;
+        while j < n && s[j].is_ascii_digit() {
+            j += 1;
+        }
+        let mut dot = false;
+        if self.at(j) == b'.' {
+            dot = true;
+            j += 1;
+            while j < n && s[j].is_ascii_digit() {
+                j += 1;
+            }
+        }
+        if matches!(self.at(j), b'e' | b'E') {
+            let mut k = j + 1;
+            if matches!(self.at(k), b'+' | b'-') {
+                k += 1;
+            }
+            if self.at(k).is_ascii_digit() {
+                while k < n && s[k].is_ascii_digit() {
+                    k += 1;
+                }
+                j = k;
+            }
+        }
+        if !dot && j < n && is_ident_byte(s[j]) {
+            let end = ident_end(start);
+            self.push(TokenKind::Word, start, end);
+            return end;
+        }
+        self.push(TokenKind::Literal(LiteralKind::Number), start, j);
+        j
+    }
+
+    /// A word at `start`, or a literal that starts like one: `x'…'`, `b'…'`, `N'…'`,
+    /// `_charset'…'`.
+    fn word(&mut self, start: usize) -> Result<usize, LexError> {
+        let s = self.s;
+        let mut end = start;
+        while end < s.len() && is_ident_byte(s[end]) {
+            end += 1;
+        }
+        let w = &s[start..end];
+        if w.len() == 1 && self.at(end) == b'\'' {
+            let kind = match w[0] {
+                b'x' | b'X' => Some(LiteralKind::Hex),
+                b'b' | b'B' => Some(LiteralKind::Bit),
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                let e = self.quoted(end, b'\'', false, "unterminated hex or bit literal")?;
+                self.push(TokenKind::Literal(kind), start, e);
+                return Ok(e);
+            }
+            if matches!(w[0], b'n' | b'N') {
+                let e = self.string_run(end)?;
+                self.push(TokenKind::Literal(LiteralKind::String), start, e);
+                return Ok(e);
+            }
+        }
+        if w.len() > 1 && w[0] == b'_' && is_charset(&w[1..]) {
+            let j = self.skip_trivia(end)?;
+            let c0 = self.at(j);
+            let c1 = self.at(j + 1);
+            if j < s.len() {
+                if c0 == b'\'' || c0 == b'"' {
+                    let e = self.string_run(j)?;
+                    self.push(TokenKind::Literal(LiteralKind::String), start, e);
+                    return Ok(e);
+                }
+                let prefixed = matches!(c0, b'x' | b'X' | b'b' | b'B') && c1 == b'\'';
+                let zero = c0 == b'0' && matches!(c1, b'x' | b'X' | b'b' | b'B');
+                if prefixed || zero {
+                    let before = self.toks.len();
+                    let e = if prefixed {
+                        self.word(j)?
+                    } else {
+                        self.number_or_word(j)
+                    };
+                    if let Some(t) = self.toks.get_mut(before) {
+                        if matches!(
+                            t.kind,
+                            TokenKind::Literal(LiteralKind::Hex | LiteralKind::Bit)
+                        ) {
+                            t.start = start;
+                            return Ok(e);
+                        }
+                    }
+                    // Not a literal after all: keep the introducer as a word before it.
+                    self.toks.insert(
+                        before,
+                        Token {
+                            kind: TokenKind::Word,
+                            start,
+                            end,
+                        },
+                    );
+                    return Ok(e);
+                }
+            }
+        }
+        self.push(TokenKind::Word, start, end);
+        Ok(end)
+    }
+}
+
+/// Length of the operator or punctuation at the start of `s` (non-empty).
+fn punct_len(s: &[u8]) -> usize {
+    const THREE: &[&[u8]] = &[b"<=>", b"->>"];
+    const TWO: &[&[u8]] = &[
+        b"<=", b">=", b"<>", b"!=", b"<<", b">>", b":=", b"||", b"&&", b"->",
+    ];
+    if THREE.iter().any(|p| s.starts_with(p)) {
+        3
+    } else if TWO.iter().any(|p| s.starts_with(p)) {
+        2
+    } else {
+        1
+    }
+}
+
+/// Reserved words whose case the parser never reproduces (it prints its own
+/// spelling), so uppercasing them in the fingerprint cannot change a plan. A word is
+/// only treated as a keyword when it is not followed by `(` (`left(…)`, `replace(…)`
+/// are functions, printed as written) and not preceded by `.` (`t.select` is a
+/// column).
+const KEYWORDS: &[&[u8]] = &[
+    b"ALL",
+    b"AND",
+    b"AS",
+    b"ASC",
+    b"BETWEEN",
+    b"BY",
+    b"CASE",
+    b"CROSS",
+    b"DELETE",
+    b"DESC",
+    b"DISTINCT",
+    b"DIV",
+    b"ELSE",
+    b"EXISTS",
+    b"FOR",
+    b"FROM",
+    b"GROUP",
+    b"HAVING",
+    b"IGNORE",
+    b"IN",
+    b"INNER",
+    b"INSERT",
+    b"INTO",
+    b"IS",
+    b"JOIN",
+    b"KEY",
+    b"LEFT",
+    b"LIKE",
+    b"LIMIT",
+    b"NOT",
+    b"NULL",
+    b"ON",
+    b"OR",
+    b"ORDER",
+    b"OUTER",
+    b"REGEXP",
+    b"REPLACE",
+    b"RIGHT",
+    b"SELECT",
+    b"SET",
+    b"STRAIGHT_JOIN",
+    b"THEN",
+    b"UNION",
+    b"UPDATE",
+    b"USING",
+    b"VALUES",
+    b"WHEN",
+    b"WHERE",
+    b"XOR",
+];
+
+fn is_keyword(w: &[u8]) -> bool {
+    let mut buf = [0u8; 13];
+    if w.len() < 2 || w.len() > buf.len() {
+        return false;
+    }
+    let up = &mut buf[..w.len()];
+    for (d, s) in up.iter_mut().zip(w) {
+        *d = s.to_ascii_uppercase();
+    }
+    KEYWORDS.binary_search(&&*up).is_ok()
+}
+
+/// What one `?N` marker of a marked text stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// The statement's literal number `i` (0-based, in text order).
+    Literal(usize),
+    /// The statement's parameter number `j` (0-based, in text order).
+    Param(usize),
+}
+
+/// How [`normalize`] renders literals and parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The cache key: literals as `?`, parameters as `?p`.
+    Fingerprint,
+    /// Parser input: literals and parameters as numbered markers `?1`, `?2`, ….
+    MarkAll,
+    /// Parser input when a literal sits where a marker does not parse: literals
+    /// verbatim, parameters as markers.
+    MarkParams,
+}
+
+/// Tokens joined by single spaces, comments dropped (executable-comment content
+/// kept), structural keywords uppercased, literals and parameters rendered as `mode`
+/// says. Appends to `out`; pushes one [`Slot`] per marker to `slots` (marker `?k`
+/// is `slots[k - 1]`).
+pub fn normalize(sql: &[u8], toks: &[Token], mode: Mode, out: &mut Vec<u8>, slots: &mut Vec<Slot>) {
+    let mut lits = 0;
+    let mut params = 0;
+    for (idx, t) in toks.iter().enumerate() {
+        if idx > 0 {
+            out.push(b' ');
+        }
+        let text = &sql[t.start..t.end];
+        match t.kind {
+            TokenKind::Literal(_) => {
+                match mode {
+                    Mode::Fingerprint => out.push(b'?'),
+                    Mode::MarkAll => {
+                        slots.push(Slot::Literal(lits));
+                        push_marker(out, slots.len());
+                    }
+                    Mode::MarkParams => out.extend_from_slice(text),
+                }
+                lits += 1;
+            }
+            TokenKind::Param => {
+                match mode {
+                    Mode::Fingerprint => out.extend_from_slice(b"?p"),
+                    Mode::MarkAll | Mode::MarkParams => {
+                        slots.push(Slot::Param(params));
+                        push_marker(out, slots.len());
+                    }
+                }
+                params += 1;
+            }
+            TokenKind::Word
+                if is_keyword(text)
+                    && !toks.get(idx + 1).is_some_and(|n| is_punct(sql, n, b"("))
+                    && !idx
+                        .checked_sub(1)
+                        .is_some_and(|p| is_punct(sql, &toks[p], b".")) =>
+            {
+                out.extend(text.iter().map(u8::to_ascii_uppercase));
+            }
+            _ => out.extend_from_slice(text),
+        }
+    }
+}
+
+fn is_punct(sql: &[u8], t: &Token, p: &[u8]) -> bool {
+    t.kind == TokenKind::Punct && sql[t.start..t.end] == *p
+}
+
+fn push_marker(out: &mut Vec<u8>, k: usize) {
+    out.push(b'?');
+    let mut buf = [0u8; 20];
+    let mut n = k;
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// The name an identifier token stands for: a bare word as is, a backtick-quoted one
+/// without its quotes and with doubled backticks undoubled. `None` for other tokens.
+pub fn ident_name<'s>(sql: &'s [u8], t: &Token) -> Option<std::borrow::Cow<'s, [u8]>> {
+    let text = &sql[t.start..t.end];
+    match t.kind {
+        TokenKind::Word => Some(std::borrow::Cow::Borrowed(text)),
+        TokenKind::QuotedIdent => Some(unquote(text, b'`')),
+        _ => None,
+    }
+}
+
+/// The content of a plain double-quoted string (no introducer, no concatenation), as
+/// a name: under `ANSI_QUOTES` such a string is an identifier.
+pub fn double_quoted_name<'s>(sql: &'s [u8], t: &Token) -> Option<std::borrow::Cow<'s, [u8]>> {
+    let text = &sql[t.start..t.end];
+    if t.kind != TokenKind::Literal(LiteralKind::String) || text.first() != Some(&b'"') {
+        return None;
+    }
+    let inner = &text[1..text.len().saturating_sub(1)];
+    if inner.contains(&b'\\') || inner.contains(&b'"') {
+        return None;
+    }
+    Some(std::borrow::Cow::Borrowed(inner))
+}
+
+fn unquote(text: &[u8], q: u8) -> std::borrow::Cow<'_, [u8]> {
+    let inner = &text[1..text.len().saturating_sub(1)];
+    if !inner.contains(&q) {
+        return std::borrow::Cow::Borrowed(inner);
+    }
+    let mut v = Vec::with_capacity(inner.len());
+    let mut i = 0;
+    while i < inner.len() {
+        v.push(inner[i]);
+        if inner[i] == q && inner.get(i + 1) == Some(&q) {
+            i += 1;
+        }
+        i += 1;
+    }
+    std::borrow::Cow::Owned(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(sql: &str) -> Vec<(TokenKind, String)> {
+        let b = sql.as_bytes();
+        lex(b)
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t.kind,
+                    String::from_utf8_lossy(&b[t.start..t.end]).into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    fn fp(sql: &[u8]) -> String {
+        let toks = lex(sql).unwrap();
+        let mut out = Vec::new();
+        normalize(sql, &toks, Mode::Fingerprint, &mut out, &mut Vec::new());
+        String::from_utf8(out).unwrap()
+    }
+
+    const S: TokenKind = TokenKind::Literal(LiteralKind::String);
+    const N: TokenKind = TokenKind::Literal(LiteralKind::Number);
+    const H: TokenKind = TokenKind::Literal(LiteralKind::Hex);
+    const B: TokenKind = TokenKind::Literal(LiteralKind::Bit);
+    const W: TokenKind = TokenKind::Word;
+
+    #[test]
+    fn strings_with_escapes_and_doubled_quotes() {
+        assert_eq!(
+            kinds(r#"'a\'b', "c\"d", 'e''f', "g""h", '\\'"#)
+                .into_iter()
+                .filter(|(k, _)| *k == S)
+                .map(|(_, t)| t)
+                .collect::<Vec<_>>(),
+            vec![r"'a\'b'", r#""c\"d""#, "'e''f'", r#""g""h""#, r"'\\'"]
+        );
+        // Adjacent strings are one literal (MySQL concatenates them), even across a comment.
+        assert_eq!(
+            kinds(r#"x = 'a' 'b' /* c */ "d", 'e'"#),
+            vec![
+                (W, "x".into()),
+                (TokenKind::Punct, "=".into()),
+                (S, r#"'a' 'b' /* c */ "d""#.into()),
+                (TokenKind::Punct, ",".into()),
+                (S, "'e'".into()),
+            ]
+        );
+        assert_eq!(lex(b"SELECT 'abc").unwrap_err().what, "unterminated string");
+        assert_eq!(lex(br"SELECT 'abc\'").unwrap_err().offset, 7);
+    }
+
+    #[test]
+    fn quoted_identifiers() {
+        assert_eq!(
+            kinds("SELECT `a``b` FROM `hits`"),
+            vec![
+                (W, "SELECT".into()),
+                (TokenKind::QuotedIdent, "`a``b`".into()),
+                (W, "FROM".into()),
+                (TokenKind::QuotedIdent, "`hits`".into()),
+            ]
+        );
+        let sql = b"`a``b`";
+        let t = lex(sql).unwrap()[0];
+        assert_eq!(&*ident_name(sql, &t).unwrap(), b"a`b");
+    }
+
+    #[test]
+    fn comments_are_dropped() {
+        assert_eq!(
+            kinds("SELECT 1 -- hits\n, 2 # hits\n, 3 /* hits */ , 4--5"),
+            vec![
+                (W, "SELECT".into()),
+                (N, "1".into()),
+                (TokenKind::Punct, ",".into()),
+                (N, "2".into()),
+                (TokenKind::Punct, ",".into()),
+                (N, "3".into()),
+                (TokenKind::Punct, ",".into()),
+                (N, "4".into()),
+                (TokenKind::Punct, "-".into()),
+                (TokenKind::Punct, "-".into()),
+                (N, "5".into()),
+            ]
+        );
+        assert_eq!(
+            kinds("SELECT 1 --"),
+            vec![(W, "SELECT".into()), (N, "1".into())]
+        );
+        assert_eq!(
+            kinds("SELECT 1 --\thits"),
+            vec![(W, "SELECT".into()), (N, "1".into())]
+        );
+        assert_eq!(
+            lex(b"SELECT 1 /* x").unwrap_err().what,
+            "unterminated comment"
+        );
+    }
+
+    #[test]
+    fn executable_comments_are_lexed() {
+        assert_eq!(
+            kinds("SELECT /*!50000 SQL_NO_CACHE */ a FROM /*M!100100 hits */ t /*!hits2*/"),
+            vec![
+                (W, "SELECT".into()),
+                (W, "SQL_NO_CACHE".into()),
+                (W, "a".into()),
+                (W, "FROM".into()),
+                (W, "hits".into()),
+                (W, "t".into()),
+                (W, "hits2".into()),
+            ]
+        );
+        // A plain comment inside an executable one is still a comment.
+        assert_eq!(
+            kinds("/*! SELECT /* no */ 1 */"),
+            vec![(W, "SELECT".into()), (N, "1".into())]
+        );
+        assert_eq!(
+            lex(b"/*!50000 SELECT 1").unwrap_err().what,
+            "unterminated executable comment"
+        );
+        // The fingerprint keeps the content, without the wrapper.
+        assert_eq!(
+            fp(b"UPDATE /*!50000 hits */ SET a=1"),
+            "UPDATE hits SET a = ?"
+        );
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(
+            kinds("1 1.5 .5 1e5 1.5E-3 2e+2 0x1F X'1f' x'' 0b101 b'01' B'1'"),
+            vec![
+                (N, "1".into()),
+                (N, "1.5".into()),
+                (N, ".5".into()),
+                (N, "1e5".into()),
+                (N, "1.5E-3".into()),
+                (N, "2e+2".into()),
+                (H, "0x1F".into()),
+                (H, "X'1f'".into()),
+                (H, "x''".into()),
+                (B, "0b101".into()),
+                (B, "b'01'".into()),
+                (B, "B'1'".into()),
+            ]
+        );
+        // Digits followed by identifier bytes are an identifier.
+        assert_eq!(
+            kinds("SELECT 1abc, 0xZZ, 0x, 1e FROM t"),
+            vec![
+                (W, "SELECT".into()),
+                (W, "1abc".into()),
+                (TokenKind::Punct, ",".into()),
+                (W, "0xZZ".into()),
+                (TokenKind::Punct, ",".into()),
+                (W, "0x".into()),
+                (TokenKind::Punct, ",".into()),
+                (W, "1e".into()),
+                (W, "FROM".into()),
+                (W, "t".into()),
+            ]
+        );
+        // A sign is an operator; `t.5` is not a number.
+        assert_eq!(
+            kinds("-1 t.5"),
+            vec![
+                (TokenKind::Punct, "-".into()),
+                (N, "1".into()),
+                (W, "t".into()),
+                (TokenKind::Punct, ".".into()),
+                (N, "5".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn introducers_and_national_strings() {
+        assert_eq!(
+            kinds("_utf8mb4'a' _latin1 'b' 'c' N'd' n'e' _binary 0x41 _BINARY x'42' _id"),
+            vec![
+                (S, "_utf8mb4'a'".into()),
+                (S, "_latin1 'b' 'c'".into()),
+                (S, "N'd'".into()),
+                (S, "n'e'".into()),
+                (H, "_binary 0x41".into()),
+                (H, "_BINARY x'42'".into()),
+                (W, "_id".into()),
+            ]
+        );
+        // Not a charset: a word followed by a string.
+        assert_eq!(
+            kinds("_foo 'x'"),
+            vec![(W, "_foo".into()), (S, "'x'".into())]
+        );
+        // A charset name followed by something that is not a literal.
+        assert_eq!(
+            kinds("_utf8 0xZZ"),
+            vec![(W, "_utf8".into()), (W, "0xZZ".into())]
+        );
+    }
+
+    #[test]
+    fn latin1_bytes() {
+        // 'café' in latin1, and an identifier with a latin1 byte.
+        let sql = b"INSERT INTO hits VALUES ('caf\xe9', 'a\\'\xff'), (t\xe9st)";
+        let toks = lex(sql).unwrap();
+        let lits: Vec<&[u8]> = toks
+            .iter()
+            .filter(|t| t.kind == S)
+            .map(|t| &sql[t.start..t.end])
+            .collect();
+        assert_eq!(lits, vec![&b"'caf\xe9'"[..], &b"'a\\'\xff'"[..]]);
+        assert!(toks
+            .iter()
+            .any(|t| t.kind == W && &sql[t.start..t.end] == b"t\xe9st"));
+    }
+
+    #[test]
+    fn params_variables_operators() {
+        assert_eq!(
+            kinds("@a @'b c' @@session.x ?<=>? a->>'$.x' b:=@ @`q`"),
+            vec![
+                (TokenKind::Variable, "@a".into()),
+                (TokenKind::Variable, "@'b c'".into()),
+                (TokenKind::Variable, "@@session".into()),
+                (TokenKind::Punct, ".".into()),
+                (W, "x".into()),
+                (TokenKind::Param, "?".into()),
+                (TokenKind::Punct, "<=>".into()),
+                (TokenKind::Param, "?".into()),
+                (W, "a".into()),
+                (TokenKind::Punct, "->>".into()),
+                (S, "'$.x'".into()),
+                (W, "b".into()),
+                (TokenKind::Punct, ":=".into()),
+                (TokenKind::Punct, "@".into()),
+                (TokenKind::Variable, "@`q`".into()),
+            ]
+        );
+        // Markers only in marker mode.
+        let toks = lex_markers(b"a = ?12 AND b = ?").unwrap();
+        assert_eq!(toks[2].kind, TokenKind::Marker(12));
+        assert_eq!(toks[6].kind, TokenKind::Param);
+        assert_eq!(lex(b"?12").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn keyword_list_is_sorted() {
+        assert!(KEYWORDS.windows(2).all(|w| w[0] < w[1]));
+        assert!(KEYWORDS.iter().all(|k| k.len() <= 13));
+        assert!(is_keyword(b"select") && is_keyword(b"STRAIGHT_JOIN") && !is_keyword(b"sel"));
+    }
+
+    #[test]
+    fn fingerprint() {
+        assert_eq!(
+            fp(b"select a,  b from hits where id=5 and s='x\\'y' -- c\n LIMIT 10"),
+            "SELECT a , b FROM hits WHERE id = ? AND s = ? LIMIT ?"
+        );
+        assert_eq!(
+            fp(b"SELECT a FROM hits WHERE id = ? AND b IN (1, 'two', x'03')"),
+            "SELECT a FROM hits WHERE id = ?p AND b IN ( ? , ? , ? )"
+        );
+        // Function names, qualified reserved words and identifiers keep their case.
+        assert_eq!(
+            fp(b"select Left(a, 1), t.select, count(*) from T left join u on 1"),
+            "SELECT Left ( a , ? ) , t . select , count ( * ) FROM T LEFT JOIN u ON ?"
+        );
+        // Literal and parameter positions are distinguished.
+        assert_ne!(fp(b"a = ? AND b = 1"), fp(b"a = 1 AND b = ?"));
+    }
+
+    #[test]
+    fn marked_text() {
+        let sql = b"UPDATE hits SET c = c + 1 WHERE id = ? AND s = _utf8mb4'x'";
+        let toks = lex(sql).unwrap();
+        let mut out = Vec::new();
+        let mut slots = Vec::new();
+        normalize(sql, &toks, Mode::MarkAll, &mut out, &mut slots);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "UPDATE hits SET c = c + ?1 WHERE id = ?2 AND s = ?3"
+        );
+        assert_eq!(
+            slots,
+            vec![Slot::Literal(0), Slot::Param(0), Slot::Literal(1)]
+        );
+        let mut out = Vec::new();
+        let mut slots = Vec::new();
+        normalize(sql, &toks, Mode::MarkParams, &mut out, &mut slots);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "UPDATE hits SET c = c + 1 WHERE id = ?1 AND s = _utf8mb4'x'"
+        );
+        assert_eq!(slots, vec![Slot::Param(0)]);
+    }
+}

@@ -1,0 +1,142 @@
+//! Rule files: loading, validation, and turning them into a rewrite [`Engine`].
+//!
+//! `--rules` names a file or a directory of `*.toml` files (an empty directory is a
+//! valid, empty rule set: pure passthrough). Every file is parsed and validated before
+//! any of it is used; an error names the file, line and reason.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, Source};
+use crate::rewrite::Engine;
+
+/// A rule-file problem, located.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleError {
+    /// The file the problem is in.
+    pub file: PathBuf,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// What is wrong, in words a DBA can act on.
+    pub reason: String,
+}
+
+impl std::fmt::Display for RuleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{}:{}: {}", self.file.display(), l, self.reason),
+            None => write!(f, "{}: {}", self.file.display(), self.reason),
+        }
+    }
+}
+
+impl std::error::Error for RuleError {}
+
+/// Lists the rule files under `path` (a file, or a directory's `*.toml`, sorted).
+pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, Error> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        Error::with_cause(Source::Rules, format!("rules path {}", path.display()), e)
+    })?;
+    if meta.is_file() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    let entries = std::fs::read_dir(path).map_err(|e| {
+        Error::with_cause(
+            Source::Rules,
+            format!("reading rules directory {}", path.display()),
+            e,
+        )
+    })?;
+    for entry in entries {
+        let entry = entry.map_err(|e| {
+            Error::with_cause(
+                Source::Rules,
+                format!("reading rules directory {}", path.display()),
+                e,
+            )
+        })?;
+        let p = entry.path();
+        if p.extension().is_some_and(|x| x == "toml") && p.is_file() {
+            files.push(p);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// 1-based line of byte offset `at` in `text`.
+pub fn line_of(text: &str, at: usize) -> usize {
+    text.as_bytes()[..at.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// Parses one rule file's text; `file` names it in errors.
+pub fn parse_file(
+    text: &str,
+    file: &Path,
+) -> Result<Vec<Arc<dyn crate::rewrite::Rule>>, RuleError> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| RuleError {
+        file: file.to_path_buf(),
+        line: e.span().map(|s| line_of(text, s.start)),
+        reason: e.message().to_string(),
+    })?;
+    if let Some((kind, _)) = table.iter().next() {
+        let at = text.find(kind.as_str()).unwrap_or(0);
+        return Err(RuleError {
+            file: file.to_path_buf(),
+            line: Some(line_of(text, at)),
+            reason: format!("unknown rule kind `{kind}`"),
+        });
+    }
+    Ok(Vec::new())
+}
+
+/// Loads and validates every rule file under `path` and builds an engine.
+pub fn load(path: &Path, cache_capacity: u64) -> Result<Engine, Error> {
+    let mut rules = Vec::new();
+    for file in rule_files(path)? {
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            Error::with_cause(
+                Source::Rules,
+                format!("reading rule file {}", file.display()),
+                e,
+            )
+        })?;
+        let parsed = parse_file(&text, &file)
+            .map_err(|e| Error::with_cause(Source::Rules, "invalid rule file", e))?;
+        rules.extend(parsed);
+    }
+    if rules.is_empty() {
+        return Ok(Engine::empty());
+    }
+    Engine::new(rules, cache_capacity)
+        .map_err(|e| Error::with_cause(Source::Rules, "building rule set", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_dir_is_passthrough() {
+        let d = tempfile::tempdir().unwrap();
+        let e = load(d.path(), 10).unwrap();
+        assert!(!e.has_rules());
+    }
+
+    #[test]
+    fn syntax_errors_carry_file_and_line() {
+        let e = parse_file("\n\n[[counter]\nname = 1\n", Path::new("r.toml")).unwrap_err();
+        assert_eq!(e.line, Some(3));
+        assert!(e.to_string().starts_with("r.toml:3:"), "{e}");
+    }
+
+    #[test]
+    fn missing_path_is_an_error() {
+        assert!(load(Path::new("/nonexistent/heatsink-rules"), 10).is_err());
+    }
+}

@@ -1,0 +1,266 @@
+//! The connection-phase packets the proxy reads and patches.
+//!
+//! The greeting (HandshakeV10) and the client's HandshakeResponse41 are relayed, with
+//! only capability bits the relay does not implement cleared in place: every other byte
+//! (scramble, plugin names, attributes) stays as the peers sent it, so authentication
+//! is end to end between client and backend.
+
+use super::caps;
+
+/// What the proxy learns from the backend's greeting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Greeting {
+    /// Server version string, e.g. "10.11.19-MariaDB-0+deb12u1".
+    pub server_version: String,
+    /// The backend's connection id (thread id) for this session.
+    pub connection_id: u32,
+    /// Lower 32 capability bits after patching.
+    pub capabilities: u32,
+}
+
+/// What the proxy learns from the client's handshake response.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClientHello {
+    /// Capability bits after patching (what client and server agreed on).
+    pub capabilities: u32,
+    /// User name (for logs and session listings).
+    pub user: String,
+    /// Initial database, when CLIENT_CONNECT_WITH_DB was used.
+    pub database: Option<String>,
+    /// True when this is only an SSLRequest (32 bytes): TLS follows.
+    pub ssl_request: bool,
+}
+
+/// Why a handshake packet could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("greeting is not protocol 10 (first byte {0:#04x})")]
+    BadProtocol(u8),
+    #[error("{0} packet is truncated")]
+    Truncated(&'static str),
+    #[error("client does not speak protocol 4.1")]
+    OldClient,
+}
+
+/// Patches the greeting in place, clearing `clear` from its capability bits and all of
+/// MariaDB's extended capabilities; returns what the proxy needs to know.
+pub fn patch_greeting(payload: &mut [u8], clear: u32) -> Result<Greeting, HandshakeError> {
+    let proto = *payload
+        .first()
+        .ok_or(HandshakeError::Truncated("greeting"))?;
+    if proto != 10 {
+        return Err(HandshakeError::BadProtocol(proto));
+    }
+    let vend = payload[1..]
+        .iter()
+        .position(|&b| b == 0)
+        .map(|p| p + 1)
+        .ok_or(HandshakeError::Truncated("greeting"))?;
+    let server_version = String::from_utf8_lossy(&payload[1..vend]).into_owned();
+    let id_at = vend + 1;
+    let caps_lo_at = id_at + 4 + 8 + 1;
+    let caps_hi_at = caps_lo_at + 2 + 1 + 2;
+    let reserved_at = caps_hi_at + 2 + 1;
+    if payload.len() < caps_lo_at + 2 {
+        return Err(HandshakeError::Truncated("greeting"));
+    }
+    let connection_id = u32::from_le_bytes([
+        payload[id_at],
+        payload[id_at + 1],
+        payload[id_at + 2],
+        payload[id_at + 3],
+    ]);
+    let mut capabilities =
+        u16::from_le_bytes([payload[caps_lo_at], payload[caps_lo_at + 1]]) as u32;
+    let has_upper = payload.len() >= caps_hi_at + 2;
+    if has_upper {
+        capabilities |=
+            (u16::from_le_bytes([payload[caps_hi_at], payload[caps_hi_at + 1]]) as u32) << 16;
+    }
+    capabilities &= !clear;
+    payload[caps_lo_at..caps_lo_at + 2].copy_from_slice(&(capabilities as u16).to_le_bytes());
+    if has_upper {
+        payload[caps_hi_at..caps_hi_at + 2]
+            .copy_from_slice(&((capabilities >> 16) as u16).to_le_bytes());
+    }
+    // MariaDB puts extended capabilities in the last 4 reserved bytes when it does not
+    // set CLIENT_LONG_PASSWORD ("CLIENT_MYSQL"). None of them are relayed.
+    if capabilities & caps::LONG_PASSWORD == 0 && payload.len() >= reserved_at + 10 {
+        payload[reserved_at + 6..reserved_at + 10].fill(0);
+    }
+    Ok(Greeting {
+        server_version,
+        connection_id,
+        capabilities,
+    })
+}
+
+fn take_cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let p = b.iter().position(|&c| c == 0)?;
+    Some((&b[..p], &b[p + 1..]))
+}
+
+/// Patches the client's HandshakeResponse41 (or SSLRequest) in place: capability bits
+/// not offered by the (patched) greeting are cleared, as are MariaDB's extended client
+/// capabilities. Returns what the proxy needs to know.
+pub fn patch_client_hello(
+    payload: &mut [u8],
+    server_caps: u32,
+) -> Result<ClientHello, HandshakeError> {
+    if payload.len() < 32 {
+        if payload.len() >= 2
+            && u16::from_le_bytes([payload[0], payload[1]]) as u32 & caps::PROTOCOL_41 == 0
+        {
+            return Err(HandshakeError::OldClient);
+        }
+        return Err(HandshakeError::Truncated("handshake response"));
+    }
+    let raw = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]);
+    if raw & caps::PROTOCOL_41 == 0 {
+        return Err(HandshakeError::OldClient);
+    }
+    // Keep LONG_PASSWORD as the client sent it: MariaDB reads it as "CLIENT_MYSQL".
+    let capabilities = raw & (server_caps | caps::LONG_PASSWORD) & !caps::UNSUPPORTED;
+    payload[0..4].copy_from_slice(&capabilities.to_le_bytes());
+    payload[28..32].fill(0);
+    if payload.len() == 32 {
+        return Ok(ClientHello {
+            capabilities,
+            ssl_request: true,
+            ..Default::default()
+        });
+    }
+    let rest = &payload[32..];
+    let (user, rest) = take_cstr(rest).ok_or(HandshakeError::Truncated("handshake response"))?;
+    let user = String::from_utf8_lossy(user).into_owned();
+    let rest = if capabilities & caps::PLUGIN_AUTH_LENENC_DATA != 0 {
+        let (n, used) = super::packets::lenenc_int(rest)
+            .ok_or(HandshakeError::Truncated("handshake response"))?;
+        rest.get(used + n as usize..)
+    } else if capabilities & caps::SECURE_CONNECTION != 0 {
+        let n = *rest
+            .first()
+            .ok_or(HandshakeError::Truncated("handshake response"))? as usize;
+        rest.get(1 + n..)
+    } else {
+        take_cstr(rest).map(|(_, r)| r)
+    }
+    .ok_or(HandshakeError::Truncated("handshake response"))?;
+    let database = if capabilities & caps::CONNECT_WITH_DB != 0 {
+        take_cstr(rest)
+            .map(|(db, _)| String::from_utf8_lossy(db).into_owned())
+            .filter(|d| !d.is_empty())
+    } else {
+        None
+    };
+    Ok(ClientHello {
+        capabilities,
+        user,
+        database,
+        ssl_request: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn greeting(caps_lo: u16, caps_hi: u16, ext: [u8; 4]) -> Vec<u8> {
+        let mut g = vec![10];
+        g.extend_from_slice(b"10.11.19-MariaDB\0");
+        g.extend_from_slice(&42u32.to_le_bytes());
+        g.extend_from_slice(b"abcdefgh\0");
+        g.extend_from_slice(&caps_lo.to_le_bytes());
+        g.push(45);
+        g.extend_from_slice(&2u16.to_le_bytes());
+        g.extend_from_slice(&caps_hi.to_le_bytes());
+        g.push(21);
+        g.extend_from_slice(&[0; 6]);
+        g.extend_from_slice(&ext);
+        g.extend_from_slice(b"ijklmnopqrst\0mysql_native_password\0");
+        g
+    }
+
+    #[test]
+    fn greeting_clears_only_unsupported_bits() {
+        let lo = (caps::PROTOCOL_41 | caps::COMPRESS | caps::SSL | caps::SECURE_CONNECTION) as u16;
+        let hi = ((caps::DEPRECATE_EOF | caps::PROGRESS | caps::PLUGIN_AUTH) >> 16) as u16;
+        let mut g = greeting(lo, hi, [0x1f, 0, 0, 0]);
+        let before = g.clone();
+        let info = patch_greeting(&mut g, caps::UNSUPPORTED | caps::SSL).unwrap();
+        assert_eq!(info.connection_id, 42);
+        assert_eq!(info.server_version, "10.11.19-MariaDB");
+        assert_eq!(
+            info.capabilities,
+            caps::PROTOCOL_41 | caps::SECURE_CONNECTION | caps::DEPRECATE_EOF | caps::PLUGIN_AUTH
+        );
+        let diffs: Vec<usize> = (0..g.len()).filter(|&i| g[i] != before[i]).collect();
+        // caps low byte 0 (COMPRESS), byte 1 (SSL), caps high (PROGRESS), ext caps byte.
+        assert_eq!(diffs.len(), 4, "{diffs:?}");
+        assert_eq!(&g[g.len() - 35..], &before[before.len() - 35..]);
+    }
+
+    #[test]
+    fn greeting_rejects_garbage() {
+        assert_eq!(
+            patch_greeting(&mut [9, 1, 2], 0),
+            Err(HandshakeError::BadProtocol(9))
+        );
+        assert!(patch_greeting(&mut [10, b'x'], 0).is_err());
+        assert!(patch_greeting(&mut [10, b'x', 0, 1], 0).is_err());
+        assert!(patch_greeting(&mut [], 0).is_err());
+    }
+
+    fn hello(capabilities: u32, db: Option<&str>) -> Vec<u8> {
+        let mut p = capabilities.to_le_bytes().to_vec();
+        p.extend_from_slice(&(1u32 << 24).to_le_bytes());
+        p.push(45);
+        p.extend_from_slice(&[0; 19]);
+        p.extend_from_slice(&[1, 2, 3, 4]);
+        p.extend_from_slice(b"app\0");
+        p.push(20);
+        p.extend_from_slice(&[9; 20]);
+        if let Some(db) = db {
+            p.extend_from_slice(db.as_bytes());
+            p.push(0);
+        }
+        p.extend_from_slice(b"mysql_native_password\0");
+        p
+    }
+
+    #[test]
+    fn client_hello_reads_user_and_db_and_clears_bits() {
+        let c = caps::PROTOCOL_41
+            | caps::SECURE_CONNECTION
+            | caps::CONNECT_WITH_DB
+            | caps::COMPRESS
+            | caps::PLUGIN_AUTH;
+        let server = c & !caps::COMPRESS;
+        let mut p = hello(c, Some("shop"));
+        let h = patch_client_hello(&mut p, server).unwrap();
+        assert_eq!(h.user, "app");
+        assert_eq!(h.database.as_deref(), Some("shop"));
+        assert_eq!(h.capabilities & caps::COMPRESS, 0);
+        assert_eq!(&p[28..32], &[0, 0, 0, 0]);
+        assert_eq!(u32::from_le_bytes([p[0], p[1], p[2], p[3]]), h.capabilities);
+    }
+
+    #[test]
+    fn client_hello_truncated_is_an_error() {
+        let c = caps::PROTOCOL_41 | caps::SECURE_CONNECTION | caps::CONNECT_WITH_DB;
+        let mut p = hello(c, Some("shop"));
+        p.truncate(40);
+        assert!(patch_client_hello(&mut p, c).is_err());
+        let mut short = vec![0u8; 10];
+        assert!(patch_client_hello(&mut short, c).is_err());
+    }
+
+    #[test]
+    fn ssl_request_is_recognised() {
+        let c = caps::PROTOCOL_41 | caps::SSL;
+        let mut p = hello(c, None);
+        p.truncate(32);
+        let h = patch_client_hello(&mut p, c).unwrap();
+        assert!(h.ssl_request);
+    }
+}

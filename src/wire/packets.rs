@@ -1,0 +1,188 @@
+//! The few packets the proxy reads or writes itself.
+//!
+//! Hot-path reads (status flags of a terminator) are decoded by hand: they are a few
+//! fixed offsets. Packets the proxy builds (ERR, OK) go through `mysql_common`.
+
+use mysql_common::io::ParseBuf;
+use mysql_common::misc::raw::int::LenEnc;
+use mysql_common::misc::raw::RawInt;
+use mysql_common::packets::{ErrPacket, ServerError, SqlState};
+use mysql_common::proto::MySerialize;
+
+/// Header byte of an OK packet.
+pub const OK: u8 = 0x00;
+/// Header byte of an ERR packet.
+pub const ERR: u8 = 0xFF;
+/// Header byte of an EOF packet (and of an OK packet that ends a result set when
+/// CLIENT_DEPRECATE_EOF is in use).
+pub const EOF: u8 = 0xFE;
+/// Header byte of a LOCAL INFILE request.
+pub const LOCAL_INFILE: u8 = 0xFB;
+
+/// Reads a length-encoded integer at the start of `b`: (value, bytes used).
+pub fn lenenc_int(b: &[u8]) -> Option<(u64, usize)> {
+    let first = *b.first()?;
+    let (n, used) = match first {
+        0..=0xFA => return Some((first as u64, 1)),
+        0xFC => (2, 3),
+        0xFD => (3, 4),
+        0xFE => (8, 9),
+        _ => return None,
+    };
+    if b.len() < used {
+        return None;
+    }
+    let mut v = 0u64;
+    for (i, byte) in b[1..=n].iter().enumerate() {
+        v |= (*byte as u64) << (8 * i);
+    }
+    Some((v, used))
+}
+
+/// Appends a length-encoded integer.
+pub fn put_lenenc_int(out: &mut Vec<u8>, v: u64) {
+    RawInt::<LenEnc>::new(v).serialize(out);
+}
+
+/// The fields of an OK packet the relay looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OkSummary {
+    pub affected_rows: u64,
+    pub last_insert_id: u64,
+    pub status: u16,
+    pub warnings: u16,
+}
+
+/// Parses the leading fields of an OK packet (header 0x00 or 0xFE).
+pub fn parse_ok(payload: &[u8]) -> Option<OkSummary> {
+    let mut pos = 1;
+    let (affected_rows, n) = lenenc_int(payload.get(pos..)?)?;
+    pos += n;
+    let (last_insert_id, n) = lenenc_int(payload.get(pos..)?)?;
+    pos += n;
+    let b = payload.get(pos..pos + 4)?;
+    Some(OkSummary {
+        affected_rows,
+        last_insert_id,
+        status: u16::from_le_bytes([b[0], b[1]]),
+        warnings: u16::from_le_bytes([b[2], b[3]]),
+    })
+}
+
+/// Status flags of a result-set terminator: a 5-byte EOF packet or an OK packet with
+/// the 0xFE header.
+pub fn terminator_status(payload: &[u8], deprecate_eof: bool) -> Option<u16> {
+    if deprecate_eof && payload.len() > 5 {
+        parse_ok(payload).map(|o| o.status)
+    } else {
+        let b = payload.get(3..5)?;
+        Some(u16::from_le_bytes([b[0], b[1]]))
+    }
+}
+
+/// The fields of an ERR packet, decoded (for logs and tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrInfo {
+    pub code: u16,
+    pub state: String,
+    pub message: String,
+}
+
+/// Decodes an ERR packet payload (protocol 4.1 layout).
+pub fn parse_err(payload: &[u8]) -> Option<ErrInfo> {
+    let mut buf = ParseBuf(payload);
+    let p: ErrPacket<'_> = buf
+        .parse(mysql_common::constants::CapabilityFlags::CLIENT_PROTOCOL_41)
+        .ok()?;
+    match p {
+        ErrPacket::Error(e) => Some(ErrInfo {
+            code: e.error_code(),
+            state: e
+                .sql_state_ref()
+                .map(|s| String::from_utf8_lossy(&s.as_bytes()).into_owned())
+                .unwrap_or_default(),
+            message: e.message_str().into_owned(),
+        }),
+        ErrPacket::Progress(_) => None,
+    }
+}
+
+/// Builds an ERR packet payload.
+pub fn err_payload(code: u16, state: &[u8; 5], message: &str) -> Vec<u8> {
+    let err = ErrPacket::Error(ServerError::new(
+        code,
+        Some(SqlState::new(*state)),
+        message.as_bytes(),
+    ));
+    let mut out = Vec::with_capacity(9 + message.len());
+    err.serialize(&mut out);
+    out
+}
+
+/// Well-known errors the proxy itself reports.
+pub mod errors {
+    /// ER_CON_COUNT_ERROR.
+    pub const TOO_MANY_CONNECTIONS: (u16, &[u8; 5]) = (1040, b"08004");
+    /// CR_CONN_HOST_ERROR: the backend cannot be reached.
+    pub const CANT_CONNECT: (u16, &[u8; 5]) = (2003, b"HY000");
+    /// CR_SERVER_LOST: the backend went away during a command.
+    pub const SERVER_LOST: (u16, &[u8; 5]) = (2013, b"HY000");
+    /// ER_UNKNOWN_ERROR: used for rule rejections and proxy-side failures.
+    pub const UNKNOWN: (u16, &[u8; 5]) = (1105, b"HY000");
+    /// ER_HANDSHAKE_ERROR.
+    pub const BAD_HANDSHAKE: (u16, &[u8; 5]) = (1043, b"08S01");
+    /// ER_NET_PACKETS_OUT_OF_ORDER-style protocol violation from the client.
+    pub const PROTOCOL: (u16, &[u8; 5]) = (1156, b"08S01");
+}
+
+/// Builds an ERR payload from one of [`errors`].
+pub fn err_of(kind: (u16, &[u8; 5]), message: &str) -> Vec<u8> {
+    err_payload(kind.0, kind.1, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn err_round_trip() {
+        let p = err_payload(1105, b"HY000", "heatsink rule 'x': nope");
+        let e = parse_err(&p).unwrap();
+        assert_eq!(e.code, 1105);
+        assert_eq!(e.state, "HY000");
+        assert_eq!(e.message, "heatsink rule 'x': nope");
+        assert_eq!(p[0], ERR);
+    }
+
+    #[test]
+    fn ok_fields() {
+        // OK, affected 0xFC 0x10 0x27 (10000), insert id 5, status 0x0003, warnings 2
+        let p = [0x00, 0xFC, 0x10, 0x27, 5, 3, 0, 2, 0];
+        let o = parse_ok(&p).unwrap();
+        assert_eq!(o.affected_rows, 10000);
+        assert_eq!(o.last_insert_id, 5);
+        assert_eq!(o.status, 3);
+        assert_eq!(o.warnings, 2);
+        assert!(parse_ok(&p[..6]).is_none());
+    }
+
+    #[test]
+    fn terminators() {
+        let eof = [0xFE, 1, 0, 0x22, 0x00];
+        assert_eq!(terminator_status(&eof, false), Some(0x22));
+        assert_eq!(terminator_status(&eof, true), Some(0x22));
+        let ok = [0xFE, 0, 0, 0x0A, 0x00, 0, 0];
+        assert_eq!(terminator_status(&ok, true), Some(0x0A));
+    }
+
+    #[test]
+    fn lenenc() {
+        assert_eq!(lenenc_int(&[0xFA]), Some((250, 1)));
+        assert_eq!(lenenc_int(&[0xFD, 1, 2, 3]), Some((0x030201, 4)));
+        assert_eq!(lenenc_int(&[0xFE, 1, 0, 0, 0, 0, 0, 0]), None);
+        assert_eq!(lenenc_int(&[0xFF]), None);
+        let mut v = Vec::new();
+        put_lenenc_int(&mut v, 70000);
+        assert_eq!(lenenc_int(&v), Some((70000, 4)));
+    }
+}

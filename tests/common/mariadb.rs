@@ -1,0 +1,381 @@
+//! A private MariaDB server per test binary.
+//!
+//! The data directory is copied from a template initialised once under
+//! `target/mariadb-template/` (concurrent test binaries race safely: each builds its own
+//! candidate and `rename`s it into place; the loser discards its copy).
+//!
+//! Rust's test harness has no global teardown, so the server runs under a tiny `sh`
+//! watchdog whose stdin is a pipe held by the test process. When the test process exits
+//! (normally, by panic or by SIGKILL) the pipe closes, `read` returns, and the watchdog
+//! stops mariadbd and removes the data directory.
+
+use std::fs;
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::{free_port, is_root, target_dir};
+
+/// Database created at start.
+pub const TEST_DB: &str = "heatsink_test";
+/// mysql_native_password user with ALL on *.*.
+pub const USER: &str = "hs";
+/// Password of [`USER`].
+pub const PASSWORD: &str = "hs-pw";
+/// ed25519 user with ALL on *.*.
+pub const ED_USER: &str = "hs_ed";
+/// Password of [`ED_USER`].
+pub const ED_PASSWORD: &str = "ed-pw";
+/// Superuser, no password (mysql_native_password), reachable over 127.0.0.1.
+pub const ADMIN_USER: &str = "root";
+
+/// Options shared by the template initialisation and the server.
+const INNODB_OPTS: &[&str] = &[
+    "--innodb-buffer-pool-size=128M",
+    "--innodb-log-file-size=48M",
+];
+
+/// Watchdog: start mariadbd in the background, print its pid, wait for stdin to close,
+/// then stop it and delete the data directory. `$1` is the directory to delete, the rest
+/// is the mariadbd command line. INT/HUP are ignored so a Ctrl-C on `cargo test` still
+/// lets the watchdog clean up once the test process is gone.
+const WATCHDOG: &str = r#"
+dir="$1"; shift
+trap '' INT HUP
+"$@" </dev/null >/dev/null 2>&1 &
+pid=$!
+echo "$pid"
+read _ignored
+kill "$pid" 2>/dev/null
+wait "$pid"
+rm -rf "$dir"
+"#;
+
+/// A running private mariadbd. Obtain it with [`mariadb()`].
+pub struct MariaDb {
+    /// TCP port on 127.0.0.1.
+    port: u16,
+    /// Directory holding the data dir, socket and error log; removed by the watchdog.
+    dir: PathBuf,
+    /// mariadbd's pid (a child of the watchdog shell).
+    pid: u32,
+    /// Held open for the life of the process; closing it stops the server.
+    _watchdog_stdin: Mutex<ChildStdin>,
+    /// The watchdog shell itself (never waited on: it outlives us by design).
+    _watchdog: Mutex<Child>,
+}
+
+static MARIADB: OnceLock<MariaDb> = OnceLock::new();
+
+/// The test binary's MariaDB server, started on first use.
+pub fn mariadb() -> &'static MariaDb {
+    MARIADB.get_or_init(MariaDb::start)
+}
+
+impl MariaDb {
+    /// TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// mysql_async URL for [`USER`] on database `db` (empty = none), TCP only.
+    pub fn url(&self, db: &str) -> String {
+        url_for(self.addr(), USER, PASSWORD, db)
+    }
+
+    /// mysql_async URL for the superuser [`ADMIN_USER`].
+    pub fn admin_url(&self, db: &str) -> String {
+        url_for(self.addr(), ADMIN_USER, "", db)
+    }
+
+    /// Directory holding `data/`, `sock` and `error.log`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The server's error log so far.
+    pub fn error_log(&self) -> String {
+        fs::read_to_string(self.dir.join("error.log")).unwrap_or_default()
+    }
+
+    /// mariadbd's pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Runs one or more `;`-separated statements as root. Blocking; callable from inside
+    /// or outside a tokio runtime. Panics with the server's error on failure.
+    pub fn exec(&self, sql: &str) {
+        let url = self.admin_url("");
+        let owned = sql.to_string();
+        let result = run_blocking(async move {
+            use mysql_async::prelude::Queryable;
+            let mut conn = mysql_async::Conn::from_url(url.as_str()).await?;
+            conn.query_drop(owned.as_str()).await?;
+            conn.disconnect().await
+        });
+        if let Err(e) = result {
+            panic!("admin SQL failed: {e}\nSQL: {sql}");
+        }
+    }
+
+    /// Runs a query as root and returns every row of its (first) result set, each cell
+    /// rendered as text (`None` for NULL). Blocking, like [`MariaDb::exec`].
+    pub fn query_strings(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        let url = self.admin_url("");
+        let owned = sql.to_string();
+        let result = run_blocking(async move {
+            use mysql_async::prelude::Queryable;
+            let mut conn = mysql_async::Conn::from_url(url.as_str()).await?;
+            let rows: Vec<mysql_async::Row> = conn.query(owned.as_str()).await?;
+            conn.disconnect().await?;
+            Ok::<_, mysql_async::Error>(
+                rows.into_iter()
+                    .map(|row| {
+                        row.unwrap()
+                            .into_iter()
+                            .map(|v| match v {
+                                mysql_async::Value::NULL => None,
+                                mysql_async::Value::Bytes(b) => {
+                                    Some(String::from_utf8_lossy(&b).into_owned())
+                                }
+                                other => Some(other.as_sql(true)),
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            )
+        });
+        result.unwrap_or_else(|e| panic!("admin query failed: {e}\nSQL: {sql}"))
+    }
+
+    /// Async variant of [`MariaDb::exec`] for tests that already run on tokio.
+    pub async fn exec_async(&self, sql: &str) -> Result<(), mysql_async::Error> {
+        use mysql_async::prelude::Queryable;
+        let mut conn = mysql_async::Conn::from_url(self.admin_url("").as_str()).await?;
+        conn.query_drop(sql).await?;
+        conn.disconnect().await
+    }
+
+    fn start() -> MariaDb {
+        let template = ensure_template();
+        let mut last_log = String::new();
+        // A free port can be taken between probing and binding: retry a few times.
+        for _attempt in 0..4 {
+            match Self::try_start(&template) {
+                Ok(db) => {
+                    db.bootstrap();
+                    return db;
+                }
+                Err(log) => last_log = log,
+            }
+        }
+        panic!("mariadbd did not start; last error log:\n{last_log}");
+    }
+
+    /// Starts one server on a fresh copy of the template. `Err` carries the error log.
+    fn try_start(template: &Path) -> Result<MariaDb, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("heatsink-mariadb-")
+            .tempdir()
+            .expect("create tempdir for mariadbd")
+            .keep();
+        let data = dir.join("data");
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(template)
+            .arg(&data)
+            .status()
+            .expect("run cp -a");
+        assert!(status.success(), "cp -a {template:?} {data:?} failed");
+
+        let port = free_port();
+        let log = dir.join("error.log");
+        let mut server: Vec<String> = vec![
+            "mariadbd".into(),
+            "--no-defaults".into(),
+            format!("--datadir={}", data.display()),
+            format!("--socket={}", dir.join("sock").display()),
+            format!("--pid-file={}", dir.join("mariadbd.pid").display()),
+            format!("--log-error={}", log.display()),
+            format!("--port={port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--skip-log-bin".into(),
+            "--innodb-flush-log-at-trx-commit=2".into(),
+            "--max-connections=500".into(),
+            "--plugin-load-add=auth_ed25519".into(),
+            "--local-infile=1".into(),
+            "--max-allowed-packet=64M".into(),
+        ];
+        server.extend(INNODB_OPTS.iter().map(|s| s.to_string()));
+        if is_root() {
+            server.push("--user=root".into());
+        }
+
+        let mut watchdog = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("heatsink-mariadb-watchdog")
+            .arg(&dir)
+            .args(&server)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn sh watchdog for mariadbd");
+        let stdin = watchdog.stdin.take().expect("watchdog stdin");
+        let mut stdout = watchdog.stdout.take().expect("watchdog stdout");
+        let pid = read_pid_line(&mut stdout);
+
+        let db = MariaDb {
+            port,
+            dir: dir.clone(),
+            pid,
+            _watchdog_stdin: Mutex::new(stdin),
+            _watchdog: Mutex::new(watchdog),
+        };
+        // On failure `db` is dropped here; statics aside, dropping closes the pipe, so the
+        // watchdog cleans up this attempt.
+        db.wait_ready(Duration::from_secs(60))?;
+        Ok(db)
+    }
+
+    /// Waits until the server accepts TCP connections and answers with a greeting.
+    fn wait_ready(&self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(mut s) = TcpStream::connect_timeout(&self.addr(), Duration::from_millis(200))
+            {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut first = [0u8; 5];
+                // A greeting starts with a 4-byte header then protocol version 10.
+                if s.read_exact(&mut first).is_ok() && first[4] == 10 {
+                    return Ok(());
+                }
+            }
+            if !process_alive(self.pid) {
+                return Err(format!("mariadbd exited early:\n{}", self.error_log()));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "mariadbd not accepting on {} after {limit:?}:\n{}",
+                    self.addr(),
+                    self.error_log()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn bootstrap(&self) {
+        self.exec(&format!(
+            "CREATE DATABASE IF NOT EXISTS {TEST_DB};
+             CREATE USER '{USER}'@'%' IDENTIFIED VIA mysql_native_password USING PASSWORD('{PASSWORD}');
+             GRANT ALL ON *.* TO '{USER}'@'%';
+             CREATE USER '{ED_USER}'@'%' IDENTIFIED VIA ed25519 USING PASSWORD('{ED_PASSWORD}');
+             GRANT ALL ON *.* TO '{ED_USER}'@'%';"
+        ));
+    }
+}
+
+fn url_for(addr: SocketAddr, user: &str, password: &str, db: &str) -> String {
+    let auth = if password.is_empty() {
+        user.to_string()
+    } else {
+        format!("{user}:{password}")
+    };
+    format!("mysql://{auth}@{addr}/{db}?prefer_socket=false")
+}
+
+/// Runs a future to completion on a fresh current-thread runtime in its own thread, so it
+/// works whether or not the caller is already inside a tokio runtime.
+fn run_blocking<F, T>(fut: F) -> T
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("build tokio runtime")
+            .block_on(fut)
+    })
+    .join()
+    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
+fn read_pid_line(stdout: &mut impl Read) -> u32 {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while stdout.read(&mut byte).map(|n| n == 1).unwrap_or(false) && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    String::from_utf8_lossy(&line)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("watchdog did not print mariadbd's pid: {line:?}"))
+}
+
+/// Alive and not a zombie (a dead mariadbd stays a zombie until the watchdog reaps it).
+fn process_alive(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // Field 3 (after "pid (comm)") is the state.
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X") | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Returns the template data directory, creating it on first use.
+fn ensure_template() -> PathBuf {
+    let target = target_dir();
+    let template = target.join("mariadb-template");
+    if template.join("mysql").is_dir() {
+        return template;
+    }
+    fs::create_dir_all(&target).expect("create target dir");
+    let staging = target.join(format!("mariadb-template.tmp-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&staging);
+    let mut cmd = Command::new("mariadb-install-db");
+    cmd.arg("--no-defaults")
+        .arg("--auth-root-authentication-method=normal")
+        .arg("--skip-test-db")
+        .arg(format!("--datadir={}", staging.display()))
+        .args(INNODB_OPTS);
+    if is_root() {
+        cmd.arg("--user=root");
+    }
+    let out = cmd.output().expect("run mariadb-install-db");
+    if !out.status.success() {
+        let _ = fs::remove_dir_all(&staging);
+        panic!(
+            "mariadb-install-db failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Atomic publish; if another test binary won the race, its template is as good.
+    if fs::rename(&staging, &template).is_err() {
+        let _ = fs::remove_dir_all(&staging);
+    }
+    assert!(
+        template.join("mysql").is_dir(),
+        "template {template:?} missing after initialisation"
+    );
+    template
+}

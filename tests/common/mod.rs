@@ -1,0 +1,76 @@
+//! Shared harness for the integration tests.
+//!
+//! Every test binary that says `mod common;` gets:
+//!
+//! - [`mariadb()`] → `&'static MariaDb`: a private `mariadbd` started once per test binary
+//!   and stopped (data dir removed) when the test process exits, however it exits. It has
+//!   the database [`TEST_DB`] (`heatsink_test`), the user [`USER`]/[`PASSWORD`]
+//!   (`hs`/`hs-pw`, mysql_native_password), the user [`ED_USER`]/[`ED_PASSWORD`]
+//!   (`hs_ed`/`ed-pw`, ed25519), both with ALL on `*.*`, and `root` without a password.
+//!   `port()`, `addr()`, `url(db)` (mysql_async, user `hs`), `admin_url(db)`, `exec(sql)`
+//!   and `query_strings(sql)` (blocking, as root; usable inside or outside tokio),
+//!   `exec_async(sql)`, `error_log()`.
+//! - [`Proxy`]: the `heatsink` binary (`serve --listen 127.0.0.1:<free> --backend ..
+//!   --rules ..`), by default in front of [`mariadb()`] with an empty rules directory.
+//!   `Proxy::start()` or `Proxy::builder().arg(..).rules_dir(..).backend(..).start()`;
+//!   `addr()`, `port()`, `url(db)`, `log_text()`, `stop_graceful()`, `kill9()`. Dropping it
+//!   sends SIGTERM, then SIGKILL after 5 s.
+//! - [`rawclient`]: `RawClient::connect(addr, &ConnectOpts::new(user, pw).db(..)
+//!   .deprecate_eof(..))`, then `query`, `prepare`, `execute`, `execute_with`,
+//!   `close_stmt`, `reset_stmt`, `send_long_data`, `ping`, `init_db`, `reset_connection`,
+//!   `change_user`, `field_list`, `quit`, `command(raw payload)`; each returns every
+//!   response packet (sequence id + payload). It is independent of the proxy's protocol
+//!   code and serves as the oracle for byte-level comparisons.
+//! - [`packets`]: `Packet::ok()` / `err()` and `parse_ok` / `parse_err` / `parse_eof` /
+//!   `parse_column_def` / `parse_text_row`, `describe`, `hex_dump`, `status` flags.
+//! - [`free_port()`], [`target_dir()`].
+//!
+//! Layout:
+//! - `mariadb.rs`: template data directory, server start, watchdog, admin SQL.
+//! - `proxy.rs`: proxy process builder and lifecycle.
+//! - `rawclient.rs`: raw protocol client.
+//! - `packets.rs`: packet decoders.
+//! - `sha1.rs`: SHA-1 for mysql_native_password (kept local so the oracle shares no code
+//!   with the proxy).
+#![allow(dead_code, unused_imports)]
+
+mod mariadb;
+pub mod packets;
+mod proxy;
+pub mod rawclient;
+mod sha1;
+
+pub use mariadb::{mariadb, MariaDb, ADMIN_USER, ED_PASSWORD, ED_USER, PASSWORD, TEST_DB, USER};
+pub use proxy::{Proxy, ProxyBuilder};
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+
+/// Returns a loopback port that was free a moment ago (bind to port 0, read it, close).
+/// Another process may take it before it is used; callers that start servers retry.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local_addr").port()
+}
+
+/// Cargo's target directory (the parent of the directory holding the `heatsink` binary).
+pub fn target_dir() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_heatsink"));
+    bin.parent()
+        .and_then(|p| p.parent())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// True when the current process runs as root (mariadbd then needs `--user=root`).
+pub(crate) fn is_root() -> bool {
+    // Avoids a libc dependency: the effective uid is in /proc/self/status ("Uid: r e s f").
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}

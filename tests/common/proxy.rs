@@ -1,0 +1,266 @@
+//! The `heatsink` binary as a child process.
+//!
+//! ```ignore
+//! let proxy = Proxy::builder().arg("--log-level").arg("debug").start();
+//! let mut c = RawClient::connect(proxy.addr(), &ConnectOpts::new(USER, PASSWORD))?;
+//! ```
+//!
+//! Drop sends SIGTERM, waits up to 5 s, then SIGKILLs.
+
+use std::ffi::OsString;
+use std::fs;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{free_port, mariadb, PASSWORD, USER};
+
+/// How long to wait for the listener before giving up.
+const START_LIMIT: Duration = Duration::from_secs(20);
+/// How long Drop waits after SIGTERM before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_secs(5);
+
+/// Configures a proxy process; see [`Proxy::builder`].
+#[derive(Default)]
+pub struct ProxyBuilder {
+    /// `--backend`; default: the test binary's MariaDB.
+    backend: Option<String>,
+    /// `--rules`; default: a fresh empty directory (pure passthrough).
+    rules: Option<PathBuf>,
+    /// `--listen` port; default: a free port.
+    port: Option<u16>,
+    /// Extra arguments appended after the standard ones.
+    args: Vec<OsString>,
+    /// Extra environment variables (e.g. `RUST_LOG`).
+    envs: Vec<(OsString, OsString)>,
+}
+
+impl ProxyBuilder {
+    /// Appends one command-line argument after `serve --listen .. --backend .. --rules ..`.
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// `--rules PATH` (a file or a directory of *.toml).
+    pub fn rules_dir(mut self, path: impl AsRef<Path>) -> Self {
+        self.rules = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// `--backend ADDR` (default: [`mariadb()`]).
+    pub fn backend(mut self, addr: impl ToString) -> Self {
+        self.backend = Some(addr.to_string());
+        self
+    }
+
+    /// Listen on this port instead of a free one (e.g. to restart on the same address).
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
+    }
+
+    /// Sets an environment variable for the proxy process.
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.envs.push((key.into(), value.into()));
+        self
+    }
+
+    /// Spawns the proxy and waits until its listen port accepts connections. Panics with
+    /// the proxy's log if it exits or does not listen within 20 s.
+    pub fn start(self) -> Proxy {
+        let dir = tempfile::Builder::new()
+            .prefix("heatsink-proxy-")
+            .tempdir()
+            .expect("create proxy tempdir");
+        let rules = match self.rules {
+            Some(r) => r,
+            None => {
+                let r = dir.path().join("rules");
+                fs::create_dir(&r).expect("create empty rules dir");
+                r
+            }
+        };
+        let backend = self.backend.unwrap_or_else(|| mariadb().addr().to_string());
+        let port = self.port.unwrap_or_else(free_port);
+        let listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let log_path = dir.path().join("proxy.log");
+        let log = fs::File::create(&log_path).expect("create proxy log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_heatsink"));
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(listen.to_string())
+            .arg("--backend")
+            .arg(&backend)
+            .arg("--rules")
+            .arg(&rules)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log);
+        for (k, v) in &self.envs {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn heatsink");
+        let mut proxy = Proxy {
+            child: Some(child),
+            addr: listen,
+            log_path,
+            _dir: dir,
+        };
+        proxy.wait_listening();
+        proxy
+    }
+}
+
+/// A running `heatsink serve` process.
+pub struct Proxy {
+    /// `None` once stopped.
+    child: Option<Child>,
+    /// The `--listen` address.
+    addr: SocketAddr,
+    /// stdout and stderr of the process.
+    log_path: PathBuf,
+    /// Holds the log and default rules directory until the proxy is dropped.
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    /// A builder with the defaults: backend = [`mariadb()`], empty rules dir, free port.
+    pub fn builder() -> ProxyBuilder {
+        ProxyBuilder::default()
+    }
+
+    /// A passthrough proxy in front of [`mariadb()`].
+    pub fn start() -> Proxy {
+        Self::builder().start()
+    }
+
+    /// The listen address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The listen port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// mysql_async URL for the test user through the proxy (`db` empty = none).
+    pub fn url(&self, db: &str) -> String {
+        format!(
+            "mysql://{USER}:{PASSWORD}@{}/{db}?prefer_socket=false",
+            self.addr
+        )
+    }
+
+    /// Process id (None once stopped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Everything the proxy wrote to stdout/stderr so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Path of the log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Sends SIGTERM and waits for the exit (up to 60 s, then SIGKILL and panic).
+    pub fn stop_graceful(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("proxy already stopped");
+        send_signal(child.id(), "TERM");
+        match wait_timeout(&mut child, Duration::from_secs(60)) {
+            Some(status) => status,
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "proxy did not exit within 60 s of SIGTERM; log:\n{}",
+                    self.log_text()
+                );
+            }
+        }
+    }
+
+    /// SIGKILL, no grace; returns once the process is gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Exit status if the process has already exited, without waiting.
+    pub fn try_exit_status(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    fn wait_listening(&mut self) {
+        let deadline = Instant::now() + START_LIMIT;
+        loop {
+            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
+                return;
+            }
+            if let Some(status) = self.try_exit_status() {
+                self.child = None;
+                panic!(
+                    "heatsink exited before listening on {} ({status}); log:\n{}",
+                    self.addr,
+                    self.log_text()
+                );
+            }
+            if Instant::now() >= deadline {
+                self.kill9();
+                panic!(
+                    "heatsink not listening on {} after {START_LIMIT:?}; log:\n{}",
+                    self.addr,
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                send_signal(child.id(), "TERM");
+                if wait_timeout(&mut child, TERM_GRACE).is_none() {
+                    let _ = child.kill();
+                }
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+fn send_signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

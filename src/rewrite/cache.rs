@@ -218,12 +218,45 @@ impl std::fmt::Debug for PlanCache {
     }
 }
 
+/// Keys longer than this (statements of this size or more) are not cached: planning
+/// them again costs less than letting a few huge statements crowd out the others.
+pub const MAX_KEY: usize = 64 * 1024;
+
+impl Cached {
+    /// Approximate heap bytes held by the outcome.
+    fn size(&self) -> usize {
+        match self {
+            Cached::Rewrite { template, .. } => template
+                .statements
+                .iter()
+                .flatten()
+                .map(|s| match s {
+                    Segment::Text(t) => t.len() + 16,
+                    _ => 16,
+                })
+                .sum(),
+            Cached::Reject(r) => r.reason.len(),
+            Cached::DependsOn(d) => d.len() * 8,
+            Cached::Passthrough | Cached::ExactText => 0,
+        }
+    }
+}
+
 impl PlanCache {
-    /// A cache holding at most `capacity` entries (least recently and least
-    /// frequently used ones are evicted first).
+    /// A cache of at most `capacity` weight units (least recently and least
+    /// frequently used entries are evicted first). An entry weighs one unit per
+    /// started KiB of key and outcome, so a typical plan weighs 1 and the capacity is
+    /// roughly a number of plans.
     pub fn new(capacity: u64) -> Self {
         PlanCache {
-            inner: (capacity > 0).then(|| Cache::new(capacity)),
+            inner: (capacity > 0).then(|| {
+                Cache::builder()
+                    .max_capacity(capacity)
+                    .weigher(|k: &Vec<u8>, v: &Arc<Cached>| {
+                        u32::try_from(1 + (k.len() + v.size()) / 1024).unwrap_or(u32::MAX)
+                    })
+                    .build()
+            }),
         }
     }
 
@@ -232,10 +265,12 @@ impl PlanCache {
         self.inner.as_ref()?.get(key)
     }
 
-    /// Remember an outcome.
+    /// Remember an outcome (unless the key is longer than [`MAX_KEY`]).
     pub fn insert(&self, key: Vec<u8>, value: Arc<Cached>) {
         if let Some(c) = &self.inner {
-            c.insert(key, value);
+            if key.len() <= MAX_KEY {
+                c.insert(key, value);
+            }
         }
     }
 }

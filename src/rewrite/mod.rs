@@ -39,8 +39,30 @@
 //! A statement that names a ruled table (as an identifier) but cannot be parsed,
 //! holds several statements, is not valid UTF-8 outside its literals, or has a shape
 //! a rule refuses is rejected with a clear error; it is never forwarded to the stale
-//! table. Statements that do not name a ruled table are never parsed and never
-//! affected.
+//! table. (Exception: administrative commands the parser does not know, such as
+//! `CHECKSUM TABLE` or `OPTIMIZE TABLE`, are forwarded.) Statements that do not name
+//! a ruled table are never parsed and never affected.
+//!
+//! Non-UTF-8 statements (latin1 clients) are fine as long as the non-UTF-8 bytes sit
+//! in literals: the parser only sees markers, and the bytes are copied into the
+//! rewrite verbatim.
+//!
+//! # Writing a rule kind
+//!
+//! - Match the statement shapes you can rewrite faithfully; return `Err(reason)` for
+//!   any other shape that touches your table in a way that would read or write stale
+//!   data, and `Ok(None)` for statements that are fine as they are.
+//! - Check table references with [`PlanContext::names_table`] (it resolves the
+//!   default database).
+//! - Build the output either by editing a clone of the AST, or by formatting SQL
+//!   text around the original expressions (`format!("… VALUES ({id}, {inc})")`:
+//!   markers print as `?N`) and parsing it with [`parse_statements`].
+//! - Read a literal's value only when the decision needs it ([`PlanContext::literal`]),
+//!   since the plan is then cached per value. Parameters of prepared statements have
+//!   no value at plan time ([`Slot::Param`]).
+//! - Ask for proxy-chosen values with [`PlanContext::random_below`].
+//! - Strings the rule introduces itself are printed by sqlparser without backslash
+//!   escaping: keep them free of quotes and backslashes.
 
 mod cache;
 mod engine;
@@ -236,7 +258,7 @@ pub(crate) enum Dynamic {
     RandomBelow(u32),
 }
 
-/// What a rule may know while planning, and the helpers to read values and to ask
+/// What a rule may know while planning, and the functions to read values and to ask
 /// for proxy-chosen values.
 ///
 /// `in_transaction` is deliberately absent: plans are cached regardless of it.

@@ -172,7 +172,7 @@ mod tests {
     #[ignore]
     fn prefilter_speed() {
         let sql =
-            b"UPDATE sessions SET last_seen = NOW() WHERE session_id = 'abcdef0123' AND uid = 7";
+            b"UPDATE visitors SET last_seen = NOW() WHERE visitor_id = 'abcdef0123' AND uid = 7";
         for names in [
             &["hits"][..],
             &["hits", "hits_daily", "log"],

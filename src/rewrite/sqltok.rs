@@ -610,16 +610,31 @@ const KEYWORDS: &[&[u8]] = &[
     b"XOR",
 ];
 
+/// A word of up to 16 bytes as a number that sorts like the word (big-endian, zero
+/// padded), so keyword lookup is a binary search over integers.
+const fn pack(w: &[u8]) -> u128 {
+    let mut v = 0u128;
+    let mut i = 0;
+    while i < w.len() && i < 16 {
+        v |= (w[i].to_ascii_uppercase() as u128) << (8 * (15 - i));
+        i += 1;
+    }
+    v
+}
+
+/// [`KEYWORDS`], packed.
+static KEYWORD_KEYS: [u128; KEYWORDS.len()] = {
+    let mut a = [0u128; KEYWORDS.len()];
+    let mut i = 0;
+    while i < KEYWORDS.len() {
+        a[i] = pack(KEYWORDS[i]);
+        i += 1;
+    }
+    a
+};
+
 fn is_keyword(w: &[u8]) -> bool {
-    let mut buf = [0u8; 13];
-    if w.len() < 2 || w.len() > buf.len() {
-        return false;
-    }
-    let up = &mut buf[..w.len()];
-    for (d, s) in up.iter_mut().zip(w) {
-        *d = s.to_ascii_uppercase();
-    }
-    KEYWORDS.binary_search(&&*up).is_ok()
+    (2..=13).contains(&w.len()) && KEYWORD_KEYS.binary_search(&pack(w)).is_ok()
 }
 
 /// What one `?N` marker of a marked text stands for.
@@ -980,11 +995,11 @@ mod tests {
     #[test]
     fn params_variables_operators() {
         assert_eq!(
-            kinds("@a @'b c' @@session.x ?<=>? a->>'$.x' b:=@ @`q`"),
+            kinds("@a @'b c' @@global.x ?<=>? a->>'$.x' b:=@ @`q`"),
             vec![
                 (TokenKind::Variable, "@a".into()),
                 (TokenKind::Variable, "@'b c'".into()),
-                (TokenKind::Variable, "@@session".into()),
+                (TokenKind::Variable, "@@global".into()),
                 (TokenKind::Punct, ".".into()),
                 (W, "x".into()),
                 (TokenKind::Param, "?".into()),
@@ -1009,6 +1024,7 @@ mod tests {
     #[test]
     fn keyword_list_is_sorted() {
         assert!(KEYWORDS.windows(2).all(|w| w[0] < w[1]));
+        assert!(KEYWORD_KEYS.windows(2).all(|w| w[0] < w[1]));
         assert!(KEYWORDS.iter().all(|k| k.len() <= 13));
         assert!(is_keyword(b"select") && is_keyword(b"STRAIGHT_JOIN") && !is_keyword(b"sel"));
     }

@@ -3,12 +3,14 @@
 //! - [`io`]: packet framing over a buffered socket (read, write, split ≥ 16 MiB payloads).
 //! - [`handshake`]: reading and patching the greeting and the client's handshake response.
 //! - [`packets`]: the few packets the proxy reads or writes itself (OK, ERR, EOF).
+//! - [`resultset`]: column definitions and binary rows, for patching rewritten reads.
 //!
 //! Everything else is relayed as bytes and never decoded.
 
 pub mod handshake;
 pub mod io;
 pub mod packets;
+pub mod resultset;
 
 /// Largest payload one physical packet can carry; a payload this long continues in the
 /// next packet.

@@ -4,8 +4,11 @@
 //!
 //! - [`response`]: where a response ends (pure state machine, unit-tested).
 //! - [`session`]: the per-connection task (handshake, auth, command loop).
+//! - `splice`: running rewritten statements on the client's connection and shaping
+//!   the reply the original statement would have produced.
 
 pub mod response;
 pub mod session;
+mod splice;
 
 pub use session::{serve_client, Shared, Stats};

@@ -8,6 +8,7 @@
 //! 3. command loop: read a command, decide (passthrough / reject / rewrite), forward,
 //!    and stream the response back, packet boundaries found by [`ResponseParser`].
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::response::{ResponseKind, ResponseParser, Step};
+use super::splice::PreparedRewrite;
 use crate::config::Config;
 use crate::error::{Error, Result, Source};
 use crate::rewrite::{Decision, Engine, StatementContext};
@@ -108,6 +110,7 @@ pub async fn serve_client(
         status: 0,
         peer,
         backend_id: 0,
+        prepared: HashMap::new(),
     };
     let outcome = async {
         let hs = s.shared.config.handshake_timeout;
@@ -147,28 +150,31 @@ async fn connect_backend(config: &Config) -> Result<TcpStream> {
     }
 }
 
-struct Session {
+pub(super) struct Session {
     /// The application's connection.
-    client: PacketIo<TcpStream>,
+    pub(super) client: PacketIo<TcpStream>,
     /// This session's own backend connection.
-    backend: PacketIo<TcpStream>,
+    pub(super) backend: PacketIo<TcpStream>,
     /// Config, rules and counters.
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     /// CLIENT_DEPRECATE_EOF was negotiated (changes result-set framing).
-    deprecate_eof: bool,
+    pub(super) deprecate_eof: bool,
     /// Default database, tracked for rule matching of unqualified table names.
-    current_db: Option<String>,
+    pub(super) current_db: Option<String>,
     /// Server status flags from the last OK/EOF (IN_TRANS, AUTOCOMMIT, …).
-    status: u16,
+    pub(super) status: u16,
     /// Client address, for logs.
-    peer: SocketAddr,
+    pub(super) peer: SocketAddr,
     /// Backend connection id, for logs (the client sees the same id).
-    backend_id: u32,
+    pub(super) backend_id: u32,
+    /// Prepared statements that were rewritten, by statement id (the backend's id of
+    /// the rewritten statement, which is also the id the client uses).
+    pub(super) prepared: HashMap<u32, PreparedRewrite>,
 }
 
 /// How a relayed response went.
-struct Relayed {
-    parser: ResponseParser,
+pub(super) struct Relayed {
+    pub(super) parser: ResponseParser,
 }
 
 impl Session {
@@ -290,16 +296,40 @@ impl Session {
                 self.backend.write_all(&c.raw).await?;
                 return Ok(false);
             }
-            cmd::STMT_CLOSE | cmd::STMT_SEND_LONG_DATA => {
+            cmd::STMT_CLOSE => {
+                if let Some(id) = statement_id(&c.payload()) {
+                    self.prepared.remove(&id);
+                }
                 self.backend.write_all(&c.raw).await?;
                 return Ok(true);
             }
+            cmd::STMT_SEND_LONG_DATA => {
+                if let Some(id) = statement_id(&c.payload()) {
+                    if self.prepared.contains_key(&id) {
+                        // No response is allowed; the error surfaces at execute time.
+                        self.prepared.entry(id).and_modify(|p| p.long_data = true);
+                        return Ok(true);
+                    }
+                }
+                self.backend.write_all(&c.raw).await?;
+                return Ok(true);
+            }
+            cmd::STMT_EXECUTE => {
+                if let Some(id) = statement_id(&c.payload()) {
+                    if self.prepared.contains_key(&id) {
+                        self.execute_rewrite(id, &c).await?;
+                        return Ok(true);
+                    }
+                }
+                ResponseKind::Generic
+            }
             cmd::CHANGE_USER => {
+                self.prepared.clear();
                 self.backend.write_all(&c.raw).await?;
                 self.current_db = change_user_db(&c.payload());
                 return self.auth_exchange().await.map(|_| true);
             }
-            cmd::STMT_EXECUTE | cmd::PROCESS_INFO => ResponseKind::Generic,
+            cmd::PROCESS_INFO => ResponseKind::Generic,
             cmd::STMT_FETCH => ResponseKind::Fetch,
             cmd::FIELD_LIST => ResponseKind::FieldList,
             cmd::INIT_DB
@@ -325,6 +355,9 @@ impl Session {
         };
         self.forward(&c).await?;
         let r = self.relay_response(kind, 0, c.last_seq).await?;
+        if code == cmd::RESET_CONNECTION && !r.parser.errored {
+            self.prepared.clear();
+        }
         if code == cmd::INIT_DB && !r.parser.errored {
             self.current_db = Some(String::from_utf8_lossy(&c.payload()[1..]).into_owned());
         }
@@ -335,7 +368,7 @@ impl Session {
         self.backend.write_all(&c.raw).await
     }
 
-    fn context<'a>(&'a self, prepared: bool) -> StatementContext<'a> {
+    pub(super) fn context<'a>(&'a self, prepared: bool) -> StatementContext<'a> {
         StatementContext {
             prepared,
             in_transaction: self.status & status::IN_TRANS != 0,
@@ -344,14 +377,20 @@ impl Session {
     }
 
     async fn query(&mut self, c: Logical) -> Result<()> {
-        let engine = self.shared.engine.load();
+        let engine = self.shared.engine.load_full();
         let decision = if engine.has_rules() {
-            engine.decide(&c.payload()[1..], &self.context(false))
+            match self
+                .decide(&engine, &c.payload()[1..], false, c.last_seq)
+                .await?
+            {
+                Some(d) => d,
+                None => return Ok(()),
+            }
         } else {
             Decision::Passthrough
         };
         match decision {
-            Decision::Passthrough => {
+            Decision::Passthrough | Decision::NeedMetadata(_) => {
                 self.shared.stats.passthrough.fetch_add(1, Relaxed);
                 self.forward(&c).await?;
                 let r = self
@@ -364,81 +403,58 @@ impl Session {
                 }
                 Ok(())
             }
-            Decision::Reject(rej) => {
-                self.shared.stats.rejected.fetch_add(1, Relaxed);
-                let msg = format!("heatsink rule '{}': {}", rej.rule, rej.reason);
-                debug!(peer = %self.peer, rule = %rej.rule, reason = %rej.reason, "statement rejected");
-                self.client
-                    .write_packet(c.last_seq.wrapping_add(1), &err_of(errors::UNKNOWN, &msg))
-                    .await?;
-                Ok(())
-            }
+            Decision::Reject(rej) => self.reject(&rej, c.last_seq).await,
             Decision::Rewrite(rw) => {
                 self.shared.stats.rewritten.fetch_add(1, Relaxed);
                 debug!(peer = %self.peer, rule = %rw.rule, statements = rw.statements.len(), "statement rewritten");
-                let n = rw.statements.len();
-                for (i, sql) in rw.statements.iter().enumerate() {
-                    let mut payload = Vec::with_capacity(sql.len() + 1);
-                    payload.push(cmd::QUERY);
-                    payload.extend_from_slice(sql);
-                    let next = self.backend.write_packet(0, &payload).await?;
-                    let shift = c.last_seq.wrapping_add(1).wrapping_sub(next);
-                    if i + 1 == n {
-                        self.relay_response(ResponseKind::Generic, shift, c.last_seq)
-                            .await?;
-                    } else {
-                        let (parser, pkts) = self.collect_response(ResponseKind::Generic).await?;
-                        if parser.errored {
-                            // Report the failing step's error as the statement's error.
-                            if let Some(err) = pkts
-                                .iter()
-                                .find(|p| p.payload.first() == Some(&packets::ERR))
-                            {
-                                self.client
-                                    .write_packet(c.last_seq.wrapping_add(1), &err.payload)
-                                    .await?;
-                            }
-                            return Ok(());
-                        }
-                    }
-                }
-                Ok(())
+                self.run_rewrite(rw, c.last_seq).await
             }
         }
     }
 
     async fn prepare(&mut self, c: Logical) -> Result<()> {
-        let engine = self.shared.engine.load();
+        let engine = self.shared.engine.load_full();
         let decision = if engine.has_rules() {
-            engine.decide(&c.payload()[1..], &self.context(true))
+            match self
+                .decide(&engine, &c.payload()[1..], true, c.last_seq)
+                .await?
+            {
+                Some(d) => d,
+                None => return Ok(()),
+            }
         } else {
             Decision::Passthrough
         };
         match decision {
-            Decision::Passthrough => {
+            Decision::Passthrough | Decision::NeedMetadata(_) => {
                 self.forward(&c).await?;
                 self.relay_response(ResponseKind::Prepare, 0, c.last_seq)
                     .await?;
                 Ok(())
             }
-            Decision::Reject(rej) => {
-                let msg = format!("heatsink rule '{}': {}", rej.rule, rej.reason);
-                self.client
-                    .write_packet(c.last_seq.wrapping_add(1), &err_of(errors::UNKNOWN, &msg))
-                    .await?;
-                Ok(())
-            }
+            Decision::Reject(rej) => self.reject(&rej, c.last_seq).await,
             Decision::Rewrite(rw) => {
-                let msg = format!(
-                    "heatsink rule '{}': prepared statements on this table are not supported yet",
-                    rw.rule
-                );
-                self.client
-                    .write_packet(c.last_seq.wrapping_add(1), &err_of(errors::UNKNOWN, &msg))
-                    .await?;
-                Ok(())
+                self.shared.stats.rewritten.fetch_add(1, Relaxed);
+                self.prepare_rewrite(rw, &c).await
             }
         }
+    }
+
+    /// Answers a rejected statement with ERR 1105 naming the rule.
+    pub(super) async fn reject(
+        &mut self,
+        rej: &crate::rewrite::Rejection,
+        cmd_seq: u8,
+    ) -> Result<()> {
+        self.shared.stats.rejected.fetch_add(1, Relaxed);
+        debug!(peer = %self.peer, rule = %rej.rule, reason = %rej.reason, "statement rejected");
+        self.client
+            .write_packet(
+                cmd_seq.wrapping_add(1),
+                &err_of(errors::UNKNOWN, &rej.message()),
+            )
+            .await?;
+        Ok(())
     }
 
     /// Streams one response from the backend to the client, forwarding complete
@@ -446,7 +462,7 @@ impl Session {
     /// sequence id (non-zero only when the command sent differs from the client's).
     /// If the backend fails before anything was forwarded, the client gets a 2013 ERR
     /// (sequence after `cmd_seq`) instead of a hang.
-    async fn relay_response(
+    pub(super) async fn relay_response(
         &mut self,
         kind: ResponseKind,
         shift: u8,
@@ -483,7 +499,7 @@ impl Session {
     }
 
     /// Reads one whole response without forwarding it (steps of a rewrite).
-    async fn collect_response(
+    pub(super) async fn collect_response(
         &mut self,
         kind: ResponseKind,
     ) -> Result<(ResponseParser, Vec<Packet>)> {
@@ -667,6 +683,12 @@ where
             return Ok(());
         }
     }
+}
+
+/// The statement id of a COM_STMT_* payload.
+fn statement_id(payload: &[u8]) -> Option<u32> {
+    let b = payload.get(1..5)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// The database named by a successful `USE db` statement, if this is one.

@@ -32,6 +32,10 @@ pub enum Segment {
 pub struct Template {
     /// The segments of each rewritten statement, in order.
     pub statements: Vec<Vec<Segment>>,
+    /// How the reply is built (copied into every rendering).
+    pub reply: crate::rewrite::Reply,
+    /// The statements commit together.
+    pub atomic: bool,
 }
 
 impl Template {
@@ -89,7 +93,11 @@ impl Template {
             }
             statements.push(segs);
         }
-        Ok(Template { statements })
+        Ok(Template {
+            statements,
+            reply: crate::rewrite::Reply::Last,
+            atomic: false,
+        })
     }
 
     /// The statements for one execution: literal bytes from `sql` (whose literal
@@ -131,6 +139,8 @@ impl Template {
             rule: rule.clone(),
             statements,
             param_map: prepared.then_some(params),
+            reply: self.reply.clone(),
+            atomic: self.atomic,
         })
     }
 }

@@ -169,6 +169,15 @@ impl Engine {
         !self.rules.is_empty()
     }
 
+    /// Hands a rule the answer to its [`Rule::metadata_query`]. Plans made so far
+    /// did not need it (the rule was never asked to plan without it), so the cache
+    /// stays valid.
+    pub fn provide_metadata(&self, rule: usize, columns: &[crate::wire::resultset::ColumnDef]) {
+        if let Some(r) = self.rules.get(rule) {
+            r.provide_metadata(columns);
+        }
+    }
+
     /// The rules, in the order they are consulted.
     pub fn rules(&self) -> &[Arc<dyn Rule>] {
         &self.rules
@@ -214,6 +223,11 @@ impl Engine {
         let Some((rules, table)) = self.named_rules(sql, &tokens, hits, ctx.current_db) else {
             return Decision::Passthrough;
         };
+        for &ri in &rules {
+            if let Some(sql) = self.rules[ri].metadata_query() {
+                return Decision::NeedMetadata(crate::rewrite::MetadataRequest { rule: ri, sql });
+            }
+        }
         let literals: Vec<Token> = tokens
             .iter()
             .filter(|t| matches!(t.kind, TokenKind::Literal(_)))
@@ -496,7 +510,12 @@ impl Engine {
         dynamics: &[Dynamic],
     ) -> Cached {
         let (ri, plan) = match result {
-            Err(r) => return Cached::Reject(r),
+            Err(mut r) => {
+                // Reasons may quote parts of the marked statement; a cached rejection
+                // serves every statement of this shape, so show markers as `?`.
+                r.reason = unmark(&r.reason);
+                return Cached::Reject(r);
+            }
             Ok(None) => return Cached::Passthrough,
             Ok(Some(found)) => found,
         };
@@ -509,7 +528,11 @@ impl Engine {
         }
         let printed: Vec<String> = plan.statements.iter().map(ToString::to_string).collect();
         match Template::build(&printed, slots, dynamics) {
-            Ok(template) => Cached::Rewrite { rule, template },
+            Ok(mut template) => {
+                template.reply = plan.reply;
+                template.atomic = plan.atomic;
+                Cached::Rewrite { rule, template }
+            }
             Err(e) => Cached::Reject(Rejection {
                 rule,
                 reason: format!("internal error: {e}"),
@@ -591,6 +614,21 @@ fn round_trips(stmt: &Statement, slots: &[Slot]) -> bool {
         }
     }
     seen.iter().all(|&c| c == 1)
+}
+
+/// Replaces value markers (`?12`) in a text by `?`.
+fn unmark(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c == '?' {
+            while chars.peek().is_some_and(char::is_ascii_digit) {
+                chars.next();
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

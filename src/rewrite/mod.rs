@@ -65,6 +65,7 @@
 //!   escaping: keep them free of quotes and backslashes.
 
 mod cache;
+pub mod counter;
 mod engine;
 pub mod prefilter;
 pub mod sqltok;
@@ -104,6 +105,20 @@ pub enum Decision {
     Reject(Rejection),
     /// Run these statements instead of the original.
     Rewrite(Rewritten),
+    /// A rule needs to learn something from the database before it can plan (for
+    /// example the logical table's columns): run [`MetadataRequest::sql`] on the
+    /// client's own connection, hand the column definitions to
+    /// [`Engine::provide_metadata`], and decide again.
+    NeedMetadata(MetadataRequest),
+}
+
+/// A one-time question a rule asks the database (see [`Decision::NeedMetadata`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetadataRequest {
+    /// Index of the rule in the engine.
+    pub rule: usize,
+    /// The query whose result-set column definitions the rule wants.
+    pub sql: String,
 }
 
 /// Why a statement is refused.
@@ -146,6 +161,62 @@ pub struct Rewritten {
     /// parameter count each statement reports when it is prepared. An original
     /// parameter may appear several times or not at all. `None` for text statements.
     pub param_map: Option<Vec<usize>>,
+    /// How the client's answer is built from the backend's responses.
+    pub reply: Reply,
+    /// The statements must commit together: outside a client transaction in
+    /// autocommit mode the connection wraps them in BEGIN … COMMIT.
+    pub atomic: bool,
+}
+
+/// How the client's answer to a rewritten statement is built.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum Reply {
+    /// Relay the last statement's response unchanged.
+    #[default]
+    Last,
+    /// Answer with the OK packet of statement `n` (0-based): the statement that does
+    /// what the original did; the others only keep the physical tables consistent.
+    OkOf(usize),
+    /// Answer with an OK packet as the original statement would have: these affected
+    /// rows and info text; status flags and warnings come from the backend.
+    Ok {
+        /// Affected rows to report.
+        affected_rows: Affected,
+        /// The info string (`Rows matched: 1  Changed: 1  Warnings: 0`), if the
+        /// original statement sends one.
+        info: Option<String>,
+    },
+    /// Relay the last statement's result set with the column definitions of
+    /// rewritten columns replaced by the logical table's.
+    Patched(Arc<ColumnPatch>),
+}
+
+/// Affected rows of a synthesised OK packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Affected {
+    /// Always this many.
+    Fixed(u64),
+    /// `INSERT … ON DUPLICATE KEY UPDATE` semantics: 1 when statement `probe`
+    /// inserted a row (reported 1 affected row), 2 when the row existed.
+    InsertedOrUpdated {
+        /// The statement whose affected rows tell whether the row was new.
+        probe: usize,
+    },
+}
+
+/// Column definitions to restore in a rewritten read.
+///
+/// Columns read through a derived table arrive with the derived table's alias as
+/// `org_table`, and a computed column (a counter summed over slot rows) also with an
+/// empty schema and a computed type; the original statement would have returned the
+/// logical column's definition. Columns are recognised by their `org_table` (one of
+/// `tables`: the aliases the rewrite gave its derived tables) and `org_name`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ColumnPatch {
+    /// Derived-table aliases the rewrite introduced (compared case-insensitively).
+    pub tables: Vec<String>,
+    /// Logical column definitions by lower-cased column name.
+    pub columns: Vec<(String, crate::wire::resultset::ColumnDef)>,
 }
 
 /// A table a rule is about.
@@ -186,11 +257,18 @@ pub struct Plan {
     /// statement through its markers (see [`PlanContext`]) or from
     /// [`PlanContext::random_below`]; the rule must not add `?` placeholders of its own.
     pub statements: Vec<Statement>,
+    /// How the client's answer is built (see [`Rewritten::reply`]).
+    pub reply: Reply,
+    /// The statements must commit together (see [`Rewritten::atomic`]).
+    pub atomic: bool,
 }
 
 impl From<Vec<Statement>> for Plan {
     fn from(statements: Vec<Statement>) -> Self {
-        Plan { statements }
+        Plan {
+            statements,
+            ..Default::default()
+        }
     }
 }
 
@@ -220,6 +298,16 @@ pub trait Rule: Send + Sync {
     /// [`PlanContext::literal`], which also understand plain literals (a statement
     /// whose literals could not be marked arrives with them as parsed values).
     fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String>;
+
+    /// A query the rule needs answered (on the client's connection) before it can
+    /// plan, or `None` when it knows enough. Asked before every planning run, so
+    /// keep it cheap.
+    fn metadata_query(&self) -> Option<String> {
+        None
+    }
+
+    /// Receives the column definitions of [`Rule::metadata_query`]'s result.
+    fn provide_metadata(&self, _columns: &[crate::wire::resultset::ColumnDef]) {}
 }
 
 impl fmt::Debug for dyn Rule {

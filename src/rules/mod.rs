@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Error, Source};
+
+pub mod spec;
 use crate::rewrite::Engine;
 
 /// A rule-file problem, located.
@@ -79,20 +81,28 @@ pub fn parse_file(
     text: &str,
     file: &Path,
 ) -> Result<Vec<Arc<dyn crate::rewrite::Rule>>, RuleError> {
-    let table: toml::Table = toml::from_str(text).map_err(|e| RuleError {
+    let err = |line: Option<usize>, reason: String| RuleError {
         file: file.to_path_buf(),
-        line: e.span().map(|s| line_of(text, s.start)),
-        reason: e.message().to_string(),
+        line,
+        reason,
+    };
+    let parsed: spec::RuleFile = toml::from_str(text).map_err(|e| {
+        err(
+            e.span().map(|s| line_of(text, s.start)),
+            e.message().to_string(),
+        )
     })?;
-    if let Some((kind, _)) = table.iter().next() {
-        let at = text.find(kind.as_str()).unwrap_or(0);
-        return Err(RuleError {
-            file: file.to_path_buf(),
-            line: Some(line_of(text, at)),
-            reason: format!("unknown rule kind `{kind}`"),
-        });
+    let mut rules: Vec<Arc<dyn crate::rewrite::Rule>> = Vec::new();
+    for c in &parsed.counter {
+        // Locate the rule by its name for error lines.
+        let line = text
+            .find(&format!("\"{}\"", c.name))
+            .map(|at| line_of(text, at));
+        let rule = crate::rewrite::counter::CounterRule::new(c)
+            .map_err(|reason| err(line, format!("counter '{}': {reason}", c.name)))?;
+        rules.push(Arc::new(rule));
     }
-    Ok(Vec::new())
+    Ok(rules)
 }
 
 /// Loads and validates every rule file under `path` and builds an engine.

@@ -38,7 +38,11 @@ impl TableName {
         let (db, name) = match parts.as_slice() {
             [name] => (None, *name),
             [db, name] => (Some(*db), *name),
-            _ => return Err(format!("`{s}` is not a table name (expected `table` or `db.table`)")),
+            _ => {
+                return Err(format!(
+                    "`{s}` is not a table name (expected `table` or `db.table`)"
+                ))
+            }
         };
         for p in db.iter().chain(std::iter::once(&name)) {
             check_ident(p)?;
@@ -75,7 +79,12 @@ pub fn quote(ident: &str) -> String {
 /// Accepts the identifiers rules may use: non-empty, at most 64 characters, letters,
 /// digits, `_` and `$`.
 pub fn check_ident(s: &str) -> Result<(), String> {
-    if s.is_empty() || s.len() > 64 || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$') {
+    if s.is_empty()
+        || s.len() > 64
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+    {
         return Err(format!(
             "`{s}` is not a valid identifier (letters, digits, `_` and `$`, at most 64 characters)"
         ));
@@ -134,19 +143,28 @@ impl CounterSpec {
     pub fn validate(&self) -> Result<(), String> {
         check_ident(&self.name).map_err(|e| format!("name: {e}"))?;
         let table = TableName::parse(&self.table).map_err(|e| format!("table: {e}"))?;
-        let slot_table = TableName::parse(&self.slot_table).map_err(|e| format!("slot_table: {e}"))?;
+        let slot_table =
+            TableName::parse(&self.slot_table).map_err(|e| format!("slot_table: {e}"))?;
         if table.name.eq_ignore_ascii_case(&slot_table.name) && table.db == slot_table.db {
             return Err("slot_table must differ from table".into());
         }
         if self.slots == 0 || self.slots > MAX_SLOTS {
-            return Err(format!("slots must be between 1 and {MAX_SLOTS}, not {}", self.slots));
+            return Err(format!(
+                "slots must be between 1 and {MAX_SLOTS}, not {}",
+                self.slots
+            ));
         }
         if self.columns.is_empty() {
             return Err("columns must name at least one counter column".into());
         }
         check_ident(&self.slot_column).map_err(|e| format!("slot_column: {e}"))?;
         let mut seen: Vec<String> = Vec::new();
-        for c in self.key.iter().chain(&self.columns).chain(std::iter::once(&self.slot_column)) {
+        for c in self
+            .key
+            .iter()
+            .chain(&self.columns)
+            .chain(std::iter::once(&self.slot_column))
+        {
             check_ident(c)?;
             let lc = c.to_ascii_lowercase();
             if seen.contains(&lc) {

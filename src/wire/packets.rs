@@ -69,6 +69,38 @@ pub fn parse_ok(payload: &[u8]) -> Option<OkSummary> {
     })
 }
 
+/// The info string of an OK packet (`Rows matched: …`), if any.
+pub fn ok_info(payload: &[u8]) -> Option<Vec<u8>> {
+    let mut pos = 1;
+    pos += lenenc_int(payload.get(pos..)?)?.1;
+    pos += lenenc_int(payload.get(pos..)?)?.1;
+    pos += 4;
+    let rest = payload.get(pos..)?;
+    let (n, used) = lenenc_int(rest)?;
+    let n = usize::try_from(n).ok()?;
+    let info = rest.get(used..used.checked_add(n)?)?;
+    (!info.is_empty()).then(|| info.to_vec())
+}
+
+/// Status flag: session state information follows in the OK packet.
+pub const SESSION_STATE_CHANGED: u16 = 0x4000;
+
+/// Builds an OK packet payload (header 0x00). Session-state information is never
+/// included, so its status flag is cleared.
+pub fn ok_payload(o: &OkSummary, info: Option<&[u8]>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + info.map_or(0, <[u8]>::len));
+    out.push(OK);
+    put_lenenc_int(&mut out, o.affected_rows);
+    put_lenenc_int(&mut out, o.last_insert_id);
+    out.extend_from_slice(&(o.status & !SESSION_STATE_CHANGED).to_le_bytes());
+    out.extend_from_slice(&o.warnings.to_le_bytes());
+    if let Some(i) = info.filter(|i| !i.is_empty()) {
+        put_lenenc_int(&mut out, i.len() as u64);
+        out.extend_from_slice(i);
+    }
+    out
+}
+
 /// Status flags of a result-set terminator: a 5-byte EOF packet or an OK packet with
 /// the 0xFE header.
 pub fn terminator_status(payload: &[u8], deprecate_eof: bool) -> Option<u16> {
@@ -164,6 +196,25 @@ mod tests {
         assert_eq!(o.status, 3);
         assert_eq!(o.warnings, 2);
         assert!(parse_ok(&p[..6]).is_none());
+    }
+
+    #[test]
+    fn ok_build_and_info() {
+        let o = OkSummary {
+            affected_rows: 1,
+            last_insert_id: 0,
+            status: 0x4002,
+            warnings: 0,
+        };
+        let p = ok_payload(&o, Some(b"Rows matched: 1  Changed: 1  Warnings: 0"));
+        let back = parse_ok(&p).unwrap();
+        assert_eq!(back.affected_rows, 1);
+        assert_eq!(back.status, 0x0002);
+        assert_eq!(
+            ok_info(&p).unwrap(),
+            b"Rows matched: 1  Changed: 1  Warnings: 0"
+        );
+        assert_eq!(ok_info(&ok_payload(&o, None)), None);
     }
 
     #[test]

@@ -1,0 +1,755 @@
+//! Running rewritten statements on the client's own backend connection, and shaping
+//! the reply the original statement would have produced.
+//!
+//! - Several statements that must commit together run inside BEGIN … COMMIT when the
+//!   client is in autocommit mode outside a transaction; inside the client's
+//!   transaction they simply run (ROLLBACK undoes them with the rest).
+//! - Deadlocks and lock-wait timeouts inside a rewrite the client did not wrap in a
+//!   transaction are retried by the proxy, not surfaced.
+//! - Prepared statements: the original is prepared once to learn its parameter count
+//!   and column definitions (what the client must see), then the rewrite is prepared
+//!   in its place; executes are re-mapped parameter by parameter, without decoding
+//!   values.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+
+use super::response::{ResponseKind, ResponseParser};
+use super::session::Session;
+use crate::error::{Error, Result, Source};
+use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, Reply, Rewritten};
+use crate::wire::io::{frame_into, Packet};
+use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
+use crate::wire::resultset::{binary_value_len, ColumnDef, RowRecode, UNSIGNED_FLAG};
+use crate::wire::{cmd, status, MAX_PAYLOAD};
+
+/// MySQL errors a retry of the whole rewrite resolves: ER_LOCK_DEADLOCK and
+/// ER_LOCK_WAIT_TIMEOUT.
+const RETRYABLE: [u16; 2] = [1213, 1205];
+/// Attempts of a rewrite before a lock conflict reaches the client.
+const MAX_ATTEMPTS: u32 = 8;
+
+/// A prepared statement whose text was rewritten.
+#[derive(Debug)]
+pub struct PreparedRewrite {
+    /// The rule that rewrote it.
+    pub rule: Arc<str>,
+    /// For each `?` of the backend statement, the client's parameter index.
+    pub param_map: Vec<usize>,
+    /// Parameters the client's statement has.
+    pub client_params: usize,
+    /// Parameter types the client bound last (two bytes each); later executes may
+    /// omit them.
+    pub types: Option<Vec<u8>>,
+    /// How replies are shaped.
+    pub reply: Reply,
+    /// The original statement's column definitions (what the client must see).
+    pub columns: Vec<ColumnDef>,
+    /// The client sent COM_STMT_SEND_LONG_DATA, which rewritten statements do not
+    /// support; the next execute fails with a clear error.
+    pub long_data: bool,
+}
+
+/// One statement's response, read whole.
+struct Collected {
+    parser: ResponseParser,
+    packets: Vec<Packet>,
+}
+
+impl Collected {
+    fn err(&self) -> Option<&Packet> {
+        self.packets
+            .iter()
+            .find(|p| p.payload.first() == Some(&packets::ERR))
+            .filter(|_| self.parser.errored)
+    }
+
+    fn err_code(&self) -> Option<u16> {
+        let p = self.err()?;
+        let b = p.payload.get(1..3)?;
+        Some(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn ok(&self) -> Option<OkSummary> {
+        let p = self.packets.first()?;
+        (p.payload.first() == Some(&packets::OK))
+            .then(|| packets::parse_ok(&p.payload))
+            .flatten()
+    }
+
+    fn info(&self) -> Option<Vec<u8>> {
+        packets::ok_info(&self.packets.first()?.payload)
+    }
+}
+
+/// What one attempt of a rewrite ended with.
+enum Attempt {
+    /// The client has its answer.
+    Answered,
+    /// A lock conflict rolled the attempt back; this is the error, should retrying
+    /// not be possible.
+    Conflict(Vec<u8>),
+}
+
+/// The column definitions in a collected result-set response.
+fn column_defs(pkts: &[Packet]) -> Vec<ColumnDef> {
+    let Some(first) = pkts.first() else {
+        return Vec::new();
+    };
+    let n = match lenenc_int(&first.payload) {
+        Some((n, _)) if first.payload.first() != Some(&packets::OK) => n as usize,
+        _ => return Vec::new(),
+    };
+    pkts.iter()
+        .skip(1)
+        .take(n)
+        .filter_map(|p| ColumnDef::parse(&p.payload))
+        .collect()
+}
+
+impl Session {
+    /// Decides what to do with a statement, answering rules' metadata questions on
+    /// the way. `None`: the client has been answered already (the metadata query
+    /// failed and its error is the statement's error).
+    pub(super) async fn decide(
+        &mut self,
+        engine: &Engine,
+        sql: &[u8],
+        prepared: bool,
+        cmd_seq: u8,
+    ) -> Result<Option<Decision>> {
+        for _ in 0..4 {
+            let d = engine.decide(sql, &self.context(prepared));
+            let Decision::NeedMetadata(req) = d else {
+                return Ok(Some(d));
+            };
+            let c = self.run_collect(req.sql.as_bytes()).await?;
+            if let Some(e) = c.err() {
+                let payload = e.payload.to_vec();
+                self.reply(cmd_seq, &payload).await?;
+                return Ok(None);
+            }
+            engine.provide_metadata(req.rule, &column_defs(&c.packets));
+        }
+        let msg = "heatsink: a rule could not learn the table's columns";
+        self.reply(cmd_seq, &err_of(errors::UNKNOWN, msg)).await?;
+        Ok(None)
+    }
+
+    /// Sends one packet to the client as the answer to the command with `cmd_seq`.
+    async fn reply(&mut self, cmd_seq: u8, payload: &[u8]) -> Result<()> {
+        self.client
+            .write_packet(cmd_seq.wrapping_add(1), payload)
+            .await?;
+        Ok(())
+    }
+
+    /// Runs one text statement on the backend and reads its whole response.
+    async fn run_collect(&mut self, sql: &[u8]) -> Result<Collected> {
+        let mut payload = Vec::with_capacity(sql.len() + 1);
+        payload.push(cmd::QUERY);
+        payload.extend_from_slice(sql);
+        self.backend.write_packet(0, &payload).await?;
+        let (parser, packets) = self.collect_response(ResponseKind::Generic).await?;
+        Ok(Collected { parser, packets })
+    }
+
+    /// Whether a failed attempt left nothing behind, so that it can be retried.
+    fn retry_safe(&self, statements: usize, wrapped: bool) -> bool {
+        self.status & status::IN_TRANS == 0 && (wrapped || statements == 1)
+    }
+
+    /// Executes a rewritten text statement and answers the client.
+    pub(super) async fn run_rewrite(&mut self, rw: Rewritten, cmd_seq: u8) -> Result<()> {
+        let n = rw.statements.len();
+        if let (1, Reply::Last | Reply::Patched(_)) = (n, &rw.reply) {
+            // A single statement whose response is relayed: stream it.
+            let sql = &rw.statements[0];
+            let mut payload = Vec::with_capacity(sql.len() + 1);
+            payload.push(cmd::QUERY);
+            payload.extend_from_slice(sql);
+            let next = self.backend.write_packet(0, &payload).await?;
+            let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
+            return match &rw.reply {
+                Reply::Patched(p) => self.relay_patched(Patch::ByName(p), false, cmd_seq).await,
+                _ => self
+                    .relay_response(ResponseKind::Generic, shift, cmd_seq)
+                    .await
+                    .map(|_| ()),
+            };
+        }
+        let wrap = rw.atomic
+            && n > 1
+            && self.status & status::IN_TRANS == 0
+            && self.status & status::AUTOCOMMIT != 0;
+        let retry = self.retry_safe(n, wrap);
+        let mut attempt = 1;
+        loop {
+            match self.attempt(&rw, wrap, cmd_seq).await? {
+                Attempt::Answered => return Ok(()),
+                Attempt::Conflict(err) => {
+                    if !retry || attempt >= MAX_ATTEMPTS {
+                        return self.reply(cmd_seq, &err).await;
+                    }
+                    tracing::debug!(rule = %rw.rule, attempt, "lock conflict in rewrite: retrying");
+                    tokio::time::sleep(Duration::from_millis(rand::random_range(
+                        1..=(2u64 << attempt),
+                    )))
+                    .await;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    async fn attempt(&mut self, rw: &Rewritten, wrap: bool, cmd_seq: u8) -> Result<Attempt> {
+        if wrap {
+            let c = self.run_collect(b"BEGIN").await?;
+            if let Some(e) = c.err() {
+                let payload = e.payload.to_vec();
+                self.reply(cmd_seq, &payload).await?;
+                return Ok(Attempt::Answered);
+            }
+        }
+        let mut results = Vec::with_capacity(rw.statements.len());
+        for sql in &rw.statements {
+            let c = self.run_collect(sql).await?;
+            if let Some(e) = c.err() {
+                let payload = e.payload.to_vec();
+                if wrap {
+                    self.run_collect(b"ROLLBACK").await?;
+                }
+                if c.err_code().is_some_and(|code| RETRYABLE.contains(&code)) {
+                    return Ok(Attempt::Conflict(payload));
+                }
+                self.reply(cmd_seq, &payload).await?;
+                return Ok(Attempt::Answered);
+            }
+            results.push(c);
+        }
+        if wrap {
+            let c = self.run_collect(b"COMMIT").await?;
+            if let Some(e) = c.err() {
+                let payload = e.payload.to_vec();
+                if c.err_code().is_some_and(|code| RETRYABLE.contains(&code)) {
+                    return Ok(Attempt::Conflict(payload));
+                }
+                self.reply(cmd_seq, &payload).await?;
+                return Ok(Attempt::Answered);
+            }
+        }
+        self.answer(&rw.reply, &results, cmd_seq).await?;
+        Ok(Attempt::Answered)
+    }
+
+    /// Builds the client's answer from the collected responses of a rewrite.
+    async fn answer(&mut self, reply: &Reply, results: &[Collected], cmd_seq: u8) -> Result<()> {
+        let warnings = results
+            .iter()
+            .filter_map(|c| c.ok())
+            .map(|o| o.warnings as u32)
+            .sum::<u32>()
+            .min(u16::MAX as u32) as u16;
+        let ok = |affected_rows: u64, last_insert_id: u64| OkSummary {
+            affected_rows,
+            last_insert_id,
+            status: self.status,
+            warnings,
+        };
+        let (summary, info) = match reply {
+            Reply::OkOf(i) => {
+                let Some(c) = results.get(*i) else {
+                    return Err(Error::new(
+                        Source::Internal,
+                        "rewrite reply names a missing statement",
+                    ));
+                };
+                let o = c.ok().unwrap_or_default();
+                (ok(o.affected_rows, o.last_insert_id), c.info())
+            }
+            Reply::Ok {
+                affected_rows,
+                info,
+            } => {
+                let affected = match affected_rows {
+                    Affected::Fixed(n) => *n,
+                    Affected::InsertedOrUpdated { probe } => {
+                        match results.get(*probe).and_then(Collected::ok) {
+                            Some(o) if o.affected_rows == 1 => 1,
+                            _ => 2,
+                        }
+                    }
+                };
+                (
+                    ok(affected, 0),
+                    info.as_ref().map(|s| s.as_bytes().to_vec()),
+                )
+            }
+            Reply::Last | Reply::Patched(_) => {
+                let Some(last) = results.last() else {
+                    return Err(Error::new(Source::Internal, "rewrite has no statement"));
+                };
+                if let (Some(o), 1) = (last.ok(), last.packets.len()) {
+                    (ok(o.affected_rows, o.last_insert_id), last.info())
+                } else {
+                    // A result set: relay it as it came, renumbered.
+                    let mut out = BytesMut::new();
+                    let mut seq = cmd_seq.wrapping_add(1);
+                    for p in &last.packets {
+                        seq = frame_into(&mut out, seq, &p.payload);
+                    }
+                    return self.client.write_all(&out).await;
+                }
+            }
+        };
+        let payload = packets::ok_payload(&summary, info.as_deref());
+        self.reply(cmd_seq, &payload).await
+    }
+
+    /// Relays a result set whose column definitions must be restored to the logical
+    /// table's (and, in the binary protocol, whose row values must be re-encoded to
+    /// the restored types).
+    async fn relay_patched(&mut self, patch: Patch<'_>, binary: bool, cmd_seq: u8) -> Result<()> {
+        let mut out = BytesMut::with_capacity(16 * 1024);
+        let mut seq = cmd_seq.wrapping_add(1);
+        let first = self.backend.read_logical().await?;
+        let payload = first.payload();
+        let count = match payload.first() {
+            Some(&packets::OK) | Some(&packets::ERR) | None => {
+                if let Some(o) = packets::parse_ok(&payload).filter(|_| payload[0] == packets::OK) {
+                    self.status = o.status;
+                }
+                frame_into(&mut out, seq, &payload);
+                return self.client.write_all(&out).await;
+            }
+            Some(_) => match lenenc_int(&payload) {
+                Some((n, _)) => n as usize,
+                None => return Err(Error::backend("malformed column count")),
+            },
+        };
+        seq = frame_into(&mut out, seq, &payload);
+        let mut recode = RowRecode {
+            columns: Vec::with_capacity(count),
+        };
+        for i in 0..count {
+            let p = self.backend.read_logical().await?;
+            let Some(mut def) = ColumnDef::parse(&p.payload()) else {
+                return Err(Error::backend("malformed column definition"));
+            };
+            let arriving = (def.column_type, def.flags & UNSIGNED_FLAG != 0);
+            match &patch {
+                Patch::ByName(cp) => restore(&mut def, cp),
+                Patch::Exact(cols) => {
+                    if let Some(orig) = cols.get(i) {
+                        def = orig.clone();
+                    }
+                }
+            }
+            recode.columns.push((
+                arriving.0,
+                arriving.1,
+                def.column_type,
+                def.flags & UNSIGNED_FLAG != 0,
+            ));
+            seq = frame_into(&mut out, seq, &def.serialize());
+        }
+        if !self.deprecate_eof {
+            let p = self.backend.read_logical().await?;
+            seq = frame_into(&mut out, seq, &p.payload());
+        }
+        let recode = (binary && !recode.is_identity()).then_some(recode);
+        loop {
+            let p = self.backend.read_logical().await?;
+            let payload = p.payload();
+            let len = payload.len();
+            let first = payload.first().copied();
+            let terminator = first == Some(packets::EOF)
+                && if self.deprecate_eof {
+                    len < MAX_PAYLOAD
+                } else {
+                    len < 9
+                };
+            if terminator || first == Some(packets::ERR) {
+                if terminator {
+                    if let Some(st) = packets::terminator_status(&payload, self.deprecate_eof) {
+                        self.status = st;
+                    }
+                }
+                frame_into(&mut out, seq, &payload);
+                return self.client.write_all(&out).await;
+            }
+            match &recode {
+                Some(rc) => match rc.apply(&payload) {
+                    Some(row) => seq = frame_into(&mut out, seq, &row),
+                    None => {
+                        // A value does not fit the logical column type: the client
+                        // has part of a result; end it with an error.
+                        let msg = "heatsink: a rewritten value does not fit the column type";
+                        frame_into(&mut out, seq, &err_of(errors::UNKNOWN, msg));
+                        return self.client.write_all(&out).await;
+                    }
+                },
+                None => seq = frame_into(&mut out, seq, &payload),
+            }
+            if out.len() >= 64 * 1024 {
+                self.client.write_all(&out).await?;
+                out.clear();
+            }
+        }
+    }
+
+    /// COM_STMT_PREPARE of a rewritten statement.
+    pub(super) async fn prepare_rewrite(
+        &mut self,
+        rw: Rewritten,
+        c: &crate::wire::io::Logical,
+    ) -> Result<()> {
+        let cmd_seq = c.last_seq;
+        if rw.statements.len() != 1 || rw.atomic {
+            let msg = format!(
+                "heatsink rule '{}': this statement needs several statements and cannot be prepared; use the text protocol",
+                rw.rule
+            );
+            return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
+        }
+        // The original, prepared against the logical table, tells what the client
+        // must see: parameter count and column definitions.
+        self.backend.write_all(&c.raw).await?;
+        let (orig, orig_pkts) = self.collect_response(ResponseKind::Prepare).await?;
+        let Some(orig_ok) = orig.prepare_ok else {
+            let payload = orig_pkts
+                .first()
+                .map(|p| p.payload.to_vec())
+                .unwrap_or_default();
+            return self.reply(cmd_seq, &payload).await;
+        };
+        let mut close = vec![cmd::STMT_CLOSE];
+        close.extend_from_slice(&orig_ok.statement_id.to_le_bytes());
+        self.backend.write_packet(0, &close).await?;
+
+        let mut payload = vec![cmd::STMT_PREPARE];
+        payload.extend_from_slice(&rw.statements[0]);
+        self.backend.write_packet(0, &payload).await?;
+        let (new, new_pkts) = self.collect_response(ResponseKind::Prepare).await?;
+        let Some(new_ok) = new.prepare_ok else {
+            let payload = new_pkts
+                .first()
+                .map(|p| p.payload.to_vec())
+                .unwrap_or_default();
+            return self.reply(cmd_seq, &payload).await;
+        };
+        let param_map = rw.param_map.clone().unwrap_or_default();
+        if param_map.len() != new_ok.params as usize {
+            return Err(Error::new(
+                Source::Internal,
+                format!(
+                    "rule '{}': rewritten statement has {} parameters, plan maps {}",
+                    rw.rule,
+                    new_ok.params,
+                    param_map.len()
+                ),
+            ));
+        }
+        // Answer with the new statement id and everything else from the original.
+        let mut out = BytesMut::new();
+        let mut first = orig_pkts[0].payload.to_vec();
+        first[1..5].copy_from_slice(&new_ok.statement_id.to_le_bytes());
+        let mut seq = frame_into(&mut out, cmd_seq.wrapping_add(1), &first);
+        for p in &orig_pkts[1..] {
+            seq = frame_into(&mut out, seq, &p.payload);
+        }
+        let params = orig_ok.params as usize;
+        let skip = 1 + params + usize::from(params > 0 && !self.deprecate_eof);
+        let columns = orig_pkts
+            .iter()
+            .skip(skip)
+            .take(orig_ok.columns as usize)
+            .filter_map(|p| ColumnDef::parse(&p.payload))
+            .collect();
+        self.prepared.insert(
+            new_ok.statement_id,
+            PreparedRewrite {
+                rule: rw.rule.clone(),
+                param_map,
+                client_params: params,
+                types: None,
+                reply: rw.reply.clone(),
+                columns,
+                long_data: false,
+            },
+        );
+        self.client.write_all(&out).await
+    }
+
+    /// COM_STMT_EXECUTE of a rewritten prepared statement.
+    pub(super) async fn execute_rewrite(
+        &mut self,
+        id: u32,
+        c: &crate::wire::io::Logical,
+    ) -> Result<()> {
+        let cmd_seq = c.last_seq;
+        let payload = c.payload();
+        let Some(p) = self.prepared.get_mut(&id) else {
+            return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
+        };
+        if p.long_data {
+            p.long_data = false;
+            let msg = format!(
+                "heatsink rule '{}': COM_STMT_SEND_LONG_DATA is not supported for rewritten statements",
+                p.rule
+            );
+            return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
+        }
+        let backend_exec = match remap_execute(&payload, p) {
+            Ok(b) => b,
+            Err(reason) => {
+                let msg = format!("heatsink rule '{}': {reason}", p.rule);
+                return self.reply(cmd_seq, &err_of(errors::PROTOCOL, &msg)).await;
+            }
+        };
+        let reply = p.reply.clone();
+        let columns = p.columns.clone();
+        match reply {
+            Reply::Patched(_) => {
+                self.backend.write_packet(0, &backend_exec).await?;
+                self.relay_patched(Patch::Exact(&columns), true, cmd_seq)
+                    .await
+            }
+            Reply::Last => {
+                let next = self.backend.write_packet(0, &backend_exec).await?;
+                let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
+                self.relay_response(ResponseKind::Generic, shift, cmd_seq)
+                    .await
+                    .map(|_| ())
+            }
+            reply => {
+                let retry = self.retry_safe(1, false);
+                let mut attempt = 1;
+                loop {
+                    self.backend.write_packet(0, &backend_exec).await?;
+                    let (parser, packets) = self.collect_response(ResponseKind::Generic).await?;
+                    let c = Collected { parser, packets };
+                    if let Some(e) = c.err() {
+                        let conflict = c.err_code().is_some_and(|code| RETRYABLE.contains(&code));
+                        if conflict && retry && attempt < MAX_ATTEMPTS {
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_millis(rand::random_range(
+                                1..=(2u64 << attempt),
+                            )))
+                            .await;
+                            continue;
+                        }
+                        let payload = e.payload.to_vec();
+                        return self.reply(cmd_seq, &payload).await;
+                    }
+                    return self.answer(&reply, &[c], cmd_seq).await;
+                }
+            }
+        }
+    }
+}
+
+/// How to restore column definitions of a rewritten read.
+enum Patch<'a> {
+    /// Text protocol: columns recognised by derived-table alias and column name.
+    ByName(&'a ColumnPatch),
+    /// Prepared statements: the original statement's definitions, column by column.
+    Exact(&'a [ColumnDef]),
+}
+
+/// Restores one column definition if it comes from a derived table the rewrite
+/// introduced (its `org_table` is the derived table's alias) and names a logical
+/// column: everything but the name and table alias the client gave is restored.
+fn restore(def: &mut ColumnDef, patch: &ColumnPatch) {
+    let org_table = String::from_utf8_lossy(&def.org_table);
+    if !patch
+        .tables
+        .iter()
+        .any(|t| t.eq_ignore_ascii_case(&org_table))
+    {
+        return;
+    }
+    let org_name = String::from_utf8_lossy(&def.org_name).to_ascii_lowercase();
+    if let Some((_, logical)) = patch.columns.iter().find(|(n, _)| *n == org_name) {
+        def.schema = logical.schema.clone();
+        def.org_table = logical.org_table.clone();
+        def.org_name = logical.org_name.clone();
+        def.charset = logical.charset;
+        def.length = logical.length;
+        def.column_type = logical.column_type;
+        def.flags = logical.flags;
+        def.decimals = logical.decimals;
+    }
+}
+
+/// Rebuilds a COM_STMT_EXECUTE payload for the rewritten statement: parameter values
+/// are sliced by type (never decoded) and re-ordered per the plan's parameter map.
+fn remap_execute(payload: &[u8], p: &mut PreparedRewrite) -> std::result::Result<Vec<u8>, String> {
+    let n = p.client_params;
+    let head = payload.get(..10).ok_or("short COM_STMT_EXECUTE")?;
+    let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(n);
+    if n > 0 {
+        let bitmap_len = n.div_ceil(8);
+        let bitmap = payload
+            .get(10..10 + bitmap_len)
+            .ok_or("short COM_STMT_EXECUTE")?;
+        let bound = *payload
+            .get(10 + bitmap_len)
+            .ok_or("short COM_STMT_EXECUTE")?;
+        let mut rest = &payload[11 + bitmap_len..];
+        if bound == 1 {
+            let t = rest.get(..2 * n).ok_or("short parameter types")?;
+            p.types = Some(t.to_vec());
+            rest = &rest[2 * n..];
+        }
+        let types = p.types.as_deref().ok_or("parameters were never bound")?;
+        for j in 0..n {
+            if bitmap[j / 8] & (1 << (j % 8)) != 0 {
+                values.push(None);
+                continue;
+            }
+            let len = binary_value_len(types[2 * j], rest).ok_or("malformed parameter value")?;
+            values.push(Some(&rest[..len]));
+            rest = &rest[len..];
+        }
+    }
+    let m = p.param_map.len();
+    let mut out = Vec::with_capacity(payload.len() + 16);
+    out.extend_from_slice(head);
+    if m > 0 {
+        let types = p.types.as_deref().ok_or("parameters were never bound")?;
+        let mut bitmap = vec![0u8; m.div_ceil(8)];
+        for (k, &j) in p.param_map.iter().enumerate() {
+            if values.get(j).ok_or("parameter map out of range")?.is_none() {
+                bitmap[k / 8] |= 1 << (k % 8);
+            }
+        }
+        out.extend_from_slice(&bitmap);
+        out.push(1);
+        for &j in &p.param_map {
+            out.extend_from_slice(&types[2 * j..2 * j + 2]);
+        }
+        for &j in &p.param_map {
+            if let Some(Some(v)) = values.get(j) {
+                out.extend_from_slice(v);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prepared(param_map: Vec<usize>, client_params: usize) -> PreparedRewrite {
+        PreparedRewrite {
+            rule: Arc::from("r"),
+            param_map,
+            client_params,
+            types: None,
+            reply: Reply::Last,
+            columns: Vec::new(),
+            long_data: false,
+        }
+    }
+
+    #[test]
+    fn execute_params_are_reordered_without_decoding() {
+        // Client: (inc BIGINT 5, slug VARCHAR 'home'); backend wants (slug, inc).
+        let mut p = prepared(vec![1, 0], 2);
+        let mut pl = vec![cmd::STMT_EXECUTE, 7, 0, 0, 0, 0, 1, 0, 0, 0];
+        pl.push(0); // null bitmap
+        pl.push(1); // bound
+        pl.extend_from_slice(&[0x08, 0, 0xfd, 0]);
+        pl.extend_from_slice(&5i64.to_le_bytes());
+        pl.extend_from_slice(b"\x04home");
+        let out = remap_execute(&pl, &mut p).unwrap();
+        let mut want = vec![cmd::STMT_EXECUTE, 7, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1];
+        want.extend_from_slice(&[0xfd, 0, 0x08, 0]);
+        want.extend_from_slice(b"\x04home");
+        want.extend_from_slice(&5i64.to_le_bytes());
+        assert_eq!(out, want);
+        // A later execute without types reuses the remembered ones; NULLs move too.
+        let mut pl2 = vec![cmd::STMT_EXECUTE, 7, 0, 0, 0, 0, 1, 0, 0, 0];
+        pl2.push(0b01);
+        pl2.push(0);
+        pl2.extend_from_slice(b"\x05about");
+        let out2 = remap_execute(&pl2, &mut p).unwrap();
+        let mut want2 = vec![cmd::STMT_EXECUTE, 7, 0, 0, 0, 0, 1, 0, 0, 0, 0b10, 1];
+        want2.extend_from_slice(&[0xfd, 0, 0x08, 0]);
+        want2.extend_from_slice(b"\x05about");
+        assert_eq!(out2, want2);
+    }
+
+    #[test]
+    fn malformed_executes_are_refused() {
+        let mut p = prepared(vec![0], 1);
+        assert!(remap_execute(&[cmd::STMT_EXECUTE, 1], &mut p).is_err());
+        let pl = vec![cmd::STMT_EXECUTE, 7, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0];
+        assert_eq!(
+            remap_execute(&pl, &mut p).unwrap_err(),
+            "parameters were never bound"
+        );
+        let pl = vec![
+            cmd::STMT_EXECUTE,
+            7,
+            0,
+            0,
+            0,
+            0,
+            1,
+            0,
+            0,
+            0,
+            0,
+            1,
+            0x08,
+            0,
+            1,
+            2,
+        ];
+        assert!(remap_execute(&pl, &mut p).is_err());
+    }
+
+    #[test]
+    fn restore_only_touches_rewritten_columns() {
+        let mk = |schema: &str, org_table: &str, name: &str, t: u8| ColumnDef {
+            catalog: b"def".to_vec(),
+            schema: schema.into(),
+            table: b"hits".to_vec(),
+            org_table: org_table.into(),
+            name: name.into(),
+            org_name: name.into(),
+            charset: 63,
+            length: 21,
+            column_type: t,
+            flags: 129,
+            decimals: 0,
+            fixed_len: 0x0c,
+            tail: vec![0, 0],
+        };
+        let mut logical = mk("shop", "hits", "cnt", 3);
+        logical.length = 11;
+        logical.flags = 1;
+        let patch = ColumnPatch {
+            tables: vec!["hits".into()],
+            columns: vec![("cnt".into(), logical.clone())],
+        };
+        let mut d = mk("", "hits", "cnt", 8);
+        d.name = b"c".to_vec();
+        restore(&mut d, &patch);
+        assert_eq!(d.column_type, 3);
+        assert_eq!(d.length, 11);
+        assert_eq!(d.schema, b"shop");
+        assert_eq!(d.name, b"c");
+        let mut other = mk("", "other", "cnt", 8);
+        restore(&mut other, &patch);
+        assert_eq!(other.column_type, 8);
+        let mut expr = mk("", "", "cnt", 8);
+        restore(&mut expr, &patch);
+        assert_eq!(expr.column_type, 8);
+    }
+}

@@ -1,0 +1,830 @@
+//! The counter rule: hot counters spread over slot rows, summed on read.
+//!
+//! The logical table keeps every row and stays the counter's *base* value; the slot
+//! table holds deltas, one row per (key, slot). The logical value of a counter is
+//! `base + SUM(slot deltas)`. Switching the rule on therefore needs no data
+//! migration, and several proxies — some with the rule on, some still off — can
+//! write at the same time without losing an increment: the ones with the rule off
+//! increment the base, the others a slot.
+//!
+//! | statement | becomes |
+//! |---|---|
+//! | `UPDATE t SET c = c + n WHERE key = v` | `INSERT INTO slots (key, slot, c) VALUES (v, <random>, n) ON DUPLICATE KEY UPDATE c = c + VALUES(c)`; the client sees the UPDATE's OK (1 row matched and changed) |
+//! | `UPDATE t SET c = v WHERE key = …` | `UPDATE t …` then `DELETE FROM slots WHERE key = …`, atomically |
+//! | `DELETE FROM t WHERE key = …` | `DELETE FROM t …` then `DELETE FROM slots WHERE key = …`, atomically |
+//! | `INSERT INTO t (key, c) VALUES (v, n) ON DUPLICATE KEY UPDATE c = c + n` | `INSERT IGNORE INTO t (key, c) VALUES (v, 0)` then the slot upsert, atomically; affected rows 1 or 2 as the original |
+//! | any read of `t` | `t` replaced by a derived table computing `base + SUM(slots)` per row; MariaDB merges it, so point lookups use both primary keys; column metadata restored |
+//! | plain `INSERT`, updates of other columns | unchanged |
+//! | anything else that writes the counter or filters on it | ERR 1105 naming the rule |
+//!
+//! An increment of a key that has no row yet lands in a slot row; the slot table's
+//! trigger (created by `heatsink migrate`) creates the logical row, so the key then
+//! exists with base 0. Without the trigger such increments stay invisible to reads
+//! until the row is inserted.
+
+use std::ops::ControlFlow;
+use std::sync::{Arc, OnceLock};
+
+use sqlparser::ast::{
+    AssignmentTarget, BinaryOperator, Delete, Expr, FromTable, Ident, Insert, ObjectName, OnInsert,
+    Query, SetExpr, Statement, TableAlias, TableFactor, TableObject, UnaryOperator, Update,
+    VisitMut, VisitorMut,
+};
+
+use super::{parse_statements, Affected, ColumnPatch, Plan, PlanContext, Reply, Rule, TableName};
+use crate::rules::spec::{quote, CounterSpec};
+use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
+
+/// A `[[counter]]` rule, ready to plan statements.
+pub struct CounterRule {
+    /// Rule name from the file.
+    name: String,
+    /// The logical table (one entry, the table statements name).
+    tables: Vec<TableName>,
+    /// Slot table as written in the rule (`db.t` or `t`).
+    slot_table: crate::rules::spec::TableName,
+    /// Key columns (lower-cased for comparison; written as configured).
+    key: Vec<String>,
+    /// Counter columns.
+    columns: Vec<String>,
+    /// Slot number column.
+    slot_column: String,
+    /// Slot rows per counter.
+    slots: u32,
+    /// The logical table's columns, learned once from the database.
+    meta: OnceLock<Vec<ColumnDef>>,
+}
+
+fn eq(a: &str, b: &str) -> bool {
+    a.eq_ignore_ascii_case(b)
+}
+
+impl CounterRule {
+    /// Builds the rule from a validated spec.
+    pub fn new(spec: &CounterSpec) -> Result<Self, String> {
+        spec.validate()?;
+        let table = crate::rules::spec::TableName::parse(&spec.table)?;
+        Ok(CounterRule {
+            name: spec.name.clone(),
+            tables: vec![TableName::new(table.db.as_deref(), &table.name)],
+            slot_table: crate::rules::spec::TableName::parse(&spec.slot_table)?,
+            key: spec.key.clone(),
+            columns: spec.columns.clone(),
+            slot_column: spec.slot_column.clone(),
+            slots: spec.slots,
+            meta: OnceLock::new(),
+        })
+    }
+
+    fn is_counter(&self, col: &str) -> bool {
+        self.columns.iter().any(|c| eq(c, col))
+    }
+
+    fn is_key(&self, col: &str) -> bool {
+        self.key.iter().any(|c| eq(c, col))
+    }
+
+    /// The slot table's SQL name, qualified like the statement's reference to the
+    /// logical table when the rule does not name a database.
+    fn slot_sql(&self, logical: &ObjectName) -> String {
+        if self.slot_table.db.is_some() || logical.0.len() < 2 {
+            return self.slot_table.quoted();
+        }
+        let db = logical.0[0].to_string();
+        format!("{db}.{}", quote(&self.slot_table.name))
+    }
+
+    /// `SELECT … FROM <logical> h` computing each counter as base + SUM(slots).
+    fn derived_sql(&self, logical: &ObjectName, meta: &[ColumnDef]) -> Result<String, String> {
+        let slot = self.slot_sql(logical);
+        let join: Vec<String> = self
+            .key
+            .iter()
+            .map(|k| format!("`hs_s`.{0} = `hs_h`.{0}", quote(k)))
+            .collect();
+        let mut select = Vec::with_capacity(meta.len());
+        for def in meta {
+            let col = String::from_utf8_lossy(&def.org_name).into_owned();
+            if self.is_counter(&col) {
+                let cast = if def.flags & UNSIGNED_FLAG != 0 {
+                    "UNSIGNED"
+                } else {
+                    "SIGNED"
+                };
+                let filter = if join.is_empty() {
+                    String::new()
+                } else {
+                    format!(" WHERE {}", join.join(" AND "))
+                };
+                select.push(format!(
+                    "CAST(`hs_h`.{c} + COALESCE((SELECT SUM(`hs_s`.{c}) FROM {slot} AS `hs_s`{filter}), 0) AS {cast}) AS {c}",
+                    c = quote(&col)
+                ));
+            } else {
+                select.push(format!("`hs_h`.{}", quote(&col)));
+            }
+        }
+        Ok(format!(
+            "SELECT {} FROM {logical} AS `hs_h`",
+            select.join(", ")
+        ))
+    }
+
+    fn meta(&self) -> Result<&[ColumnDef], String> {
+        let meta = self
+            .meta
+            .get()
+            .ok_or_else(|| "the table's columns are not known yet".to_string())?;
+        Ok(meta)
+    }
+
+    /// Replaces every read of the logical table by the derived table. `Ok(None)` when
+    /// the statement does not read it as a table.
+    fn plan_read(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+        let meta = self.meta()?;
+        let mut stmt = stmt.clone();
+        let mut v = ReadRewriter {
+            rule: self,
+            ctx,
+            meta,
+            aliases: Vec::new(),
+            error: None,
+        };
+        let _ = stmt.visit(&mut v);
+        if let Some(e) = v.error {
+            return Err(e);
+        }
+        if v.aliases.is_empty() {
+            return Ok(None);
+        }
+        let columns = meta
+            .iter()
+            .map(|d| {
+                (
+                    String::from_utf8_lossy(&d.org_name).to_ascii_lowercase(),
+                    d.clone(),
+                )
+            })
+            .collect();
+        Ok(Some(Plan {
+            statements: vec![stmt],
+            reply: Reply::Patched(Arc::new(ColumnPatch {
+                tables: v.aliases,
+                columns,
+            })),
+            atomic: false,
+        }))
+    }
+
+    fn names_ours(&self, name: &ObjectName, ctx: &PlanContext<'_>) -> bool {
+        ctx.names_table(name, &self.tables[0])
+    }
+
+    fn plan_update(
+        &self,
+        u: &Update,
+        stmt: &Statement,
+        ctx: &PlanContext<'_>,
+    ) -> Result<Option<Plan>, String> {
+        let target = match &u.table.relation {
+            TableFactor::Table { name, .. } if self.names_ours(name, ctx) => Some(name),
+            _ => None,
+        };
+        let in_joins = u
+            .table
+            .joins
+            .iter()
+            .any(|j| self.factor_is_ours(&j.relation, ctx))
+            || u.from.is_some();
+        let Some(name) = target else {
+            if in_joins
+                && u.table
+                    .joins
+                    .iter()
+                    .any(|j| self.factor_is_ours(&j.relation, ctx))
+            {
+                return Err(format!(
+                    "a multi-table UPDATE that joins counter table {} cannot be rewritten",
+                    self.tables[0]
+                ));
+            }
+            return self.plan_read(stmt, ctx);
+        };
+        if !u.table.joins.is_empty() || u.from.is_some() {
+            return Err(format!(
+                "a multi-table UPDATE of counter table {} cannot be rewritten",
+                self.tables[0]
+            ));
+        }
+        let mut increments = Vec::new();
+        let mut sets = 0usize;
+        let mut others = 0usize;
+        for a in &u.assignments {
+            let AssignmentTarget::ColumnName(col) = &a.target else {
+                return Err("tuple assignments cannot be rewritten".into());
+            };
+            let col = last_ident(col);
+            if !self.is_counter(&col) {
+                others += 1;
+                if self.mentions_counter(&a.value) {
+                    return Err(format!("`{col}` is assigned from a counter column, which this rule keeps in slot rows"));
+                }
+                continue;
+            }
+            match increment_of(&col, &a.value) {
+                Some(delta) => increments.push((col, delta)),
+                None if is_value(&a.value) => sets += 1,
+                None => {
+                    return Err(format!(
+                        "SET {col} = {} cannot be rewritten: a counter can only be incremented (`{col} = {col} + n`, `{col} = {col} - n`) or set to a value",
+                        a.value
+                    ))
+                }
+            }
+        }
+        if let Some(w) = &u.selection {
+            if self.mentions_counter(w) {
+                return Err("a WHERE condition on a counter column cannot be rewritten (the stored value is only the base)".into());
+            }
+        }
+        if u.order_by.iter().any(|o| self.mentions_counter(&o.expr)) {
+            return Err("ORDER BY a counter column cannot be rewritten".into());
+        }
+        if increments.is_empty() && sets == 0 {
+            return Ok(None);
+        }
+        if !increments.is_empty() {
+            if sets > 0 || others > 0 {
+                return Err(
+                    "an UPDATE that increments a counter may not also set other columns".into(),
+                );
+            }
+            if !u.order_by.is_empty() {
+                return Err("ORDER BY in a counter increment cannot be rewritten".into());
+            }
+            let keys = self.key_values(u.selection.as_ref())?;
+            let slot = ctx.random_below(self.slots).to_string();
+            let sql = self.upsert_sql(name, &keys, &slot, &increments);
+            return Ok(Some(Plan {
+                statements: parse(&sql)?,
+                reply: Reply::Ok {
+                    affected_rows: Affected::Fixed(1),
+                    info: Some("Rows matched: 1  Changed: 1  Warnings: 0".into()),
+                },
+                atomic: false,
+            }));
+        }
+        // Absolute set: the base takes the value, the slots are cleared.
+        if u.limit.is_some() || !u.order_by.is_empty() {
+            return Err("setting a counter with ORDER BY or LIMIT cannot be rewritten".into());
+        }
+        let clear = self.clear_slots_sql(name, u.selection.as_ref())?;
+        let mut statements = vec![stmt.clone()];
+        statements.extend(parse(&clear)?);
+        Ok(Some(Plan {
+            statements,
+            reply: Reply::OkOf(0),
+            atomic: true,
+        }))
+    }
+
+    fn factor_is_ours(&self, f: &TableFactor, ctx: &PlanContext<'_>) -> bool {
+        matches!(f, TableFactor::Table { name, .. } if self.names_ours(name, ctx))
+    }
+
+    /// `DELETE FROM slots [WHERE …]` for a WHERE that may only name key columns.
+    fn clear_slots_sql(
+        &self,
+        logical: &ObjectName,
+        selection: Option<&Expr>,
+    ) -> Result<String, String> {
+        let mut sql = format!("DELETE FROM {}", self.slot_sql(logical));
+        if let Some(w) = selection {
+            let mut w = w.clone();
+            let mut bad = None;
+            let _ = sqlparser::ast::visit_expressions_mut(&mut w, |e| {
+                match e {
+                    Expr::CompoundIdentifier(parts) => {
+                        if let Some(last) = parts.last().cloned() {
+                            *e = Expr::Identifier(last);
+                        }
+                    }
+                    Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => {
+                        bad = Some("a subquery".to_string());
+                    }
+                    _ => {}
+                }
+                ControlFlow::<()>::Continue(())
+            });
+            let _ = sqlparser::ast::visit_expressions(&w, |e| {
+                if let Expr::Identifier(id) = e {
+                    if !self.is_key(&id.value) {
+                        bad = Some(format!("column `{}`", id.value));
+                    }
+                }
+                ControlFlow::<()>::Continue(())
+            });
+            if let Some(what) = bad {
+                return Err(format!(
+                    "the WHERE condition uses {what}; only the key columns ({}) can select counters to set or delete",
+                    self.key.join(", ")
+                ));
+            }
+            sql.push_str(&format!(" WHERE {w}"));
+        }
+        Ok(sql)
+    }
+
+    /// The values of every key column in a `k1 = v1 AND k2 = v2` condition, in key
+    /// order; an error for any other shape.
+    fn key_values(&self, selection: Option<&Expr>) -> Result<Vec<Expr>, String> {
+        let mut found: Vec<Option<Expr>> = vec![None; self.key.len()];
+        let shape = || {
+            if self.key.is_empty() {
+                "this counter has no key columns: increment it without WHERE".to_string()
+            } else {
+                format!(
+                    "an increment must select one counter with `{}`",
+                    self.key
+                        .iter()
+                        .map(|k| format!("{k} = value"))
+                        .collect::<Vec<_>>()
+                        .join(" AND ")
+                )
+            }
+        };
+        if let Some(w) = selection {
+            let mut terms = Vec::new();
+            conjuncts(w, &mut terms);
+            for t in terms {
+                let Expr::BinaryOp {
+                    left,
+                    op: BinaryOperator::Eq,
+                    right,
+                } = t
+                else {
+                    return Err(shape());
+                };
+                let (col, val) = match (column_name(left), column_name(right)) {
+                    (Some(c), None) if is_value(right) => (c, right),
+                    (None, Some(c)) if is_value(left) => (c, left),
+                    _ => return Err(shape()),
+                };
+                let Some(i) = self.key.iter().position(|k| eq(k, &col)) else {
+                    return Err(shape());
+                };
+                if found[i].replace((**val).clone()).is_some() {
+                    return Err(shape());
+                }
+            }
+        }
+        found.into_iter().map(|v| v.ok_or_else(shape)).collect()
+    }
+
+    fn upsert_sql(
+        &self,
+        logical: &ObjectName,
+        keys: &[Expr],
+        slot: &str,
+        incs: &[(String, Expr)],
+    ) -> String {
+        let mut cols: Vec<String> = self.key.iter().map(|k| quote(k)).collect();
+        cols.push(quote(&self.slot_column));
+        let mut vals: Vec<String> = keys.iter().map(ToString::to_string).collect();
+        vals.push(slot.to_string());
+        let mut upd = Vec::new();
+        for (c, d) in incs {
+            cols.push(quote(c));
+            vals.push(d.to_string());
+            upd.push(format!("{0} = {0} + VALUES({0})", quote(c)));
+        }
+        format!(
+            "INSERT INTO {} ({}) VALUES ({}) ON DUPLICATE KEY UPDATE {}",
+            self.slot_sql(logical),
+            cols.join(", "),
+            vals.join(", "),
+            upd.join(", ")
+        )
+    }
+
+    fn plan_insert(
+        &self,
+        ins: &Insert,
+        stmt: &Statement,
+        ctx: &PlanContext<'_>,
+    ) -> Result<Option<Plan>, String> {
+        let TableObject::TableName(name) = &ins.table else {
+            return self.plan_read(stmt, ctx);
+        };
+        if !self.names_ours(name, ctx) {
+            return self.plan_read(stmt, ctx);
+        }
+        if ins.replace_into {
+            return Err("REPLACE into a counter table cannot be rewritten; use INSERT … ON DUPLICATE KEY UPDATE".into());
+        }
+        let Some(OnInsert::DuplicateKeyUpdate(assignments)) = &ins.on else {
+            // A plain insert writes the base value of a new counter: correct as is,
+            // unless it reads the counter table itself.
+            if let Some(src) = &ins.source {
+                if self.query_reads_ours(src, ctx) {
+                    return Err(
+                        "INSERT … SELECT from the counter table into itself cannot be rewritten"
+                            .into(),
+                    );
+                }
+            }
+            return Ok(None);
+        };
+        let rows = match ins.source.as_deref().map(|q| q.body.as_ref()) {
+            Some(SetExpr::Values(v)) => &v.rows,
+            _ => {
+                return Err(
+                    "INSERT … ON DUPLICATE KEY UPDATE into a counter table needs a VALUES list"
+                        .into(),
+                )
+            }
+        };
+        if rows.len() != 1 {
+            return Err("INSERT … ON DUPLICATE KEY UPDATE of several counters at once cannot be rewritten; insert one row per statement".into());
+        }
+        let row = &rows[0].content;
+        let cols: Vec<String> = ins.columns.iter().map(last_ident).collect();
+        if cols.len() != row.len() {
+            return Err("the column list and the VALUES list differ in length".into());
+        }
+        let value_of = |c: &str| cols.iter().position(|x| eq(x, c)).map(|i| &row[i]);
+        let mut keys = Vec::with_capacity(self.key.len());
+        for k in &self.key {
+            let v =
+                value_of(k).ok_or_else(|| format!("the INSERT must give the key column `{k}`"))?;
+            if !is_value(v) {
+                return Err(format!("the key column `{k}` must be given a value"));
+            }
+            keys.push(v.clone());
+        }
+        let mut incs = Vec::new();
+        for a in assignments {
+            let AssignmentTarget::ColumnName(col) = &a.target else {
+                return Err("tuple assignments cannot be rewritten".into());
+            };
+            let col = last_ident(col);
+            if !self.is_counter(&col) {
+                return Err(format!(
+                    "ON DUPLICATE KEY UPDATE may only increment counter columns, not `{col}`"
+                ));
+            }
+            let delta = match increment_of(&col, &a.value) {
+                Some(Expr::Function(f)) if f.name.to_string().eq_ignore_ascii_case("VALUES") => {
+                    value_of(&col).cloned().ok_or_else(|| format!("VALUES({col}) needs `{col}` in the column list"))?
+                }
+                Some(d) => d,
+                None => {
+                    return Err(format!(
+                        "ON DUPLICATE KEY UPDATE {col} = {} cannot be rewritten: only `{col} = {col} + n` is supported",
+                        a.value
+                    ))
+                }
+            };
+            // A new counter starts at the inserted value, an existing one grows by
+            // the increment: one slot delta serves both only if they are equal.
+            let inserted = value_of(&col)
+                .ok_or_else(|| format!("the INSERT must give the counter column `{col}`"))?;
+            if !same_value(inserted, &delta, ctx) {
+                return Err(format!(
+                    "the inserted value of `{col}` and its increment differ; only `INSERT … VALUES (…, n) ON DUPLICATE KEY UPDATE {col} = {col} + n` can be rewritten"
+                ));
+            }
+            incs.push((col, delta));
+        }
+        // The base row: the original insert with counters at zero, ignoring a
+        // duplicate key (then the row exists and only the slot grows).
+        let base_vals: Vec<String> = cols
+            .iter()
+            .zip(row)
+            .map(|(c, v)| {
+                if self.is_counter(c) {
+                    "0".to_string()
+                } else {
+                    v.to_string()
+                }
+            })
+            .collect();
+        let base = format!(
+            "INSERT IGNORE INTO {name} ({}) VALUES ({})",
+            cols.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", "),
+            base_vals.join(", ")
+        );
+        let slot = ctx.random_below(self.slots).to_string();
+        let mut statements = parse(&base)?;
+        statements.extend(parse(&self.upsert_sql(name, &keys, &slot, &incs))?);
+        Ok(Some(Plan {
+            statements,
+            reply: Reply::Ok {
+                affected_rows: Affected::InsertedOrUpdated { probe: 0 },
+                info: None,
+            },
+            atomic: true,
+        }))
+    }
+
+    fn query_reads_ours(&self, q: &Query, ctx: &PlanContext<'_>) -> bool {
+        let mut found = false;
+        let _ = sqlparser::ast::visit_relations(q, |r| {
+            if self.names_ours(r, ctx) {
+                found = true;
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        found
+    }
+
+    fn plan_delete(
+        &self,
+        d: &Delete,
+        stmt: &Statement,
+        ctx: &PlanContext<'_>,
+    ) -> Result<Option<Plan>, String> {
+        let from = match &d.from {
+            FromTable::WithFromKeyword(f) | FromTable::WithoutKeyword(f) => f,
+        };
+        let ours_in_from = from.iter().any(|t| {
+            self.factor_is_ours(&t.relation, ctx)
+                || t.joins
+                    .iter()
+                    .any(|j| self.factor_is_ours(&j.relation, ctx))
+        });
+        let multi = !d.tables.is_empty()
+            || d.using.is_some()
+            || from.len() != 1
+            || from.iter().any(|t| !t.joins.is_empty());
+        if !ours_in_from {
+            return self.plan_read(stmt, ctx);
+        }
+        if multi {
+            return Err(format!(
+                "a multi-table DELETE involving counter table {} cannot be rewritten",
+                self.tables[0]
+            ));
+        }
+        let TableFactor::Table { name, .. } = &from[0].relation else {
+            return Err("unexpected DELETE target".into());
+        };
+        if d.limit.is_some() || !d.order_by.is_empty() {
+            return Err(
+                "DELETE with ORDER BY or LIMIT from a counter table cannot be rewritten".into(),
+            );
+        }
+        if let Some(w) = &d.selection {
+            if self.mentions_counter(w) {
+                return Err("a WHERE condition on a counter column cannot be rewritten (the stored value is only the base)".into());
+            }
+        }
+        let clear = self.clear_slots_sql(name, d.selection.as_ref())?;
+        let mut statements = vec![stmt.clone()];
+        statements.extend(parse(&clear)?);
+        Ok(Some(Plan {
+            statements,
+            reply: Reply::OkOf(0),
+            atomic: true,
+        }))
+    }
+
+    fn mentions_counter(&self, e: &Expr) -> bool {
+        let mut found = false;
+        let _ = sqlparser::ast::visit_expressions(e, |x| {
+            if let Some(c) = column_name(x) {
+                if self.is_counter(&c) {
+                    found = true;
+                }
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        found
+    }
+}
+
+impl Rule for CounterRule {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn tables(&self) -> &[TableName] {
+        &self.tables
+    }
+
+    fn metadata_query(&self) -> Option<String> {
+        if self.meta.get().is_some() {
+            return None;
+        }
+        let t = &self.tables[0];
+        let name = match &t.db {
+            Some(db) => format!("{}.{}", quote(db), quote(&t.name)),
+            None => quote(&t.name),
+        };
+        Some(format!("SELECT * FROM {name} LIMIT 0"))
+    }
+
+    fn provide_metadata(&self, columns: &[ColumnDef]) {
+        let _ = self.meta.set(columns.to_vec());
+    }
+
+    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+        let meta = self.meta()?;
+        for c in self.key.iter().chain(&self.columns) {
+            if !meta
+                .iter()
+                .any(|d| eq(&String::from_utf8_lossy(&d.org_name), c))
+            {
+                return Err(format!("table {} has no column `{c}`", self.tables[0]));
+            }
+        }
+        for d in meta
+            .iter()
+            .filter(|d| self.is_counter(&String::from_utf8_lossy(&d.org_name)))
+        {
+            if !matches!(
+                d.column_type,
+                types::TINY | types::SHORT | types::INT24 | types::LONG | types::LONGLONG
+            ) {
+                return Err(format!(
+                    "counter column `{}` must be an integer column",
+                    String::from_utf8_lossy(&d.org_name)
+                ));
+            }
+        }
+        match stmt {
+            Statement::Update(u) => self.plan_update(u, stmt, ctx),
+            Statement::Insert(i) => self.plan_insert(i, stmt, ctx),
+            Statement::Delete(d) => self.plan_delete(d, stmt, ctx),
+            Statement::Query(_) => self.plan_read(stmt, ctx),
+            Statement::Truncate(_)
+            | Statement::AlterTable(_)
+            | Statement::Drop { .. }
+            | Statement::RenameTable(_)
+            | Statement::LockTables { .. }
+            | Statement::LoadData { .. } => {
+                let kind = stmt.to_string();
+                let kind = kind
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("this statement")
+                    .to_ascii_uppercase();
+                Err(format!(
+                    "{kind} of counter table {} is not supported through heatsink; run it on the database directly and keep the slot table in step",
+                    self.tables[0]
+                ))
+            }
+            _ => self.plan_read(stmt, ctx),
+        }
+    }
+}
+
+/// Replaces table factors naming the logical table with the derived table.
+struct ReadRewriter<'a> {
+    rule: &'a CounterRule,
+    ctx: &'a PlanContext<'a>,
+    meta: &'a [ColumnDef],
+    /// Aliases given to derived tables (for restoring column metadata).
+    aliases: Vec<String>,
+    /// First problem met.
+    error: Option<String>,
+}
+
+impl VisitorMut for ReadRewriter<'_> {
+    type Break = ();
+
+    fn post_visit_table_factor(&mut self, f: &mut TableFactor) -> ControlFlow<()> {
+        let TableFactor::Table { name, alias, .. } = f else {
+            return ControlFlow::Continue(());
+        };
+        if !self.rule.names_ours(name, self.ctx) {
+            return ControlFlow::Continue(());
+        }
+        let alias_name = match alias {
+            Some(a) => a.name.clone(),
+            None => name
+                .0
+                .last()
+                .and_then(|p| p.as_ident())
+                .cloned()
+                .unwrap_or_else(|| Ident::new("t")),
+        };
+        let sql = match self.rule.derived_sql(name, self.meta) {
+            Ok(s) => s,
+            Err(e) => {
+                self.error = Some(e);
+                return ControlFlow::Break(());
+            }
+        };
+        let subquery = match parse(&sql).map(|mut v| v.pop()) {
+            Ok(Some(Statement::Query(q))) => q,
+            _ => {
+                self.error = Some("internal error: the derived table does not parse".into());
+                return ControlFlow::Break(());
+            }
+        };
+        self.aliases.push(alias_name.value.clone());
+        *f = TableFactor::Derived {
+            lateral: false,
+            subquery,
+            alias: Some(TableAlias {
+                explicit: true,
+                name: alias_name,
+                columns: Vec::new(),
+                at: None,
+            }),
+            sample: None,
+        };
+        ControlFlow::Continue(())
+    }
+}
+
+fn parse(sql: &str) -> Result<Vec<Statement>, String> {
+    parse_statements(sql)
+        .map_err(|e| format!("internal error: rewritten SQL does not parse ({e}): {sql}"))
+}
+
+fn last_ident(name: &ObjectName) -> String {
+    name.0
+        .last()
+        .and_then(|p| p.as_ident())
+        .map(|i| i.value.clone())
+        .unwrap_or_default()
+}
+
+/// The column an expression names (`c`, `t.c`, `db.t.c`), if it is a column.
+fn column_name(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Identifier(i) => Some(i.value.clone()),
+        Expr::CompoundIdentifier(p) => p.last().map(|i| i.value.clone()),
+        Expr::Nested(inner) => column_name(inner),
+        _ => None,
+    }
+}
+
+/// A value from the client: a literal, marker or parameter, possibly signed,
+/// parenthesised or with a charset introducer. No column, no function.
+fn is_value(e: &Expr) -> bool {
+    match e {
+        Expr::Value(_) => true,
+        Expr::UnaryOp {
+            op: UnaryOperator::Minus | UnaryOperator::Plus,
+            expr,
+        } => is_value(expr),
+        Expr::Nested(inner) => is_value(inner),
+        Expr::Prefixed { value, .. } => is_value(value),
+        _ => false,
+    }
+}
+
+/// The delta of `col = col + n`, `col = n + col` or `col = col - n` (also
+/// `col + VALUES(col)`), or `None`.
+fn increment_of(col: &str, e: &Expr) -> Option<Expr> {
+    let Expr::BinaryOp { left, op, right } = e else {
+        return if let Expr::Nested(inner) = e {
+            increment_of(col, inner)
+        } else {
+            None
+        };
+    };
+    let is_col = |x: &Expr| column_name(x).is_some_and(|c| eq(&c, col));
+    let is_values_fn = |x: &Expr| matches!(x, Expr::Function(f) if f.name.to_string().eq_ignore_ascii_case("VALUES"));
+    match op {
+        BinaryOperator::Plus if is_col(left) && (is_value(right) || is_values_fn(right)) => {
+            Some((**right).clone())
+        }
+        BinaryOperator::Plus if is_col(right) && is_value(left) => Some((**left).clone()),
+        BinaryOperator::Minus if is_col(left) && is_value(right) => Some(Expr::UnaryOp {
+            op: UnaryOperator::Minus,
+            expr: Box::new(Expr::Nested(right.clone())),
+        }),
+        _ => None,
+    }
+}
+
+/// Whether two value expressions are the same value: the same marker, or literals
+/// with the same text.
+fn same_value(a: &Expr, b: &Expr, ctx: &PlanContext<'_>) -> bool {
+    if a == b {
+        return true;
+    }
+    match (ctx.literal(a), ctx.literal(b)) {
+        (Some(x), Some(y)) => x.text == y.text,
+        _ => false,
+    }
+}
+
+fn conjuncts<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+    match e {
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::And,
+            right,
+        } => {
+            conjuncts(left, out);
+            conjuncts(right, out);
+        }
+        Expr::Nested(inner) => conjuncts(inner, out),
+        other => out.push(other),
+    }
+}

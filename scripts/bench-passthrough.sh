@@ -62,7 +62,7 @@ leg_port() {
 sb() { # sb TEST PORT ARGS...
 	local test=$1 port=$2
 	shift 2
-	sysbench "$test" --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$port" \
+	hs_run sysbench "$test" --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$port" \
 		--mysql-user="$SB_USER" --mysql-password="$SB_PASSWORD" --mysql-db="$SB_DB" \
 		--tables=$TABLES --table-size=$TABLE_SIZE "$@"
 }
@@ -121,17 +121,18 @@ run_point_select() { # leg threads round
 }
 
 run_latency() { # leg round
-	local leg=$1 round=$2 port out
+	local leg=$1 round=$2 port log
 	port=$(leg_port "$leg")
-	if ! out=$("$LOADGEN" --url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$port/$SB_DB" \
+	log=$WORK/lg-$leg-$round.log
+	if ! hs_run "$LOADGEN" --url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$port/$SB_DB" \
 		--connections 1 --warmup 1 --duration "$LAT_DURATION" --prepared --json \
-		--label "$leg" --sql "$LAT_SQL" 2>&1); then
-		printf '%s\n' "$out" >&2
+		--label "$leg" --sql "$LAT_SQL" >"$log" 2>&1; then
+		cat "$log" >&2
 		leg_failed "$leg" "$round" "loadgen exited non-zero"
 		return 0
 	fi
 	local line
-	line=$(printf '%s\n' "$out" | grep '^{' | tail -1)
+	line=$(grep '^{' "$log" | tail -n 1)
 	record "$leg" lg1_json "$round" "$line"
 	hs_log "  $leg loadgen 1c: $line"
 }

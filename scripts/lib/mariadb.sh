@@ -62,8 +62,34 @@ hs_port_open() {
 	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# Services are started as `setsid CMD ... &`: in their own session, so a Ctrl-C in
+# the terminal reaches only the script and its foreground client, and the script's
+# traps then stop the services in order. setsid does not fork here (a background
+# job of a non-interactive shell is not a process group leader), so $! is the
+# service's own pid.
+
 # hs_register_pid PID -> stopped by hs_cleanup.
 hs_register_pid() { HS_PIDS+=("$1"); }
+
+hs_forget_pid() {
+	local keep=() p
+	for p in "${HS_PIDS[@]}"; do [[ "$p" == "$1" ]] || keep+=("$p"); done
+	HS_PIDS=("${keep[@]}")
+}
+
+# hs_run CMD ARGS... -> runs a client (sysbench, loadgen) to completion and returns
+# its status. It runs in the background while the script waits for it, so a Ctrl-C
+# or TERM runs the script's traps at once (a foreground child that catches SIGINT
+# itself, as sysbench does, would make bash carry on with the next command), and
+# hs_cleanup stops the client by pid. Redirect its output to a file, not $(...).
+hs_run() {
+	"$@" &
+	local pid=$! rc=0
+	hs_register_pid "$pid"
+	wait "$pid" || rc=$?
+	hs_forget_pid "$pid"
+	return "$rc"
+}
 
 # hs_stop_pid PID [TIMEOUT_SECS] -> TERM, wait, then KILL. Only the given pid.
 hs_stop_pid() {
@@ -81,10 +107,7 @@ hs_stop_pid() {
 		fi
 	fi
 	wait "$pid" 2>/dev/null || true
-	# Forget it.
-	local keep=() p
-	for p in "${HS_PIDS[@]}"; do [[ "$p" == "$pid" ]] || keep+=("$p"); done
-	HS_PIDS=("${keep[@]}")
+	hs_forget_pid "$pid"
 }
 
 hs_cleanup() {
@@ -140,7 +163,7 @@ mariadb_start() {
 	}
 
 	# shellcheck disable=SC2086
-	"$mariadbd" --no-defaults "${user_args[@]}" \
+	setsid "$mariadbd" --no-defaults "${user_args[@]}" \
 		--datadir="$dir/data" --tmpdir="$dir/tmp" \
 		--socket="$MARIADB_SOCKET" --pid-file="$dir/mysqld.pid" \
 		--log-error="$dir/error.log" \
@@ -207,7 +230,7 @@ heatsink_start() {
 	mkdir -p "$dir/rules"
 	HEATSINK_PORT=$(hs_free_port)
 	HEATSINK_LOG=$dir/heatsink.log
-	"$bin" serve --listen "127.0.0.1:$HEATSINK_PORT" --backend "127.0.0.1:$backend_port" \
+	setsid "$bin" serve --listen "127.0.0.1:$HEATSINK_PORT" --backend "127.0.0.1:$backend_port" \
 		--rules "$dir/rules" --log-level "${HEATSINK_LOG_LEVEL:-warn}" "$@" \
 		>"$HEATSINK_LOG" 2>&1 &
 	HEATSINK_PID=$!
@@ -261,7 +284,7 @@ frontend mysql_in
 backend mysql_out
     server db 127.0.0.1:$backend_port
 EOF
-	haproxy -f "$dir/haproxy.cfg" -db >"$dir/haproxy.log" 2>&1 &
+	setsid haproxy -f "$dir/haproxy.cfg" -db >"$dir/haproxy.log" 2>&1 &
 	HAPROXY_PID=$!
 	hs_register_pid "$HAPROXY_PID"
 	local i

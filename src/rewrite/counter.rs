@@ -828,3 +828,337 @@ fn conjuncts<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
         other => out.push(other),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rewrite::{Decision, Engine, Rewritten, StatementContext};
+
+    fn col(name: &str, t: u8, flags: u16) -> ColumnDef {
+        ColumnDef {
+            catalog: b"def".to_vec(),
+            schema: b"shop".to_vec(),
+            table: b"hits".to_vec(),
+            org_table: b"hits".to_vec(),
+            name: name.into(),
+            org_name: name.into(),
+            charset: if t == 0xfd { 45 } else { 63 },
+            length: 11,
+            column_type: t,
+            flags,
+            decimals: 0,
+            fixed_len: 0x0c,
+            tail: vec![0, 0],
+        }
+    }
+
+    /// An engine with one counter rule on `hits(slug, cnt, note)`; one slot so the
+    /// rendered slot number is always 0.
+    fn engine(key: &[&str]) -> Engine {
+        let spec: crate::rules::spec::RuleFile = toml::from_str(&format!(
+            "[[counter]]\nname = \"page_hits\"\ntable = \"hits\"\nkey = {key:?}\ncolumns = [\"cnt\"]\nslots = 1\nslot_table = \"hits_slots\"\n"
+        ))
+        .unwrap();
+        let rule = CounterRule::new(&spec.counter[0]).unwrap();
+        let e = Engine::new(vec![Arc::new(rule)], 1000).unwrap();
+        e.provide_metadata(
+            0,
+            &[
+                col("slug", 0xfd, 0x5003),
+                col("cnt", types::LONG, 1),
+                col("note", 0xfd, 0),
+            ],
+        );
+        e
+    }
+
+    fn decide(e: &Engine, sql: &str) -> Decision {
+        e.decide(
+            sql.as_bytes(),
+            &StatementContext {
+                prepared: false,
+                in_transaction: false,
+                current_db: Some("shop"),
+            },
+        )
+    }
+
+    fn rewrite(e: &Engine, sql: &str) -> Rewritten {
+        match decide(e, sql) {
+            Decision::Rewrite(r) => r,
+            other => panic!("{sql}: expected a rewrite, got {other:?}"),
+        }
+    }
+
+    fn reject(e: &Engine, sql: &str) -> String {
+        match decide(e, sql) {
+            Decision::Reject(r) => r.message(),
+            other => panic!("{sql}: expected a rejection, got {other:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn assert_sql(r: &Rewritten, expected: &[&str]) {
+        let actual: Vec<Statement> = r
+            .statements
+            .iter()
+            .flat_map(|s| parse_statements(std::str::from_utf8(s).unwrap()).unwrap())
+            .collect();
+        let expected: Vec<Statement> = expected
+            .iter()
+            .flat_map(|s| parse_statements(s).unwrap())
+            .collect();
+        assert_eq!(actual, expected);
+    }
+
+    const DERIVED: &str = "(SELECT `hs_h`.`slug`, CAST(`hs_h`.`cnt` + COALESCE((SELECT SUM(`hs_s`.`cnt`) FROM `hits_slots` AS `hs_s` WHERE `hs_s`.`slug` = `hs_h`.`slug`), 0) AS SIGNED) AS `cnt`, `hs_h`.`note` FROM hits AS `hs_h`)";
+
+    #[test]
+    fn metadata_is_asked_first() {
+        let spec: crate::rules::spec::RuleFile = toml::from_str(
+            "[[counter]]\nname = \"x\"\ntable = \"shop.hits\"\ncolumns = [\"cnt\"]\nslots = 4\nslot_table = \"s\"\n",
+        )
+        .unwrap();
+        let e = Engine::new(
+            vec![Arc::new(CounterRule::new(&spec.counter[0]).unwrap())],
+            10,
+        )
+        .unwrap();
+        match decide(&e, "SELECT cnt FROM hits") {
+            Decision::NeedMetadata(m) => assert_eq!(m.sql, "SELECT * FROM `shop`.`hits` LIMIT 0"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn increments_become_slot_upserts() {
+        let e = engine(&["slug"]);
+        let want = "INSERT INTO `hits_slots` (`slug`, `slot`, `cnt`) VALUES ('home', 0, 1) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)";
+        for sql in [
+            "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'",
+            "update `hits` set `cnt` = 1 + `cnt` where `slug` = 'home' limit 1",
+            "UPDATE shop.hits SET hits.cnt = hits.cnt + 1 WHERE 'home' = slug",
+        ] {
+            let r = rewrite(&e, sql);
+            let want = if sql.contains("shop.hits") {
+                want.replace("`hits_slots`", "shop.`hits_slots`")
+            } else {
+                want.to_string()
+            };
+            assert_sql(&r, &[&want]);
+            assert_eq!(
+                r.reply,
+                Reply::Ok {
+                    affected_rows: Affected::Fixed(1),
+                    info: Some("Rows matched: 1  Changed: 1  Warnings: 0".into())
+                }
+            );
+            assert!(!r.atomic);
+        }
+        let r = rewrite(&e, "UPDATE hits SET cnt = cnt - 5 WHERE slug = 'a''b'");
+        assert_sql(
+            &r,
+            &["INSERT INTO `hits_slots` (`slug`, `slot`, `cnt`) VALUES ('a''b', 0, -(5)) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)"],
+        );
+    }
+
+    #[test]
+    fn literals_are_copied_verbatim_from_each_statement() {
+        let e = engine(&["slug"]);
+        let a = rewrite(&e, "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'it\\'s'");
+        let b = rewrite(&e, "UPDATE hits SET cnt = cnt + 7 WHERE slug = 'x'");
+        assert!(String::from_utf8_lossy(&a.statements[0]).contains("'it\\'s'"));
+        assert!(String::from_utf8_lossy(&b.statements[0]).contains("VALUES ('x', 0, 7)"));
+    }
+
+    #[test]
+    fn global_counter_without_key() {
+        let e = engine(&[]);
+        let r = rewrite(&e, "UPDATE hits SET cnt = cnt + 1");
+        assert_sql(&r, &["INSERT INTO `hits_slots` (`slot`, `cnt`) VALUES (0, 1) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)"]);
+        assert!(
+            reject(&e, "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'x'").contains("without WHERE")
+        );
+    }
+
+    #[test]
+    fn absolute_set_and_delete_clear_slots_atomically() {
+        let e = engine(&["slug"]);
+        let r = rewrite(
+            &e,
+            "UPDATE hits SET cnt = 0, note = 'reset' WHERE hits.slug = 'home'",
+        );
+        assert_sql(
+            &r,
+            &[
+                "UPDATE hits SET cnt = 0, note = 'reset' WHERE hits.slug = 'home'",
+                "DELETE FROM `hits_slots` WHERE slug = 'home'",
+            ],
+        );
+        assert!(r.atomic);
+        assert_eq!(r.reply, Reply::OkOf(0));
+        let r = rewrite(&e, "DELETE FROM hits WHERE slug IN ('a', 'b')");
+        assert_sql(
+            &r,
+            &[
+                "DELETE FROM hits WHERE slug IN ('a', 'b')",
+                "DELETE FROM `hits_slots` WHERE slug IN ('a', 'b')",
+            ],
+        );
+        let r = rewrite(&e, "DELETE FROM hits");
+        assert_sql(&r, &["DELETE FROM hits", "DELETE FROM `hits_slots`"]);
+    }
+
+    #[test]
+    fn insert_on_duplicate_key_update() {
+        let e = engine(&["slug"]);
+        let r = rewrite(&e, "INSERT INTO hits (slug, cnt, note) VALUES ('home', 1, 'n') ON DUPLICATE KEY UPDATE cnt = cnt + 1");
+        assert_sql(
+            &r,
+            &[
+                "INSERT IGNORE INTO hits (`slug`, `cnt`, `note`) VALUES ('home', 0, 'n')",
+                "INSERT INTO `hits_slots` (`slug`, `slot`, `cnt`) VALUES ('home', 0, 1) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)",
+            ],
+        );
+        assert!(r.atomic);
+        assert_eq!(
+            r.reply,
+            Reply::Ok {
+                affected_rows: Affected::InsertedOrUpdated { probe: 0 },
+                info: None
+            }
+        );
+        let r = rewrite(&e, "INSERT INTO hits (slug, cnt) VALUES ('home', 3) ON DUPLICATE KEY UPDATE cnt = cnt + VALUES(cnt)");
+        assert!(String::from_utf8_lossy(&r.statements[1]).contains("VALUES ('home', 0, 3)"));
+        assert!(reject(
+            &e,
+            "INSERT INTO hits (slug, cnt) VALUES ('home', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 2"
+        )
+        .contains("differ"));
+        assert!(matches!(
+            decide(&e, "INSERT INTO hits (slug, cnt) VALUES ('new', 5)"),
+            Decision::Passthrough
+        ));
+    }
+
+    #[test]
+    fn reads_see_base_plus_slots() {
+        let e = engine(&["slug"]);
+        let r = rewrite(&e, "SELECT cnt FROM hits WHERE slug = 'home'");
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT cnt FROM {DERIVED} AS hits WHERE slug = 'home'"
+            )],
+        );
+        let Reply::Patched(p) = &r.reply else {
+            panic!("{:?}", r.reply)
+        };
+        assert_eq!(p.tables, vec!["hits".to_string()]);
+        assert_eq!(p.columns.len(), 3);
+        let r = rewrite(
+            &e,
+            "SELECT h.cnt, o.x FROM hits h JOIN other o ON o.slug = h.slug ORDER BY h.cnt DESC",
+        );
+        assert_sql(&r, &[&format!("SELECT h.cnt, o.x FROM {DERIVED} AS h JOIN other o ON o.slug = h.slug ORDER BY h.cnt DESC")]);
+        let r = rewrite(&e, "EXPLAIN SELECT * FROM hits WHERE slug = 'home'");
+        assert_sql(
+            &r,
+            &[&format!(
+                "EXPLAIN SELECT * FROM {DERIVED} AS hits WHERE slug = 'home'"
+            )],
+        );
+        // Updating other columns, or reading nothing of the table, passes through.
+        assert!(matches!(
+            decide(&e, "UPDATE hits SET note = 'x' WHERE slug = 'home'"),
+            Decision::Passthrough
+        ));
+        assert!(matches!(
+            decide(&e, "SHOW CREATE TABLE hits"),
+            Decision::Passthrough
+        ));
+    }
+
+    #[test]
+    fn unfaithful_shapes_are_rejected() {
+        let e = engine(&["slug"]);
+        for (sql, why) in [
+            (
+                "UPDATE hits SET cnt = cnt * 2 WHERE slug = 'home'",
+                "cannot be rewritten",
+            ),
+            (
+                "UPDATE hits SET cnt = cnt + 1 WHERE cnt > 5",
+                "WHERE condition on a counter",
+            ),
+            (
+                "UPDATE hits SET cnt = cnt + 1 WHERE slug > 'a'",
+                "must select one counter",
+            ),
+            (
+                "UPDATE hits SET cnt = cnt + 1, note = 'x' WHERE slug = 'a'",
+                "may not also set",
+            ),
+            (
+                "UPDATE hits h JOIN other o ON o.slug = h.slug SET h.cnt = h.cnt + 1",
+                "multi-table UPDATE",
+            ),
+            (
+                "UPDATE hits SET note = 'x' WHERE cnt = 3",
+                "WHERE condition on a counter",
+            ),
+            (
+                "DELETE FROM hits WHERE cnt = 0",
+                "WHERE condition on a counter",
+            ),
+            ("DELETE FROM hits WHERE note = 'x'", "only the key columns"),
+            ("TRUNCATE TABLE hits", "TRUNCATE"),
+            ("ALTER TABLE hits ADD COLUMN x INT", "ALTER"),
+            ("REPLACE INTO hits (slug, cnt) VALUES ('a', 1)", "REPLACE"),
+        ] {
+            let msg = reject(&e, sql);
+            assert!(
+                msg.starts_with("heatsink rule 'page_hits': "),
+                "{sql}: {msg}"
+            );
+            assert!(msg.contains(why), "{sql}: {msg}");
+            assert!(!msg.contains("?1"), "{sql}: markers leak into {msg}");
+        }
+    }
+
+    #[test]
+    fn prepared_statements_map_parameters() {
+        let e = engine(&["slug"]);
+        let d = e.decide(
+            b"UPDATE hits SET cnt = cnt + ? WHERE slug = ?",
+            &StatementContext {
+                prepared: true,
+                in_transaction: false,
+                current_db: Some("shop"),
+            },
+        );
+        let Decision::Rewrite(r) = d else {
+            panic!("{d:?}")
+        };
+        assert_eq!(r.param_map, Some(vec![1, 0]));
+        assert_sql(
+            &r,
+            &["INSERT INTO `hits_slots` (`slug`, `slot`, `cnt`) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)"],
+        );
+    }
+
+    #[test]
+    fn non_integer_counters_are_refused() {
+        let spec: crate::rules::spec::RuleFile = toml::from_str(
+            "[[counter]]\nname = \"x\"\ntable = \"hits\"\nkey = [\"slug\"]\ncolumns = [\"cnt\"]\nslots = 4\nslot_table = \"s\"\n",
+        )
+        .unwrap();
+        let e = Engine::new(
+            vec![Arc::new(CounterRule::new(&spec.counter[0]).unwrap())],
+            10,
+        )
+        .unwrap();
+        e.provide_metadata(0, &[col("slug", 0xfd, 0), col("cnt", types::DOUBLE, 0)]);
+        assert!(reject(&e, "SELECT cnt FROM hits").contains("integer"));
+    }
+}

@@ -29,6 +29,53 @@ pub enum Command {
         #[arg(long, default_value = "http://127.0.0.1:9633/healthz")]
         url: String,
     },
+    /// Create the slot tables and triggers the counter rules need.
+    ///
+    /// Checks every `[[counter]]` rule against the database (the logical table exists,
+    /// key and counter columns exist, counters are integers, the key is the primary key
+    /// or a unique key, an existing slot table or trigger fits) and prints the DDL.
+    /// Nothing changes without --apply; with it the statements run, idempotently.
+    Migrate(MigrateArgs),
+    /// Fold counter slot deltas back into the base values, online.
+    ///
+    /// One short transaction per key: lock its slot rows, add their sums to the logical
+    /// row (creating it if missing), delete them. Reads through the proxy stay exact
+    /// while it runs; deadlocks are retried.
+    Compact(CompactArgs),
+}
+
+/// `heatsink migrate` flags.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Rule file or directory of *.toml rule files.
+    #[arg(long, env = "HEATSINK_RULES")]
+    pub rules: PathBuf,
+    /// mysql://user:password@host:port/db; tables without a `db.` prefix live in db.
+    #[arg(long, env = "HEATSINK_BACKEND_URL")]
+    pub backend_url: String,
+    /// Execute the statements instead of only printing them.
+    #[arg(long)]
+    pub apply: bool,
+    /// Only the counter rule with this name.
+    #[arg(long)]
+    pub rule: Option<String>,
+}
+
+/// `heatsink compact` flags.
+#[derive(Debug, Args)]
+pub struct CompactArgs {
+    /// Rule file or directory of *.toml rule files.
+    #[arg(long, env = "HEATSINK_RULES")]
+    pub rules: PathBuf,
+    /// mysql://user:password@host:port/db; tables without a `db.` prefix live in db.
+    #[arg(long, env = "HEATSINK_BACKEND_URL")]
+    pub backend_url: String,
+    /// Only the counter rule with this name.
+    #[arg(long)]
+    pub rule: Option<String>,
+    /// Keys read per scan of the slot table (each key is still its own transaction).
+    #[arg(long, default_value_t = crate::compact::DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub batch: usize,
 }
 
 /// `heatsink serve` flags. All optional here: defaults are applied after merging the

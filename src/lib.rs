@@ -12,6 +12,8 @@
 //! - [`rules`]: rule files — loading, validation, building an engine.
 //! - [`server`]: accept loop, connection limit, graceful shutdown.
 //! - [`metrics`]: the `/metrics`, `/healthz` and `/readyz` HTTP endpoint.
+//! - [`migrate`] and [`compact`]: maintenance commands for counter rules — create
+//!   slot tables and triggers, fold slot deltas back into the base values.
 //! - [`config`] and [`cli`]: settings (flag > env > file > default) and subcommands.
 //! - [`error`]: errors tagged with their source (client, backend, rules, internal).
 //!
@@ -19,9 +21,11 @@
 //! parsed and when) are recorded in `docs/design.md`.
 
 pub mod cli;
+pub mod compact;
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod migrate;
 pub mod relay;
 pub mod rewrite;
 pub mod rules;
@@ -53,7 +57,33 @@ pub fn run(cli: cli::Cli) -> Result<()> {
             .build()
             .map_err(|e| Error::with_cause(Source::Internal, "starting runtime", e))?
             .block_on(metrics::probe(&url)),
+        cli::Command::Migrate(args) => {
+            let opts = migrate::MigrateOptions {
+                rules: &args.rules,
+                backend_url: &args.backend_url,
+                apply: args.apply,
+                rule: args.rule.as_deref(),
+            };
+            maintenance_runtime()?.block_on(migrate::run(&opts, &mut std::io::stdout().lock()))
+        }
+        cli::Command::Compact(args) => {
+            let opts = compact::CompactOptions {
+                rules: &args.rules,
+                backend_url: &args.backend_url,
+                rule: args.rule.as_deref(),
+                batch: args.batch,
+            };
+            maintenance_runtime()?.block_on(compact::run(&opts, &mut std::io::stdout().lock()))
+        }
     }
+}
+
+/// A single-threaded runtime for the maintenance commands (one connection each).
+fn maintenance_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::with_cause(Source::Internal, "starting runtime", e))
 }
 
 /// Starts the proxy with `config` and serves until `shutdown` resolves.

@@ -50,6 +50,18 @@ pub fn render(shared: &Shared) -> String {
         "counter",
         s.backend_connect_errors.load(Relaxed),
     );
+    counter(
+        "heatsink_coalesced_writes_total",
+        "Merged counter writes (group commit) holding more than one increment.",
+        "counter",
+        s.coalesced_writes.load(Relaxed),
+    );
+    counter(
+        "heatsink_coalesced_increments_total",
+        "Increments written as part of a merged write.",
+        "counter",
+        s.coalesced_increments.load(Relaxed),
+    );
     let _ = writeln!(
         out,
         "# HELP heatsink_statements_total Statements by outcome.\n# TYPE heatsink_statements_total counter"

@@ -4,9 +4,11 @@
 //!
 //! - [`response`]: where a response ends (pure state machine, unit-tested).
 //! - [`session`]: the per-connection task (handshake, auth, command loop).
+//! - [`coalesce`]: group commit of concurrent counter increments.
 //! - `splice`: running rewritten statements on the client's connection and shaping
 //!   the reply the original statement would have produced.
 
+pub mod coalesce;
 pub mod response;
 pub mod session;
 mod splice;

@@ -48,6 +48,10 @@ pub struct Stats {
     pub rewritten: AtomicU64,
     /// Statements rejected by a rule.
     pub rejected: AtomicU64,
+    /// Merged counter writes (group commit).
+    pub coalesced_writes: AtomicU64,
+    /// Increments that were part of a merged write.
+    pub coalesced_increments: AtomicU64,
 }
 
 /// State shared by every session of one server.
@@ -58,6 +62,8 @@ pub struct Shared {
     pub engine: ArcSwap<Engine>,
     /// Counters.
     pub stats: Stats,
+    /// Group commit of counter increments.
+    pub coalescer: Arc<super::coalesce::Coalescer>,
 }
 
 impl Shared {
@@ -67,6 +73,7 @@ impl Shared {
             config,
             engine: ArcSwap::from_pointee(engine),
             stats: Stats::default(),
+            coalescer: Arc::default(),
         })
     }
 }

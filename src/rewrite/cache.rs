@@ -32,10 +32,14 @@ pub enum Segment {
 pub struct Template {
     /// The segments of each rewritten statement, in order.
     pub statements: Vec<Vec<Segment>>,
+    /// Auxiliary texts rendered alongside (see [`crate::rewrite::Plan::aux`]).
+    pub aux: Vec<Vec<Segment>>,
     /// How the reply is built (copied into every rendering).
     pub reply: crate::rewrite::Reply,
     /// The statements commit together.
     pub atomic: bool,
+    /// Concurrent executions may be merged (see [`crate::rewrite::Plan::coalesce`]).
+    pub coalesce: bool,
 }
 
 impl Template {
@@ -95,8 +99,10 @@ impl Template {
         }
         Ok(Template {
             statements,
+            aux: Vec::new(),
             reply: crate::rewrite::Reply::Last,
             atomic: false,
+            coalesce: false,
         })
     }
 
@@ -110,30 +116,14 @@ impl Template {
         literals: &[Token],
         prepared: bool,
     ) -> Result<Rewritten, String> {
-        let mut statements = Vec::with_capacity(self.statements.len());
         let mut params = Vec::new();
+        let mut statements = Vec::with_capacity(self.statements.len());
         for segs in &self.statements {
-            let mut out = Vec::with_capacity(sql.len() + 64);
-            for seg in segs {
-                match seg {
-                    Segment::Text(t) => out.extend_from_slice(t),
-                    Segment::Literal(i) => {
-                        let t = literals
-                            .get(*i)
-                            .ok_or("the statement has fewer literals than its plan")?;
-                        out.extend_from_slice(&sql[t.start..t.end]);
-                    }
-                    Segment::Param(j) => {
-                        out.push(b'?');
-                        params.push(*j);
-                    }
-                    Segment::Dynamic(Dynamic::RandomBelow(n)) => {
-                        let v: u32 = rand::random_range(0..(*n).max(1));
-                        let _ = write!(out, "{v}");
-                    }
-                }
-            }
-            statements.push(out);
+            statements.push(render_segments(segs, sql, literals, &mut params)?);
+        }
+        let mut aux = Vec::with_capacity(self.aux.len());
+        for segs in &self.aux {
+            aux.push(render_segments(segs, sql, literals, &mut Vec::new())?);
         }
         Ok(Rewritten {
             rule: rule.clone(),
@@ -141,8 +131,41 @@ impl Template {
             param_map: prepared.then_some(params),
             reply: self.reply.clone(),
             atomic: self.atomic,
+            aux,
+            coalesce: self.coalesce,
         })
     }
+}
+
+/// Renders one templated text: literal bytes from `sql`, parameters as `?` (their
+/// original indices appended to `params`), dynamic values chosen now.
+fn render_segments(
+    segs: &[Segment],
+    sql: &[u8],
+    literals: &[Token],
+    params: &mut Vec<usize>,
+) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(sql.len() + 64);
+    for seg in segs {
+        match seg {
+            Segment::Text(t) => out.extend_from_slice(t),
+            Segment::Literal(i) => {
+                let t = literals
+                    .get(*i)
+                    .ok_or("the statement has fewer literals than its plan")?;
+                out.extend_from_slice(&sql[t.start..t.end]);
+            }
+            Segment::Param(j) => {
+                out.push(b'?');
+                params.push(*j);
+            }
+            Segment::Dynamic(Dynamic::RandomBelow(n)) => {
+                let v: u32 = rand::random_range(0..(*n).max(1));
+                let _ = write!(out, "{v}");
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// A decision as kept in the cache.

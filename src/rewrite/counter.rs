@@ -51,6 +51,8 @@ pub struct CounterRule {
     slot_column: String,
     /// Slot rows per counter.
     slots: u32,
+    /// Concurrent autocommit increments of one counter may be merged.
+    coalesce: bool,
     /// The logical table's columns, learned once from the database.
     meta: OnceLock<Vec<ColumnDef>>,
 }
@@ -72,6 +74,7 @@ impl CounterRule {
             columns: spec.columns.clone(),
             slot_column: spec.slot_column.clone(),
             slots: spec.slots,
+            coalesce: spec.coalesce,
             meta: OnceLock::new(),
         })
     }
@@ -173,6 +176,7 @@ impl CounterRule {
                 columns,
             })),
             atomic: false,
+            ..Default::default()
         }))
     }
 
@@ -265,6 +269,14 @@ impl CounterRule {
             let keys = self.key_values(u.selection.as_ref())?;
             let slot = ctx.random_below(self.slots).to_string();
             let sql = self.upsert_sql(name, &keys, &slot, &increments);
+            // Group commit: merged executions rebuild the upsert from these pieces
+            // with the summed deltas (text protocol only: parameters have no value
+            // at plan time).
+            let (aux, coalesce) = if self.coalesce && !ctx.prepared {
+                (self.merge_pieces(name, &keys, &slot, &increments), true)
+            } else {
+                (Vec::new(), false)
+            };
             return Ok(Some(Plan {
                 statements: parse(&sql)?,
                 reply: Reply::Ok {
@@ -272,6 +284,8 @@ impl CounterRule {
                     info: Some("Rows matched: 1  Changed: 1  Warnings: 0".into()),
                 },
                 atomic: false,
+                aux,
+                coalesce,
             }));
         }
         // Absolute set: the base takes the value, the slots are cleared.
@@ -285,6 +299,7 @@ impl CounterRule {
             statements,
             reply: Reply::OkOf(0),
             atomic: true,
+            ..Default::default()
         }))
     }
 
@@ -407,6 +422,39 @@ impl CounterRule {
         )
     }
 
+    /// `[prefix, key values, suffix, slot, delta…]`: the merged upsert is
+    /// `prefix + keys + ", " + slot + ", " + sums + suffix` (no key: `prefix + slot …`).
+    fn merge_pieces(
+        &self,
+        logical: &ObjectName,
+        keys: &[Expr],
+        slot: &str,
+        incs: &[(String, Expr)],
+    ) -> Vec<String> {
+        let mut cols: Vec<String> = self.key.iter().map(|k| quote(k)).collect();
+        cols.push(quote(&self.slot_column));
+        cols.extend(incs.iter().map(|(c, _)| quote(c)));
+        let upd: Vec<String> = incs
+            .iter()
+            .map(|(c, _)| format!("{0} = {0} + VALUES({0})", quote(c)))
+            .collect();
+        let mut aux = vec![
+            format!(
+                "INSERT INTO {} ({}) VALUES (",
+                self.slot_sql(logical),
+                cols.join(", ")
+            ),
+            keys.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            format!(") ON DUPLICATE KEY UPDATE {}", upd.join(", ")),
+            slot.to_string(),
+        ];
+        aux.extend(incs.iter().map(|(_, d)| d.to_string()));
+        aux
+    }
+
     fn plan_insert(
         &self,
         ins: &Insert,
@@ -524,6 +572,7 @@ impl CounterRule {
                 info: None,
             },
             atomic: true,
+            ..Default::default()
         }))
     }
 
@@ -586,6 +635,7 @@ impl CounterRule {
             statements,
             reply: Reply::OkOf(0),
             atomic: true,
+            ..Default::default()
         }))
     }
 

@@ -529,8 +529,19 @@ impl Engine {
         let printed: Vec<String> = plan.statements.iter().map(ToString::to_string).collect();
         match Template::build(&printed, slots, dynamics) {
             Ok(mut template) => {
+                let aux = match Template::build(&plan.aux, slots, dynamics) {
+                    Ok(t) => t.statements,
+                    Err(e) => {
+                        return Cached::Reject(Rejection {
+                            rule,
+                            reason: format!("internal error: {e}"),
+                        })
+                    }
+                };
+                template.aux = aux;
                 template.reply = plan.reply;
                 template.atomic = plan.atomic;
+                template.coalesce = plan.coalesce;
                 Cached::Rewrite { rule, template }
             }
             Err(e) => Cached::Reject(Rejection {

@@ -166,6 +166,11 @@ pub struct Rewritten {
     /// The statements must commit together: outside a client transaction in
     /// autocommit mode the connection wraps them in BEGIN … COMMIT.
     pub atomic: bool,
+    /// Rendered auxiliary texts of the plan (see [`Plan::aux`]).
+    pub aux: Vec<Vec<u8>>,
+    /// Concurrent autocommit executions of this rewrite for the same target may be
+    /// merged into one write (see [`Plan::coalesce`]).
+    pub coalesce: bool,
 }
 
 /// How the client's answer to a rewritten statement is built.
@@ -261,6 +266,14 @@ pub struct Plan {
     pub reply: Reply,
     /// The statements must commit together (see [`Rewritten::atomic`]).
     pub atomic: bool,
+    /// Texts rendered like the statements (markers replaced by the values of each
+    /// execution) but not run: pieces a rule kind's executor reassembles, such as
+    /// the parts of a mergeable increment.
+    pub aux: Vec<String>,
+    /// Executions may be merged by the connection layer's group commit; `aux` then
+    /// holds `[prefix, key values, suffix, delta…]` of a counter increment (see
+    /// `relay::coalesce`).
+    pub coalesce: bool,
 }
 
 impl From<Vec<Statement>> for Plan {

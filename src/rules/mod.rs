@@ -127,6 +127,33 @@ pub fn load(path: &Path, cache_capacity: u64) -> Result<Engine, Error> {
         .map_err(|e| Error::with_cause(Source::Rules, "building rule set", e))
 }
 
+/// The `[[counter]]` rules under `path`, in file order. Every file is first validated
+/// exactly as `serve` would load it, so maintenance commands never act on a rule set
+/// the proxy would refuse.
+pub fn counter_specs(path: &Path) -> Result<Vec<spec::CounterSpec>, Error> {
+    let mut specs = Vec::new();
+    for file in rule_files(path)? {
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            Error::with_cause(
+                Source::Rules,
+                format!("reading rule file {}", file.display()),
+                e,
+            )
+        })?;
+        parse_file(&text, &file)
+            .map_err(|e| Error::with_cause(Source::Rules, "invalid rule file", e))?;
+        let parsed: spec::RuleFile = toml::from_str(&text).map_err(|e| {
+            Error::with_cause(
+                Source::Rules,
+                format!("invalid rule file {}", file.display()),
+                e,
+            )
+        })?;
+        specs.extend(parsed.counter);
+    }
+    Ok(specs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

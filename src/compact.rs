@@ -1,0 +1,463 @@
+//! `heatsink compact`: folds counter slot deltas back into the base values, online.
+//!
+//! A counter's value is `base + SUM(slot deltas)` (see [`crate::rewrite::counter`]).
+//! Slot rows accumulate as keys get incremented; compaction moves their sum into the
+//! logical table's row and deletes them, one key per short transaction:
+//!
+//! ```sql
+//! START TRANSACTION;
+//! SELECT slot, c… FROM slots WHERE key = ? FOR UPDATE;       -- lock this key's deltas
+//! UPDATE logical SET c = c + <sum> … WHERE key = ?;           -- fold them into the base
+//! DELETE FROM slots WHERE key = ? AND slot IN (<locked>);     -- exactly the rows summed
+//! COMMIT;
+//! ```
+//!
+//! `base + SUM(slots)` is the same before and after each transaction, so reads through
+//! the proxy stay exact while compaction runs, and increments that land meanwhile are
+//! kept: a new slot row is not among the locked ones, an existing one waits for the
+//! lock. A key whose slot rows have no logical row (no trigger, or the row was deleted
+//! directly) gets one, holding the summed value. Deadlocks (1213) and lock-wait
+//! timeouts (1205) roll the key back and retry it a few times.
+//!
+//! Keys are visited once, in primary-key order, `--batch` at a time, so keys that keep
+//! getting incremented do not keep the command busy forever.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Row, Value};
+
+use crate::error::{Error, Result, Source};
+use crate::migrate::{check_rule, connect, default_db, emit, select_rules, values, CheckedRule};
+use crate::rules::spec::quote;
+
+/// Attempts per key before a deadlock or lock-wait timeout is reported as a failure.
+const ATTEMPTS: u32 = 5;
+
+/// Keys read per scan of the slot table when `--batch` is not given.
+pub const DEFAULT_BATCH: usize = 1000;
+
+/// What `heatsink compact` was asked to do.
+#[derive(Debug, Clone)]
+pub struct CompactOptions<'a> {
+    /// Rule file or directory of rule files.
+    pub rules: &'a Path,
+    /// `mysql://user:pw@host:port/db` of the database the rules apply to.
+    pub backend_url: &'a str,
+    /// Only this rule, when given.
+    pub rule: Option<&'a str>,
+    /// Keys read per scan of the slot table.
+    pub batch: usize,
+}
+
+/// What one rule's compaction did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Stats {
+    /// Keys whose slot rows were folded into the base.
+    pub keys: u64,
+    /// Slot rows deleted.
+    pub rows: u64,
+    /// Keys that could not be compacted, with the reason.
+    pub failed: Vec<String>,
+}
+
+/// Compacts every selected counter rule and prints one summary line per rule.
+/// Fails when a rule does not fit its tables or a key could not be compacted (the
+/// other keys are still compacted).
+pub async fn run(opts: &CompactOptions<'_>, out: &mut dyn Write) -> Result<()> {
+    let specs = select_rules(crate::rules::counter_specs(opts.rules)?, opts.rule)?;
+    if specs.is_empty() {
+        emit(out, "no counter rules: nothing to compact")?;
+        return Ok(());
+    }
+    let batch = opts.batch.max(1);
+    let mut conn = connect(opts.backend_url).await?;
+    let default_db = default_db(opts.backend_url)?;
+    let mut failed = Vec::new();
+    for spec in &specs {
+        let rule = check_rule(&mut conn, spec, default_db.as_deref()).await?;
+        if rule.create_table.is_some() {
+            emit(
+                out,
+                &format!(
+                    "rule {}: slot table {} does not exist (run heatsink migrate); nothing to compact",
+                    spec.name,
+                    rule.slot.quoted()
+                ),
+            )?;
+            continue;
+        }
+        let stats = compact_rule(&mut conn, &rule, batch).await?;
+        emit(
+            out,
+            &format!(
+                "rule {}: {} keys compacted, {} slot rows removed{}",
+                spec.name,
+                stats.keys,
+                stats.rows,
+                if stats.failed.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} keys failed", stats.failed.len())
+                }
+            ),
+        )?;
+        failed.extend(
+            stats
+                .failed
+                .into_iter()
+                .map(|f| format!("rule {}: {f}", spec.name)),
+        );
+    }
+    let _ = conn.disconnect().await;
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::new(
+            Source::Backend,
+            format!(
+                "{} keys could not be compacted:\n  {}",
+                failed.len(),
+                failed.join("\n  ")
+            ),
+        ))
+    }
+}
+
+/// The SQL one rule's compaction runs, built once.
+struct Sql {
+    /// Locks and reads one key's slot rows.
+    select: String,
+    /// Adds the sums to the base row.
+    update: String,
+    /// Inserts a missing base row.
+    insert: String,
+    /// `DELETE … AND slot IN (` — the placeholders and `)` are appended per key.
+    delete_prefix: String,
+}
+
+impl Sql {
+    fn new(rule: &CheckedRule) -> Sql {
+        let slot = rule.slot.quoted();
+        let logical = rule.logical.quoted();
+        let key_filter = rule
+            .key
+            .iter()
+            .map(|k| format!("{} = ?", quote(k)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let where_key = if key_filter.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {key_filter}")
+        };
+        let counters: Vec<String> = rule.columns.iter().map(|c| quote(c)).collect();
+        let select = format!(
+            "SELECT {}, {} FROM {slot}{where_key} FOR UPDATE",
+            quote(&rule.slot_column),
+            counters.join(", ")
+        );
+        let update = format!(
+            "UPDATE {logical} SET {}{where_key}",
+            counters
+                .iter()
+                .map(|c| format!("{c} = {c} + ?"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let insert_cols: Vec<String> = rule
+            .key
+            .iter()
+            .map(|k| quote(k))
+            .chain(counters.clone())
+            .collect();
+        let marks = vec!["?"; insert_cols.len()].join(", ");
+        let insert = if rule.key.is_empty() {
+            format!(
+                "INSERT INTO {logical} ({}) VALUES ({marks})",
+                insert_cols.join(", ")
+            )
+        } else {
+            format!(
+                "INSERT INTO {logical} ({}) VALUES ({marks}) ON DUPLICATE KEY UPDATE {}",
+                insert_cols.join(", "),
+                counters
+                    .iter()
+                    .map(|c| format!("{c} = {c} + VALUES({c})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let delete_prefix = if key_filter.is_empty() {
+            format!("DELETE FROM {slot} WHERE {} IN (", quote(&rule.slot_column))
+        } else {
+            format!(
+                "DELETE FROM {slot} WHERE {key_filter} AND {} IN (",
+                quote(&rule.slot_column)
+            )
+        };
+        Sql {
+            select,
+            update,
+            insert,
+            delete_prefix,
+        }
+    }
+
+    /// The next `batch` distinct keys of the slot table after `cursor`, in key order.
+    fn next_keys(
+        rule: &CheckedRule,
+        cursor: Option<&[Value]>,
+        batch: usize,
+    ) -> (String, Vec<Value>) {
+        let cols: Vec<String> = rule.key.iter().map(|k| quote(k)).collect();
+        let mut sql = format!(
+            "SELECT DISTINCT {} FROM {}",
+            cols.join(", "),
+            rule.slot.quoted()
+        );
+        let mut params = Vec::new();
+        if let Some(after) = cursor {
+            // (k1, k2) > (a, b) spelled out, which every server optimises as a range.
+            let mut ors = Vec::new();
+            for i in 0..cols.len() {
+                let mut ands: Vec<String> = Vec::new();
+                for (j, col) in cols.iter().enumerate().take(i) {
+                    ands.push(format!("{col} = ?"));
+                    params.push(after.get(j).cloned().unwrap_or(Value::NULL));
+                }
+                ands.push(format!("{} > ?", cols[i]));
+                params.push(after.get(i).cloned().unwrap_or(Value::NULL));
+                ors.push(format!("({})", ands.join(" AND ")));
+            }
+            sql.push_str(&format!(" WHERE {}", ors.join(" OR ")));
+        }
+        sql.push_str(&format!(" ORDER BY {} LIMIT {batch}", cols.join(", ")));
+        (sql, params)
+    }
+}
+
+/// Compacts every key of one rule that has slot rows.
+pub(crate) async fn compact_rule(
+    conn: &mut Conn,
+    rule: &CheckedRule,
+    batch: usize,
+) -> Result<Stats> {
+    let sql = Sql::new(rule);
+    let mut stats = Stats::default();
+    if rule.key.is_empty() {
+        compact_one(conn, rule, &sql, &[], &mut stats).await?;
+        return Ok(stats);
+    }
+    let mut cursor: Option<Vec<Value>> = None;
+    loop {
+        let (scan, params) = Sql::next_keys(rule, cursor.as_deref(), batch);
+        let rows: Vec<Row> = conn.exec(scan.as_str(), params).await.map_err(|e| {
+            Error::with_cause(
+                Source::Backend,
+                format!(
+                    "rule {}: listing keys of {}",
+                    rule.spec.name,
+                    rule.slot.quoted()
+                ),
+                e,
+            )
+        })?;
+        let keys: Vec<Vec<Value>> = rows.into_iter().map(values).collect();
+        for key in &keys {
+            compact_one(conn, rule, &sql, key, &mut stats).await?;
+        }
+        if keys.len() < batch {
+            break;
+        }
+        cursor = keys.last().cloned();
+    }
+    Ok(stats)
+}
+
+/// Compacts one key with retries, recording the outcome in `stats`. Only a lost
+/// connection (or another non-server error) aborts the run.
+async fn compact_one(
+    conn: &mut Conn,
+    rule: &CheckedRule,
+    sql: &Sql,
+    key: &[Value],
+    stats: &mut Stats,
+) -> Result<()> {
+    let mut attempt = 1;
+    loop {
+        let outcome = compact_key(conn, rule, sql, key).await;
+        let err = match outcome {
+            Ok(0) => return Ok(()),
+            Ok(rows) => {
+                stats.keys += 1;
+                stats.rows += rows;
+                return Ok(());
+            }
+            Err(e) => e,
+        };
+        // Best effort: after an error the transaction may already be gone.
+        let _ = conn.query_drop("ROLLBACK").await;
+        let code = match &err {
+            KeyError::Sql(mysql_async::Error::Server(s)) => Some(s.code),
+            KeyError::Sql(_) => None,
+            KeyError::Value(_) => Some(0),
+        };
+        match code {
+            Some(1213) | Some(1205) if attempt < ATTEMPTS => {
+                tokio::time::sleep(Duration::from_millis(10 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            Some(_) => {
+                stats.failed.push(format!("key {}: {err}", show_key(key)));
+                return Ok(());
+            }
+            None => {
+                return Err(Error::new(
+                    Source::Backend,
+                    format!(
+                        "rule {}: compacting key {}: {err}",
+                        rule.spec.name,
+                        show_key(key)
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+/// Why one key's transaction failed.
+#[derive(Debug)]
+enum KeyError {
+    /// The server or the connection.
+    Sql(mysql_async::Error),
+    /// A value the fold cannot represent.
+    Value(String),
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyError::Sql(e) => write!(f, "{e}"),
+            KeyError::Value(s) => f.write_str(s),
+        }
+    }
+}
+
+impl From<mysql_async::Error> for KeyError {
+    fn from(e: mysql_async::Error) -> Self {
+        KeyError::Sql(e)
+    }
+}
+
+/// One key's transaction; returns the slot rows removed. The caller rolls back on error.
+async fn compact_key(
+    conn: &mut Conn,
+    rule: &CheckedRule,
+    sql: &Sql,
+    key: &[Value],
+) -> std::result::Result<u64, KeyError> {
+    conn.query_drop("START TRANSACTION").await?;
+    let rows: Vec<Row> = conn.exec(sql.select.as_str(), key.to_vec()).await?;
+    if rows.is_empty() {
+        // Compacted by someone else, or the key was deleted meanwhile.
+        conn.query_drop("COMMIT").await?;
+        return Ok(0);
+    }
+    let mut slots = Vec::with_capacity(rows.len());
+    let mut sums = vec![0i128; rule.columns.len()];
+    for row in rows {
+        let mut cells = values(row).into_iter();
+        slots.push(cells.next().unwrap_or(Value::NULL));
+        for (sum, cell) in sums.iter_mut().zip(cells) {
+            *sum += integer(&cell)?;
+        }
+    }
+    let sums: Vec<Value> = sums
+        .iter()
+        .map(|&s| to_value(s))
+        .collect::<std::result::Result<_, _>>()?;
+
+    let mut params = sums.clone();
+    params.extend_from_slice(key);
+    conn.exec_drop(sql.update.as_str(), params).await?;
+    if conn.affected_rows() == 0 {
+        let mut params = key.to_vec();
+        params.extend(sums);
+        conn.exec_drop(sql.insert.as_str(), params).await?;
+    }
+
+    let mut delete = sql.delete_prefix.clone();
+    delete.push_str(&vec!["?"; slots.len()].join(", "));
+    delete.push(')');
+    let mut params = key.to_vec();
+    params.extend(slots.iter().cloned());
+    conn.exec_drop(delete.as_str(), params).await?;
+    let removed = conn.affected_rows();
+    if removed != slots.len() as u64 {
+        // Cannot happen while the rows are locked; never commit a fold that lost rows.
+        return Err(KeyError::Value(format!(
+            "locked {} slot rows but deleted {removed}; rolled back",
+            slots.len()
+        )));
+    }
+    conn.query_drop("COMMIT").await?;
+    Ok(removed)
+}
+
+/// A slot delta as an integer (NULL counts as 0, like `SUM`).
+fn integer(v: &Value) -> std::result::Result<i128, KeyError> {
+    match v {
+        Value::NULL => Ok(0),
+        Value::Int(i) => Ok(i128::from(*i)),
+        Value::UInt(u) => Ok(i128::from(*u)),
+        Value::Bytes(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.trim().parse::<i128>().ok())
+            .ok_or_else(|| KeyError::Value(format!("slot delta {v:?} is not an integer"))),
+        other => Err(KeyError::Value(format!(
+            "slot delta {other:?} is not an integer"
+        ))),
+    }
+}
+
+/// A sum as a parameter, exactly.
+fn to_value(sum: i128) -> std::result::Result<Value, KeyError> {
+    if let Ok(i) = i64::try_from(sum) {
+        Ok(Value::Int(i))
+    } else if let Ok(u) = u64::try_from(sum) {
+        Ok(Value::UInt(u))
+    } else {
+        Err(KeyError::Value(format!(
+            "the slot deltas sum to {sum}, beyond any integer column"
+        )))
+    }
+}
+
+/// `('a', 3)` for messages.
+fn show_key(key: &[Value]) -> String {
+    if key.is_empty() {
+        return "(the single counter row)".to_string();
+    }
+    let parts: Vec<String> = key.iter().map(|v| v.as_sql(false)).collect();
+    format!("({})", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_become_exact_parameters() {
+        assert_eq!(to_value(-5).unwrap(), Value::Int(-5));
+        assert_eq!(
+            to_value(i128::from(u64::MAX)).unwrap(),
+            Value::UInt(u64::MAX)
+        );
+        assert!(to_value(i128::from(u64::MAX) + 1).is_err());
+        assert_eq!(integer(&Value::Bytes(b"-12".to_vec())).unwrap(), -12);
+        assert_eq!(integer(&Value::NULL).unwrap(), 0);
+    }
+}

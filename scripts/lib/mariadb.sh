@@ -32,7 +32,15 @@ SB_PASSWORD=sb-pw
 HS_PIDS=()
 HS_DIRS=()
 
-hs_log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# Log lines go to the script's original stderr (saved by hs_install_traps), also
+# when the caller has redirected stderr, e.g. while a trap runs inside `cmd 2>log`.
+hs_log() {
+	if [[ -n "${HS_LOG_FD:-}" ]]; then
+		printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&"$HS_LOG_FD"
+	else
+		printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2
+	fi
+}
 hs_die() {
 	hs_log "error: $*"
 	exit 1
@@ -131,6 +139,7 @@ hs_cleanup() {
 
 # hs_install_traps -> everything registered is stopped on exit, Ctrl-C or TERM.
 hs_install_traps() {
+	exec {HS_LOG_FD}>&2
 	trap hs_cleanup EXIT
 	trap 'hs_log "interrupted"; exit 130' INT
 	trap 'hs_log "terminated"; exit 143' TERM

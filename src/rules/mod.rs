@@ -172,6 +172,28 @@ mod tests {
         assert!(e.to_string().starts_with("r.toml:3:"), "{e}");
     }
 
+    /// The shipped examples and every TOML block of the rule reference parse.
+    #[test]
+    fn shipped_examples_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+        let files = rule_files(&dir).unwrap();
+        assert!(!files.is_empty());
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let rules = parse_file(&text, &f).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!rules.is_empty(), "{} defines no rule", f.display());
+        }
+        let reference = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        let mut blocks = 0;
+        for block in reference.split("```toml").skip(1) {
+            let toml = block.split("```").next().unwrap();
+            parse_file(toml, Path::new("rules/README.md"))
+                .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+            blocks += 1;
+        }
+        assert!(blocks > 0);
+    }
+
     #[test]
     fn missing_path_is_an_error() {
         assert!(load(Path::new("/nonexistent/heatsink-rules"), 10).is_err());

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Starts a private MariaDB (temporary data directory, free loopback port) with the
+# example schema, creates the slot tables for the example rules, and runs heatsink in
+# front of it on 127.0.0.1:6033 (HEATSINK_DEMO_LISTEN to change). Ctrl-C stops both.
+# Installs mariadb-server on Debian when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+listen=${HEATSINK_DEMO_LISTEN:-127.0.0.1:6033}
+sudo_cmd=""
+[ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+if ! { [ -x /usr/sbin/mariadbd ] && command -v mariadb >/dev/null 2>&1; }; then
+  echo "installing mariadb-server"
+  $sudo_cmd apt-get update -qq
+  printf '#!/bin/sh\nexit 101\n' | $sudo_cmd tee /usr/sbin/policy-rc.d >/dev/null
+  $sudo_cmd chmod +x /usr/sbin/policy-rc.d
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq mariadb-server mariadb-client >/dev/null
+  $sudo_cmd rm -f /usr/sbin/policy-rc.d
+fi
+
+cargo build --release --quiet --bin heatsink
+# shellcheck source=lib/mariadb.sh
+source scripts/lib/mariadb.sh
+hs_install_traps
+mariadb_start
+mariadb --no-defaults -uroot --socket="$MARIADB_SOCKET" < examples/demo/schema.sql
+target/release/heatsink migrate --rules rules/ \
+  --backend-url "mysql://root@127.0.0.1:$MARIADB_PORT/demo" --apply
+
+cat <<TXT
+
+MariaDB (private, port $MARIADB_PORT) has database 'demo' with table 'hits'.
+heatsink listens on $listen with the rules in rules/. Try:
+
+  mariadb -h${listen%:*} -P${listen##*:} -udemo -pdemo demo \\
+    -e "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'; SELECT * FROM hits"
+
+Metrics: http://127.0.0.1:9633/metrics   Stop: Ctrl-C
+TXT
+target/release/heatsink serve --listen "$listen" --backend "127.0.0.1:$MARIADB_PORT" \
+  --rules rules/ --metrics 127.0.0.1:9633

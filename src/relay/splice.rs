@@ -46,8 +46,6 @@ pub struct PreparedRewrite {
     pub types: Option<Vec<u8>>,
     /// How replies are shaped.
     pub reply: Reply,
-    /// The original statement's column definitions (what the client must see).
-    pub columns: Vec<ColumnDef>,
     /// The client sent COM_STMT_SEND_LONG_DATA, which rewritten statements do not
     /// support; the next execute fails with a clear error.
     pub long_data: bool,
@@ -132,7 +130,11 @@ impl Session {
                 self.reply(cmd_seq, &payload).await?;
                 return Ok(None);
             }
-            engine.provide_metadata(req.rule, &column_defs(&c.packets));
+            engine.provide_metadata(
+                req.rule,
+                self.current_db.as_deref(),
+                &column_defs(&c.packets),
+            );
         }
         let msg = "heatsink: a rule could not learn the table's columns";
         self.reply(cmd_seq, &err_of(errors::UNKNOWN, msg)).await?;
@@ -203,7 +205,7 @@ impl Session {
             let next = self.backend.write_packet(0, &payload).await?;
             let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
             return match &rw.reply {
-                Reply::Patched(p) => self.relay_patched(Patch::ByName(p), false, cmd_seq).await,
+                Reply::Patched(p) => self.relay_patched(p, false, cmd_seq).await,
                 _ => self
                     .relay_response(ResponseKind::Generic, shift, cmd_seq)
                     .await
@@ -374,9 +376,25 @@ impl Session {
 
     /// Builds the client's answer from the collected responses of a rewrite.
     async fn answer(&mut self, reply: &Reply, results: &[Collected], cmd_seq: u8) -> Result<()> {
+        // A probe that found its row (INSERT IGNORE of an existing key) warns about
+        // the duplicate; the original statement would not have.
+        let quiet_probe = match reply {
+            Reply::Ok {
+                affected_rows: Affected::InsertedOrUpdated { probe },
+                ..
+            } => Some(*probe).filter(|p| {
+                results
+                    .get(*p)
+                    .and_then(Collected::ok)
+                    .is_some_and(|o| o.affected_rows == 0)
+            }),
+            _ => None,
+        };
         let warnings = results
             .iter()
-            .filter_map(|c| c.ok())
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != quiet_probe)
+            .filter_map(|(_, c)| c.ok())
             .map(|o| o.warnings as u32)
             .sum::<u32>()
             .min(u16::MAX as u32) as u16;
@@ -439,7 +457,12 @@ impl Session {
     /// Relays a result set whose column definitions must be restored to the logical
     /// table's (and, in the binary protocol, whose row values must be re-encoded to
     /// the restored types).
-    async fn relay_patched(&mut self, patch: Patch<'_>, binary: bool, cmd_seq: u8) -> Result<()> {
+    async fn relay_patched(
+        &mut self,
+        patch: &ColumnPatch,
+        binary: bool,
+        cmd_seq: u8,
+    ) -> Result<()> {
         let mut out = BytesMut::with_capacity(16 * 1024);
         let mut seq = cmd_seq.wrapping_add(1);
         let first = self.backend.read_logical().await?;
@@ -461,20 +484,13 @@ impl Session {
         let mut recode = RowRecode {
             columns: Vec::with_capacity(count),
         };
-        for i in 0..count {
+        for _ in 0..count {
             let p = self.backend.read_logical().await?;
             let Some(mut def) = ColumnDef::parse(&p.payload()) else {
                 return Err(Error::backend("malformed column definition"));
             };
             let arriving = (def.column_type, def.flags & UNSIGNED_FLAG != 0);
-            match &patch {
-                Patch::ByName(cp) => restore(&mut def, cp),
-                Patch::Exact(cols) => {
-                    if let Some(orig) = cols.get(i) {
-                        def = orig.clone();
-                    }
-                }
-            }
+            restore(&mut def, patch);
             recode.columns.push((
                 arriving.0,
                 arriving.1,
@@ -589,13 +605,6 @@ impl Session {
             seq = frame_into(&mut out, seq, &p.payload);
         }
         let params = orig_ok.params as usize;
-        let skip = 1 + params + usize::from(params > 0 && !self.deprecate_eof);
-        let columns = orig_pkts
-            .iter()
-            .skip(skip)
-            .take(orig_ok.columns as usize)
-            .filter_map(|p| ColumnDef::parse(&p.payload))
-            .collect();
         self.prepared.insert(
             new_ok.statement_id,
             PreparedRewrite {
@@ -604,7 +613,6 @@ impl Session {
                 client_params: params,
                 types: None,
                 reply: rw.reply.clone(),
-                columns,
                 long_data: false,
             },
         );
@@ -638,12 +646,10 @@ impl Session {
             }
         };
         let reply = p.reply.clone();
-        let columns = p.columns.clone();
         match reply {
-            Reply::Patched(_) => {
+            Reply::Patched(p) => {
                 self.backend.write_packet(0, &backend_exec).await?;
-                self.relay_patched(Patch::Exact(&columns), true, cmd_seq)
-                    .await
+                self.relay_patched(&p, true, cmd_seq).await
             }
             Reply::Last => {
                 let next = self.backend.write_packet(0, &backend_exec).await?;
@@ -679,35 +685,40 @@ impl Session {
     }
 }
 
-/// How to restore column definitions of a rewritten read.
-enum Patch<'a> {
-    /// Text protocol: columns recognised by derived-table alias and column name.
-    ByName(&'a ColumnPatch),
-    /// Prepared statements: the original statement's definitions, column by column.
-    Exact(&'a [ColumnDef]),
-}
-
 /// Restores one column definition if it comes from a derived table the rewrite
 /// introduced (its `org_table` is the derived table's alias) and names a logical
 /// column: everything but the name and table alias the client gave is restored.
 fn restore(def: &mut ColumnDef, patch: &ColumnPatch) {
-    let org_table = String::from_utf8_lossy(&def.org_table);
-    if !patch
-        .tables
-        .iter()
-        .any(|t| t.eq_ignore_ascii_case(&org_table))
-    {
+    let is_alias = |t: &[u8]| {
+        let t = String::from_utf8_lossy(t);
+        patch.tables.iter().any(|a| a.eq_ignore_ascii_case(&t))
+    };
+    // Merged into a join, a computed column may lose its org_table and org_name;
+    // the table alias and the name still say where it comes from.
+    let derived = is_alias(&def.org_table) || (def.org_table.is_empty() && is_alias(&def.table));
+    if !derived {
         return;
     }
-    let org_name = String::from_utf8_lossy(&def.org_name).to_ascii_lowercase();
-    if let Some((_, logical)) = patch.columns.iter().find(|(n, _)| *n == org_name) {
+    let name = if def.org_name.is_empty() {
+        &def.name
+    } else {
+        &def.org_name
+    };
+    let name = String::from_utf8_lossy(name).to_ascii_lowercase();
+    let Some((_, logical)) = patch.columns.iter().find(|(n, _)| *n == name) else {
+        return;
+    };
+    def.org_table = logical.org_table.clone();
+    def.org_name = logical.org_name.clone();
+    if def.schema.is_empty() {
+        // A computed column: restore the logical column's type. Nullability is
+        // the query's (an outer join makes the column nullable).
+        const NOT_NULL: u16 = 1;
         def.schema = logical.schema.clone();
-        def.org_table = logical.org_table.clone();
-        def.org_name = logical.org_name.clone();
         def.charset = logical.charset;
         def.length = logical.length;
         def.column_type = logical.column_type;
-        def.flags = logical.flags;
+        def.flags = (logical.flags & !NOT_NULL) | (def.flags & NOT_NULL);
         def.decimals = logical.decimals;
     }
 }
@@ -779,7 +790,6 @@ mod tests {
             client_params,
             types: None,
             reply: Reply::Last,
-            columns: Vec::new(),
             long_data: false,
         }
     }
@@ -877,6 +887,7 @@ mod tests {
         restore(&mut other, &patch);
         assert_eq!(other.column_type, 8);
         let mut expr = mk("", "", "cnt", 8);
+        expr.table = Vec::new();
         restore(&mut expr, &patch);
         assert_eq!(expr.column_type, 8);
     }

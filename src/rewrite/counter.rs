@@ -22,8 +22,9 @@
 //! exists with base 0. Without the trigger such increments stay invisible to reads
 //! until the row is inserted.
 
+use std::collections::HashMap;
 use std::ops::ControlFlow;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, RwLock};
 
 use sqlparser::ast::{
     AssignmentTarget, BinaryOperator, Delete, Expr, FromTable, Ident, Insert, ObjectName, OnInsert,
@@ -53,8 +54,9 @@ pub struct CounterRule {
     slots: u32,
     /// Concurrent autocommit increments of one counter may be merged.
     coalesce: bool,
-    /// The logical table's columns, learned once from the database.
-    meta: OnceLock<Vec<ColumnDef>>,
+    /// The logical table's columns, learned from the database once per database
+    /// (a rule without a database applies to a table of that name in each one).
+    meta: RwLock<HashMap<String, Arc<Vec<ColumnDef>>>>,
 }
 
 fn eq(a: &str, b: &str) -> bool {
@@ -75,7 +77,7 @@ impl CounterRule {
             slot_column: spec.slot_column.clone(),
             slots: spec.slots,
             coalesce: spec.coalesce,
-            meta: OnceLock::new(),
+            meta: RwLock::default(),
         })
     }
 
@@ -133,18 +135,26 @@ impl CounterRule {
         ))
     }
 
-    fn meta(&self) -> Result<&[ColumnDef], String> {
-        let meta = self
-            .meta
-            .get()
-            .ok_or_else(|| "the table's columns are not known yet".to_string())?;
-        Ok(meta)
+    /// The database whose table this rule means for a connection in `current_db`.
+    fn database<'a>(&'a self, current_db: Option<&'a str>) -> Option<&'a str> {
+        self.tables[0].db.as_deref().or(current_db)
+    }
+
+    fn meta(&self, ctx: &PlanContext<'_>) -> Result<Arc<Vec<ColumnDef>>, String> {
+        let db = self.database(ctx.current_db).ok_or_else(|| {
+            "no database selected: select one (USE db) or name it in the rule's table".to_string()
+        })?;
+        let map = self.meta.read().unwrap_or_else(|p| p.into_inner());
+        map.get(&db.to_ascii_lowercase())
+            .cloned()
+            .ok_or_else(|| "the table's columns are not known yet".to_string())
     }
 
     /// Replaces every read of the logical table by the derived table. `Ok(None)` when
     /// the statement does not read it as a table.
     fn plan_read(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
-        let meta = self.meta()?;
+        let meta = self.meta(ctx)?;
+        let meta = meta.as_slice();
         let mut stmt = stmt.clone();
         let mut v = ReadRewriter {
             rule: self,
@@ -292,12 +302,15 @@ impl CounterRule {
         if u.limit.is_some() || !u.order_by.is_empty() {
             return Err("setting a counter with ORDER BY or LIMIT cannot be rewritten".into());
         }
+        // Slots first, then the base: increments lock a slot row and then (through
+        // the trigger, for a new slot row) the base row; the same order here keeps
+        // the two from deadlocking.
         let clear = self.clear_slots_sql(name, u.selection.as_ref())?;
-        let mut statements = vec![stmt.clone()];
-        statements.extend(parse(&clear)?);
+        let mut statements = parse(&clear)?;
+        statements.push(stmt.clone());
         Ok(Some(Plan {
             statements,
-            reply: Reply::OkOf(0),
+            reply: Reply::OkOf(1),
             atomic: true,
             ..Default::default()
         }))
@@ -628,12 +641,13 @@ impl CounterRule {
                 return Err("a WHERE condition on a counter column cannot be rewritten (the stored value is only the base)".into());
             }
         }
+        // Slots first, then the base (lock order, see plan_update).
         let clear = self.clear_slots_sql(name, d.selection.as_ref())?;
-        let mut statements = vec![stmt.clone()];
-        statements.extend(parse(&clear)?);
+        let mut statements = parse(&clear)?;
+        statements.push(stmt.clone());
         Ok(Some(Plan {
             statements,
-            reply: Reply::OkOf(0),
+            reply: Reply::OkOf(1),
             atomic: true,
             ..Default::default()
         }))
@@ -662,24 +676,29 @@ impl Rule for CounterRule {
         &self.tables
     }
 
-    fn metadata_query(&self) -> Option<String> {
-        if self.meta.get().is_some() {
+    fn metadata_query(&self, current_db: Option<&str>) -> Option<String> {
+        let db = self.database(current_db)?;
+        let map = self.meta.read().unwrap_or_else(|p| p.into_inner());
+        if map.contains_key(&db.to_ascii_lowercase()) {
             return None;
         }
-        let t = &self.tables[0];
-        let name = match &t.db {
-            Some(db) => format!("{}.{}", quote(db), quote(&t.name)),
-            None => quote(&t.name),
-        };
-        Some(format!("SELECT * FROM {name} LIMIT 0"))
+        Some(format!(
+            "SELECT * FROM {}.{} LIMIT 0",
+            quote(db),
+            quote(&self.tables[0].name)
+        ))
     }
 
-    fn provide_metadata(&self, columns: &[ColumnDef]) {
-        let _ = self.meta.set(columns.to_vec());
+    fn provide_metadata(&self, current_db: Option<&str>, columns: &[ColumnDef]) {
+        if let Some(db) = self.database(current_db) {
+            let mut map = self.meta.write().unwrap_or_else(|p| p.into_inner());
+            map.entry(db.to_ascii_lowercase())
+                .or_insert_with(|| Arc::new(columns.to_vec()));
+        }
     }
 
     fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
-        let meta = self.meta()?;
+        let meta = self.meta(ctx)?;
         for c in self.key.iter().chain(&self.columns) {
             if !meta
                 .iter()
@@ -913,6 +932,7 @@ mod tests {
         let e = Engine::new(vec![Arc::new(rule)], 1000).unwrap();
         e.provide_metadata(
             0,
+            Some("shop"),
             &[
                 col("slug", 0xfd, 0x5003),
                 col("cnt", types::LONG, 1),
@@ -975,7 +995,9 @@ mod tests {
         )
         .unwrap();
         match decide(&e, "SELECT cnt FROM hits") {
-            Decision::NeedMetadata(m) => assert_eq!(m.sql, "SELECT * FROM `shop`.`hits` LIMIT 0"),
+            Decision::NeedMetadata(m) => {
+                assert_eq!(m.sql, "SELECT * FROM `shop`.`hits` LIMIT 0")
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -1041,22 +1063,22 @@ mod tests {
         assert_sql(
             &r,
             &[
-                "UPDATE hits SET cnt = 0, note = 'reset' WHERE hits.slug = 'home'",
                 "DELETE FROM `hits_slots` WHERE slug = 'home'",
+                "UPDATE hits SET cnt = 0, note = 'reset' WHERE hits.slug = 'home'",
             ],
         );
         assert!(r.atomic);
-        assert_eq!(r.reply, Reply::OkOf(0));
+        assert_eq!(r.reply, Reply::OkOf(1));
         let r = rewrite(&e, "DELETE FROM hits WHERE slug IN ('a', 'b')");
         assert_sql(
             &r,
             &[
-                "DELETE FROM hits WHERE slug IN ('a', 'b')",
                 "DELETE FROM `hits_slots` WHERE slug IN ('a', 'b')",
+                "DELETE FROM hits WHERE slug IN ('a', 'b')",
             ],
         );
         let r = rewrite(&e, "DELETE FROM hits");
-        assert_sql(&r, &["DELETE FROM hits", "DELETE FROM `hits_slots`"]);
+        assert_sql(&r, &["DELETE FROM `hits_slots`", "DELETE FROM hits"]);
     }
 
     #[test]
@@ -1208,7 +1230,11 @@ mod tests {
             10,
         )
         .unwrap();
-        e.provide_metadata(0, &[col("slug", 0xfd, 0), col("cnt", types::DOUBLE, 0)]);
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[col("slug", 0xfd, 0), col("cnt", types::DOUBLE, 0)],
+        );
         assert!(reject(&e, "SELECT cnt FROM hits").contains("integer"));
     }
 }

@@ -172,9 +172,14 @@ impl Engine {
     /// Hands a rule the answer to its [`Rule::metadata_query`]. Plans made so far
     /// did not need it (the rule was never asked to plan without it), so the cache
     /// stays valid.
-    pub fn provide_metadata(&self, rule: usize, columns: &[crate::wire::resultset::ColumnDef]) {
+    pub fn provide_metadata(
+        &self,
+        rule: usize,
+        current_db: Option<&str>,
+        columns: &[crate::wire::resultset::ColumnDef],
+    ) {
         if let Some(r) = self.rules.get(rule) {
-            r.provide_metadata(columns);
+            r.provide_metadata(current_db, columns);
         }
     }
 
@@ -224,7 +229,7 @@ impl Engine {
             return Decision::Passthrough;
         };
         for &ri in &rules {
-            if let Some(sql) = self.rules[ri].metadata_query() {
+            if let Some(sql) = self.rules[ri].metadata_query(ctx.current_db) {
                 return Decision::NeedMetadata(crate::rewrite::MetadataRequest { rule: ri, sql });
             }
         }

@@ -312,15 +312,20 @@ pub trait Rule: Send + Sync {
     /// whose literals could not be marked arrives with them as parsed values).
     fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String>;
 
-    /// A query the rule needs answered (on the client's connection) before it can
-    /// plan, or `None` when it knows enough. Asked before every planning run, so
-    /// keep it cheap.
-    fn metadata_query(&self) -> Option<String> {
+    /// A query the rule needs answered (on the client's connection, whose default
+    /// database is `current_db`) before it can plan, or `None` when it knows enough.
+    /// Asked for every statement that names the rule's table, so keep it cheap.
+    fn metadata_query(&self, _current_db: Option<&str>) -> Option<String> {
         None
     }
 
     /// Receives the column definitions of [`Rule::metadata_query`]'s result.
-    fn provide_metadata(&self, _columns: &[crate::wire::resultset::ColumnDef]) {}
+    fn provide_metadata(
+        &self,
+        _current_db: Option<&str>,
+        _columns: &[crate::wire::resultset::ColumnDef],
+    ) {
+    }
 }
 
 impl fmt::Debug for dyn Rule {

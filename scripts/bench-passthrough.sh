@@ -150,6 +150,7 @@ for leg in "${LEGS[@]}"; do
 		hs_log "warmup through $leg failed"
 done
 check_alive
+LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- interleaved rounds -----------------------------------------------------
 for ((round = 1; round <= ROUNDS; round++)); do
@@ -193,6 +194,8 @@ for leg in direct heatsink; do
 done
 
 # --- report -----------------------------------------------------------------
+LOADAVG_END=$(cut -d' ' -f1-3 /proc/loadavg)
+export LOADAVG_START LOADAVG_END
 CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | sed -n 1p)
 export RAW DURATION ROUNDS LAT_DURATION RW_DURATION TABLES TABLE_SIZE FAILURES CPU_MODEL
 export MARIADB_VERSION LAT_SQL

@@ -226,7 +226,7 @@ mariadb_stop() {
 # ---------------------------------------------------------------------------
 
 # heatsink_start BACKEND_PORT [EXTRA_ARGS...] -> heatsink serve with an empty rules
-# dir (pure passthrough) unless EXTRA_ARGS says otherwise.
+# dir (pure passthrough), or the rules in $HS_RULES_DIR when set.
 # Sets HEATSINK_PORT HEATSINK_PID HEATSINK_DIR HEATSINK_LOG.
 heatsink_start() {
 	local backend_port=$1
@@ -240,7 +240,7 @@ heatsink_start() {
 	HEATSINK_PORT=$(hs_free_port)
 	HEATSINK_LOG=$dir/heatsink.log
 	setsid "$bin" serve --listen "127.0.0.1:$HEATSINK_PORT" --backend "127.0.0.1:$backend_port" \
-		--rules "$dir/rules" --log-level "${HEATSINK_LOG_LEVEL:-warn}" "$@" \
+		--rules "${HS_RULES_DIR:-$dir/rules}" --log-level "${HEATSINK_LOG_LEVEL:-warn}" "$@" \
 		>"$HEATSINK_LOG" 2>&1 &
 	HEATSINK_PID=$!
 	hs_register_pid "$HEATSINK_PID"

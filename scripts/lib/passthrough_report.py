@@ -113,6 +113,11 @@ p(
     f"- MariaDB {env.get('MARIADB_VERSION', '?')}, {env.get('SYSBENCH_VERSION', '?')}, "
     f"HAProxy {env.get('HAPROXY_VERSION', '?')}"
 )
+p(
+    f"- load average (1/5/15 min) before the rounds: {env.get('LOADAVG_START', '?')}, "
+    f"at the end: {env.get('LOADAVG_END', '?')} (above ~2 on this machine means other "
+    "work competed for the CPUs: expect wide spreads)"
+)
 p(f"- heatsink: {env.get('GIT_REV', '?')}{env.get('GIT_DIRTY', '')}, empty rules dir")
 p(
     f"- settings: {env.get('ROUNDS')} rounds, legs interleaved (order rotated each round); "

@@ -386,7 +386,12 @@ fn client_disconnects_mid_result() {
 fn backend_down_at_connect_time() {
     // Nothing listens on this port.
     let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let proxy = Proxy::builder().backend(dead).start();
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let proxy = Proxy::builder()
+        .backend(dead)
+        .arg("--metrics")
+        .arg(metrics.to_string())
+        .start();
 
     // Raw client: an ERR packet instead of the greeting.
     let start = Instant::now();
@@ -414,6 +419,11 @@ fn backend_down_at_connect_time() {
         Ok(_) => panic!("connected to a dead backend?"),
     }
     assert!(took < Duration::from_secs(3), "took {took:?}");
+    let (_, body) = http_get(metrics, "/metrics");
+    assert!(
+        metric(&body, "heatsink_backend_connect_errors_total").unwrap_or(0) >= 2,
+        "{body}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -421,7 +431,13 @@ fn backend_down_at_connect_time() {
 
 #[test]
 fn max_connections_refuses_with_1040() {
-    let proxy = Proxy::builder().arg("--max-connections").arg("2").start();
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let proxy = Proxy::builder()
+        .arg("--max-connections")
+        .arg("2")
+        .arg("--metrics")
+        .arg(metrics.to_string())
+        .start();
     let addr = proxy.addr();
     let a = connect_retry(addr, Duration::from_secs(3)).expect("first session");
     let mut b = connect_retry(addr, Duration::from_secs(3)).expect("second session");
@@ -438,6 +454,16 @@ fn max_connections_refuses_with_1040() {
     }
     // The held sessions still work.
     assert_eq!(scalar(&mut b, "SELECT 2"), Some("2".into()));
+    let (_, body) = http_get(metrics, "/metrics");
+    assert!(
+        metric(&body, "heatsink_connections_refused_total").unwrap_or(0) >= 2,
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "heatsink_connections_active"),
+        Some(2),
+        "{body}"
+    );
     // Closing one frees its slot.
     a.quit().unwrap();
     let mut c = connect_retry(addr, Duration::from_secs(3))
@@ -560,9 +586,30 @@ fn graceful_shutdown_does_not_wait_for_idle_clients() {
 // ---------------------------------------------------------------------------------------
 // Session commands that must really reach the backend
 
+/// A counter rule on a table named `hits`: statements that merely mention the name (in a
+/// literal or a comment) go through the rule engine's scanner and tokenizer, and must
+/// still be forwarded untouched.
+const HITS_RULE: &str = r#"
+[[counter]]
+name = "page_hits"
+table = "hits"
+key = ["slug"]
+columns = ["cnt"]
+slots = 4
+slot_table = "hits_slots"
+"#;
+
 #[test]
 fn non_utf8_statements_pass_unchanged() {
-    let proxy = Proxy::start();
+    let plain = Proxy::start();
+    let rules_dir = tempfile::tempdir().unwrap();
+    std::fs::write(rules_dir.path().join("hits.toml"), HITS_RULE).unwrap();
+    let ruled = Proxy::builder().rules_dir(rules_dir.path()).start();
+    assert!(
+        ruled.log_text().contains("rules_loaded=true"),
+        "{}",
+        ruled.log_text()
+    );
     let db = "proto_latin1";
     let script: Vec<Vec<u8>> = vec![
         b"SET NAMES latin1".to_vec(),
@@ -574,6 +621,8 @@ fn non_utf8_statements_pass_unchanged() {
         b"UPDATE l1 SET v = CONCAT(v, '\xe0') WHERE v LIKE '%\xe9'".to_vec(),
         b"SELECT * FROM `t\xe9`".to_vec(),
         b"SELECT v FROM l1 ORDER BY id".to_vec(),
+        b"SELECT 'hits: caf\xe9' AS `hits\xe9`".to_vec(),
+        b"SELECT id FROM l1 WHERE v <> 'hits\xe9' /* hits \xe9 */ ORDER BY id".to_vec(),
     ];
     let run = |addr: SocketAddr| -> Vec<Vec<Packet>> {
         recreate_db(db);
@@ -590,8 +639,7 @@ fn non_utf8_statements_pass_unchanged() {
         out
     };
     let direct = run(mariadb().addr());
-    let proxied = run(proxy.addr());
-    // Sanity: the latin1 byte made it to the table as é.
+    // Sanity: the latin1 byte made it to the table as \u{e9}.
     assert_eq!(
         text_rows(&direct[3])[0],
         vec![
@@ -601,14 +649,17 @@ fn non_utf8_statements_pass_unchanged() {
         ]
     );
     assert_eq!(last_err("unknown table", &direct[7]).code, 1146);
-    for (i, (d, p)) in direct.iter().zip(&proxied).enumerate() {
-        assert!(
-            d == p,
-            "step {i} differs\ndirect: {d:?}\nproxy:  {p:?}\n{}",
-            proxy.log_text()
-        );
+    for (name, proxy) in [("passthrough", &plain), ("with rules", &ruled)] {
+        let proxied = run(proxy.addr());
+        for (i, (d, p)) in direct.iter().zip(&proxied).enumerate() {
+            assert!(
+                d == p,
+                "{name}: step {i} differs\ndirect: {d:?}\nproxy:  {p:?}\n{}",
+                proxy.log_text()
+            );
+        }
+        assert_eq!(direct.len(), proxied.len());
     }
-    assert_eq!(direct.len(), proxied.len());
 }
 
 #[test]
@@ -1226,6 +1277,92 @@ fn backend_dies_mid_handshake_or_mid_response() {
     assert_eq!(e.code, 2013, "{e}");
     assert_eq!(packets[0].seq, 1);
     assert_alive(&mut proxy);
+}
+
+#[test]
+fn silent_backend_is_bounded_by_the_handshake_timeout() {
+    // Accepts, then never sends a greeting.
+    let (backend, _rx) = mock_backend(|_s: &mut TcpStream| {
+        thread::sleep(Duration::from_secs(6));
+        Ok(Vec::new())
+    });
+    let mut proxy = Proxy::builder()
+        .backend(backend)
+        .arg("--handshake-timeout")
+        .arg("1")
+        .start();
+    let mut s = TcpStream::connect_timeout(&proxy.addr(), Duration::from_secs(5)).unwrap();
+    let (bytes, took) = read_to_close(&mut s, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("client left hanging: {e}\n{}", proxy.log_text()));
+    assert!(
+        split_packets(&bytes).iter().all(|p| p.is_err()),
+        "{bytes:?}"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_alive(&mut proxy);
+}
+
+#[test]
+fn garbage_from_the_client() {
+    let mut proxy = Proxy::builder().arg("--handshake-timeout").arg("1").start();
+    let addr = proxy.addr();
+    let greeted = || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let g = read_raw_packet(&mut s).expect("greeting");
+        assert_eq!(g.payload[0], 10);
+        s
+    };
+
+    // A handshake response too short to be one: ERR 1043, then close.
+    let mut s = greeted();
+    write_raw_packet(&mut s, 1, &[0x85, 0xa6, 0x0f, 0, 0, 0, 0, 1, 45, 0]).unwrap();
+    let (bytes, _) = read_to_close(&mut s, Duration::from_secs(5)).expect("closed");
+    let packets = split_packets(&bytes);
+    assert_eq!(packets.len(), 1, "{packets:?}");
+    assert_eq!(packets[0].err().map(|e| e.code), Some(1043), "{packets:?}");
+    assert_eq!(packets[0].seq, 2);
+
+    // A TLS request (the proxy offers no TLS): ERR 1043, then close.
+    let mut s = greeted();
+    let mut ssl = (caps::DEFAULT | caps::SSL).to_le_bytes().to_vec();
+    ssl.extend_from_slice(&(16u32 << 20).to_le_bytes());
+    ssl.push(45);
+    ssl.extend_from_slice(&[0; 23]);
+    write_raw_packet(&mut s, 1, &ssl).unwrap();
+    let (bytes, _) = read_to_close(&mut s, Duration::from_secs(5)).expect("closed");
+    let packets = split_packets(&bytes);
+    assert_eq!(packets.len(), 1, "{packets:?}");
+    assert_eq!(packets[0].err().map(|e| e.code), Some(1043), "{packets:?}");
+
+    // An HTTP request instead of a handshake response: dropped by the handshake timeout.
+    let mut s = greeted();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let (bytes, took) = read_to_close(&mut s, Duration::from_secs(5)).expect("closed");
+    assert!(split_packets(&bytes).iter().all(|p| p.is_err()));
+    assert!(took < Duration::from_secs(3), "{took:?}");
+
+    // After authentication: an empty command packet ends the session (an error or a
+    // close, no hang), and a packet header announcing 16 MiB followed by a close.
+    let c = connect(addr, Some(&proxy));
+    let mut s = c.stream().try_clone().unwrap();
+    write_raw_packet(&mut s, 0, &[]).unwrap();
+    let (bytes, _) = read_to_close(&mut s, Duration::from_secs(5)).expect("closed");
+    assert!(
+        split_packets(&bytes).iter().all(|p| p.is_err()),
+        "{bytes:?}"
+    );
+    drop(c);
+    let c = connect(addr, Some(&proxy));
+    let mut s = c.stream().try_clone().unwrap();
+    s.write_all(&[0xff, 0xff, 0xff, 0, cmd::QUERY, b'S'])
+        .unwrap();
+    drop(s);
+    drop(c);
+
+    assert_alive(&mut proxy);
+    let mut ok = connect(addr, Some(&proxy));
+    assert_eq!(scalar(&mut ok, "SELECT 'fine'"), Some("fine".into()));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -113,6 +113,7 @@ pub async fn serve_client(
         backend: PacketIo::new(backend, Source::Backend),
         shared,
         deprecate_eof: false,
+        extended_metadata: false,
         current_db: None,
         status: 0,
         peer,
@@ -166,6 +167,9 @@ pub(super) struct Session {
     pub(super) shared: Arc<Shared>,
     /// CLIENT_DEPRECATE_EOF was negotiated (changes result-set framing).
     pub(super) deprecate_eof: bool,
+    /// MariaDB extended metadata was negotiated (column definitions carry an extra
+    /// block the patcher must skip).
+    pub(super) extended_metadata: bool,
     /// Default database, tracked for rule matching of unqualified table names.
     pub(super) current_db: Option<String>,
     /// Server status flags from the last OK/EOF (IN_TRANS, AUTOCOMMIT, …).
@@ -206,7 +210,11 @@ impl Session {
         if hello.raw.len() > MAX_PAYLOAD {
             return Err(Error::client("handshake response too large"));
         }
-        let h = match patch_client_hello(&mut hello.raw[4..], info.capabilities) {
+        let h = match patch_client_hello(
+            &mut hello.raw[4..],
+            info.capabilities,
+            info.ext_capabilities,
+        ) {
             Ok(h) => h,
             Err(e) => {
                 let msg = format!("Bad handshake: {e}");
@@ -238,6 +246,7 @@ impl Session {
             ));
         }
         self.deprecate_eof = h.capabilities & caps::DEPRECATE_EOF != 0;
+        self.extended_metadata = h.ext_capabilities & crate::wire::ext_caps::EXTENDED_METADATA != 0;
         self.current_db = h.database.clone();
         debug!(peer = %self.peer, id = self.backend_id, user = %h.user, "handshake");
         self.backend.write_all(&hello.raw).await?;
@@ -337,6 +346,24 @@ impl Session {
                 return self.auth_exchange().await.map(|_| true);
             }
             cmd::PROCESS_INFO => ResponseKind::Generic,
+            cmd::STMT_BULK_EXECUTE => {
+                if let Some(id) = statement_id(&c.payload()) {
+                    if let Some(p) = self.prepared.get(&id) {
+                        let msg = format!(
+                            "heatsink rule '{}': bulk execution of a rewritten statement is not supported; execute it row by row",
+                            p.rule
+                        );
+                        self.client
+                            .write_packet(
+                                c.last_seq.wrapping_add(1),
+                                &err_of(errors::UNKNOWN, &msg),
+                            )
+                            .await?;
+                        return Ok(true);
+                    }
+                }
+                ResponseKind::Generic
+            }
             cmd::STMT_FETCH => ResponseKind::Fetch,
             cmd::FIELD_LIST => ResponseKind::FieldList,
             cmd::INIT_DB

@@ -93,7 +93,7 @@ enum Attempt {
 }
 
 /// The column definitions in a collected result-set response.
-fn column_defs(pkts: &[Packet]) -> Vec<ColumnDef> {
+fn column_defs(pkts: &[Packet], extended: bool) -> Vec<ColumnDef> {
     let Some(first) = pkts.first() else {
         return Vec::new();
     };
@@ -104,7 +104,7 @@ fn column_defs(pkts: &[Packet]) -> Vec<ColumnDef> {
     pkts.iter()
         .skip(1)
         .take(n)
-        .filter_map(|p| ColumnDef::parse(&p.payload))
+        .filter_map(|p| ColumnDef::parse(&p.payload, extended))
         .collect()
 }
 
@@ -133,7 +133,7 @@ impl Session {
             engine.provide_metadata(
                 req.rule,
                 self.current_db.as_deref(),
-                &column_defs(&c.packets),
+                &column_defs(&c.packets, self.extended_metadata),
             );
         }
         let msg = "heatsink: a rule could not learn the table's columns";
@@ -486,7 +486,7 @@ impl Session {
         };
         for _ in 0..count {
             let p = self.backend.read_logical().await?;
-            let Some(mut def) = ColumnDef::parse(&p.payload()) else {
+            let Some(mut def) = ColumnDef::parse(&p.payload(), self.extended_metadata) else {
                 return Err(Error::backend("malformed column definition"));
             };
             let arriving = (def.column_type, def.flags & UNSIGNED_FLAG != 0);
@@ -861,6 +861,7 @@ mod tests {
             org_table: org_table.into(),
             name: name.into(),
             org_name: name.into(),
+            extended: None,
             charset: 63,
             length: 21,
             column_type: t,

@@ -911,6 +911,7 @@ mod tests {
             org_table: b"hits".to_vec(),
             name: name.into(),
             org_name: name.into(),
+            extended: None,
             charset: if t == 0xfd { 45 } else { 63 },
             length: 11,
             column_type: t,

@@ -5,7 +5,7 @@
 //! (scramble, plugin names, attributes) stays as the peers sent it, so authentication
 //! is end to end between client and backend.
 
-use super::caps;
+use super::{caps, ext_caps};
 
 /// What the proxy learns from the backend's greeting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +16,8 @@ pub struct Greeting {
     pub connection_id: u32,
     /// Lower 32 capability bits after patching.
     pub capabilities: u32,
+    /// MariaDB extended capabilities after patching (0 for MySQL servers).
+    pub ext_capabilities: u32,
 }
 
 /// What the proxy learns from the client's handshake response.
@@ -23,6 +25,8 @@ pub struct Greeting {
 pub struct ClientHello {
     /// Capability bits after patching (what client and server agreed on).
     pub capabilities: u32,
+    /// MariaDB extended capabilities after patching.
+    pub ext_capabilities: u32,
     /// User name (for logs and session listings).
     pub user: String,
     /// Initial database, when CLIENT_CONNECT_WITH_DB was used.
@@ -42,8 +46,9 @@ pub enum HandshakeError {
     OldClient,
 }
 
-/// Patches the greeting in place, clearing `clear` from its capability bits and all of
-/// MariaDB's extended capabilities; returns what the proxy needs to know.
+/// Patches the greeting in place, clearing `clear` from its capability bits and the
+/// MariaDB extended capabilities the relay cannot follow (everything outside
+/// [`ext_caps::RELAYED`]); returns what the proxy needs to know.
 pub fn patch_greeting(payload: &mut [u8], clear: u32) -> Result<Greeting, HandshakeError> {
     let proto = *payload
         .first()
@@ -84,14 +89,24 @@ pub fn patch_greeting(payload: &mut [u8], clear: u32) -> Result<Greeting, Handsh
             .copy_from_slice(&((capabilities >> 16) as u16).to_le_bytes());
     }
     // MariaDB puts extended capabilities in the last 4 reserved bytes when it does not
-    // set CLIENT_LONG_PASSWORD ("CLIENT_MYSQL"). None of them are relayed.
+    // set CLIENT_LONG_PASSWORD ("CLIENT_MYSQL").
+    let mut ext_capabilities = 0;
     if capabilities & caps::LONG_PASSWORD == 0 && payload.len() >= reserved_at + 10 {
-        payload[reserved_at + 6..reserved_at + 10].fill(0);
+        let at = reserved_at + 6;
+        let ext = u32::from_le_bytes([
+            payload[at],
+            payload[at + 1],
+            payload[at + 2],
+            payload[at + 3],
+        ]);
+        ext_capabilities = ext & ext_caps::RELAYED;
+        payload[at..at + 4].copy_from_slice(&ext_capabilities.to_le_bytes());
     }
     Ok(Greeting {
         server_version,
         connection_id,
         capabilities,
+        ext_capabilities,
     })
 }
 
@@ -101,11 +116,12 @@ fn take_cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
 }
 
 /// Patches the client's HandshakeResponse41 (or SSLRequest) in place: capability bits
-/// not offered by the (patched) greeting are cleared, as are MariaDB's extended client
-/// capabilities. Returns what the proxy needs to know.
+/// (and MariaDB extended capabilities) not offered by the patched greeting are
+/// cleared. Returns what the proxy needs to know.
 pub fn patch_client_hello(
     payload: &mut [u8],
     server_caps: u32,
+    server_ext_caps: u32,
 ) -> Result<ClientHello, HandshakeError> {
     if payload.len() < 32 {
         if payload.len() >= 2
@@ -122,10 +138,17 @@ pub fn patch_client_hello(
     // Keep LONG_PASSWORD as the client sent it: MariaDB reads it as "CLIENT_MYSQL".
     let capabilities = raw & (server_caps | caps::LONG_PASSWORD) & !caps::UNSUPPORTED;
     payload[0..4].copy_from_slice(&capabilities.to_le_bytes());
-    payload[28..32].fill(0);
+    let ext = u32::from_le_bytes([payload[28], payload[29], payload[30], payload[31]]);
+    let ext_capabilities = if capabilities & caps::LONG_PASSWORD == 0 {
+        ext & server_ext_caps
+    } else {
+        0
+    };
+    payload[28..32].copy_from_slice(&ext_capabilities.to_le_bytes());
     if payload.len() == 32 {
         return Ok(ClientHello {
             capabilities,
+            ext_capabilities,
             ssl_request: true,
             ..Default::default()
         });
@@ -155,6 +178,7 @@ pub fn patch_client_hello(
     };
     Ok(ClientHello {
         capabilities,
+        ext_capabilities,
         user,
         database,
         ssl_request: false,
@@ -185,7 +209,7 @@ mod tests {
     fn greeting_clears_only_unsupported_bits() {
         let lo = (caps::PROTOCOL_41 | caps::COMPRESS | caps::SSL | caps::SECURE_CONNECTION) as u16;
         let hi = ((caps::DEPRECATE_EOF | caps::PROGRESS | caps::PLUGIN_AUTH) >> 16) as u16;
-        let mut g = greeting(lo, hi, [0x1f, 0, 0, 0]);
+        let mut g = greeting(lo, hi, [0x3f, 0, 0, 0]);
         let before = g.clone();
         let info = patch_greeting(&mut g, caps::UNSUPPORTED | caps::SSL).unwrap();
         assert_eq!(info.connection_id, 42);
@@ -194,6 +218,7 @@ mod tests {
             info.capabilities,
             caps::PROTOCOL_41 | caps::SECURE_CONNECTION | caps::DEPRECATE_EOF | caps::PLUGIN_AUTH
         );
+        assert_eq!(info.ext_capabilities, ext_caps::RELAYED);
         let diffs: Vec<usize> = (0..g.len()).filter(|&i| g[i] != before[i]).collect();
         // caps low byte 0 (COMPRESS), byte 1 (SSL), caps high (PROGRESS), ext caps byte.
         assert_eq!(diffs.len(), 4, "{diffs:?}");
@@ -237,11 +262,17 @@ mod tests {
             | caps::PLUGIN_AUTH;
         let server = c & !caps::COMPRESS;
         let mut p = hello(c, Some("shop"));
-        let h = patch_client_hello(&mut p, server).unwrap();
+        let h = patch_client_hello(&mut p, server, ext_caps::EXTENDED_METADATA).unwrap();
         assert_eq!(h.user, "app");
         assert_eq!(h.database.as_deref(), Some("shop"));
         assert_eq!(h.capabilities & caps::COMPRESS, 0);
-        assert_eq!(&p[28..32], &[0, 0, 0, 0]);
+        // The hello asked for ext bits 1,2,3 (0x0201 0403 little-endian bytes 1,2,3,4):
+        // only what the greeting offered survives.
+        assert_eq!(
+            h.ext_capabilities,
+            ext_caps::EXTENDED_METADATA & 0x0403_0201
+        );
+        assert_eq!(&p[28..32], &h.ext_capabilities.to_le_bytes());
         assert_eq!(u32::from_le_bytes([p[0], p[1], p[2], p[3]]), h.capabilities);
     }
 
@@ -250,9 +281,9 @@ mod tests {
         let c = caps::PROTOCOL_41 | caps::SECURE_CONNECTION | caps::CONNECT_WITH_DB;
         let mut p = hello(c, Some("shop"));
         p.truncate(40);
-        assert!(patch_client_hello(&mut p, c).is_err());
+        assert!(patch_client_hello(&mut p, c, 0).is_err());
         let mut short = vec![0u8; 10];
-        assert!(patch_client_hello(&mut short, c).is_err());
+        assert!(patch_client_hello(&mut short, c, 0).is_err());
     }
 
     #[test]
@@ -260,7 +291,7 @@ mod tests {
         let c = caps::PROTOCOL_41 | caps::SSL;
         let mut p = hello(c, None);
         p.truncate(32);
-        let h = patch_client_hello(&mut p, c).unwrap();
+        let h = patch_client_hello(&mut p, c, 0).unwrap();
         assert!(h.ssl_request);
     }
 }

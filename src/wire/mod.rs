@@ -40,6 +40,8 @@ pub mod cmd {
     pub const SET_OPTION: u8 = 0x1b;
     pub const STMT_FETCH: u8 = 0x1c;
     pub const RESET_CONNECTION: u8 = 0x1f;
+    /// MariaDB: COM_STMT_BULK_EXECUTE.
+    pub const STMT_BULK_EXECUTE: u8 = 0xfa;
 }
 
 /// Capability flags (lower 32 bits as sent on the wire).
@@ -71,6 +73,28 @@ pub mod caps {
     /// attributes, progress packets). SSL is cleared unless TLS is terminated.
     pub const UNSUPPORTED: u32 =
         COMPRESS | OPTIONAL_RESULTSET_METADATA | ZSTD_COMPRESSION | QUERY_ATTRIBUTES | PROGRESS;
+}
+
+/// MariaDB's extended capabilities (the greeting's last four reserved bytes and the
+/// client's last four filler bytes; bit 0 here is capability bit 32).
+pub mod ext_caps {
+    /// Progress reports interleaved with responses: breaks framing, never relayed.
+    pub const PROGRESS: u32 = 1 << 0;
+    /// COM_MULTI (obsolete): never relayed.
+    pub const COM_MULTI: u32 = 1 << 1;
+    /// COM_STMT_BULK_EXECUTE: relayed.
+    pub const STMT_BULK_OPERATIONS: u32 = 1 << 2;
+    /// Extended type information (`format=json`, `type=inet6`) in column
+    /// definitions: relayed; the proxy's column-definition parser understands it.
+    pub const EXTENDED_METADATA: u32 = 1 << 3;
+    /// Result sets without metadata when it did not change: breaks framing, never
+    /// relayed.
+    pub const CACHE_METADATA: u32 = 1 << 4;
+    /// Per-row results of bulk execution, sent as a result set: relayed.
+    pub const BULK_UNIT_RESULTS: u32 = 1 << 5;
+
+    /// The extended capabilities the relay passes through.
+    pub const RELAYED: u32 = STMT_BULK_OPERATIONS | EXTENDED_METADATA | BULK_UNIT_RESULTS;
 }
 
 /// Server status flags found in OK and EOF packets.

@@ -34,6 +34,9 @@ pub struct ColumnDef {
     pub org_table: Vec<u8>,
     pub name: Vec<u8>,
     pub org_name: Vec<u8>,
+    /// MariaDB extended type information (`format=json`, `type=inet6`), present when
+    /// MARIADB_CLIENT_EXTENDED_METADATA was negotiated; kept verbatim.
+    pub extended: Option<Vec<u8>>,
     pub charset: u16,
     pub length: u32,
     pub column_type: u8,
@@ -57,14 +60,21 @@ fn put_lenenc_str(out: &mut Vec<u8>, s: &[u8]) {
 }
 
 impl ColumnDef {
-    /// Decodes a column definition payload.
-    pub fn parse(p: &[u8]) -> Option<ColumnDef> {
+    /// Decodes a column definition payload; `extended`: MariaDB extended metadata
+    /// was negotiated (an extra block follows `org_name`).
+    pub fn parse(p: &[u8], extended: bool) -> Option<ColumnDef> {
         let (catalog, r) = lenenc_str(p)?;
         let (schema, r) = lenenc_str(r)?;
         let (table, r) = lenenc_str(r)?;
         let (org_table, r) = lenenc_str(r)?;
         let (name, r) = lenenc_str(r)?;
         let (org_name, r) = lenenc_str(r)?;
+        let (ext, r) = if extended {
+            let (e, r) = lenenc_str(r)?;
+            (Some(e.to_vec()), r)
+        } else {
+            (None, r)
+        };
         let (fixed_len, used) = lenenc_int(r)?;
         let r = &r[used..];
         if !(10..=0xFA).contains(&fixed_len) || r.len() < 10 {
@@ -77,6 +87,7 @@ impl ColumnDef {
             org_table: org_table.to_vec(),
             name: name.to_vec(),
             org_name: org_name.to_vec(),
+            extended: ext,
             charset: u16::from_le_bytes([r[0], r[1]]),
             length: u32::from_le_bytes([r[2], r[3], r[4], r[5]]),
             column_type: r[6],
@@ -99,6 +110,9 @@ impl ColumnDef {
             &self.org_name,
         ] {
             put_lenenc_str(&mut out, s);
+        }
+        if let Some(e) = &self.extended {
+            put_lenenc_str(&mut out, e);
         }
         out.push(self.fixed_len);
         out.extend_from_slice(&self.charset.to_le_bytes());
@@ -241,6 +255,7 @@ mod tests {
             org_table: b"hits".to_vec(),
             name: name.as_bytes().to_vec(),
             org_name: name.as_bytes().to_vec(),
+            extended: None,
             charset: 63,
             length: 11,
             column_type: t,
@@ -255,9 +270,13 @@ mod tests {
     fn column_def_round_trip() {
         let d = def("cnt", types::LONG, 1);
         let bytes = d.serialize();
-        assert_eq!(ColumnDef::parse(&bytes), Some(d));
-        assert!(ColumnDef::parse(&bytes[..bytes.len() - 5]).is_none());
-        assert!(ColumnDef::parse(&[0xFF]).is_none());
+        assert_eq!(ColumnDef::parse(&bytes, false), Some(d.clone()));
+        assert!(ColumnDef::parse(&bytes[..bytes.len() - 5], false).is_none());
+        assert!(ColumnDef::parse(&[0xFF], false).is_none());
+        let mut e = d;
+        e.extended = Some(b"\x01\x04json".to_vec());
+        let bytes = e.serialize();
+        assert_eq!(ColumnDef::parse(&bytes, true), Some(e));
     }
 
     #[test]

@@ -418,6 +418,7 @@ impl Session {
             Reply::Ok {
                 affected_rows,
                 info,
+                last_insert_id,
             } => {
                 let affected = match affected_rows {
                     Affected::Fixed(n) => *n,
@@ -428,8 +429,12 @@ impl Session {
                         }
                     }
                 };
+                let id = last_insert_id
+                    .and_then(|i| results.get(i))
+                    .and_then(Collected::ok)
+                    .map_or(0, |o| o.last_insert_id);
                 (
-                    ok(affected, 0),
+                    ok(affected, id),
                     info.as_ref().map(|s| s.as_bytes().to_vec()),
                 )
             }

@@ -27,12 +27,15 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, RwLock};
 
 use sqlparser::ast::{
-    AssignmentTarget, BinaryOperator, Delete, Expr, FromTable, Ident, Insert, ObjectName, OnInsert,
-    Query, SetExpr, Statement, TableAlias, TableFactor, TableObject, UnaryOperator, Update,
-    VisitMut, VisitorMut,
+    AssignmentTarget, BinaryOperator, Delete, Expr, FromTable, Insert, ObjectName, OnInsert, Query,
+    SetExpr, Statement, TableFactor, TableObject, UnaryOperator, Update,
 };
 
-use super::{parse_statements, Affected, ColumnPatch, Plan, PlanContext, Reply, Rule, TableName};
+use super::shape::{
+    column_name, eq, is_value, key_equalities, last_ident, mentions_column, parse, replace_reads,
+    requalify,
+};
+use super::{Affected, ColumnPatch, Plan, PlanContext, Reply, Rule, TableName};
 use crate::rules::spec::{quote, CounterSpec};
 use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
 
@@ -57,10 +60,6 @@ pub struct CounterRule {
     /// The logical table's columns, learned from the database once per database
     /// (a rule without a database applies to a table of that name in each one).
     meta: RwLock<HashMap<String, Arc<Vec<ColumnDef>>>>,
-}
-
-fn eq(a: &str, b: &str) -> bool {
-    a.eq_ignore_ascii_case(b)
 }
 
 impl CounterRule {
@@ -156,18 +155,10 @@ impl CounterRule {
         let meta = self.meta(ctx)?;
         let meta = meta.as_slice();
         let mut stmt = stmt.clone();
-        let mut v = ReadRewriter {
-            rule: self,
-            ctx,
-            meta,
-            aliases: Vec::new(),
-            error: None,
-        };
-        let _ = stmt.visit(&mut v);
-        if let Some(e) = v.error {
-            return Err(e);
-        }
-        if v.aliases.is_empty() {
+        let aliases = replace_reads(&mut stmt, &|n| self.names_ours(n, ctx), &|n| {
+            self.derived_sql(n, meta)
+        })?;
+        if aliases.is_empty() {
             return Ok(None);
         }
         let columns = meta
@@ -182,7 +173,7 @@ impl CounterRule {
         Ok(Some(Plan {
             statements: vec![stmt],
             reply: Reply::Patched(Arc::new(ColumnPatch {
-                tables: v.aliases,
+                tables: aliases,
                 columns,
             })),
             atomic: false,
@@ -292,6 +283,7 @@ impl CounterRule {
                 reply: Reply::Ok {
                     affected_rows: Affected::Fixed(1),
                     info: Some("Rows matched: 1  Changed: 1  Warnings: 0".into()),
+                    last_insert_id: None,
                 },
                 atomic: false,
                 aux,
@@ -328,36 +320,12 @@ impl CounterRule {
     ) -> Result<String, String> {
         let mut sql = format!("DELETE FROM {}", self.slot_sql(logical));
         if let Some(w) = selection {
-            let mut w = w.clone();
-            let mut bad = None;
-            let _ = sqlparser::ast::visit_expressions_mut(&mut w, |e| {
-                match e {
-                    Expr::CompoundIdentifier(parts) => {
-                        if let Some(last) = parts.last().cloned() {
-                            *e = Expr::Identifier(last);
-                        }
-                    }
-                    Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => {
-                        bad = Some("a subquery".to_string());
-                    }
-                    _ => {}
-                }
-                ControlFlow::<()>::Continue(())
-            });
-            let _ = sqlparser::ast::visit_expressions(&w, |e| {
-                if let Expr::Identifier(id) = e {
-                    if !self.is_key(&id.value) {
-                        bad = Some(format!("column `{}`", id.value));
-                    }
-                }
-                ControlFlow::<()>::Continue(())
-            });
-            if let Some(what) = bad {
-                return Err(format!(
+            let w = requalify(w, |c| self.is_key(c)).map_err(|what| {
+                format!(
                     "the WHERE condition uses {what}; only the key columns ({}) can select counters to set or delete",
                     self.key.join(", ")
-                ));
-            }
+                )
+            })?;
             sql.push_str(&format!(" WHERE {w}"));
         }
         Ok(sql)
@@ -366,8 +334,7 @@ impl CounterRule {
     /// The values of every key column in a `k1 = v1 AND k2 = v2` condition, in key
     /// order; an error for any other shape.
     fn key_values(&self, selection: Option<&Expr>) -> Result<Vec<Expr>, String> {
-        let mut found: Vec<Option<Expr>> = vec![None; self.key.len()];
-        let shape = || {
+        key_equalities(&self.key, selection).ok_or_else(|| {
             if self.key.is_empty() {
                 "this counter has no key columns: increment it without WHERE".to_string()
             } else {
@@ -380,33 +347,7 @@ impl CounterRule {
                         .join(" AND ")
                 )
             }
-        };
-        if let Some(w) = selection {
-            let mut terms = Vec::new();
-            conjuncts(w, &mut terms);
-            for t in terms {
-                let Expr::BinaryOp {
-                    left,
-                    op: BinaryOperator::Eq,
-                    right,
-                } = t
-                else {
-                    return Err(shape());
-                };
-                let (col, val) = match (column_name(left), column_name(right)) {
-                    (Some(c), None) if is_value(right) => (c, right),
-                    (None, Some(c)) if is_value(left) => (c, left),
-                    _ => return Err(shape()),
-                };
-                let Some(i) = self.key.iter().position(|k| eq(k, &col)) else {
-                    return Err(shape());
-                };
-                if found[i].replace((**val).clone()).is_some() {
-                    return Err(shape());
-                }
-            }
-        }
-        found.into_iter().map(|v| v.ok_or_else(shape)).collect()
+        })
     }
 
     fn upsert_sql(
@@ -583,6 +524,7 @@ impl CounterRule {
             reply: Reply::Ok {
                 affected_rows: Affected::InsertedOrUpdated { probe: 0 },
                 info: None,
+                last_insert_id: None,
             },
             atomic: true,
             ..Default::default()
@@ -654,16 +596,7 @@ impl CounterRule {
     }
 
     fn mentions_counter(&self, e: &Expr) -> bool {
-        let mut found = false;
-        let _ = sqlparser::ast::visit_expressions(e, |x| {
-            if let Some(c) = column_name(x) {
-                if self.is_counter(&c) {
-                    found = true;
-                }
-            }
-            ControlFlow::<()>::Continue(())
-        });
-        found
+        mentions_column(e, |c| self.is_counter(c))
     }
 }
 
@@ -748,104 +681,6 @@ impl Rule for CounterRule {
     }
 }
 
-/// Replaces table factors naming the logical table with the derived table.
-struct ReadRewriter<'a> {
-    rule: &'a CounterRule,
-    ctx: &'a PlanContext<'a>,
-    meta: &'a [ColumnDef],
-    /// Aliases given to derived tables (for restoring column metadata).
-    aliases: Vec<String>,
-    /// First problem met.
-    error: Option<String>,
-}
-
-impl VisitorMut for ReadRewriter<'_> {
-    type Break = ();
-
-    fn post_visit_table_factor(&mut self, f: &mut TableFactor) -> ControlFlow<()> {
-        let TableFactor::Table { name, alias, .. } = f else {
-            return ControlFlow::Continue(());
-        };
-        if !self.rule.names_ours(name, self.ctx) {
-            return ControlFlow::Continue(());
-        }
-        let alias_name = match alias {
-            Some(a) => a.name.clone(),
-            None => name
-                .0
-                .last()
-                .and_then(|p| p.as_ident())
-                .cloned()
-                .unwrap_or_else(|| Ident::new("t")),
-        };
-        let sql = match self.rule.derived_sql(name, self.meta) {
-            Ok(s) => s,
-            Err(e) => {
-                self.error = Some(e);
-                return ControlFlow::Break(());
-            }
-        };
-        let subquery = match parse(&sql).map(|mut v| v.pop()) {
-            Ok(Some(Statement::Query(q))) => q,
-            _ => {
-                self.error = Some("internal error: the derived table does not parse".into());
-                return ControlFlow::Break(());
-            }
-        };
-        self.aliases.push(alias_name.value.clone());
-        *f = TableFactor::Derived {
-            lateral: false,
-            subquery,
-            alias: Some(TableAlias {
-                explicit: true,
-                name: alias_name,
-                columns: Vec::new(),
-                at: None,
-            }),
-            sample: None,
-        };
-        ControlFlow::Continue(())
-    }
-}
-
-fn parse(sql: &str) -> Result<Vec<Statement>, String> {
-    parse_statements(sql)
-        .map_err(|e| format!("internal error: rewritten SQL does not parse ({e}): {sql}"))
-}
-
-fn last_ident(name: &ObjectName) -> String {
-    name.0
-        .last()
-        .and_then(|p| p.as_ident())
-        .map(|i| i.value.clone())
-        .unwrap_or_default()
-}
-
-/// The column an expression names (`c`, `t.c`, `db.t.c`), if it is a column.
-fn column_name(e: &Expr) -> Option<String> {
-    match e {
-        Expr::Identifier(i) => Some(i.value.clone()),
-        Expr::CompoundIdentifier(p) => p.last().map(|i| i.value.clone()),
-        Expr::Nested(inner) => column_name(inner),
-        _ => None,
-    }
-}
-
-/// A value from the client: a literal, marker or parameter, possibly signed,
-/// parenthesised or with a charset introducer. No column, no function.
-fn is_value(e: &Expr) -> bool {
-    match e {
-        Expr::Value(_) => true,
-        Expr::UnaryOp {
-            op: UnaryOperator::Minus | UnaryOperator::Plus,
-            expr,
-        } => is_value(expr),
-        Expr::Nested(inner) => is_value(inner),
-        Expr::Prefixed { value, .. } => is_value(value),
-        _ => false,
-    }
-}
-
 /// The delta of `col = col + n`, `col = n + col` or `col = col - n` (also
 /// `col + VALUES(col)`), or `None`.
 fn increment_of(col: &str, e: &Expr) -> Option<Expr> {
@@ -883,25 +718,10 @@ fn same_value(a: &Expr, b: &Expr, ctx: &PlanContext<'_>) -> bool {
     }
 }
 
-fn conjuncts<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
-    match e {
-        Expr::BinaryOp {
-            left,
-            op: BinaryOperator::And,
-            right,
-        } => {
-            conjuncts(left, out);
-            conjuncts(right, out);
-        }
-        Expr::Nested(inner) => conjuncts(inner, out),
-        other => out.push(other),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rewrite::{Decision, Engine, Rewritten, StatementContext};
+    use crate::rewrite::{parse_statements, Decision, Engine, Rewritten, StatementContext};
 
     fn col(name: &str, t: u8, flags: u16) -> ColumnDef {
         ColumnDef {
@@ -1023,7 +843,8 @@ mod tests {
                 r.reply,
                 Reply::Ok {
                     affected_rows: Affected::Fixed(1),
-                    info: Some("Rows matched: 1  Changed: 1  Warnings: 0".into())
+                    info: Some("Rows matched: 1  Changed: 1  Warnings: 0".into()),
+                    last_insert_id: None,
                 }
             );
             assert!(!r.atomic);
@@ -1098,7 +919,8 @@ mod tests {
             r.reply,
             Reply::Ok {
                 affected_rows: Affected::InsertedOrUpdated { probe: 0 },
-                info: None
+                info: None,
+                last_insert_id: None,
             }
         );
         let r = rewrite(&e, "INSERT INTO hits (slug, cnt) VALUES ('home', 3) ON DUPLICATE KEY UPDATE cnt = cnt + VALUES(cnt)");

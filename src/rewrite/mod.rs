@@ -68,6 +68,7 @@ mod cache;
 pub mod counter;
 mod engine;
 pub mod prefilter;
+pub mod shape;
 pub mod sqltok;
 
 use std::borrow::Cow;
@@ -190,6 +191,8 @@ pub enum Reply {
         /// The info string (`Rows matched: 1  Changed: 1  Warnings: 0`), if the
         /// original statement sends one.
         info: Option<String>,
+        /// The statement whose OK packet's last_insert_id to report (0 otherwise).
+        last_insert_id: Option<usize>,
     },
     /// Relay the last statement's result set with the column definitions of
     /// rewritten columns replaced by the logical table's.

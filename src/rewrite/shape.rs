@@ -1,0 +1,225 @@
+//! AST helpers shared by the rule kinds: recognising values, columns and key
+//! conditions, and replacing reads of a logical table by a derived table.
+
+use std::ops::ControlFlow;
+
+use sqlparser::ast::{
+    BinaryOperator, Expr, Ident, ObjectName, Statement, TableAlias, TableFactor, UnaryOperator,
+    VisitMut, VisitorMut,
+};
+
+use super::parse_statements;
+
+/// Parses SQL a rule generated; a failure is a bug in the rule, reported as such.
+pub fn parse(sql: &str) -> Result<Vec<Statement>, String> {
+    parse_statements(sql)
+        .map_err(|e| format!("internal error: rewritten SQL does not parse ({e}): {sql}"))
+}
+
+/// Case-insensitive identifier comparison.
+pub fn eq(a: &str, b: &str) -> bool {
+    a.eq_ignore_ascii_case(b)
+}
+
+/// The last part of a name (`db.t` → `t`).
+pub fn last_ident(name: &ObjectName) -> String {
+    name.0
+        .last()
+        .and_then(|p| p.as_ident())
+        .map(|i| i.value.clone())
+        .unwrap_or_default()
+}
+
+/// The column an expression names (`c`, `t.c`, `db.t.c`), if it is a column.
+pub fn column_name(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Identifier(i) => Some(i.value.clone()),
+        Expr::CompoundIdentifier(p) => p.last().map(|i| i.value.clone()),
+        Expr::Nested(inner) => column_name(inner),
+        _ => None,
+    }
+}
+
+/// A value from the client: a literal, marker or parameter, possibly signed,
+/// parenthesised or with a charset introducer. No column, no function.
+pub fn is_value(e: &Expr) -> bool {
+    match e {
+        Expr::Value(_) => true,
+        Expr::UnaryOp {
+            op: UnaryOperator::Minus | UnaryOperator::Plus,
+            expr,
+        } => is_value(expr),
+        Expr::Nested(inner) => is_value(inner),
+        Expr::Prefixed { value, .. } => is_value(value),
+        _ => false,
+    }
+}
+
+/// Splits `a AND b AND c` into its terms.
+pub fn conjuncts<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+    match e {
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::And,
+            right,
+        } => {
+            conjuncts(left, out);
+            conjuncts(right, out);
+        }
+        Expr::Nested(inner) => conjuncts(inner, out),
+        other => out.push(other),
+    }
+}
+
+/// Whether any column the expression names satisfies `pred`.
+pub fn mentions_column(e: &Expr, pred: impl Fn(&str) -> bool) -> bool {
+    let mut found = false;
+    let _ = sqlparser::ast::visit_expressions(e, |x| {
+        if column_name(x).is_some_and(|c| pred(&c)) {
+            found = true;
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    found
+}
+
+/// The condition with qualified columns (`t.c`) made unqualified (`c`), so it can be
+/// applied to another table with the same column names. Refuses subqueries, and
+/// columns for which `allowed` is false (named in the error).
+pub fn requalify(cond: &Expr, allowed: impl Fn(&str) -> bool) -> Result<Expr, String> {
+    let mut w = cond.clone();
+    let mut bad = None;
+    let _ = sqlparser::ast::visit_expressions_mut(&mut w, |e| {
+        match e {
+            Expr::CompoundIdentifier(parts) => {
+                if let Some(last) = parts.last().cloned() {
+                    *e = Expr::Identifier(last);
+                }
+            }
+            Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => {
+                bad = Some("a subquery".to_string());
+            }
+            _ => {}
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    let _ = sqlparser::ast::visit_expressions(&w, |e| {
+        if let Expr::Identifier(id) = e {
+            if !allowed(&id.value) {
+                bad = Some(format!("column `{}`", id.value));
+            }
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    match bad {
+        Some(what) => Err(what),
+        None => Ok(w),
+    }
+}
+
+/// The values given to every key column by a `k1 = v1 AND k2 = v2` condition, in key
+/// order; `None` for any other shape (extra terms, ranges, missing keys).
+pub fn key_equalities(key: &[String], cond: Option<&Expr>) -> Option<Vec<Expr>> {
+    let mut found: Vec<Option<Expr>> = vec![None; key.len()];
+    if let Some(w) = cond {
+        let mut terms = Vec::new();
+        conjuncts(w, &mut terms);
+        for t in terms {
+            let Expr::BinaryOp {
+                left,
+                op: BinaryOperator::Eq,
+                right,
+            } = t
+            else {
+                return None;
+            };
+            let (col, val) = match (column_name(left), column_name(right)) {
+                (Some(c), None) if is_value(right) => (c, right),
+                (None, Some(c)) if is_value(left) => (c, left),
+                _ => return None,
+            };
+            let i = key.iter().position(|k| eq(k, &col))?;
+            if found[i].replace((**val).clone()).is_some() {
+                return None;
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
+/// Replaces every table factor naming a logical table by a derived table with the
+/// same alias (the table's name when it had none). Returns the aliases used; an
+/// empty list when the statement does not read the table.
+pub fn replace_reads(
+    stmt: &mut Statement,
+    names_table: &dyn Fn(&ObjectName) -> bool,
+    derived_sql: &dyn Fn(&ObjectName) -> Result<String, String>,
+) -> Result<Vec<String>, String> {
+    let mut v = Replacer {
+        names_table,
+        derived_sql,
+        aliases: Vec::new(),
+        error: None,
+    };
+    let _ = stmt.visit(&mut v);
+    match v.error {
+        Some(e) => Err(e),
+        None => Ok(v.aliases),
+    }
+}
+
+struct Replacer<'a> {
+    names_table: &'a dyn Fn(&ObjectName) -> bool,
+    derived_sql: &'a dyn Fn(&ObjectName) -> Result<String, String>,
+    aliases: Vec<String>,
+    error: Option<String>,
+}
+
+impl VisitorMut for Replacer<'_> {
+    type Break = ();
+
+    // Post-visit: the derived table put in place is not visited again.
+    fn post_visit_table_factor(&mut self, f: &mut TableFactor) -> ControlFlow<()> {
+        let TableFactor::Table { name, alias, .. } = f else {
+            return ControlFlow::Continue(());
+        };
+        if !(self.names_table)(name) {
+            return ControlFlow::Continue(());
+        }
+        let alias_name = match alias {
+            Some(a) => a.name.clone(),
+            None => name
+                .0
+                .last()
+                .and_then(|p| p.as_ident())
+                .cloned()
+                .unwrap_or_else(|| Ident::new("t")),
+        };
+        let subquery = match (self.derived_sql)(name).and_then(|sql| parse(&sql)) {
+            Ok(mut v) => match v.pop() {
+                Some(Statement::Query(q)) => q,
+                _ => {
+                    self.error = Some("internal error: the derived table is not a query".into());
+                    return ControlFlow::Break(());
+                }
+            },
+            Err(e) => {
+                self.error = Some(e);
+                return ControlFlow::Break(());
+            }
+        };
+        self.aliases.push(alias_name.value.clone());
+        *f = TableFactor::Derived {
+            lateral: false,
+            subquery,
+            alias: Some(TableAlias {
+                explicit: true,
+                name: alias_name,
+                columns: Vec::new(),
+                at: None,
+            }),
+            sample: None,
+        };
+        ControlFlow::Continue(())
+    }
+}

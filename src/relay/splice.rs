@@ -715,10 +715,13 @@ fn restore(def: &mut ColumnDef, patch: &ColumnPatch) {
     };
     def.org_table = logical.org_table.clone();
     def.org_name = logical.org_name.clone();
+    const NOT_NULL: u16 = 1;
+    if patch.flags_from_logical {
+        def.flags = (logical.flags & !NOT_NULL) | (def.flags & NOT_NULL);
+    }
     if def.schema.is_empty() {
         // A computed column: restore the logical column's type. Nullability is
         // the query's (an outer join makes the column nullable).
-        const NOT_NULL: u16 = 1;
         def.schema = logical.schema.clone();
         def.charset = logical.charset;
         def.length = logical.length;
@@ -881,6 +884,7 @@ mod tests {
         let patch = ColumnPatch {
             tables: vec!["hits".into()],
             columns: vec![("cnt".into(), logical.clone())],
+            flags_from_logical: false,
         };
         let mut d = mk("", "hits", "cnt", 8);
         d.name = b"c".to_vec();

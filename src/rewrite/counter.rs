@@ -22,9 +22,8 @@
 //! exists with base 0. Without the trigger such increments stay invisible to reads
 //! until the row is inserted.
 
-use std::collections::HashMap;
 use std::ops::ControlFlow;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use sqlparser::ast::{
     AssignmentTarget, BinaryOperator, Delete, Expr, FromTable, Insert, ObjectName, OnInsert, Query,
@@ -33,7 +32,7 @@ use sqlparser::ast::{
 
 use super::shape::{
     column_name, eq, is_value, key_equalities, last_ident, mentions_column, parse, replace_reads,
-    requalify,
+    requalify, ColumnsByDb,
 };
 use super::{Affected, ColumnPatch, Plan, PlanContext, Reply, Rule, TableName};
 use crate::rules::spec::{quote, CounterSpec};
@@ -57,9 +56,8 @@ pub struct CounterRule {
     slots: u32,
     /// Concurrent autocommit increments of one counter may be merged.
     coalesce: bool,
-    /// The logical table's columns, learned from the database once per database
-    /// (a rule without a database applies to a table of that name in each one).
-    meta: RwLock<HashMap<String, Arc<Vec<ColumnDef>>>>,
+    /// The logical table's columns, learned from the database once per database.
+    meta: ColumnsByDb,
 }
 
 impl CounterRule {
@@ -76,7 +74,7 @@ impl CounterRule {
             slot_column: spec.slot_column.clone(),
             slots: spec.slots,
             coalesce: spec.coalesce,
-            meta: RwLock::default(),
+            meta: ColumnsByDb::new(TableName::new(table.db.as_deref(), &table.name)),
         })
     }
 
@@ -134,19 +132,8 @@ impl CounterRule {
         ))
     }
 
-    /// The database whose table this rule means for a connection in `current_db`.
-    fn database<'a>(&'a self, current_db: Option<&'a str>) -> Option<&'a str> {
-        self.tables[0].db.as_deref().or(current_db)
-    }
-
     fn meta(&self, ctx: &PlanContext<'_>) -> Result<Arc<Vec<ColumnDef>>, String> {
-        let db = self.database(ctx.current_db).ok_or_else(|| {
-            "no database selected: select one (USE db) or name it in the rule's table".to_string()
-        })?;
-        let map = self.meta.read().unwrap_or_else(|p| p.into_inner());
-        map.get(&db.to_ascii_lowercase())
-            .cloned()
-            .ok_or_else(|| "the table's columns are not known yet".to_string())
+        self.meta.get(ctx.current_db)
     }
 
     /// Replaces every read of the logical table by the derived table. `Ok(None)` when
@@ -175,6 +162,7 @@ impl CounterRule {
             reply: Reply::Patched(Arc::new(ColumnPatch {
                 tables: aliases,
                 columns,
+                flags_from_logical: false,
             })),
             atomic: false,
             ..Default::default()
@@ -610,24 +598,11 @@ impl Rule for CounterRule {
     }
 
     fn metadata_query(&self, current_db: Option<&str>) -> Option<String> {
-        let db = self.database(current_db)?;
-        let map = self.meta.read().unwrap_or_else(|p| p.into_inner());
-        if map.contains_key(&db.to_ascii_lowercase()) {
-            return None;
-        }
-        Some(format!(
-            "SELECT * FROM {}.{} LIMIT 0",
-            quote(db),
-            quote(&self.tables[0].name)
-        ))
+        self.meta.query(current_db)
     }
 
     fn provide_metadata(&self, current_db: Option<&str>, columns: &[ColumnDef]) {
-        if let Some(db) = self.database(current_db) {
-            let mut map = self.meta.write().unwrap_or_else(|p| p.into_inner());
-            map.entry(db.to_ascii_lowercase())
-                .or_insert_with(|| Arc::new(columns.to_vec()));
-        }
+        self.meta.provide(current_db, columns);
     }
 
     fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {

@@ -68,6 +68,7 @@ mod cache;
 pub mod counter;
 mod engine;
 pub mod prefilter;
+pub mod ring;
 pub mod shape;
 pub mod sqltok;
 
@@ -225,6 +226,9 @@ pub struct ColumnPatch {
     pub tables: Vec<String>,
     /// Logical column definitions by lower-cased column name.
     pub columns: Vec<(String, crate::wire::resultset::ColumnDef)>,
+    /// Restore the column flags too (but not nullability, which is the query's): the
+    /// physical table declares keys and AUTO_INCREMENT differently from the logical one.
+    pub flags_from_logical: bool,
 }
 
 /// A table a rule is about.

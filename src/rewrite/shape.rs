@@ -223,3 +223,68 @@ impl VisitorMut for Replacer<'_> {
         ControlFlow::Continue(())
     }
 }
+
+/// A logical table's column definitions, learned from the database once per
+/// database (a rule without a database applies to a table of that name in each).
+pub struct ColumnsByDb {
+    /// The rule's logical table.
+    table: super::TableName,
+    /// Columns by lower-cased database name.
+    map: std::sync::RwLock<std::collections::HashMap<String, std::sync::Arc<Vec<ColumnDef>>>>,
+}
+
+use crate::wire::resultset::ColumnDef;
+
+impl ColumnsByDb {
+    /// An empty cache for `table`.
+    pub fn new(table: super::TableName) -> Self {
+        ColumnsByDb {
+            table,
+            map: Default::default(),
+        }
+    }
+
+    /// The database the rule means for a connection whose default is `current_db`.
+    fn database<'a>(&'a self, current_db: Option<&'a str>) -> Option<&'a str> {
+        self.table.db.as_deref().or(current_db)
+    }
+
+    /// The query to run when the columns for `current_db` are not known yet.
+    pub fn query(&self, current_db: Option<&str>) -> Option<String> {
+        let db = self.database(current_db)?;
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        if map.contains_key(&db.to_ascii_lowercase()) {
+            return None;
+        }
+        Some(format!(
+            "SELECT * FROM {}.{} LIMIT 0",
+            crate::rules::spec::quote(db),
+            crate::rules::spec::quote(&self.table.name)
+        ))
+    }
+
+    /// Stores the answer to [`ColumnsByDb::query`].
+    pub fn provide(&self, current_db: Option<&str>, columns: &[ColumnDef]) {
+        if let Some(db) = self.database(current_db) {
+            let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+            map.entry(db.to_ascii_lowercase())
+                .or_insert_with(|| std::sync::Arc::new(columns.to_vec()));
+        }
+    }
+
+    /// The columns for a connection whose default database is `current_db`.
+    pub fn get(&self, current_db: Option<&str>) -> Result<std::sync::Arc<Vec<ColumnDef>>, String> {
+        let db = self.database(current_db).ok_or_else(|| {
+            "no database selected: select one (USE db) or name it in the rule's table".to_string()
+        })?;
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        map.get(&db.to_ascii_lowercase())
+            .cloned()
+            .ok_or_else(|| "the table's columns are not known yet".to_string())
+    }
+}
+
+/// A column definition's original column name.
+pub fn column_def_name(d: &ColumnDef) -> String {
+    String::from_utf8_lossy(&d.org_name).into_owned()
+}

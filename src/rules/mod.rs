@@ -102,6 +102,14 @@ pub fn parse_file(
             .map_err(|reason| err(line, format!("counter '{}': {reason}", c.name)))?;
         rules.push(Arc::new(rule));
     }
+    for r in &parsed.ring {
+        let line = text
+            .find(&format!("\"{}\"", r.name))
+            .map(|at| line_of(text, at));
+        let rule = crate::rewrite::ring::RingRule::new(r)
+            .map_err(|reason| err(line, format!("ring '{}': {reason}", r.name)))?;
+        rules.push(Arc::new(rule));
+    }
     Ok(rules)
 }
 

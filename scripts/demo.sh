@@ -34,6 +34,9 @@ heatsink listens on $listen with the rules in rules/. Try:
 
   mariadb -h${listen%:*} -P${listen##*:} -udemo -pdemo demo \\
     -e "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'; SELECT * FROM hits"
+  mariadb -h${listen%:*} -P${listen##*:} -udemo -pdemo demo \\
+    -e "INSERT INTO profile_visits_log (uid, visitor_uid, last_update) VALUES (5, 42, NOW(6));
+        SELECT * FROM profile_visits_log WHERE uid = 5 ORDER BY last_update DESC"
 
 Metrics: http://127.0.0.1:9633/metrics   Stop: Ctrl-C
 TXT

@@ -1091,35 +1091,57 @@ fn prepared_reads_keep_execute_time_types() {
     });
 }
 
-/// Rewrites that need several statements cannot be prepared: a clear error, and the
-/// text protocol still works for them.
+/// Rewrites that need several statements work as prepared statements too: each
+/// rewritten statement is prepared on the backend and an execute runs them in one
+/// transaction. Results match the reference table, execute after execute.
 #[test]
-fn prepared_multi_statement_rewrites_are_refused_clearly() {
+fn prepared_multi_statement_rewrites() {
     let env = Env::hits("prepmulti", false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
-        let before = env.snapshot();
-        for sql in [
-            "UPDATE hits SET cnt = ? WHERE slug = ?",
-            "DELETE FROM hits WHERE slug = ?",
-            "INSERT INTO hits (slug, cnt) VALUES (?, 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1",
-        ] {
-            match p.prep(sql).await {
-                Err(mysql_async::Error::Server(e)) => {
-                    assert_eq!(e.code, 1105, "{sql}: {e:?}");
-                    assert!(
-                        e.message.contains(&format!("heatsink rule '{RULE}'")),
-                        "{e:?}"
-                    );
-                }
-                other => panic!("{sql}: expected a refusal at prepare, got {other:?}"),
+        let mut d = env.direct().await;
+        same_text(
+            &env,
+            &mut p,
+            &mut d,
+            "UPDATE {t} SET cnt = cnt + 4 WHERE slug = 'home'",
+        )
+        .await;
+        let steps: &[(&str, Params)] = &[
+            (
+                "UPDATE {t} SET cnt = ? WHERE slug = ?",
+                Params::from((7i64, "home")),
+            ),
+            (
+                "UPDATE {t} SET cnt = ? WHERE slug = ?",
+                Params::from((9i64, "home")),
+            ),
+            (
+                "INSERT INTO {t} (slug, cnt) VALUES (?, 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1",
+                Params::from(("home",)),
+            ),
+            (
+                "INSERT INTO {t} (slug, cnt) VALUES (?, 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1",
+                Params::from(("fresh",)),
+            ),
+            ("DELETE FROM {t} WHERE slug = ?", Params::from(("home",))),
+            ("DELETE FROM {t} WHERE slug = ?", Params::from(("nothing",))),
+        ];
+        for (sql, params) in steps {
+            if let Err(e) = compare_exec(&env, &mut p, &mut d, sql, params.clone()).await {
+                panic!(
+                    "{e}\n--- proxy log ---\n{}",
+                    tail(&env.proxy.log_text(), 30)
+                );
             }
         }
-        assert_eq!(env.snapshot(), before);
-        p.query_drop("UPDATE hits SET cnt = 1 WHERE slug = 'home'")
-            .await
-            .unwrap();
-        assert_eq!(value_of(&mut p, "home").await, Some(1));
+        assert_eq!(value_of(&mut p, "home").await, None);
+        assert_eq!(value_of(&mut p, "fresh").await, Some(1));
+        assert_eq!(
+            env.backend_scalar("SELECT COUNT(*) FROM {db}.hits_slots WHERE slug = 'home'"),
+            Some("0".into()),
+            "slot rows left after a prepared DELETE"
+        );
     });
 }
 

@@ -9,3 +9,14 @@ CREATE TABLE IF NOT EXISTS hits (
   note VARCHAR(100) NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 INSERT IGNORE INTO hits (slug, cnt, note) VALUES ('home', 0, 'front page'), ('about', 0, NULL);
+-- A "last visitors" log that is only ever read for the latest few rows per profile.
+CREATE TABLE IF NOT EXISTS profile_visits_log (
+  id INT AUTO_INCREMENT PRIMARY KEY,
+  uid INT NOT NULL,
+  visitor_uid INT NOT NULL,
+  last_update DATETIME(6) NOT NULL,
+  KEY (uid)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+INSERT INTO profile_visits_log (uid, visitor_uid, last_update)
+  SELECT 5, seq, NOW(6) - INTERVAL seq MINUTE FROM seq_1_to_20
+  WHERE NOT EXISTS (SELECT 1 FROM profile_visits_log);

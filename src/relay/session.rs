@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Buf;
@@ -23,8 +23,10 @@ use tracing::{debug, info, warn};
 
 use super::response::{ResponseKind, ResponseParser, Step};
 use super::splice::PreparedRewrite;
+use crate::admin::{Registration, Registry};
 use crate::config::Config;
 use crate::error::{Error, Result, Source};
+use crate::metrics::{Histogram, RuleTable};
 use crate::rewrite::{Decision, Engine, StatementContext};
 use crate::wire::handshake::{patch_client_hello, patch_greeting};
 use crate::wire::io::{header, Logical, Packet, PacketIo};
@@ -52,6 +54,18 @@ pub struct Stats {
     pub coalesced_writes: AtomicU64,
     /// Increments that were part of a merged write.
     pub coalesced_increments: AtomicU64,
+    /// Backend responses that were ERR packets, and backend connections lost while a
+    /// statement was in flight.
+    pub backend_errors: AtomicU64,
+    /// Rule set reloads that were swapped in.
+    pub reloads_ok: AtomicU64,
+    /// Rule set reloads refused (the previous rule set stayed in force).
+    pub reloads_failed: AtomicU64,
+    /// Rewritten statements: decision to the client's answer.
+    pub rewrite_latency: Histogram,
+    /// Passthrough statements (COM_QUERY, COM_STMT_EXECUTE): forwarding to the end
+    /// of the response.
+    pub backend_latency: Histogram,
 }
 
 /// State shared by every session of one server.
@@ -62,6 +76,11 @@ pub struct Shared {
     pub engine: ArcSwap<Engine>,
     /// Counters.
     pub stats: Stats,
+    /// Per-rule counters of the rule set in force (replaced with the engine on reload,
+    /// looked up by rule name).
+    pub rules: ArcSwap<RuleTable>,
+    /// Live sessions, for the admin port's `SHOW SESSIONS`.
+    pub sessions: Registry,
     /// Group commit of counter increments.
     pub coalescer: Arc<super::coalesce::Coalescer>,
 }
@@ -69,12 +88,24 @@ pub struct Shared {
 impl Shared {
     /// Shared state for a server with `config` and an initial rule set.
     pub fn new(config: Config, engine: Engine) -> Arc<Self> {
+        let rules = RuleTable::for_engine(&engine, &RuleTable::default());
         Arc::new(Shared {
             config,
             engine: ArcSwap::from_pointee(engine),
             stats: Stats::default(),
+            rules: ArcSwap::from_pointee(rules),
+            sessions: Registry::default(),
             coalescer: Arc::default(),
         })
+    }
+
+    /// Swaps in a new rule set: its per-rule counters first (carrying over those of
+    /// rules that keep their name), then the engine. A statement already deciding
+    /// keeps the engine it loaded.
+    pub fn install(&self, engine: Engine) {
+        let table = RuleTable::for_engine(&engine, &self.rules.load());
+        self.rules.store(Arc::new(table));
+        self.engine.store(Arc::new(engine));
     }
 }
 
@@ -108,16 +139,21 @@ pub async fn serve_client(
             return;
         }
     };
+    let info = shared.sessions.register(peer);
     let mut s = Session {
         client,
         backend: PacketIo::new(backend, Source::Backend),
         shared,
+        info,
+        answered_error: false,
         deprecate_eof: false,
         extended_metadata: false,
         current_db: None,
         status: 0,
         peer,
         backend_id: 0,
+        identity: Vec::new(),
+        pristine: true,
         prepared: HashMap::new(),
     };
     let outcome = async {
@@ -165,6 +201,10 @@ pub(super) struct Session {
     pub(super) backend: PacketIo<TcpStream>,
     /// Config, rules and counters.
     pub(super) shared: Arc<Shared>,
+    /// This session's entry in the admin port's session list (removed on drop).
+    pub(super) info: Registration,
+    /// A backend response during the current rewrite was an error (per-rule `errors`).
+    pub(super) answered_error: bool,
     /// CLIENT_DEPRECATE_EOF was negotiated (changes result-set framing).
     pub(super) deprecate_eof: bool,
     /// MariaDB extended metadata was negotiated (column definitions carry an extra
@@ -181,6 +221,13 @@ pub(super) struct Session {
     /// Prepared statements that were rewritten, by statement id (the backend's id of
     /// the rewritten statement, which is also the id the client uses).
     pub(super) prepared: HashMap<u32, PreparedRewrite>,
+    /// The authenticated user and the handshake character set: sessions may share a
+    /// merged write (group commit) only if both are equal.
+    pub(super) identity: Vec<u8>,
+    /// The session still has its connection-default state (no `SET`, `CALL` or
+    /// COM_CHANGE_USER yet). Only such sessions take part in group commit: a merged
+    /// write runs with the leading session's privileges and settings.
+    pub(super) pristine: bool,
 }
 
 /// How a relayed response went.
@@ -204,6 +251,7 @@ impl Session {
         let info = patch_greeting(&mut greeting.raw[4..], caps::UNSUPPORTED | caps::SSL)
             .map_err(|e| Error::with_cause(Source::Backend, "reading greeting", e))?;
         self.backend_id = info.connection_id;
+        self.info.set_backend_id(info.connection_id);
         self.client.write_all(&greeting.raw).await?;
 
         let mut hello = self.client.read_logical().await?;
@@ -247,7 +295,12 @@ impl Session {
         }
         self.deprecate_eof = h.capabilities & caps::DEPRECATE_EOF != 0;
         self.extended_metadata = h.ext_capabilities & crate::wire::ext_caps::EXTENDED_METADATA != 0;
-        self.current_db = h.database.clone();
+        self.set_current_db(h.database.clone());
+        self.identity = h.user.as_bytes().to_vec();
+        self.identity.push(0);
+        self.identity
+            .push(hello.raw.get(4 + 8).copied().unwrap_or(0));
+        self.info.set_user(&h.user);
         debug!(peer = %self.peer, id = self.backend_id, user = %h.user, "handshake");
         self.backend.write_all(&hello.raw).await?;
         self.auth_exchange().await
@@ -281,6 +334,7 @@ impl Session {
 
     async fn command_loop(&mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
         let idle = self.shared.config.idle_timeout;
+        self.info.set_busy(false);
         loop {
             if *shutdown.borrow() {
                 return Ok(());
@@ -294,7 +348,10 @@ impl Session {
                     return Ok(());
                 }
             };
-            if !self.command(command).await? {
+            self.info.set_busy(true);
+            let more = self.command(command).await;
+            self.info.set_busy(false);
+            if !more? {
                 return Ok(());
             }
         }
@@ -314,7 +371,9 @@ impl Session {
             }
             cmd::STMT_CLOSE => {
                 if let Some(id) = statement_id(&c.payload()) {
-                    self.prepared.remove(&id);
+                    if self.close_rewrite(id).await? {
+                        return Ok(true);
+                    }
                 }
                 self.backend.write_all(&c.raw).await?;
                 return Ok(true);
@@ -331,18 +390,35 @@ impl Session {
                 return Ok(true);
             }
             cmd::STMT_EXECUTE => {
+                self.info.count_statement();
                 if let Some(id) = statement_id(&c.payload()) {
-                    if self.prepared.contains_key(&id) {
-                        self.execute_rewrite(id, &c).await?;
+                    if let Some(p) = self.prepared.get(&id) {
+                        // Executes the plan made at prepare time, whatever rule set is
+                        // in force now.
+                        let rule = p.rule.clone();
+                        let started = Instant::now();
+                        self.answered_error = false;
+                        let r = self.execute_rewrite(id, &c).await;
+                        self.record_rewrite(&rule, started, r.is_err());
+                        r?;
                         return Ok(true);
                     }
                 }
-                ResponseKind::Generic
+                let started = Instant::now();
+                self.forward(&c).await?;
+                self.relay_response(ResponseKind::Generic, 0, c.last_seq)
+                    .await?;
+                self.shared.stats.backend_latency.observe(started.elapsed());
+                return Ok(true);
             }
             cmd::CHANGE_USER => {
                 self.prepared.clear();
                 self.backend.write_all(&c.raw).await?;
-                self.current_db = change_user_db(&c.payload());
+                self.set_current_db(change_user_db(&c.payload()));
+                self.pristine = false;
+                if let Some(user) = change_user_name(&c.payload()) {
+                    self.info.set_user(&user);
+                }
                 return self.auth_exchange().await.map(|_| true);
             }
             cmd::PROCESS_INFO => ResponseKind::Generic,
@@ -393,7 +469,9 @@ impl Session {
             self.prepared.clear();
         }
         if code == cmd::INIT_DB && !r.parser.errored {
-            self.current_db = Some(String::from_utf8_lossy(&c.payload()[1..]).into_owned());
+            self.set_current_db(Some(
+                String::from_utf8_lossy(&c.payload()[1..]).into_owned(),
+            ));
         }
         Ok(true)
     }
@@ -410,7 +488,27 @@ impl Session {
         }
     }
 
+    /// Keeps the default database and the admin port's view of it in step.
+    fn set_current_db(&mut self, db: Option<String>) {
+        self.info.set_db(db.as_deref());
+        self.current_db = db;
+    }
+
+    /// Per-rule and global accounting of one rewritten statement.
+    fn record_rewrite(&self, rule: &str, started: Instant, failed: bool) {
+        let took = started.elapsed();
+        self.shared.stats.rewrite_latency.observe(took);
+        if let Some(r) = self.shared.rules.load().get(rule) {
+            r.record_rewrite(took, failed || self.answered_error);
+        }
+    }
+
     async fn query(&mut self, c: Logical) -> Result<()> {
+        if self.pristine && changes_session_state(&c.payload()[1..]) {
+            self.pristine = false;
+        }
+        self.info.count_statement();
+        let started = Instant::now();
         let engine = self.shared.engine.load_full();
         let decision = if engine.has_rules() {
             match self
@@ -426,13 +524,23 @@ impl Session {
         match decision {
             Decision::Passthrough | Decision::NeedMetadata(_) => {
                 self.shared.stats.passthrough.fetch_add(1, Relaxed);
+                // Without rules nothing happened since `started`: save a clock read.
+                let forwarded = if engine.has_rules() {
+                    Instant::now()
+                } else {
+                    started
+                };
                 self.forward(&c).await?;
                 let r = self
                     .relay_response(ResponseKind::Generic, 0, c.last_seq)
                     .await?;
+                self.shared
+                    .stats
+                    .backend_latency
+                    .observe(forwarded.elapsed());
                 if !r.parser.errored {
                     if let Some(db) = use_statement_db(&c.payload()[1..]) {
-                        self.current_db = Some(db);
+                        self.set_current_db(Some(db));
                     }
                 }
                 Ok(())
@@ -441,12 +549,19 @@ impl Session {
             Decision::Rewrite(rw) => {
                 self.shared.stats.rewritten.fetch_add(1, Relaxed);
                 debug!(peer = %self.peer, rule = %rw.rule, statements = rw.statements.len(), "statement rewritten");
-                self.run_rewrite(rw, c.last_seq).await
+                let rule = rw.rule.clone();
+                self.answered_error = false;
+                let r = self.run_rewrite(rw, c.last_seq).await;
+                self.record_rewrite(&rule, started, r.is_err());
+                r
             }
         }
     }
 
     async fn prepare(&mut self, c: Logical) -> Result<()> {
+        if self.pristine && changes_session_state(&c.payload()[1..]) {
+            self.pristine = false;
+        }
         let engine = self.shared.engine.load_full();
         let decision = if engine.has_rules() {
             match self
@@ -481,6 +596,9 @@ impl Session {
         cmd_seq: u8,
     ) -> Result<()> {
         self.shared.stats.rejected.fetch_add(1, Relaxed);
+        if let Some(r) = self.shared.rules.load().get(&rej.rule) {
+            r.rejected.fetch_add(1, Relaxed);
+        }
         debug!(peer = %self.peer, rule = %rej.rule, reason = %rej.reason, "statement rejected");
         self.client
             .write_packet(
@@ -517,9 +635,15 @@ impl Session {
                 if let Some(st) = parser.last_status {
                     self.status = st;
                 }
+                if parser.errored {
+                    self.backend_error();
+                }
                 Ok(Relayed { parser })
             }
             Err(e) => {
+                if e.source == Source::Backend {
+                    self.backend_error();
+                }
                 if e.source == Source::Backend && !sent_any {
                     let msg = "Lost connection to MySQL server during query";
                     let _ = self
@@ -560,7 +684,16 @@ impl Session {
         if let Some(st) = parser.last_status {
             self.status = st;
         }
+        if parser.errored {
+            self.backend_error();
+        }
         Ok((parser, pkts))
+    }
+
+    /// Counts a backend error response (globally, and for the rewrite in progress).
+    fn backend_error(&mut self) {
+        self.shared.stats.backend_errors.fetch_add(1, Relaxed);
+        self.answered_error = true;
     }
 
     /// Turns the session into a plain bidirectional byte pipe until either side closes.
@@ -725,6 +858,36 @@ fn statement_id(payload: &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
+/// Whether a statement may change session state (settings, privileges in effect):
+/// `SET …` (incl. `SET STATEMENT … FOR`) and `CALL` (a procedure may run `SET`).
+/// Leading whitespace and comments are skipped; conservative on purpose.
+fn changes_session_state(sql: &[u8]) -> bool {
+    let mut s = sql;
+    loop {
+        s = s.trim_ascii_start();
+        if let Some(rest) = s.strip_prefix(b"/*") {
+            match rest.windows(2).position(|w| w == b"*/") {
+                Some(end) => s = &rest[end + 2..],
+                None => return false,
+            }
+        } else if s.starts_with(b"#") || s.starts_with(b"-- ") {
+            match s.iter().position(|&b| b == b'\n') {
+                Some(end) => s = &s[end + 1..],
+                None => return false,
+            }
+        } else {
+            break;
+        }
+    }
+    let word_is = |w: &[u8]| {
+        s.len() >= w.len()
+            && s[..w.len()].eq_ignore_ascii_case(w)
+            && s.get(w.len())
+                .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
+    };
+    word_is(b"set") || word_is(b"call")
+}
+
 /// The database named by a successful `USE db` statement, if this is one.
 fn use_statement_db(sql: &[u8]) -> Option<String> {
     let s = sql.trim_ascii_start();
@@ -738,6 +901,13 @@ fn use_statement_db(sql: &[u8]) -> Option<String> {
         _ => String::from_utf8_lossy(name).into_owned(),
     };
     (!name.is_empty()).then_some(name)
+}
+
+/// The user named in a COM_CHANGE_USER payload.
+fn change_user_name(payload: &[u8]) -> Option<String> {
+    let rest = payload.get(1..)?;
+    let end = rest.iter().position(|&b| b == 0)?;
+    Some(String::from_utf8_lossy(&rest[..end]).into_owned())
 }
 
 /// The database named in a COM_CHANGE_USER payload (user, auth data, database).
@@ -755,6 +925,36 @@ fn change_user_db(payload: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn session_state_changes() {
+        for sql in [
+            &b"SET sql_mode = ''"[..],
+            b"  set @a = 1",
+            b"/* x */ SET NAMES latin1",
+            b"CALL p()",
+            b"-- c\nset autocommit=0",
+        ] {
+            assert!(
+                changes_session_state(sql),
+                "{}",
+                String::from_utf8_lossy(sql)
+            );
+        }
+        for sql in [
+            &b"SELECT 1"[..],
+            b"UPDATE t SET a = 1",
+            b"settle",
+            b"callback()",
+            b"",
+        ] {
+            assert!(
+                !changes_session_state(sql),
+                "{}",
+                String::from_utf8_lossy(sql)
+            );
+        }
+    }
 
     #[test]
     fn use_statements() {

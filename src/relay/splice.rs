@@ -37,8 +37,11 @@ const MAX_ATTEMPTS: u32 = 8;
 pub struct PreparedRewrite {
     /// The rule that rewrote it.
     pub rule: Arc<str>,
-    /// For each `?` of the backend statement, the client's parameter index.
-    pub param_map: Vec<usize>,
+    /// The backend statements, in order: id, and for each of its `?` the client's
+    /// parameter index. The client uses the first one's id.
+    pub stmts: Vec<(u32, Vec<usize>)>,
+    /// The statements commit together (see [`Rewritten::atomic`]).
+    pub atomic: bool,
     /// Parameters the client's statement has.
     pub client_params: usize,
     /// Parameter types the client bound last (two bytes each); later executes may
@@ -90,6 +93,14 @@ enum Attempt {
     /// A lock conflict rolled the attempt back; this is the error, should retrying
     /// not be possible.
     Conflict(Vec<u8>),
+}
+
+/// A COM_QUERY payload.
+fn query_payload(sql: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(sql.len() + 1);
+    payload.push(cmd::QUERY);
+    payload.extend_from_slice(sql);
+    payload
 }
 
 /// The column definitions in a collected result-set response.
@@ -149,14 +160,17 @@ impl Session {
         Ok(())
     }
 
-    /// Runs one text statement on the backend and reads its whole response.
-    async fn run_collect(&mut self, sql: &[u8]) -> Result<Collected> {
-        let mut payload = Vec::with_capacity(sql.len() + 1);
-        payload.push(cmd::QUERY);
-        payload.extend_from_slice(sql);
-        self.backend.write_packet(0, &payload).await?;
+    /// Sends one command (a COM_QUERY or COM_STMT_EXECUTE payload) to the backend
+    /// and reads its whole response.
+    async fn run_command(&mut self, payload: &[u8]) -> Result<Collected> {
+        self.backend.write_packet(0, payload).await?;
         let (parser, packets) = self.collect_response(ResponseKind::Generic).await?;
         Ok(Collected { parser, packets })
+    }
+
+    /// Runs one text statement on the backend and reads its whole response.
+    async fn run_collect(&mut self, sql: &[u8]) -> Result<Collected> {
+        self.run_command(&query_payload(sql)).await
     }
 
     /// Whether a failed attempt left nothing behind, so that it can be retried.
@@ -167,6 +181,7 @@ impl Session {
     /// Executes a rewritten text statement and answers the client.
     pub(super) async fn run_rewrite(&mut self, rw: Rewritten, cmd_seq: u8) -> Result<()> {
         if rw.coalesce
+            && self.pristine
             && self.status & status::IN_TRANS == 0
             && self.status & status::AUTOCOMMIT != 0
             && rw.aux.len() > 4
@@ -176,6 +191,7 @@ impl Session {
                 let mut key = Vec::with_capacity(64);
                 for part in [
                     rw.rule.as_bytes(),
+                    &self.identity,
                     self.current_db.as_deref().unwrap_or("").as_bytes(),
                     &rw.aux[0],
                     &rw.aux[1],
@@ -198,11 +214,10 @@ impl Session {
         let n = rw.statements.len();
         if let (1, Reply::Last | Reply::Patched(_)) = (n, &rw.reply) {
             // A single statement whose response is relayed: stream it.
-            let sql = &rw.statements[0];
-            let mut payload = Vec::with_capacity(sql.len() + 1);
-            payload.push(cmd::QUERY);
-            payload.extend_from_slice(sql);
-            let next = self.backend.write_packet(0, &payload).await?;
+            let next = self
+                .backend
+                .write_packet(0, &query_payload(&rw.statements[0]))
+                .await?;
             let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
             return match &rw.reply {
                 Reply::Patched(p) => self.relay_patched(p, false, cmd_seq).await,
@@ -212,20 +227,38 @@ impl Session {
                     .map(|_| ()),
             };
         }
-        let wrap = rw.atomic
+        let commands: Vec<Vec<u8>> = rw.statements.iter().map(|sql| query_payload(sql)).collect();
+        self.run_commands(&rw.rule, &commands, &rw.reply, rw.atomic, cmd_seq)
+            .await
+    }
+
+    /// Runs the commands of a rewrite — inside the proxy's own transaction when they
+    /// must commit together and the client is in autocommit mode outside a
+    /// transaction — retrying lock conflicts when a failed attempt left nothing
+    /// behind, and answers the client as `reply` says.
+    async fn run_commands(
+        &mut self,
+        rule: &str,
+        commands: &[Vec<u8>],
+        reply: &Reply,
+        atomic: bool,
+        cmd_seq: u8,
+    ) -> Result<()> {
+        let n = commands.len();
+        let wrap = atomic
             && n > 1
             && self.status & status::IN_TRANS == 0
             && self.status & status::AUTOCOMMIT != 0;
         let retry = self.retry_safe(n, wrap);
         let mut attempt = 1;
         loop {
-            match self.attempt(&rw, wrap, cmd_seq).await? {
+            match self.attempt(commands, reply, wrap, cmd_seq).await? {
                 Attempt::Answered => return Ok(()),
                 Attempt::Conflict(err) => {
                     if !retry || attempt >= MAX_ATTEMPTS {
                         return self.reply(cmd_seq, &err).await;
                     }
-                    tracing::debug!(rule = %rw.rule, attempt, "lock conflict in rewrite: retrying");
+                    tracing::debug!(rule, attempt, "lock conflict in rewrite: retrying");
                     tokio::time::sleep(Duration::from_millis(rand::random_range(
                         1..=(2u64 << attempt),
                     )))
@@ -236,7 +269,13 @@ impl Session {
         }
     }
 
-    async fn attempt(&mut self, rw: &Rewritten, wrap: bool, cmd_seq: u8) -> Result<Attempt> {
+    async fn attempt(
+        &mut self,
+        commands: &[Vec<u8>],
+        reply: &Reply,
+        wrap: bool,
+        cmd_seq: u8,
+    ) -> Result<Attempt> {
         if wrap {
             let c = self.run_collect(b"BEGIN").await?;
             if let Some(e) = c.err() {
@@ -245,9 +284,9 @@ impl Session {
                 return Ok(Attempt::Answered);
             }
         }
-        let mut results = Vec::with_capacity(rw.statements.len());
-        for sql in &rw.statements {
-            let c = self.run_collect(sql).await?;
+        let mut results = Vec::with_capacity(commands.len());
+        for command in commands {
+            let c = self.run_command(command).await?;
             if let Some(e) = c.err() {
                 let payload = e.payload.to_vec();
                 if wrap {
@@ -272,7 +311,7 @@ impl Session {
                 return Ok(Attempt::Answered);
             }
         }
-        self.answer(&rw.reply, &results, cmd_seq).await?;
+        self.answer(reply, &results, cmd_seq).await?;
         Ok(Attempt::Answered)
     }
 
@@ -549,22 +588,16 @@ impl Session {
         }
     }
 
-    /// COM_STMT_PREPARE of a rewritten statement.
+    /// COM_STMT_PREPARE of a rewritten statement: the original is prepared first
+    /// (its parameter count and column definitions are what the client must see) and
+    /// closed, then every rewritten statement is prepared; the client's statement id
+    /// is the first rewritten statement's.
     pub(super) async fn prepare_rewrite(
         &mut self,
         rw: Rewritten,
         c: &crate::wire::io::Logical,
     ) -> Result<()> {
         let cmd_seq = c.last_seq;
-        if rw.statements.len() != 1 || rw.atomic {
-            let msg = format!(
-                "heatsink rule '{}': this statement needs several statements and cannot be prepared; use the text protocol",
-                rw.rule
-            );
-            return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
-        }
-        // The original, prepared against the logical table, tells what the client
-        // must see: parameter count and column definitions.
         self.backend.write_all(&c.raw).await?;
         let (orig, orig_pkts) = self.collect_response(ResponseKind::Prepare).await?;
         let Some(orig_ok) = orig.prepare_ok else {
@@ -574,54 +607,82 @@ impl Session {
                 .unwrap_or_default();
             return self.reply(cmd_seq, &payload).await;
         };
-        let mut close = vec![cmd::STMT_CLOSE];
-        close.extend_from_slice(&orig_ok.statement_id.to_le_bytes());
-        self.backend.write_packet(0, &close).await?;
+        self.close_backend_statement(orig_ok.statement_id).await?;
 
-        let mut payload = vec![cmd::STMT_PREPARE];
-        payload.extend_from_slice(&rw.statements[0]);
-        self.backend.write_packet(0, &payload).await?;
-        let (new, new_pkts) = self.collect_response(ResponseKind::Prepare).await?;
-        let Some(new_ok) = new.prepare_ok else {
-            let payload = new_pkts
-                .first()
-                .map(|p| p.payload.to_vec())
-                .unwrap_or_default();
-            return self.reply(cmd_seq, &payload).await;
-        };
         let param_map = rw.param_map.clone().unwrap_or_default();
-        if param_map.len() != new_ok.params as usize {
-            return Err(Error::new(
-                Source::Internal,
-                format!(
-                    "rule '{}': rewritten statement has {} parameters, plan maps {}",
-                    rw.rule,
-                    new_ok.params,
-                    param_map.len()
-                ),
-            ));
+        let mut stmts: Vec<(u32, Vec<usize>)> = Vec::with_capacity(rw.statements.len());
+        let mut used = 0usize;
+        for sql in &rw.statements {
+            let mut payload = vec![cmd::STMT_PREPARE];
+            payload.extend_from_slice(sql);
+            self.backend.write_packet(0, &payload).await?;
+            let (new, new_pkts) = self.collect_response(ResponseKind::Prepare).await?;
+            let Some(new_ok) = new.prepare_ok else {
+                for (id, _) in &stmts {
+                    self.close_backend_statement(*id).await?;
+                }
+                let payload = new_pkts
+                    .first()
+                    .map(|p| p.payload.to_vec())
+                    .unwrap_or_default();
+                return self.reply(cmd_seq, &payload).await;
+            };
+            let n = new_ok.params as usize;
+            let Some(map) = param_map.get(used..used + n) else {
+                return Err(Error::new(
+                    Source::Internal,
+                    format!(
+                        "rule '{}': the rewrite's parameters do not match its plan",
+                        rw.rule
+                    ),
+                ));
+            };
+            used += n;
+            stmts.push((new_ok.statement_id, map.to_vec()));
         }
-        // Answer with the new statement id and everything else from the original.
+        let Some(&(client_id, _)) = stmts.first() else {
+            return Err(Error::new(Source::Internal, "rewrite has no statement"));
+        };
+        // Answer with the client's statement id and everything else from the original.
         let mut out = BytesMut::new();
         let mut first = orig_pkts[0].payload.to_vec();
-        first[1..5].copy_from_slice(&new_ok.statement_id.to_le_bytes());
+        first[1..5].copy_from_slice(&client_id.to_le_bytes());
         let mut seq = frame_into(&mut out, cmd_seq.wrapping_add(1), &first);
         for p in &orig_pkts[1..] {
             seq = frame_into(&mut out, seq, &p.payload);
         }
-        let params = orig_ok.params as usize;
         self.prepared.insert(
-            new_ok.statement_id,
+            client_id,
             PreparedRewrite {
                 rule: rw.rule.clone(),
-                param_map,
-                client_params: params,
+                stmts,
+                client_params: orig_ok.params as usize,
                 types: None,
                 reply: rw.reply.clone(),
+                atomic: rw.atomic,
                 long_data: false,
             },
         );
         self.client.write_all(&out).await
+    }
+
+    /// COM_STMT_CLOSE of a backend statement (no response).
+    async fn close_backend_statement(&mut self, id: u32) -> Result<()> {
+        let mut close = vec![cmd::STMT_CLOSE];
+        close.extend_from_slice(&id.to_le_bytes());
+        self.backend.write_packet(0, &close).await.map(|_| ())
+    }
+
+    /// Closes the backend statements of a rewritten prepared statement; false if `id`
+    /// is not one.
+    pub(super) async fn close_rewrite(&mut self, id: u32) -> Result<bool> {
+        let Some(p) = self.prepared.remove(&id) else {
+            return Ok(false);
+        };
+        for (backend_id, _) in p.stmts {
+            self.close_backend_statement(backend_id).await?;
+        }
+        Ok(true)
     }
 
     /// COM_STMT_EXECUTE of a rewritten prepared statement.
@@ -643,48 +704,29 @@ impl Session {
             );
             return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
         }
-        let backend_exec = match remap_execute(&payload, p) {
+        let commands = match remap_execute(&payload, p) {
             Ok(b) => b,
             Err(reason) => {
                 let msg = format!("heatsink rule '{}': {reason}", p.rule);
                 return self.reply(cmd_seq, &err_of(errors::PROTOCOL, &msg)).await;
             }
         };
-        let reply = p.reply.clone();
-        match reply {
-            Reply::Patched(p) => {
-                self.backend.write_packet(0, &backend_exec).await?;
-                self.relay_patched(&p, true, cmd_seq).await
+        let (rule, reply, atomic) = (p.rule.clone(), p.reply.clone(), p.atomic);
+        match (&reply, commands.as_slice()) {
+            (Reply::Patched(patch), [one]) => {
+                self.backend.write_packet(0, one).await?;
+                self.relay_patched(patch, true, cmd_seq).await
             }
-            Reply::Last => {
-                let next = self.backend.write_packet(0, &backend_exec).await?;
+            (Reply::Last, [one]) => {
+                let next = self.backend.write_packet(0, one).await?;
                 let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
                 self.relay_response(ResponseKind::Generic, shift, cmd_seq)
                     .await
                     .map(|_| ())
             }
-            reply => {
-                let retry = self.retry_safe(1, false);
-                let mut attempt = 1;
-                loop {
-                    self.backend.write_packet(0, &backend_exec).await?;
-                    let (parser, packets) = self.collect_response(ResponseKind::Generic).await?;
-                    let c = Collected { parser, packets };
-                    if let Some(e) = c.err() {
-                        let conflict = c.err_code().is_some_and(|code| RETRYABLE.contains(&code));
-                        if conflict && retry && attempt < MAX_ATTEMPTS {
-                            attempt += 1;
-                            tokio::time::sleep(Duration::from_millis(rand::random_range(
-                                1..=(2u64 << attempt),
-                            )))
-                            .await;
-                            continue;
-                        }
-                        let payload = e.payload.to_vec();
-                        return self.reply(cmd_seq, &payload).await;
-                    }
-                    return self.answer(&reply, &[c], cmd_seq).await;
-                }
+            _ => {
+                self.run_commands(&rule, &commands, &reply, atomic, cmd_seq)
+                    .await
             }
         }
     }
@@ -731,11 +773,16 @@ fn restore(def: &mut ColumnDef, patch: &ColumnPatch) {
     }
 }
 
-/// Rebuilds a COM_STMT_EXECUTE payload for the rewritten statement: parameter values
-/// are sliced by type (never decoded) and re-ordered per the plan's parameter map.
-fn remap_execute(payload: &[u8], p: &mut PreparedRewrite) -> std::result::Result<Vec<u8>, String> {
+/// Rebuilds the client's COM_STMT_EXECUTE payload for each backend statement:
+/// parameter values are sliced by type (never decoded) and re-ordered per each
+/// statement's parameter map.
+fn remap_execute(
+    payload: &[u8],
+    p: &mut PreparedRewrite,
+) -> std::result::Result<Vec<Vec<u8>>, String> {
     let n = p.client_params;
-    let head = payload.get(..10).ok_or("short COM_STMT_EXECUTE")?;
+    // Flags (1 byte) and iteration count (4 bytes) after the statement id.
+    let flags_iter = payload.get(5..10).ok_or("short COM_STMT_EXECUTE")?;
     let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(n);
     if n > 0 {
         let bitmap_len = n.div_ceil(8);
@@ -762,27 +809,33 @@ fn remap_execute(payload: &[u8], p: &mut PreparedRewrite) -> std::result::Result
             rest = &rest[len..];
         }
     }
-    let m = p.param_map.len();
-    let mut out = Vec::with_capacity(payload.len() + 16);
-    out.extend_from_slice(head);
-    if m > 0 {
-        let types = p.types.as_deref().ok_or("parameters were never bound")?;
-        let mut bitmap = vec![0u8; m.div_ceil(8)];
-        for (k, &j) in p.param_map.iter().enumerate() {
-            if values.get(j).ok_or("parameter map out of range")?.is_none() {
-                bitmap[k / 8] |= 1 << (k % 8);
+    let mut out = Vec::with_capacity(p.stmts.len());
+    for (id, map) in &p.stmts {
+        let mut cmd = Vec::with_capacity(payload.len() + 16);
+        cmd.push(cmd::STMT_EXECUTE);
+        cmd.extend_from_slice(&id.to_le_bytes());
+        cmd.extend_from_slice(flags_iter);
+        let m = map.len();
+        if m > 0 {
+            let types = p.types.as_deref().ok_or("parameters were never bound")?;
+            let mut bitmap = vec![0u8; m.div_ceil(8)];
+            for (k, &j) in map.iter().enumerate() {
+                if values.get(j).ok_or("parameter map out of range")?.is_none() {
+                    bitmap[k / 8] |= 1 << (k % 8);
+                }
+            }
+            cmd.extend_from_slice(&bitmap);
+            cmd.push(1);
+            for &j in map {
+                cmd.extend_from_slice(&types[2 * j..2 * j + 2]);
+            }
+            for &j in map {
+                if let Some(Some(v)) = values.get(j) {
+                    cmd.extend_from_slice(v);
+                }
             }
         }
-        out.extend_from_slice(&bitmap);
-        out.push(1);
-        for &j in &p.param_map {
-            out.extend_from_slice(&types[2 * j..2 * j + 2]);
-        }
-        for &j in &p.param_map {
-            if let Some(Some(v)) = values.get(j) {
-                out.extend_from_slice(v);
-            }
-        }
+        out.push(cmd);
     }
     Ok(out)
 }
@@ -794,10 +847,11 @@ mod tests {
     fn prepared(param_map: Vec<usize>, client_params: usize) -> PreparedRewrite {
         PreparedRewrite {
             rule: Arc::from("r"),
-            param_map,
+            stmts: vec![(7, param_map)],
             client_params,
             types: None,
             reply: Reply::Last,
+            atomic: false,
             long_data: false,
         }
     }
@@ -812,7 +866,7 @@ mod tests {
         pl.extend_from_slice(&[0x08, 0, 0xfd, 0]);
         pl.extend_from_slice(&5i64.to_le_bytes());
         pl.extend_from_slice(b"\x04home");
-        let out = remap_execute(&pl, &mut p).unwrap();
+        let out = remap_execute(&pl, &mut p).unwrap().remove(0);
         let mut want = vec![cmd::STMT_EXECUTE, 7, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1];
         want.extend_from_slice(&[0xfd, 0, 0x08, 0]);
         want.extend_from_slice(b"\x04home");
@@ -823,7 +877,7 @@ mod tests {
         pl2.push(0b01);
         pl2.push(0);
         pl2.extend_from_slice(b"\x05about");
-        let out2 = remap_execute(&pl2, &mut p).unwrap();
+        let out2 = remap_execute(&pl2, &mut p).unwrap().remove(0);
         let mut want2 = vec![cmd::STMT_EXECUTE, 7, 0, 0, 0, 0, 1, 0, 0, 0, 0b10, 1];
         want2.extend_from_slice(&[0xfd, 0, 0x08, 0]);
         want2.extend_from_slice(b"\x05about");

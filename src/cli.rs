@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Config, FileConfig, LogFormat, Overrides};
+use crate::config::{Config, FileConfig, LogFormat, Overrides, Secret};
 use crate::error::Error;
 
 /// heatsink: a MySQL wire-protocol proxy that rewrites hot-spot statements.
@@ -42,6 +42,66 @@ pub enum Command {
     /// row (creating it if missing), delete them. Reads through the proxy stay exact
     /// while it runs; deadlocks are retried.
     Compact(CompactArgs),
+    /// Validate rule files before deploying them, then run their [[test]] cases.
+    ///
+    /// Checks TOML syntax, unknown keys, impossible values, duplicate rule names and
+    /// rules sharing a table; with --backend-url also the live schema (the checks of
+    /// `migrate`: tables exist, keys and column types fit, the trigger is in place).
+    /// One line per problem (`file:line: rule 'name': reason`); exit 1 on any problem
+    /// or failing test case.
+    Check(CheckArgs),
+    /// Show what the proxy would do with statements: the rule that acts, the
+    /// rewritten statements, what the client sees, or why a statement is refused.
+    ///
+    /// Statements come from the arguments or from stdin, one per line.
+    Explain(ExplainArgs),
+}
+
+/// Output of `check` and `explain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Lines for people.
+    #[default]
+    Human,
+    /// JSON for CI: one document (`check`), one object per statement (`explain`).
+    Json,
+}
+
+/// `heatsink check` flags.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Rule file or directory of *.toml rule files.
+    #[arg(long, env = "HEATSINK_RULES")]
+    pub rules: PathBuf,
+    /// mysql://user:password@host:port/db: also check the rules against this database.
+    #[arg(long)]
+    pub backend_url: Option<String>,
+    /// Default database for tables and test cases that name none [default: the URL's].
+    #[arg(long)]
+    pub db: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub format: OutputFormat,
+}
+
+/// `heatsink explain` flags.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// Rule file or directory of *.toml rule files.
+    #[arg(long, env = "HEATSINK_RULES")]
+    pub rules: PathBuf,
+    /// mysql://user:password@host:port/db: read the tables' columns from this database
+    /// (without it, rules plan with an assumed column list).
+    #[arg(long)]
+    pub backend_url: Option<String>,
+    /// The connection's default database [default: the URL's].
+    #[arg(long)]
+    pub db: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub format: OutputFormat,
+    /// Statements to explain; without any, one statement per line from stdin.
+    pub sql: Vec<String>,
 }
 
 /// `heatsink migrate` flags.
@@ -91,9 +151,17 @@ pub struct ServeArgs {
     /// Rule file or directory of *.toml rule files [default: rules].
     #[arg(long, env = "HEATSINK_RULES")]
     pub rules: Option<PathBuf>,
-    /// Admin port address (MySQL protocol).
+    /// Admin port address (MySQL protocol), e.g. 127.0.0.1:6032.
     #[arg(long, env = "HEATSINK_ADMIN")]
     pub admin: Option<String>,
+    /// User name for the admin port [default: admin].
+    #[arg(long, env = "HEATSINK_ADMIN_USER")]
+    pub admin_user: Option<String>,
+    /// Password for the admin port; prefer the environment variable or the config
+    /// file, command lines are visible to other local users. Required unless the admin
+    /// port listens on loopback.
+    #[arg(long, env = "HEATSINK_ADMIN_PASSWORD", hide_env_values = true)]
+    pub admin_password: Option<Secret>,
     /// Prometheus metrics address.
     #[arg(long, env = "HEATSINK_METRICS")]
     pub metrics: Option<String>,
@@ -138,6 +206,8 @@ impl ServeArgs {
             backend: self.backend,
             rules: self.rules,
             admin: self.admin,
+            admin_user: self.admin_user,
+            admin_password: self.admin_password,
             metrics: self.metrics,
             max_connections: self.max_connections,
             idle_timeout: self.idle_timeout,

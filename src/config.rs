@@ -19,6 +19,27 @@ pub enum LogFormat {
     Json,
 }
 
+/// A password: kept out of `Debug` output and logs.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
+    }
+}
+
+/// Default admin port user.
+pub const DEFAULT_ADMIN_USER: &str = "admin";
+
 /// Everything `heatsink serve` needs.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -30,6 +51,11 @@ pub struct Config {
     pub rules: PathBuf,
     /// Admin port (MySQL protocol), off when `None`.
     pub admin: Option<String>,
+    /// User name the admin port accepts.
+    pub admin_user: String,
+    /// Password the admin port requires (mysql_native_password). Empty is allowed
+    /// only when the admin port listens on a loopback address.
+    pub admin_password: Secret,
     /// Prometheus metrics / health endpoint, off when `None`.
     pub metrics: Option<String>,
     /// Client connections served at once; more get "Too many connections".
@@ -57,6 +83,8 @@ impl Default for Config {
             backend: "127.0.0.1:3306".into(),
             rules: PathBuf::from("rules"),
             admin: None,
+            admin_user: DEFAULT_ADMIN_USER.into(),
+            admin_password: Secret::default(),
             metrics: None,
             max_connections: 1000,
             idle_timeout: Duration::from_secs(28_800),
@@ -78,6 +106,8 @@ pub struct FileConfig {
     pub backend: Option<String>,
     pub rules: Option<PathBuf>,
     pub admin: Option<String>,
+    pub admin_user: Option<String>,
+    pub admin_password: Option<Secret>,
     pub metrics: Option<String>,
     pub max_connections: Option<usize>,
     pub idle_timeout: Option<u64>,
@@ -121,6 +151,8 @@ pub struct Overrides {
     pub backend: Option<String>,
     pub rules: Option<PathBuf>,
     pub admin: Option<String>,
+    pub admin_user: Option<String>,
+    pub admin_password: Option<Secret>,
     pub metrics: Option<String>,
     pub max_connections: Option<usize>,
     pub idle_timeout: Option<u64>,
@@ -142,6 +174,11 @@ impl Config {
             backend: cli.backend.or(file.backend).unwrap_or(d.backend),
             rules: cli.rules.or(file.rules).unwrap_or(d.rules),
             admin: cli.admin.or(file.admin),
+            admin_user: cli.admin_user.or(file.admin_user).unwrap_or(d.admin_user),
+            admin_password: cli
+                .admin_password
+                .or(file.admin_password)
+                .unwrap_or(d.admin_password),
             metrics: cli.metrics.or(file.metrics),
             max_connections: cli
                 .max_connections
@@ -191,6 +228,9 @@ impl Config {
         if self.handshake_timeout.is_zero() || self.connect_timeout.is_zero() {
             return bad("handshake_timeout and connect_timeout must be at least 1 second");
         }
+        if self.admin.is_some() && self.admin_user.is_empty() {
+            return bad("admin_user must not be empty");
+        }
         Ok(self)
     }
 }
@@ -224,5 +264,28 @@ mod tests {
         assert!(e.to_string().contains("listn"), "{e}");
         let file = FileConfig::from_str("max_connections = 0\n", "t").unwrap();
         assert!(Config::resolve(Overrides::default(), file).is_err());
+    }
+
+    #[test]
+    fn admin_credentials() {
+        let file = FileConfig::from_str(
+            "admin = \"127.0.0.1:6032\"\nadmin_password = \"s3cret\"\n",
+            "t",
+        )
+        .unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(c.admin_user, "admin");
+        assert_eq!(c.admin_password.0, "s3cret");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let cli = Overrides {
+            admin_user: Some("ops".into()),
+            admin_password: Some(Secret("pw".into())),
+            ..Default::default()
+        };
+        let c = Config::resolve(cli, FileConfig::default()).unwrap();
+        assert_eq!(
+            (c.admin_user.as_str(), c.admin_password.0.as_str()),
+            ("ops", "pw")
+        );
     }
 }

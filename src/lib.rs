@@ -11,22 +11,34 @@
 //!   fingerprints, plan cache, the [`rewrite::Rule`] trait rule kinds implement.
 //! - [`rules`]: rule files — loading, validation, building an engine.
 //! - [`server`]: accept loop, connection limit, graceful shutdown.
-//! - [`metrics`]: the `/metrics`, `/healthz` and `/readyz` HTTP endpoint.
+//! - [`reload`]: hot reload of the rule set (file watch, SIGHUP, admin command):
+//!   parse and validate everything, then swap, or keep the previous set.
+//! - [`admin`]: the admin port (MySQL protocol): rules, per-rule stats, sessions,
+//!   reload, explain; and the registry of live sessions it lists.
+//! - [`metrics`]: the `/metrics`, `/healthz` and `/readyz` HTTP endpoint, latency
+//!   histograms and per-rule counters.
 //! - [`migrate`] and [`compact`]: maintenance commands for counter rules — create
 //!   slot tables and triggers, fold slot deltas back into the base values.
+//! - [`check`] and [`explain`]: rules as a DBA's tool — validate a rule set (also
+//!   against the live schema) and run its test cases; show what the proxy would do
+//!   with a statement.
 //! - [`config`] and [`cli`]: settings (flag > env > file > default) and subcommands.
 //! - [`error`]: errors tagged with their source (client, backend, rules, internal).
 //!
 //! The design decisions behind this (packet relay rather than decode/re-encode, what is
 //! parsed and when) are recorded in `docs/design.md`.
 
+pub mod admin;
+pub mod check;
 pub mod cli;
 pub mod compact;
 pub mod config;
 pub mod error;
+pub mod explain;
 pub mod metrics;
 pub mod migrate;
 pub mod relay;
+pub mod reload;
 pub mod rewrite;
 pub mod rules;
 pub mod server;
@@ -75,6 +87,29 @@ pub fn run(cli: cli::Cli) -> Result<()> {
             };
             maintenance_runtime()?.block_on(compact::run(&opts, &mut std::io::stdout().lock()))
         }
+        cli::Command::Check(args) => {
+            let opts = check::CheckOptions {
+                rules: &args.rules,
+                backend_url: args.backend_url.as_deref(),
+                db: args.db.as_deref(),
+                format: args.format,
+            };
+            maintenance_runtime()?.block_on(check::run(&opts, &mut std::io::stdout().lock()))
+        }
+        cli::Command::Explain(args) => {
+            let opts = explain::ExplainOptions {
+                rules: &args.rules,
+                backend_url: args.backend_url.as_deref(),
+                db: args.db.as_deref(),
+                format: args.format,
+                sql: &args.sql,
+            };
+            maintenance_runtime()?.block_on(explain::run(
+                &opts,
+                &mut std::io::stdin().lock(),
+                &mut std::io::stdout().lock(),
+            ))
+        }
     }
 }
 
@@ -88,7 +123,19 @@ fn maintenance_runtime() -> Result<tokio::runtime::Runtime> {
 
 /// Starts the proxy with `config` and serves until `shutdown` resolves.
 pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-    let engine = rules::load(&config.rules, config.plan_cache_size)?;
+    let (snapshot, engine) = reload::load(&config.rules, config.plan_cache_size);
+    let engine = engine?;
+    let shared = relay::Shared::new(config, engine);
+    let config = &shared.config;
+    // Everything that can refuse to start, and the SIGHUP handler, comes before the
+    // listener: once clients can connect, a reload signal must not kill the process.
+    let admin = admin::bind(&shared).await?;
+    let metrics = match &config.metrics {
+        Some(a) => Some(server::bind(a).await?),
+        None => None,
+    };
+    let reloader = reload::Reloader::new(Arc::clone(&shared), &snapshot);
+    reload::on_sighup(Arc::clone(&reloader))?;
     let listener = server::bind(&config.listen).await?;
     let addr = listener
         .local_addr()
@@ -96,18 +143,20 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
     info!(
         backend = %config.backend,
         rules = %config.rules.display(),
-        rules_loaded = engine.has_rules(),
+        rules_loaded = shared.engine.load().has_rules(),
+        rule_names = ?reloader.catalog().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
         "listening on {addr}"
     );
-    let metrics = match &config.metrics {
-        Some(a) => Some(server::bind(a).await?),
-        None => None,
-    };
-    let shared = relay::Shared::new(config, engine);
+    let watcher = tokio::spawn(reload::watch(Arc::clone(&reloader), reload::POLL_INTERVAL));
     if let Some(l) = metrics {
         tokio::spawn(metrics::serve(l, Arc::clone(&shared)));
     }
-    server::run(listener, Arc::clone(&shared), shutdown).await
+    if let Some(l) = admin {
+        tokio::spawn(admin::serve(l, Arc::clone(&shared), reloader));
+    }
+    let served = server::run(listener, Arc::clone(&shared), shutdown).await;
+    watcher.abort();
+    served
 }
 
 fn init_logging(config: &Config) {

@@ -3,9 +3,13 @@
 //!
 //! A deliberately tiny HTTP/1.1 responder on tokio: one request per connection,
 //! GET only, no dependencies.
+//!
+//! Also home of the counters that are more than one number: [`Histogram`] (fixed
+//! buckets, lock-free) and the per-rule [`RuleStats`] in a [`RuleTable`] that is
+//! rebuilt whenever the rule set is reloaded.
 
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,7 +80,240 @@ pub fn render(shared: &Shared) -> String {
             "heatsink_statements_total{{outcome=\"{outcome}\"}} {v}"
         );
     }
+    let table = shared.rules.load();
+    let _ = writeln!(
+        out,
+        "# HELP heatsink_rule_statements_total Statements a rule acted on, by rule and outcome.\n# TYPE heatsink_rule_statements_total counter"
+    );
+    for (name, r) in table.iter() {
+        let name = label_value(name);
+        for (outcome, v) in [
+            ("rewritten", r.rewritten.load(Relaxed)),
+            ("rejected", r.rejected.load(Relaxed)),
+            ("error", r.errors.load(Relaxed)),
+        ] {
+            let _ = writeln!(
+                out,
+                "heatsink_rule_statements_total{{rule=\"{name}\",outcome=\"{outcome}\"}} {v}"
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP heatsink_rule_reloads_total Rule set reloads by result.\n# TYPE heatsink_rule_reloads_total counter"
+    );
+    for (result, v) in [
+        ("ok", s.reloads_ok.load(Relaxed)),
+        ("error", s.reloads_failed.load(Relaxed)),
+    ] {
+        let _ = writeln!(
+            out,
+            "heatsink_rule_reloads_total{{result=\"{result}\"}} {v}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP heatsink_rules_loaded Rules in the rule set in force.\n# TYPE heatsink_rules_loaded gauge\nheatsink_rules_loaded {}",
+        table.len()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP heatsink_backend_errors_total Backend responses that were errors, and backend connections lost mid-statement.\n# TYPE heatsink_backend_errors_total counter\nheatsink_backend_errors_total {}",
+        s.backend_errors.load(Relaxed)
+    );
+    s.rewrite_latency.render(
+        &mut out,
+        "heatsink_rewrite_duration_seconds",
+        "Rewritten statements: from the decision to the client's answer.",
+    );
+    s.backend_latency.render(
+        &mut out,
+        "heatsink_backend_duration_seconds",
+        "Passthrough statements: from forwarding to the end of the backend's response.",
+    );
     out
+}
+
+/// Escapes a Prometheus label value (backslash, double quote, newline).
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Upper bounds of the latency histogram buckets, in seconds (`+Inf` is implied).
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0,
+];
+
+/// The same bounds in nanoseconds, for the hot path.
+const BUCKET_NS: [u64; 14] = [
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    250_000_000,
+    500_000_000,
+    1_000_000_000,
+];
+
+/// A latency histogram with the fixed [`LATENCY_BUCKETS`]; two relaxed atomic
+/// additions per observation, no locks.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last one is `+Inf`.
+    buckets: [AtomicU64; 15],
+    /// Sum of all observations, in nanoseconds.
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one duration.
+    #[inline]
+    pub fn observe(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let i = BUCKET_NS.partition_point(|&b| b < ns);
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(ns, Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Relaxed)).sum()
+    }
+
+    /// Appends the histogram in Prometheus text format.
+    pub fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            cumulative += b.load(Relaxed);
+            match LATENCY_BUCKETS.get(i) {
+                Some(le) => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+                }
+            }
+        }
+        let sum = self.sum_ns.load(Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
+    }
+}
+
+/// What one rule did since it was first loaded (counters survive reloads that keep
+/// the rule's name).
+#[derive(Debug, Default)]
+pub struct RuleStats {
+    /// Statements run in rewritten form: text statements, and executions of
+    /// prepared statements the rule rewrote.
+    pub rewritten: AtomicU64,
+    /// Statements refused with the rule's error.
+    pub rejected: AtomicU64,
+    /// Rewritten statements during which the backend returned an error (lock
+    /// conflicts the proxy retried included) or the connection failed.
+    pub errors: AtomicU64,
+    /// Sum of the rewrite latencies, in nanoseconds.
+    pub latency_sum_ns: AtomicU64,
+    /// Largest rewrite latency, in nanoseconds.
+    pub latency_max_ns: AtomicU64,
+}
+
+impl RuleStats {
+    /// Statements the rule acted on (rewritten or rejected).
+    pub fn matched(&self) -> u64 {
+        self.rewritten.load(Relaxed) + self.rejected.load(Relaxed)
+    }
+
+    /// Records one rewritten statement: its latency (decision to the client's
+    /// answer) and whether it ended in an error.
+    #[inline]
+    pub fn record_rewrite(&self, took: Duration, error: bool) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.rewritten.fetch_add(1, Relaxed);
+        self.latency_sum_ns.fetch_add(ns, Relaxed);
+        self.latency_max_ns.fetch_max(ns, Relaxed);
+        if error {
+            self.errors.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Mean rewrite latency in microseconds (0 before the first rewrite).
+    pub fn mean_latency_us(&self) -> f64 {
+        match self.rewritten.load(Relaxed) {
+            0 => 0.0,
+            n => self.latency_sum_ns.load(Relaxed) as f64 / n as f64 / 1e3,
+        }
+    }
+
+    /// Largest rewrite latency in microseconds.
+    pub fn max_latency_us(&self) -> f64 {
+        self.latency_max_ns.load(Relaxed) as f64 / 1e3
+    }
+}
+
+/// Per-rule counters of one rule set, in the engine's rule order. Swapped together
+/// with the engine on reload; sessions look a rule up by name, so a statement decided
+/// under the previous set still finds its rule's counters if the rule kept its name.
+#[derive(Debug, Default)]
+pub struct RuleTable {
+    /// `(rule name, counters)` in the order the engine consults the rules.
+    rules: Vec<(Arc<str>, Arc<RuleStats>)>,
+}
+
+impl RuleTable {
+    /// The table for `engine`'s rules, carrying over the counters of rules that keep
+    /// their name from `previous`.
+    pub fn for_engine(engine: &crate::rewrite::Engine, previous: &RuleTable) -> RuleTable {
+        let rules = engine
+            .rules()
+            .iter()
+            .map(|r| {
+                let name: Arc<str> = Arc::from(r.name());
+                let stats = previous
+                    .rules
+                    .iter()
+                    .find(|(n, _)| **n == *name)
+                    .map(|(_, s)| Arc::clone(s))
+                    .unwrap_or_default();
+                (name, stats)
+            })
+            .collect();
+        RuleTable { rules }
+    }
+
+    /// The counters of the rule called `name`, if it is in this rule set.
+    #[inline]
+    pub fn get(&self, name: &str) -> Option<&RuleStats> {
+        self.rules
+            .iter()
+            .find(|(n, _)| **n == *name)
+            .map(|(_, s)| s.as_ref())
+    }
+
+    /// `(name, counters)` in rule order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &RuleStats)> {
+        self.rules.iter().map(|(n, s)| (n.as_ref(), s.as_ref()))
+    }
+
+    /// Number of rules.
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// True when there are no rules.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
 }
 
 /// Serves the endpoint on `listener` forever.

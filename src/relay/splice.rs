@@ -513,6 +513,7 @@ impl Session {
         let payload = first.payload();
         let count = match payload.first() {
             Some(&packets::OK) | Some(&packets::ERR) | None => {
+                self.answered_error |= payload.first() == Some(&packets::ERR);
                 if let Some(o) = packets::parse_ok(&payload).filter(|_| payload[0] == packets::OK) {
                     self.status = o.status;
                 }
@@ -560,6 +561,7 @@ impl Session {
                     len < 9
                 };
             if terminator || first == Some(packets::ERR) {
+                self.answered_error |= !terminator;
                 if terminator {
                     if let Some(st) = packets::terminator_status(&payload, self.deprecate_eof) {
                         self.status = st;

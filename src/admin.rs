@@ -1,0 +1,851 @@
+//! The admin port (`--admin`): the proxy itself answers a few text commands over the
+//! MySQL protocol, so any MySQL client can inspect and steer a running proxy.
+//!
+//! | command | answer |
+//! |---|---|
+//! | `SHOW RULES` | name, kind, table, mode, file of each rule in force |
+//! | `SHOW RULE STATS` | per rule: matched, rewritten, rejected, errors, mean and max rewrite latency (µs) |
+//! | `SHOW SESSIONS` | id, client, user, db, backend connection id, state, statements |
+//! | `RELOAD RULES` | OK, or the error (file:line) that kept the previous rules |
+//! | `EXPLAIN REWRITE '<sql>'` | outcome, rule, and the rewritten statements or the reason |
+//!
+//! Commands are case-insensitive; a trailing `;` is ignored. `USE db` sets the
+//! default database `EXPLAIN REWRITE` resolves unqualified table names against.
+//! Anything else gets an error listing the commands. So that ordinary clients work,
+//! the `SELECT @@var` queries and `SET …` statements that client libraries send on
+//! connect are answered (`SET` is accepted and ignored).
+//!
+//! Authentication is `mysql_native_password` against `admin_user` /
+//! `admin_password` from the configuration, with a fresh random scramble per
+//! connection. An empty password is accepted only on a loopback address.
+//!
+//! This module also keeps the [`Registry`] of live client sessions that
+//! `SHOW SESSIONS` lists.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use opensrv_mysql::{
+    AsyncMysqlIntermediary, AsyncMysqlShim, Column, ColumnFlags, ColumnType, ErrorKind, InitWriter,
+    OkResponse, ParamParser, QueryResultWriter, StatementMetaWriter,
+};
+use tokio::io::AsyncWrite;
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info, warn};
+
+use crate::error::{Error, Result, Source};
+use crate::relay::Shared;
+use crate::reload::{Reloader, Trigger};
+use crate::rewrite::{Decision, StatementContext};
+
+// ---------------------------------------------------------------------------------------
+// Session registry
+
+/// The live client sessions, for `SHOW SESSIONS`. Touched under a lock only when a
+/// session starts or ends; a session updates its own entry with relaxed atomics.
+#[derive(Debug, Default)]
+pub struct Registry {
+    /// Next session id (ids start at 1 and are never reused).
+    next_id: AtomicU64,
+    /// Sessions by id.
+    live: Arc<Mutex<BTreeMap<u64, Arc<SessionInfo>>>>,
+}
+
+impl Registry {
+    /// Adds a session; it is removed when the returned registration is dropped.
+    pub fn register(&self, peer: SocketAddr) -> Registration {
+        let id = self.next_id.fetch_add(1, Relaxed) + 1;
+        let info = Arc::new(SessionInfo {
+            id,
+            peer,
+            backend_id: AtomicU32::new(0),
+            state: AtomicU8::new(STATE_HANDSHAKE),
+            statements: AtomicU64::new(0),
+            names: Mutex::new(Names::default()),
+        });
+        lock(&self.live).insert(id, Arc::clone(&info));
+        Registration {
+            info,
+            live: Arc::clone(&self.live),
+        }
+    }
+
+    /// The sessions open now, by id.
+    pub fn snapshot(&self) -> Vec<Arc<SessionInfo>> {
+        lock(&self.live).values().cloned().collect()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const STATE_HANDSHAKE: u8 = 0;
+const STATE_IDLE: u8 = 1;
+const STATE_BUSY: u8 = 2;
+
+/// What the admin port shows of one client session.
+#[derive(Debug)]
+pub struct SessionInfo {
+    /// The proxy's session id (not the backend's connection id).
+    pub id: u64,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The backend connection id (what the client sees as CONNECTION_ID()).
+    backend_id: AtomicU32,
+    /// Handshake, idle (waiting for a command) or busy (running one).
+    state: AtomicU8,
+    /// COM_QUERY and COM_STMT_EXECUTE commands received.
+    statements: AtomicU64,
+    /// User and default database (change rarely; read by the admin port).
+    names: Mutex<Names>,
+}
+
+#[derive(Debug, Default)]
+struct Names {
+    user: String,
+    db: Option<String>,
+}
+
+impl SessionInfo {
+    /// Records the backend connection id.
+    pub fn set_backend_id(&self, id: u32) {
+        self.backend_id.store(id, Relaxed);
+    }
+
+    /// Records the authenticated (or authenticating) user.
+    pub fn set_user(&self, user: &str) {
+        lock(&self.names).user = user.to_string();
+    }
+
+    /// Records the default database.
+    pub fn set_db(&self, db: Option<&str>) {
+        let mut n = lock(&self.names);
+        if n.db.as_deref() != db {
+            n.db = db.map(str::to_string);
+        }
+    }
+
+    /// Marks the session as running a command (true) or waiting for one (false).
+    #[inline]
+    pub fn set_busy(&self, busy: bool) {
+        self.state
+            .store(if busy { STATE_BUSY } else { STATE_IDLE }, Relaxed);
+    }
+
+    /// Counts one statement.
+    #[inline]
+    pub fn count_statement(&self) {
+        self.statements.fetch_add(1, Relaxed);
+    }
+
+    /// The backend connection id (0 before the greeting).
+    pub fn backend_id(&self) -> u32 {
+        self.backend_id.load(Relaxed)
+    }
+
+    /// `handshake`, `idle` or `busy`.
+    pub fn state(&self) -> &'static str {
+        match self.state.load(Relaxed) {
+            STATE_HANDSHAKE => "handshake",
+            STATE_BUSY => "busy",
+            _ => "idle",
+        }
+    }
+
+    /// Statements received so far.
+    pub fn statements(&self) -> u64 {
+        self.statements.load(Relaxed)
+    }
+
+    /// `(user, default database)`.
+    pub fn names(&self) -> (String, Option<String>) {
+        let n = lock(&self.names);
+        (n.user.clone(), n.db.clone())
+    }
+}
+
+/// A session's entry in the [`Registry`]; dropping it removes the entry, however the
+/// session ends (including when its task is aborted).
+#[derive(Debug)]
+pub struct Registration {
+    /// The entry.
+    info: Arc<SessionInfo>,
+    /// The registry's map, to remove the entry from.
+    live: Arc<Mutex<BTreeMap<u64, Arc<SessionInfo>>>>,
+}
+
+impl std::ops::Deref for Registration {
+    type Target = SessionInfo;
+    fn deref(&self) -> &SessionInfo {
+        &self.info
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        lock(&self.live).remove(&self.info.id);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Server
+
+/// Binds the admin address and checks the credentials fit it: without a password
+/// the admin port must listen on loopback only.
+pub async fn bind(shared: &Shared) -> Result<Option<TcpListener>> {
+    let Some(addr) = &shared.config.admin else {
+        return Ok(None);
+    };
+    if shared.config.admin_password.0.is_empty() {
+        // Checked before binding, so a refused configuration never listens.
+        let resolved: Vec<SocketAddr> = tokio::net::lookup_host(addr.as_str())
+            .await
+            .map_err(|e| {
+                Error::with_cause(
+                    Source::Internal,
+                    format!("resolving admin address {addr}"),
+                    e,
+                )
+            })?
+            .collect();
+        if resolved.is_empty() || resolved.iter().any(|a| !a.ip().is_loopback()) {
+            return Err(Error::new(
+                Source::Internal,
+                format!(
+                    "invalid configuration: the admin port {addr} is not on a loopback address, so it needs an admin_password (--admin-password, HEATSINK_ADMIN_PASSWORD or admin_password in the config file)"
+                ),
+            ));
+        }
+        warn!(
+            %addr,
+            user = %shared.config.admin_user,
+            "the admin port has no password (allowed on loopback only); set admin_password"
+        );
+    }
+    crate::server::bind(addr).await.map(Some)
+}
+
+/// Serves admin connections on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, reloader: Arc<Reloader>) {
+    if let Ok(a) = listener.local_addr() {
+        info!("admin port on {a}");
+    }
+    loop {
+        let (sock, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let shim = AdminShim::new(shared.clone(), reloader.clone(), peer);
+        tokio::spawn(async move {
+            if let Err(e) = run_connection(sock, shim).await {
+                debug!(%peer, error = %e, "admin connection ended");
+            }
+        });
+    }
+}
+
+async fn run_connection(sock: TcpStream, shim: AdminShim) -> std::io::Result<()> {
+    let _ = sock.set_nodelay(true);
+    let (r, w) = sock.into_split();
+    let authenticated = Arc::clone(&shim.authenticated);
+    let login_limit = shim.shared.config.handshake_timeout;
+    let opts = opensrv_mysql::IntermediaryOptions::default();
+    let run = AsyncMysqlIntermediary::run_with_options(shim, r, w, &opts);
+    tokio::pin!(run);
+    // A client gets the handshake timeout to log in, then the connection is closed.
+    tokio::select! {
+        done = &mut run => return done,
+        _ = tokio::time::sleep(login_limit) => {}
+    }
+    if !authenticated.load(Relaxed) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "admin login timed out",
+        ));
+    }
+    run.await
+}
+
+/// One admin connection.
+struct AdminShim {
+    shared: Arc<Shared>,
+    reloader: Arc<Reloader>,
+    /// Client address, for logs.
+    peer: SocketAddr,
+    /// This connection's random scramble.
+    salt: [u8; 20],
+    /// Set once the password checked out; every command requires it.
+    authenticated: Arc<AtomicBool>,
+    /// Default database for `EXPLAIN REWRITE` (`USE db`, or the handshake's).
+    db: Option<String>,
+}
+
+impl AdminShim {
+    fn new(shared: Arc<Shared>, reloader: Arc<Reloader>, peer: SocketAddr) -> Self {
+        let mut salt = [0u8; 20];
+        for b in &mut salt {
+            // Printable, never NUL or '$' (the protocol's terminators).
+            *b = rand::random_range(0x21u8..=0x7e);
+            if *b == b'$' {
+                *b = b'%';
+            }
+        }
+        AdminShim {
+            shared,
+            reloader,
+            peer,
+            salt,
+            authenticated: Arc::new(AtomicBool::new(false)),
+            db: None,
+        }
+    }
+}
+
+/// Constant-time byte comparison.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether `response` proves knowledge of `password` for `salt` under
+/// mysql_native_password (an empty password has an empty response).
+pub fn native_password_ok(password: &str, salt: &[u8], response: &[u8]) -> bool {
+    if password.is_empty() {
+        return response.is_empty();
+    }
+    use mysql_common::auth::plugins::mysql_native_password::scramble_native;
+    match scramble_native(salt, password.as_bytes()) {
+        Some(expected) => same(&expected, response),
+        None => false,
+    }
+}
+
+/// An OK packet whose info text is written the way MySQL and MariaDB write it: as a
+/// length-encoded string (opensrv writes it raw for clients without
+/// CLIENT_SESSION_TRACK, which it does not advertise). Kept under 128 bytes, so the
+/// length is one byte that is also a valid one-byte UTF-8 character.
+fn ok_with_info(info: &str) -> OkResponse {
+    let mut text = info.to_string();
+    if text.len() > 127 {
+        while text.len() > 124 {
+            text.pop();
+        }
+        text.push_str("...");
+    }
+    let mut framed = String::with_capacity(text.len() + 1);
+    framed.push(char::from(text.len() as u8));
+    framed.push_str(&text);
+    OkResponse {
+        info: framed,
+        ..Default::default()
+    }
+}
+
+fn text_col(name: &str) -> Column {
+    Column {
+        table: String::new(),
+        column: name.to_string(),
+        coltype: ColumnType::MYSQL_TYPE_VAR_STRING,
+        colflags: ColumnFlags::empty(),
+    }
+}
+
+fn num_col(name: &str) -> Column {
+    Column {
+        table: String::new(),
+        column: name.to_string(),
+        coltype: ColumnType::MYSQL_TYPE_LONGLONG,
+        colflags: ColumnFlags::UNSIGNED_FLAG | ColumnFlags::NOT_NULL_FLAG,
+    }
+}
+
+/// One admin command, parsed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Command {
+    /// `SHOW RULES`
+    ShowRules,
+    /// `SHOW RULE STATS`
+    ShowRuleStats,
+    /// `SHOW SESSIONS`
+    ShowSessions,
+    /// `RELOAD RULES`
+    ReloadRules,
+    /// `EXPLAIN REWRITE '<sql>'`
+    ExplainRewrite(String),
+    /// `SELECT @@a, @@b` (client libraries' connection probes)
+    Variables(Vec<String>),
+    /// `SET …` (client libraries' session setup): accepted, ignored.
+    Set,
+}
+
+/// The commands, for error messages.
+pub const COMMANDS: &str =
+    "SHOW RULES, SHOW RULE STATS, SHOW SESSIONS, RELOAD RULES, EXPLAIN REWRITE '<sql>'";
+
+/// Parses one admin command. Err: the message for the client.
+pub fn parse(query: &str) -> std::result::Result<Command, String> {
+    let q = query.trim().trim_end_matches(';').trim();
+    let words: Vec<&str> = q.split_whitespace().collect();
+    let upper: Vec<String> = words.iter().map(|w| w.to_ascii_uppercase()).collect();
+    let upper: Vec<&str> = upper.iter().map(String::as_str).collect();
+    match upper.as_slice() {
+        ["SHOW", "RULES"] => return Ok(Command::ShowRules),
+        ["SHOW", "RULE", "STATS"] => return Ok(Command::ShowRuleStats),
+        ["SHOW", "SESSIONS"] => return Ok(Command::ShowSessions),
+        ["RELOAD", "RULES"] => return Ok(Command::ReloadRules),
+        ["SET", _, ..] => return Ok(Command::Set),
+        ["EXPLAIN", "REWRITE", ..] => {
+            // The argument starts after the second keyword.
+            let after = q
+                .find(|c: char| c.is_whitespace())
+                .map(|i| q[i..].trim_start())
+                .and_then(|rest| rest.find(|c: char| c.is_whitespace()).map(|i| &rest[i..]))
+                .unwrap_or("")
+                .trim();
+            return unquote(after)
+                .map(Command::ExplainRewrite)
+                .ok_or_else(|| {
+                    "usage: EXPLAIN REWRITE '<sql>' (one quoted statement; escape quotes inside as \\' or '')".to_string()
+                });
+        }
+        ["SELECT", ..] if q[6..].trim_start().starts_with("@@") => {
+            let vars: Option<Vec<String>> = q[6..]
+                .split(',')
+                .map(|v| {
+                    let v = v.trim();
+                    // `@@version_comment limit 1`: the first word is the variable.
+                    let v = v.split_whitespace().next().unwrap_or("");
+                    v.strip_prefix("@@").map(|name| {
+                        let name = name
+                            .strip_prefix("session.")
+                            .or_else(|| name.strip_prefix("SESSION."))
+                            .or_else(|| name.strip_prefix("global."))
+                            .or_else(|| name.strip_prefix("GLOBAL."))
+                            .unwrap_or(name);
+                        name.to_ascii_lowercase()
+                    })
+                })
+                .collect();
+            if let Some(vars) = vars.filter(|v| !v.is_empty()) {
+                return Ok(Command::Variables(vars));
+            }
+        }
+        _ => {}
+    }
+    Err(format!(
+        "unknown admin command; the admin port understands: {COMMANDS}"
+    ))
+}
+
+/// The text of a single- or double-quoted SQL string literal that makes up all of
+/// `s` (backslash escapes and doubled quotes understood).
+fn unquote(s: &str) -> Option<String> {
+    let mut chars = s.chars();
+    let quote = chars.next().filter(|c| *c == '\'' || *c == '"')?;
+    let mut out = String::new();
+    let mut rest = chars.peekable();
+    while let Some(c) = rest.next() {
+        if c == '\\' {
+            let e = rest.next()?;
+            out.push(match e {
+                'n' => '\n',
+                't' => '\t',
+                'r' => '\r',
+                '0' => '\0',
+                other => other,
+            });
+        } else if c == quote {
+            if rest.peek() == Some(&quote) {
+                rest.next();
+                out.push(quote);
+            } else {
+                // Closing quote: nothing may follow.
+                return rest.all(char::is_whitespace).then_some(out);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    None
+}
+
+#[async_trait]
+impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for AdminShim {
+    type Error = std::io::Error;
+
+    fn version(&self) -> String {
+        format!("5.7.0-heatsink-{}-admin", env!("CARGO_PKG_VERSION"))
+    }
+
+    fn salt(&self) -> [u8; 20] {
+        self.salt
+    }
+
+    async fn authenticate(
+        &self,
+        _auth_plugin: &str,
+        username: &[u8],
+        salt: &[u8],
+        auth_data: &[u8],
+    ) -> bool {
+        let config = &self.shared.config;
+        let user_ok = same(username, config.admin_user.as_bytes());
+        // Some clients append a NUL to the scramble response.
+        let data = match auth_data {
+            [d @ .., 0] if d.len() == 20 => d,
+            d => d,
+        };
+        let ok = user_ok && native_password_ok(&config.admin_password.0, salt, data);
+        if ok {
+            self.authenticated.store(true, Relaxed);
+            info!(peer = %self.peer, "admin login");
+        } else {
+            warn!(peer = %self.peer, user = %String::from_utf8_lossy(username), "admin login refused");
+        }
+        ok
+    }
+
+    async fn on_prepare<'a>(
+        &'a mut self,
+        _query: &'a str,
+        info: StatementMetaWriter<'a, W>,
+    ) -> std::io::Result<()> {
+        info.error(
+            ErrorKind::ER_NOT_SUPPORTED_YET,
+            b"the admin port does not support prepared statements; send commands as text".as_ref(),
+        )
+        .await
+    }
+
+    async fn on_execute<'a>(
+        &'a mut self,
+        _id: u32,
+        _params: ParamParser<'a>,
+        results: QueryResultWriter<'a, W>,
+    ) -> std::io::Result<()> {
+        results
+            .error(
+                ErrorKind::ER_NOT_SUPPORTED_YET,
+                b"the admin port does not support prepared statements".as_ref(),
+            )
+            .await
+    }
+
+    async fn on_close<'a>(&'a mut self, _stmt: u32)
+    where
+        W: 'async_trait,
+    {
+    }
+
+    async fn on_init<'a>(&'a mut self, db: &'a str, w: InitWriter<'a, W>) -> std::io::Result<()> {
+        if !self.authenticated.load(Relaxed) {
+            return w
+                .error(
+                    ErrorKind::ER_ACCESS_DENIED_ERROR,
+                    b"not authenticated".as_ref(),
+                )
+                .await;
+        }
+        let db = db.trim().trim_matches('`');
+        self.db = (!db.is_empty()).then(|| db.to_string());
+        w.ok().await
+    }
+
+    async fn on_query<'a>(
+        &'a mut self,
+        query: &'a str,
+        results: QueryResultWriter<'a, W>,
+    ) -> std::io::Result<()> {
+        if !self.authenticated.load(Relaxed) {
+            return results
+                .error(
+                    ErrorKind::ER_ACCESS_DENIED_ERROR,
+                    b"not authenticated".as_ref(),
+                )
+                .await;
+        }
+        let command = match parse(query) {
+            Ok(c) => c,
+            Err(msg) => {
+                return results
+                    .error(ErrorKind::ER_UNKNOWN_ERROR, msg.as_bytes())
+                    .await
+            }
+        };
+        debug!(peer = %self.peer, ?command, "admin command");
+        match command {
+            Command::ShowRules => self.show_rules(results).await,
+            Command::ShowRuleStats => self.show_rule_stats(results).await,
+            Command::ShowSessions => self.show_sessions(results).await,
+            Command::ReloadRules => match self.reloader.reload(Trigger::Admin).await {
+                Ok(names) => {
+                    let info = if names.is_empty() {
+                        "rules reloaded: none (passthrough)".to_string()
+                    } else {
+                        format!("rules reloaded: {}", names.join(", "))
+                    };
+                    results.completed(ok_with_info(&info)).await
+                }
+                Err(e) => {
+                    let msg = format!("reload failed, the previous rules stay in force: {e}");
+                    results
+                        .error(ErrorKind::ER_UNKNOWN_ERROR, msg.as_bytes())
+                        .await
+                }
+            },
+            Command::ExplainRewrite(sql) => self.explain(&sql, results).await,
+            Command::Variables(vars) => self.variables(&vars, results).await,
+            Command::Set => results.completed(OkResponse::default()).await,
+        }
+    }
+}
+
+impl AdminShim {
+    async fn show_rules<W: AsyncWrite + Send + Unpin>(
+        &self,
+        results: QueryResultWriter<'_, W>,
+    ) -> std::io::Result<()> {
+        let cols = [
+            text_col("name"),
+            text_col("kind"),
+            text_col("table"),
+            text_col("mode"),
+            text_col("file"),
+        ];
+        let catalog = self.reloader.catalog();
+        let mut w = results.start(&cols).await?;
+        for r in catalog.iter() {
+            w.write_col(r.name.as_str())?;
+            w.write_col(r.kind.as_str())?;
+            w.write_col(r.tables.join(", "))?;
+            w.write_col(r.mode.as_str())?;
+            w.write_col(r.file.display().to_string())?;
+            w.end_row().await?;
+        }
+        w.finish().await
+    }
+
+    async fn show_rule_stats<W: AsyncWrite + Send + Unpin>(
+        &self,
+        results: QueryResultWriter<'_, W>,
+    ) -> std::io::Result<()> {
+        let cols = [
+            text_col("rule"),
+            num_col("matched"),
+            num_col("rewritten"),
+            num_col("rejected"),
+            num_col("errors"),
+            num_col("mean_latency_us"),
+            num_col("max_latency_us"),
+        ];
+        let table = self.shared.rules.load_full();
+        let mut w = results.start(&cols).await?;
+        for (name, s) in table.iter() {
+            w.write_col(name)?;
+            w.write_col(s.matched())?;
+            w.write_col(s.rewritten.load(Relaxed))?;
+            w.write_col(s.rejected.load(Relaxed))?;
+            w.write_col(s.errors.load(Relaxed))?;
+            w.write_col(s.mean_latency_us().round() as u64)?;
+            w.write_col(s.max_latency_us().round() as u64)?;
+            w.end_row().await?;
+        }
+        w.finish().await
+    }
+
+    async fn show_sessions<W: AsyncWrite + Send + Unpin>(
+        &self,
+        results: QueryResultWriter<'_, W>,
+    ) -> std::io::Result<()> {
+        let cols = [
+            num_col("id"),
+            text_col("client"),
+            text_col("user"),
+            text_col("db"),
+            num_col("backend_id"),
+            text_col("state"),
+            num_col("statements"),
+        ];
+        let sessions = self.shared.sessions.snapshot();
+        let mut w = results.start(&cols).await?;
+        for s in sessions {
+            let (user, db) = s.names();
+            w.write_col(s.id)?;
+            w.write_col(s.peer.to_string())?;
+            w.write_col(user)?;
+            w.write_col(db)?;
+            w.write_col(s.backend_id())?;
+            w.write_col(s.state())?;
+            w.write_col(s.statements())?;
+            w.end_row().await?;
+        }
+        w.finish().await
+    }
+
+    async fn explain<W: AsyncWrite + Send + Unpin>(
+        &self,
+        sql: &str,
+        results: QueryResultWriter<'_, W>,
+    ) -> std::io::Result<()> {
+        let engine = self.shared.engine.load_full();
+        let ctx = StatementContext {
+            prepared: false,
+            in_transaction: false,
+            current_db: self.db.as_deref(),
+        };
+        let rows: Vec<[String; 3]> = match engine.decide(sql.as_bytes(), &ctx) {
+            Decision::Passthrough => vec![[
+                "passthrough".into(),
+                String::new(),
+                "no rule applies; the statement is forwarded unchanged".into(),
+            ]],
+            Decision::Reject(r) => vec![["reject".into(), r.rule.to_string(), r.message()]],
+            Decision::Rewrite(rw) => rw
+                .statements
+                .iter()
+                .map(|s| {
+                    [
+                        "rewrite".into(),
+                        rw.rule.to_string(),
+                        String::from_utf8_lossy(s).into_owned(),
+                    ]
+                })
+                .collect(),
+            Decision::NeedMetadata(req) => {
+                let rule = engine
+                    .rules()
+                    .get(req.rule)
+                    .map(|r| r.name().to_string())
+                    .unwrap_or_default();
+                vec![[
+                    "needs_metadata".into(),
+                    rule,
+                    "needs table metadata: run the statement once through the proxy first".into(),
+                ]]
+            }
+        };
+        let cols = [text_col("outcome"), text_col("rule"), text_col("detail")];
+        let mut w = results.start(&cols).await?;
+        for [outcome, rule, detail] in rows {
+            w.write_col(outcome)?;
+            w.write_col(rule)?;
+            w.write_col(detail)?;
+            w.end_row().await?;
+        }
+        w.finish().await
+    }
+
+    async fn variables<W: AsyncWrite + Send + Unpin>(
+        &self,
+        vars: &[String],
+        results: QueryResultWriter<'_, W>,
+    ) -> std::io::Result<()> {
+        let cols: Vec<Column> = vars
+            .iter()
+            .map(|v| Column {
+                table: String::new(),
+                column: format!("@@{v}"),
+                coltype: ColumnType::MYSQL_TYPE_VAR_STRING,
+                colflags: ColumnFlags::empty(),
+            })
+            .collect();
+        let mut w = results.start(&cols).await?;
+        for v in vars {
+            let value: Option<String> = match v.as_str() {
+                "version_comment" => Some("heatsink admin port".into()),
+                "version" => Some(format!("heatsink {}", env!("CARGO_PKG_VERSION"))),
+                "max_allowed_packet" => Some("67108864".into()),
+                "wait_timeout" | "interactive_timeout" => Some("28800".into()),
+                "autocommit" => Some("1".into()),
+                "character_set_client" | "character_set_results" | "character_set_connection" => {
+                    Some("utf8mb4".into())
+                }
+                _ => None,
+            };
+            w.write_col(value)?;
+        }
+        w.end_row().await?;
+        w.finish().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse() {
+        assert_eq!(parse("show rules"), Ok(Command::ShowRules));
+        assert_eq!(parse("  Show   Rule\tStats ;"), Ok(Command::ShowRuleStats));
+        assert_eq!(parse("SHOW SESSIONS"), Ok(Command::ShowSessions));
+        assert_eq!(parse("reload rules;"), Ok(Command::ReloadRules));
+        assert_eq!(
+            parse("explain rewrite 'UPDATE hits SET cnt = cnt + 1 WHERE slug = ''a'''"),
+            Ok(Command::ExplainRewrite(
+                "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'".into()
+            ))
+        );
+        assert_eq!(
+            parse(r#"EXPLAIN  REWRITE "SELECT 'it\'s'";"#),
+            Ok(Command::ExplainRewrite("SELECT 'it's'".into()))
+        );
+        assert!(parse("EXPLAIN REWRITE 'unterminated").is_err());
+        assert!(parse("EXPLAIN REWRITE 'a' 'b'").is_err());
+        assert!(parse("EXPLAIN REWRITE").is_err());
+        assert_eq!(
+            parse("select @@version_comment limit 1"),
+            Ok(Command::Variables(vec!["version_comment".into()]))
+        );
+        assert_eq!(
+            parse("SELECT @@max_allowed_packet,@@session.wait_timeout"),
+            Ok(Command::Variables(vec![
+                "max_allowed_packet".into(),
+                "wait_timeout".into()
+            ]))
+        );
+        let e = parse("DROP TABLE x").unwrap_err();
+        assert!(e.contains("SHOW RULES"), "{e}");
+        assert!(parse("SELECT 1").is_err());
+        assert_eq!(parse("SET NAMES utf8mb4"), Ok(Command::Set));
+        assert!(parse("SET").is_err());
+    }
+
+    #[test]
+    fn native_password() {
+        let salt = b"abcdefghijklmnopqrst";
+        use mysql_common::auth::plugins::mysql_native_password::scramble_native;
+        let good = scramble_native(salt, b"pw").unwrap();
+        assert!(native_password_ok("pw", salt, &good));
+        assert!(!native_password_ok("pw", salt, &[]));
+        assert!(!native_password_ok("other", salt, &good));
+        assert!(native_password_ok("", salt, &[]));
+        assert!(!native_password_ok("", salt, &good));
+    }
+
+    #[test]
+    fn registry_removes_dropped_sessions() {
+        let r = Registry::default();
+        let a = r.register("127.0.0.1:1".parse().unwrap());
+        let b = r.register("127.0.0.1:2".parse().unwrap());
+        a.set_user("u");
+        a.set_db(Some("d"));
+        a.set_busy(true);
+        a.count_statement();
+        assert_eq!(r.snapshot().len(), 2);
+        assert_eq!(a.state(), "busy");
+        assert_eq!(b.state(), "handshake");
+        assert_eq!(a.names(), ("u".into(), Some("d".into())));
+        drop(a);
+        let left = r.snapshot();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].id, 2);
+    }
+}

@@ -643,6 +643,8 @@ impl AdminShim {
             num_col("rewritten"),
             num_col("rejected"),
             num_col("errors"),
+            num_col("shadow_rewrites"),
+            num_col("shadow_rejects"),
             num_col("mean_latency_us"),
             num_col("max_latency_us"),
         ];
@@ -654,6 +656,8 @@ impl AdminShim {
             w.write_col(s.rewritten.load(Relaxed))?;
             w.write_col(s.rejected.load(Relaxed))?;
             w.write_col(s.errors.load(Relaxed))?;
+            w.write_col(s.shadow_rewrites.load(Relaxed))?;
+            w.write_col(s.shadow_rejects.load(Relaxed))?;
             w.write_col(s.mean_latency_us().round() as u64)?;
             w.write_col(s.max_latency_us().round() as u64)?;
             w.end_row().await?;
@@ -701,13 +705,18 @@ impl AdminShim {
             in_transaction: false,
             current_db: self.db.as_deref(),
         };
-        let rows: Vec<[String; 3]> = match engine.decide(sql.as_bytes(), &ctx) {
+        let (decision, shadow) = match engine.decide(sql.as_bytes(), &ctx) {
+            Decision::Shadow(would) => (*would, true),
+            d => (d, false),
+        };
+        let mut rows: Vec<[String; 3]> = match decision {
             Decision::Passthrough => vec![[
                 "passthrough".into(),
                 String::new(),
                 "no rule applies; the statement is forwarded unchanged".into(),
             ]],
             Decision::Reject(r) => vec![["reject".into(), r.rule.to_string(), r.message()]],
+            Decision::Shadow(_) => Vec::new(),
             Decision::Rewrite(rw) => rw
                 .statements
                 .iter()
@@ -732,6 +741,13 @@ impl AdminShim {
                 ]]
             }
         };
+        if shadow {
+            // Shadow mode: the statement is forwarded unchanged; show what the rule
+            // would have done.
+            for row in &mut rows {
+                row[0] = format!("shadow_{}", row[0]);
+            }
+        }
         let cols = [text_col("outcome"), text_col("rule"), text_col("detail")];
         let mut w = results.start(&cols).await?;
         for [outcome, rule, detail] in rows {

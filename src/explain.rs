@@ -255,6 +255,28 @@ impl Planner {
             self.engine.provide_metadata(req.rule, db, &cols);
         };
         let assumed = self.assumes_columns();
+        let (decision, shadow) = match decision {
+            Decision::Shadow(would) => (*would, true),
+            d => (d, false),
+        };
+        let mut e = self.explain_decision(sql, db, decision, assumed, &ctx);
+        if shadow {
+            e.reply = Some(format!(
+                "shadow mode: the statement is forwarded unchanged; the rule would answer: {}",
+                e.reply.as_deref().unwrap_or("")
+            ));
+        }
+        e
+    }
+
+    fn explain_decision(
+        &self,
+        sql: &str,
+        db: Option<&str>,
+        decision: Decision,
+        assumed: bool,
+        ctx: &StatementContext<'_>,
+    ) -> Explained {
         match decision {
             Decision::Rewrite(rw) => {
                 let mut e = Explained::new(sql, db, Outcome::Rewrite);
@@ -287,9 +309,9 @@ impl Planner {
                 e.assumed_columns = assumed;
                 e
             }
-            Decision::Passthrough | Decision::NeedMetadata(_) => {
+            Decision::Passthrough | Decision::NeedMetadata(_) | Decision::Shadow(_) => {
                 let mut e = Explained::new(sql, db, Outcome::Passthrough);
-                match self.probe.decide(sql.as_bytes(), &ctx) {
+                match self.probe.decide(sql.as_bytes(), ctx) {
                     Decision::NeedMetadata(req) => {
                         let name = self
                             .probe

@@ -91,6 +91,8 @@ pub fn render(shared: &Shared) -> String {
             ("rewritten", r.rewritten.load(Relaxed)),
             ("rejected", r.rejected.load(Relaxed)),
             ("error", r.errors.load(Relaxed)),
+            ("shadow_rewrite", r.shadow_rewrites.load(Relaxed)),
+            ("shadow_reject", r.shadow_rejects.load(Relaxed)),
         ] {
             let _ = writeln!(
                 out,
@@ -219,6 +221,10 @@ pub struct RuleStats {
     pub rewritten: AtomicU64,
     /// Statements refused with the rule's error.
     pub rejected: AtomicU64,
+    /// Shadow mode: statements the rule would have rewritten (forwarded unchanged).
+    pub shadow_rewrites: AtomicU64,
+    /// Shadow mode: statements the rule would have rejected (forwarded unchanged).
+    pub shadow_rejects: AtomicU64,
     /// Rewritten statements during which the backend returned an error (lock
     /// conflicts the proxy retried included) or the connection failed.
     pub errors: AtomicU64,

@@ -4,7 +4,9 @@
 //! 1. connect to the backend (a failure is answered with a 2003 ERR packet);
 //! 2. relay the greeting (unsupported capability bits cleared) and the client's
 //!    handshake response, then pump authentication packets both ways until the backend
-//!    says OK or ERR — the backend authenticates, the proxy knows no passwords;
+//!    says OK or ERR — the backend authenticates, the proxy knows no passwords. Either
+//!    leg may be upgraded to TLS on the way (an SSLRequest from the client, one from the
+//!    proxy to the backend), each on its own;
 //! 3. command loop: read a command, decide (passthrough / reject / rewrite), forward,
 //!    and stream the response back, packet boundaries found by [`ResponseParser`].
 
@@ -28,8 +30,11 @@ use crate::config::Config;
 use crate::error::{Error, Result, Source};
 use crate::metrics::{Histogram, RuleTable};
 use crate::rewrite::{Decision, Engine, StatementContext};
-use crate::wire::handshake::{patch_client_hello, patch_greeting};
-use crate::wire::io::{header, Logical, Packet, PacketIo};
+use crate::tls::{self, Stream, Tls};
+use crate::wire::handshake::{
+    patch_client_hello, patch_greeting, set_client_ssl, ClientHello, Greeting,
+};
+use crate::wire::io::{header, shift_seq, Logical, Packet, PacketIo};
 use crate::wire::packets::{self, err_of, errors};
 use crate::wire::{caps, cmd, status, MAX_PAYLOAD};
 
@@ -83,11 +88,18 @@ pub struct Shared {
     pub sessions: Registry,
     /// Group commit of counter increments.
     pub coalescer: Arc<super::coalesce::Coalescer>,
+    /// TLS material loaded at startup (client certificate, backend trust).
+    pub tls: Tls,
 }
 
 impl Shared {
-    /// Shared state for a server with `config` and an initial rule set.
+    /// Shared state for a server with `config` and an initial rule set, without TLS.
     pub fn new(config: Config, engine: Engine) -> Arc<Self> {
+        Self::with_tls(config, engine, Tls::default())
+    }
+
+    /// Shared state with TLS material loaded from `config` ([`Tls::load`]).
+    pub fn with_tls(config: Config, engine: Engine, tls: Tls) -> Arc<Self> {
         let rules = RuleTable::for_engine(&engine, &RuleTable::default());
         Arc::new(Shared {
             config,
@@ -96,6 +108,7 @@ impl Shared {
             rules: ArcSwap::from_pointee(rules),
             sessions: Registry::default(),
             coalescer: Arc::default(),
+            tls,
         })
     }
 
@@ -118,7 +131,7 @@ pub async fn serve_client(
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = client.set_nodelay(true);
-    let mut client = PacketIo::new(client, Source::Client);
+    let mut client = PacketIo::new(Stream::Plain(client), Source::Client);
     let backend = match connect_backend(&shared.config).await {
         Ok(b) => b,
         Err(e) => {
@@ -142,7 +155,7 @@ pub async fn serve_client(
     let info = shared.sessions.register(peer);
     let mut s = Session {
         client,
-        backend: PacketIo::new(backend, Source::Backend),
+        backend: PacketIo::new(Stream::Plain(backend), Source::Backend),
         shared,
         info,
         answered_error: false,
@@ -195,10 +208,10 @@ async fn connect_backend(config: &Config) -> Result<TcpStream> {
 }
 
 pub(super) struct Session {
-    /// The application's connection.
-    pub(super) client: PacketIo<TcpStream>,
-    /// This session's own backend connection.
-    pub(super) backend: PacketIo<TcpStream>,
+    /// The application's connection (plain, or TLS terminated by the proxy).
+    pub(super) client: PacketIo<Stream>,
+    /// This session's own backend connection (plain or TLS).
+    pub(super) backend: PacketIo<Stream>,
     /// Config, rules and counters.
     pub(super) shared: Arc<Shared>,
     /// This session's entry in the admin port's session list (removed on drop).
@@ -237,6 +250,10 @@ pub(super) struct Relayed {
 
 impl Session {
     /// Relays the connection phase. Ok(true) when the backend accepted the client.
+    ///
+    /// With TLS, the packets of the two legs are numbered differently: a leg that was
+    /// upgraded carried one more packet (its SSLRequest) before the handshake response,
+    /// so sequence ids are shifted between the legs until authentication ends.
     async fn handshake(&mut self) -> Result<bool> {
         let mut greeting = self.backend.read_logical().await?;
         if greeting.first_byte() == Some(packets::ERR) {
@@ -248,50 +265,85 @@ impl Session {
         if greeting.raw.len() > MAX_PAYLOAD {
             return Err(Error::backend("greeting too large"));
         }
-        let info = patch_greeting(&mut greeting.raw[4..], caps::UNSUPPORTED | caps::SSL)
+        let shared = Arc::clone(&self.shared);
+        let tls = &shared.tls;
+        // CLIENT_SSL towards the client says what the proxy offers, not the backend.
+        let (clear, set) = if tls.acceptor.is_some() {
+            (caps::UNSUPPORTED, caps::SSL)
+        } else {
+            (caps::UNSUPPORTED | caps::SSL, 0)
+        };
+        let info = patch_greeting(&mut greeting.raw[4..], clear, set)
             .map_err(|e| Error::with_cause(Source::Backend, "reading greeting", e))?;
         self.backend_id = info.connection_id;
         self.info.set_backend_id(info.connection_id);
+        let backend_tls = match &tls.backend {
+            Some(b) if info.backend_capabilities & caps::SSL != 0 => Some(b),
+            Some(b) if b.required => {
+                // Refused before the client says anything: an ERR instead of a greeting.
+                let msg = format!(
+                    "SSL connection error: the backend {} does not offer TLS (backend_tls = required)",
+                    shared.config.backend
+                );
+                let _ = self
+                    .client
+                    .write_packet(0, &err_of(tls::ERR_SSL_CONNECTION, &msg))
+                    .await;
+                return Err(Error::backend(
+                    "backend does not offer TLS (backend_tls = required)",
+                ));
+            }
+            Some(_) => {
+                debug!(peer = %self.peer, id = self.backend_id, "backend does not offer TLS: plain (backend_tls = preferred)");
+                None
+            }
+            None => None,
+        };
         self.client.write_all(&greeting.raw).await?;
 
-        let mut hello = self.client.read_logical().await?;
-        if hello.raw.len() > MAX_PAYLOAD {
-            return Err(Error::client("handshake response too large"));
-        }
-        let h = match patch_client_hello(
-            &mut hello.raw[4..],
-            info.capabilities,
-            info.ext_capabilities,
-        ) {
-            Ok(h) => h,
-            Err(e) => {
-                let msg = format!("Bad handshake: {e}");
+        let (mut hello, mut h) = self.read_client_hello(&info).await?;
+        // Packets the client leg counted before its handshake response that the
+        // backend leg did not, and the reverse.
+        let mut client_extra = 0u8;
+        if h.ssl_request {
+            let Some(acceptor) = &tls.acceptor else {
+                let msg = "Bad handshake: SSL was not offered by this proxy";
                 let _ = self
                     .client
                     .write_packet(
                         hello.last_seq.wrapping_add(1),
-                        &err_of(errors::BAD_HANDSHAKE, &msg),
+                        &err_of(errors::BAD_HANDSHAKE, msg),
                     )
                     .await;
-                return Err(Error::with_cause(
-                    Source::Client,
-                    "reading handshake response",
-                    e,
+                return Err(Error::client(
+                    "client requested TLS, which is not configured",
                 ));
+            };
+            tls::accept(acceptor, &mut self.client).await?;
+            (hello, h) = self.read_client_hello(&info).await?;
+            if h.ssl_request {
+                let msg = "Bad handshake: SSLRequest over TLS";
+                let _ = self
+                    .client
+                    .write_packet(
+                        hello.last_seq.wrapping_add(1),
+                        &err_of(errors::BAD_HANDSHAKE, msg),
+                    )
+                    .await;
+                return Err(Error::client("second SSLRequest"));
             }
-        };
-        if h.ssl_request {
-            let msg = "Bad handshake: SSL was not offered by this proxy";
+            client_extra = 1;
+        } else if tls.required {
+            let msg = "Connections using insecure transport are prohibited: this proxy requires TLS";
             let _ = self
                 .client
                 .write_packet(
                     hello.last_seq.wrapping_add(1),
-                    &err_of(errors::BAD_HANDSHAKE, msg),
+                    &err_of(tls::ERR_INSECURE_TRANSPORT, msg),
                 )
                 .await;
-            return Err(Error::client(
-                "client requested TLS, which is not configured",
-            ));
+            info!(peer = %self.peer, user = %h.user, "plain connection refused (tls_required)");
+            return Ok(false);
         }
         self.deprecate_eof = h.capabilities & caps::DEPRECATE_EOF != 0;
         self.extended_metadata = h.ext_capabilities & crate::wire::ext_caps::EXTENDED_METADATA != 0;
@@ -301,17 +353,91 @@ impl Session {
         self.identity
             .push(hello.raw.get(4 + 8).copied().unwrap_or(0));
         self.info.set_user(&h.user);
-        debug!(peer = %self.peer, id = self.backend_id, user = %h.user, "handshake");
+
+        let mut backend_extra = 0u8;
+        if let Some(b) = backend_tls {
+            // The proxy's own SSLRequest: the first 32 bytes of the client's response
+            // (capabilities, max packet, charset) with CLIENT_SSL.
+            let mut request = hello.raw[4..36].to_vec();
+            set_client_ssl(&mut request, true);
+            self.backend.write_packet(1, &request).await?;
+            if let Err(e) = tls::connect(b, &mut self.backend).await {
+                let why = e
+                    .cause
+                    .as_ref()
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| e.context.clone());
+                let msg = format!(
+                    "SSL connection error: TLS to the backend {} failed: {why}",
+                    shared.config.backend
+                );
+                let _ = self
+                    .client
+                    .write_packet(
+                        hello.last_seq.wrapping_add(1),
+                        &err_of(tls::ERR_SSL_CONNECTION, &msg),
+                    )
+                    .await;
+                return Err(e);
+            }
+            backend_extra = 1;
+        }
+        debug!(
+            peer = %self.peer,
+            id = self.backend_id,
+            user = %h.user,
+            client_tls = ?self.client.io.describe(),
+            backend_tls = ?self.backend.io.describe(),
+            "handshake"
+        );
+        set_client_ssl(&mut hello.raw[4..], self.backend.io.is_tls());
+        let delta = backend_extra.wrapping_sub(client_extra);
+        shift_seq(&mut hello.raw, delta);
         self.backend.write_all(&hello.raw).await?;
-        self.auth_exchange().await
+        self.auth_exchange(delta).await
+    }
+
+    /// Reads and patches the client's handshake response (or SSLRequest); a malformed
+    /// one is answered with ERR 1043.
+    async fn read_client_hello(&mut self, greeting: &Greeting) -> Result<(Logical, ClientHello)> {
+        let mut hello = self.client.read_logical().await?;
+        if hello.raw.len() > MAX_PAYLOAD {
+            return Err(Error::client("handshake response too large"));
+        }
+        match patch_client_hello(
+            &mut hello.raw[4..],
+            greeting.capabilities,
+            greeting.ext_capabilities,
+        ) {
+            Ok(h) => Ok((hello, h)),
+            Err(e) => {
+                let msg = format!("Bad handshake: {e}");
+                let _ = self
+                    .client
+                    .write_packet(
+                        hello.last_seq.wrapping_add(1),
+                        &err_of(errors::BAD_HANDSHAKE, &msg),
+                    )
+                    .await;
+                Err(Error::with_cause(
+                    Source::Client,
+                    "reading handshake response",
+                    e,
+                ))
+            }
+        }
     }
 
     /// Pumps authentication packets both ways until the backend sends OK or ERR.
-    async fn auth_exchange(&mut self) -> Result<bool> {
+    /// `delta` is added to the sequence ids of packets going to the backend (and taken
+    /// from those coming back); see [`Session::handshake`].
+    async fn auth_exchange(&mut self, delta: u8) -> Result<bool> {
+        let back = 0u8.wrapping_sub(delta);
         loop {
             tokio::select! {
                 p = self.backend.read_logical() => {
-                    let p = p?;
+                    let mut p = p?;
+                    shift_seq(&mut p.raw, back);
                     self.client.write_all(&p.raw).await?;
                     match p.first_byte() {
                         Some(packets::OK) => {
@@ -325,7 +451,8 @@ impl Session {
                     }
                 }
                 p = self.client.read_logical() => {
-                    let p = p?;
+                    let mut p = p?;
+                    shift_seq(&mut p.raw, delta);
                     self.backend.write_all(&p.raw).await?;
                 }
             }
@@ -419,7 +546,7 @@ impl Session {
                 if let Some(user) = change_user_name(&c.payload()) {
                     self.info.set_user(&user);
                 }
-                return self.auth_exchange().await.map(|_| true);
+                return self.auth_exchange(0).await.map(|_| true);
             }
             cmd::PROCESS_INFO => ResponseKind::Generic,
             cmd::STMT_BULK_EXECUTE => {
@@ -494,6 +621,33 @@ impl Session {
         self.current_db = db;
     }
 
+    /// Shadow mode: counts and logs what the rule would have done with a statement
+    /// that is forwarded unchanged. The rewritten SQL holds literal values, so it is
+    /// logged at debug level only.
+    fn shadowed(&self, would: &Decision) {
+        let table = self.shared.rules.load();
+        match would {
+            Decision::Rewrite(rw) => {
+                if let Some(r) = table.get(&rw.rule) {
+                    r.shadow_rewrites.fetch_add(1, Relaxed);
+                }
+                debug!(
+                    peer = %self.peer,
+                    rule = %rw.rule,
+                    rewritten = ?rw.statements.iter().map(|s| String::from_utf8_lossy(s)).collect::<Vec<_>>(),
+                    "shadow: the rule would rewrite this statement"
+                );
+            }
+            Decision::Reject(rej) => {
+                if let Some(r) = table.get(&rej.rule) {
+                    r.shadow_rejects.fetch_add(1, Relaxed);
+                }
+                debug!(peer = %self.peer, rule = %rej.rule, reason = %rej.reason, "shadow: the rule would reject this statement");
+            }
+            _ => {}
+        }
+    }
+
     /// Per-rule and global accounting of one rewritten statement.
     fn record_rewrite(&self, rule: &str, started: Instant, failed: bool) {
         let took = started.elapsed();
@@ -521,8 +675,11 @@ impl Session {
         } else {
             Decision::Passthrough
         };
+        if let Decision::Shadow(would) = &decision {
+            self.shadowed(would);
+        }
         match decision {
-            Decision::Passthrough | Decision::NeedMetadata(_) => {
+            Decision::Passthrough | Decision::NeedMetadata(_) | Decision::Shadow(_) => {
                 self.shared.stats.passthrough.fetch_add(1, Relaxed);
                 // Without rules nothing happened since `started`: save a clock read.
                 let forwarded = if engine.has_rules() {
@@ -574,8 +731,11 @@ impl Session {
         } else {
             Decision::Passthrough
         };
+        if let Decision::Shadow(would) = &decision {
+            self.shadowed(would);
+        }
         match decision {
-            Decision::Passthrough | Decision::NeedMetadata(_) => {
+            Decision::Passthrough | Decision::NeedMetadata(_) | Decision::Shadow(_) => {
                 self.forward(&c).await?;
                 self.relay_response(ResponseKind::Prepare, 0, c.last_seq)
                     .await?;

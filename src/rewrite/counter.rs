@@ -56,6 +56,8 @@ pub struct CounterRule {
     slots: u32,
     /// Concurrent autocommit increments of one counter may be merged.
     coalesce: bool,
+    /// `mode = "shadow"`: decisions are only counted and logged.
+    shadow: bool,
     /// The logical table's columns, learned from the database once per database.
     meta: ColumnsByDb,
 }
@@ -74,6 +76,7 @@ impl CounterRule {
             slot_column: spec.slot_column.clone(),
             slots: spec.slots,
             coalesce: spec.coalesce,
+            shadow: spec.mode == crate::rules::spec::Mode::Shadow,
             meta: ColumnsByDb::new(TableName::new(table.db.as_deref(), &table.name)),
         })
     }
@@ -597,6 +600,10 @@ impl Rule for CounterRule {
         &self.tables
     }
 
+    fn shadow(&self) -> bool {
+        self.shadow
+    }
+
     fn metadata_query(&self, current_db: Option<&str>) -> Option<String> {
         self.meta.query(current_db)
     }
@@ -1015,6 +1022,33 @@ mod tests {
             &r,
             &["INSERT INTO `hits_slots` (`slug`, `slot`, `cnt`) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)"],
         );
+    }
+
+    #[test]
+    fn shadow_mode_reports_what_it_would_do() {
+        let spec: crate::rules::spec::RuleFile = toml::from_str(
+            "[[counter]]\nname = \"x\"\ntable = \"hits\"\nkey = [\"slug\"]\ncolumns = [\"cnt\"]\nslots = 1\nslot_table = \"s\"\nmode = \"shadow\"\n",
+        )
+        .unwrap();
+        let e = Engine::new(
+            vec![Arc::new(CounterRule::new(&spec.counter[0]).unwrap())],
+            10,
+        )
+        .unwrap();
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[col("slug", 0xfd, 0), col("cnt", types::LONG, 1)],
+        );
+        match decide(&e, "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'") {
+            Decision::Shadow(would) => assert!(matches!(*would, Decision::Rewrite(_))),
+            other => panic!("{other:?}"),
+        }
+        match decide(&e, "UPDATE hits SET cnt = cnt * 2 WHERE slug = 'a'") {
+            Decision::Shadow(would) => assert!(matches!(*would, Decision::Reject(_))),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(decide(&e, "SELECT 1"), Decision::Passthrough));
     }
 
     #[test]

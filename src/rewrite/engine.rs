@@ -206,7 +206,24 @@ impl Engine {
         if hits.is_empty() {
             return Decision::Passthrough;
         }
-        self.decide_named(sql, ctx, &hits)
+        let d = self.decide_named(sql, ctx, &hits);
+        match &d {
+            Decision::Rewrite(crate::rewrite::Rewritten { rule, .. })
+            | Decision::Reject(Rejection { rule, .. })
+                if self.is_shadow(rule) =>
+            {
+                Decision::Shadow(Box::new(d))
+            }
+            _ => d,
+        }
+    }
+
+    /// Whether the rule of this name runs in shadow mode.
+    fn is_shadow(&self, rule: &str) -> bool {
+        self.names
+            .iter()
+            .zip(&self.rules)
+            .any(|(n, r)| &**n == rule && r.shadow())
     }
 
     /// The part of [`Engine::decide`] for statements the scanner flagged.

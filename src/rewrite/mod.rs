@@ -107,6 +107,10 @@ pub enum Decision {
     Reject(Rejection),
     /// Run these statements instead of the original.
     Rewrite(Rewritten),
+    /// The statement names the table of a rule in shadow mode: forward the original
+    /// untouched, and count and log the decision the rule would have made (a
+    /// `Rewrite` or a `Reject`).
+    Shadow(Box<Decision>),
     /// A rule needs to learn something from the database before it can plan (for
     /// example the logical table's columns): run [`MetadataRequest::sql`] on the
     /// client's own connection, hand the column definitions to
@@ -324,6 +328,12 @@ pub trait Rule: Send + Sync {
     /// Asked for every statement that names the rule's table, so keep it cheap.
     fn metadata_query(&self, _current_db: Option<&str>) -> Option<String> {
         None
+    }
+
+    /// In shadow mode the rule's decisions are only counted and logged; statements
+    /// pass through unchanged.
+    fn shadow(&self) -> bool {
+        false
     }
 
     /// Receives the column definitions of [`Rule::metadata_query`]'s result.

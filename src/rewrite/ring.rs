@@ -56,6 +56,8 @@ pub struct RingRule {
     slot_column: String,
     /// Sequence column of the ring and sequence tables.
     seq_column: String,
+    /// `mode = "shadow"`: decisions are only counted and logged.
+    shadow: bool,
     /// The logical table's columns, learned once per database.
     meta: ColumnsByDb,
 }
@@ -75,6 +77,7 @@ impl RingRule {
             size: spec.size,
             slot_column: spec.slot_column.clone(),
             seq_column: spec.seq_column.clone(),
+            shadow: spec.mode == crate::rules::spec::Mode::Shadow,
             meta: ColumnsByDb::new(logical),
         })
     }
@@ -444,6 +447,10 @@ impl Rule for RingRule {
 
     fn tables(&self) -> &[TableName] {
         &self.tables
+    }
+
+    fn shadow(&self) -> bool {
+        self.shadow
     }
 
     fn metadata_query(&self, current_db: Option<&str>) -> Option<String> {

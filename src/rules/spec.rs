@@ -148,9 +148,6 @@ impl CounterSpec {
     /// Checks the values that do not need the database; returns the reason on failure.
     pub fn validate(&self) -> Result<(), String> {
         check_ident(&self.name).map_err(|e| format!("name: {e}"))?;
-        if self.mode == Mode::Shadow {
-            return Err("mode = \"shadow\" is not available yet".into());
-        }
         let table = TableName::parse(&self.table).map_err(|e| format!("table: {e}"))?;
         let slot_table =
             TableName::parse(&self.slot_table).map_err(|e| format!("slot_table: {e}"))?;
@@ -240,9 +237,6 @@ impl RingSpec {
     /// Checks the values that do not need the database; returns the reason on failure.
     pub fn validate(&self) -> Result<(), String> {
         check_ident(&self.name).map_err(|e| format!("name: {e}"))?;
-        if self.mode == Mode::Shadow {
-            return Err("mode = \"shadow\" is not available yet".into());
-        }
         let table = TableName::parse(&self.table).map_err(|e| format!("table: {e}"))?;
         let ring = TableName::parse(&self.ring_table).map_err(|e| format!("ring_table: {e}"))?;
         let seq =
@@ -314,7 +308,7 @@ mod tests {
         for (extra, want) in [
             ("", ""),
             ("slot_column = \"slug\"\n", "twice"),
-            ("mode = \"shadow\"\n", "not available"),
+            ("mode = \"shadow\"\n", ""),
         ] {
             let r = spec(extra).unwrap().counter[0].validate();
             if want.is_empty() {

@@ -22,6 +22,8 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo_cmd rm -f /usr/sbin/policy-rc.d
 fi
 python3 -c 'import pymysql' 2>/dev/null || python3 -m pip install -q pymysql
+# PyYAML: tests/sidecar_files.rs reads the compose and Prometheus files with it.
+python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings

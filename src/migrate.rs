@@ -1,4 +1,4 @@
-//! `heatsink migrate`: the schema objects counter rules need.
+//! `heatsink migrate`: the schema objects counter and ring rules need.
 //!
 //! A `[[counter]]` rule keeps the application's table as the counter's base value and
 //! spreads increments over a slot table (see [`crate::rewrite::counter`]). For every
@@ -30,6 +30,50 @@
 //!
 //! The checks are shared with [`crate::compact`], which refuses to touch a rule whose
 //! tables do not fit it.
+//!
+//! ## Ring rules
+//!
+//! A `[[ring]]` rule stores a "keep the last N per key" log as fixed-size rings (see
+//! [`crate::rewrite::ring`]). From the logical (log) table the command derives:
+//!
+//! 1. the ring table: every logical column with its exact type, character set,
+//!    collation, nullability, default and `ON UPDATE`, but without `AUTO_INCREMENT`
+//!    and without the log's keys; then `<slot_column> SMALLINT UNSIGNED NOT NULL`
+//!    (`INT UNSIGNED` when `size` > 65535) and `<seq_column> BIGINT UNSIGNED NOT
+//!    NULL`; `PRIMARY KEY (key…, slot)`. Key columns are `NOT NULL` there even when
+//!    the log's are nullable (rows with a NULL key cannot be kept);
+//! 2. the sequence table: the key columns (exact types), `<seq_column> BIGINT UNSIGNED
+//!    NOT NULL`, `PRIMARY KEY (key…)`. A ring without key columns has one sequence
+//!    row, held in place by a `single_row` column whose default every insert repeats;
+//! 3. the trigger on the log described below.
+//!
+//! The rule is refused when the log is missing or not a base table, a key column is
+//! missing or TEXT/BLOB, the slot or sequence column name is already a logical column,
+//! `order_by` is not a column, the log has generated columns (ring inserts assign
+//! every column), an existing ring or sequence table does not fit, or a trigger of
+//! the same name exists that is not `AFTER INSERT` on the log.
+//!
+//! **Backfill and the switch.** With `--apply`, when the ring table is new (or it and
+//! the sequence table are both empty, e.g. after an interrupted backfill) and the log
+//! has rows, each key's latest `size` rows are copied into the ring: "latest" by
+//! `order_by` then the primary key, or by the primary key alone. A copied row's
+//! sequence number is its position in the key's full history (`ROW_NUMBER()` over the
+//! key, oldest first) and its slot that number modulo `size`; the sequence table gets
+//! each key's row count, so new inserts continue after the history. The log's
+//! `AUTO_INCREMENT` column, if any, holds the sequence number in the ring, exactly as
+//! for rows inserted through heatsink (what their `last_insert_id` reports).
+//!
+//! Clients rarely all move to heatsink at the same instant, so the command also
+//! installs `<ring_table>_hs_log`, an `AFTER INSERT` trigger on the log that mirrors a
+//! row appended to the log directly into the ring (same sequence upsert and guarded
+//! slot upsert as the rule; rows with a NULL key are skipped; the appending client's
+//! `LAST_INSERT_ID()` is untouched). The backfill and the trigger's creation happen
+//! under `LOCK TABLES log WRITE, ring WRITE, seq WRITE`, so every row appended to the
+//! log is counted exactly once, backfilled or mirrored: the rule can be switched on
+//! while the application keeps inserting, and no row that belongs in the latest N is
+//! lost. Appends and reads of the log wait for the backfill. Once every client goes
+//! through heatsink nothing appends to the log any more and the trigger is idle; it
+//! keeps the ring in step with writers that bypass heatsink.
 
 use std::io::Write;
 use std::path::Path;
@@ -38,10 +82,13 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Row, Value};
 
 use crate::error::{Error, Result, Source};
-use crate::rules::spec::{quote, CounterSpec, TableName};
+use crate::rules::spec::{quote, CounterSpec, RingSpec, TableName};
 
 /// Suffix of the trigger that creates missing logical rows.
 pub const TRIGGER_SUFFIX: &str = "_hs_ai";
+
+/// Suffix of the trigger on a ring rule's log that mirrors direct appends into the ring.
+pub const RING_TRIGGER_SUFFIX: &str = "_hs_log";
 
 /// Longest identifier MySQL/MariaDB accept.
 const MAX_IDENT: usize = 64;
@@ -59,22 +106,46 @@ pub struct MigrateOptions<'a> {
     pub rule: Option<&'a str>,
 }
 
-/// Checks every counter rule under `opts.rules` against the database and prints (and,
-/// with `apply`, executes) the DDL it needs. Nothing is executed unless every selected
-/// rule passes its checks.
+/// Checks every counter and ring rule under `opts.rules` against the database and
+/// prints (and, with `apply`, executes) the DDL it needs. Nothing is executed unless
+/// every selected rule passes its checks.
 pub async fn run(opts: &MigrateOptions<'_>, out: &mut dyn Write) -> Result<()> {
-    let specs = select_rules(crate::rules::counter_specs(opts.rules)?, opts.rule)?;
-    if specs.is_empty() {
-        emit(out, "-- no counter rules: nothing to migrate")?;
+    let counters = crate::rules::counter_specs(opts.rules)?;
+    let rings = ring_specs(opts.rules)?;
+    let (specs, rings) = match opts.rule {
+        None => (counters, rings),
+        Some(name) => {
+            let counters: Vec<CounterSpec> =
+                counters.into_iter().filter(|s| s.name == name).collect();
+            let rings: Vec<RingSpec> = rings.into_iter().filter(|s| s.name == name).collect();
+            if counters.is_empty() && rings.is_empty() {
+                return Err(Error::new(
+                    Source::Rules,
+                    format!("no counter or ring rule named '{name}'"),
+                ));
+            }
+            (counters, rings)
+        }
+    };
+    if specs.is_empty() && rings.is_empty() {
+        emit(out, "-- no counter or ring rules: nothing to migrate")?;
         return Ok(());
     }
     let mut conn = connect(opts.backend_url).await?;
     let default_db = default_db(opts.backend_url)?;
     let mut checked = Vec::with_capacity(specs.len());
+    let mut checked_rings = Vec::with_capacity(rings.len());
     let mut refused = Vec::new();
     for spec in &specs {
         match check_rule(&mut conn, spec, default_db.as_deref()).await {
             Ok(c) => checked.push(c),
+            Err(e) if e.source == Source::Rules => refused.push(e.context),
+            Err(e) => return Err(e),
+        }
+    }
+    for spec in &rings {
+        match check_ring(&mut conn, spec, default_db.as_deref()).await {
+            Ok(c) => checked_rings.push(c),
             Err(e) if e.source == Source::Rules => refused.push(e.context),
             Err(e) => return Err(e),
         }
@@ -91,6 +162,9 @@ pub async fn run(opts: &MigrateOptions<'_>, out: &mut dyn Write) -> Result<()> {
     }
     for rule in &checked {
         print_and_apply(&mut conn, rule, opts.apply, out).await?;
+    }
+    for rule in &checked_rings {
+        print_and_apply_ring(&mut conn, rule, opts.apply, out).await?;
     }
     let _ = conn.disconnect().await;
     Ok(())
@@ -247,6 +321,12 @@ pub(crate) struct Column {
     /// Whether an INSERT that omits the column succeeds in strict mode: it has a
     /// default, is nullable, auto-increment or generated.
     pub omittable: bool,
+    /// `COLUMN_DEFAULT`: the default as an SQL expression (`'abc'`, `0`, `NULL`,
+    /// `current_timestamp(6)`); `None` when the column has none.
+    pub default: Option<String>,
+    /// `EXTRA`, lower case: `auto_increment`, `on update current_timestamp(6)`,
+    /// `stored generated`, `invisible`, …
+    pub extra: String,
 }
 
 impl Column {
@@ -377,7 +457,8 @@ pub(crate) async fn inspect_table(conn: &mut Conn, t: &TableName) -> Result<Opti
     for row in &rows {
         let nullable = text(row, 5).is_some_and(|v| v.eq_ignore_ascii_case("YES"));
         let extra = text(row, 7).unwrap_or_default().to_ascii_lowercase();
-        let has_default = text(row, 6).is_some();
+        let default = text(row, 6);
+        let has_default = default.is_some();
         table.columns.push(Column {
             name: text(row, 0).unwrap_or_default(),
             data_type: text(row, 1).unwrap_or_default().to_ascii_lowercase(),
@@ -389,6 +470,8 @@ pub(crate) async fn inspect_table(conn: &mut Conn, t: &TableName) -> Result<Opti
                 || has_default
                 || extra.contains("auto_increment")
                 || extra.contains("generated"),
+            default,
+            extra,
         });
     }
     let rows: Vec<Row> = conn
@@ -484,20 +567,26 @@ impl CheckedRule {
 /// `<slot_table>_hs_ai`, shortened with a hash of the full name when that would exceed
 /// 64 characters.
 pub fn trigger_name(slot_table: &str) -> String {
-    let full = format!("{slot_table}{TRIGGER_SUFFIX}");
+    suffixed_name(slot_table, TRIGGER_SUFFIX)
+}
+
+/// `<base><suffix>`, shortened with a hash of `base` when that would exceed 64
+/// characters.
+fn suffixed_name(base: &str, suffix: &str) -> String {
+    let full = format!("{base}{suffix}");
     if full.len() <= MAX_IDENT {
         return full;
     }
     // FNV-1a: stable across builds and platforms.
     let mut h: u32 = 0x811c_9dc5;
-    for b in slot_table.bytes() {
+    for b in base.bytes() {
         h ^= u32::from(b);
         h = h.wrapping_mul(0x0100_0193);
     }
-    let keep = MAX_IDENT - TRIGGER_SUFFIX.len() - 9;
+    let keep = MAX_IDENT - suffix.len() - 9;
     // Rule identifiers are ASCII, so any byte index is a character boundary.
-    let prefix: String = slot_table.chars().take(keep).collect();
-    format!("{prefix}_{h:08x}{TRIGGER_SUFFIX}")
+    let prefix: String = base.chars().take(keep).collect();
+    format!("{prefix}_{h:08x}{suffix}")
 }
 
 /// Resolves `spec`'s tables to a database: the rule's prefix, else `default_db` (the
@@ -899,6 +988,943 @@ pub(crate) fn values(row: Row) -> Vec<Value> {
         .collect()
 }
 
+// ---------------------------------------------------------------------------------------
+// Ring rules
+
+/// Column of a keyless ring's sequence table: every insert repeats its default, so the
+/// table keeps exactly one row.
+pub const SINGLE_ROW: &str = "single_row";
+/// The backfill's derived column: a row's position in its key's history (1 = oldest).
+const POS: &str = "__heatsink_pos";
+/// The backfill's derived column: the number of rows in the key's history.
+const COUNT: &str = "__heatsink_count";
+
+/// The `[[ring]]` rules under `path`, in file order. Every file is first validated
+/// exactly as `serve` would load it.
+pub(crate) fn ring_specs(path: &Path) -> Result<Vec<RingSpec>> {
+    let mut specs = Vec::new();
+    for file in crate::rules::rule_files(path)? {
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            Error::with_cause(
+                Source::Rules,
+                format!("reading rule file {}", file.display()),
+                e,
+            )
+        })?;
+        crate::rules::parse_file(&text, &file)
+            .map_err(|e| Error::with_cause(Source::Rules, "invalid rule file", e))?;
+        let parsed: crate::rules::spec::RuleFile = toml::from_str(&text).map_err(|e| {
+            Error::with_cause(
+                Source::Rules,
+                format!("invalid rule file {}", file.display()),
+                e,
+            )
+        })?;
+        specs.extend(parsed.ring);
+    }
+    Ok(specs)
+}
+
+/// A ring rule checked against the database.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckedRing {
+    /// The rule as written.
+    pub spec: RingSpec,
+    /// The log table, database resolved.
+    pub logical: TableName,
+    /// The ring table, database resolved.
+    pub ring: TableName,
+    /// The sequence table, database resolved.
+    pub seq: TableName,
+    /// Key columns, spelled as in the log.
+    pub key: Vec<String>,
+    /// `CREATE TABLE` for a missing ring table; `None` when it exists and fits.
+    pub create_ring: Option<String>,
+    /// `CREATE TABLE` for a missing sequence table; `None` when it exists and fits.
+    pub create_seq: Option<String>,
+    /// The backfill (ring rows, then sequence values); `None` when the log gives no
+    /// order to tell the latest rows by (then it must be empty).
+    pub backfill: Option<[String; 2]>,
+    /// Whether the backfill is due: the log has rows and the ring and sequence tables
+    /// are new or empty. Checked again under the table locks when applying.
+    pub backfill_due: bool,
+    /// The trigger on the log that mirrors rows appended to it directly.
+    pub trigger_name: TableName,
+    /// What to do about that trigger.
+    pub trigger: TriggerPlan,
+    /// Remarks for the operator (printed as comments).
+    pub notes: Vec<String>,
+}
+
+/// Resolves a ring rule's tables to a database: the rule's prefix, else
+/// `default_db`; unqualified ring and sequence tables live next to the log.
+pub(crate) fn resolve_ring(
+    spec: &RingSpec,
+    default_db: Option<&str>,
+) -> Result<(TableName, TableName, TableName)> {
+    let refuse =
+        |reason: String| Error::new(Source::Rules, format!("ring '{}': {reason}", spec.name));
+    let mut logical = TableName::parse(&spec.table).map_err(refuse)?;
+    let mut ring = TableName::parse(&spec.ring_table).map_err(refuse)?;
+    let mut seq = TableName::parse(&spec.seq_table_name()).map_err(refuse)?;
+    if logical.db.is_none() {
+        logical.db = Some(default_db.map(str::to_string).ok_or_else(|| {
+            refuse(format!(
+                "table `{}` names no database and --backend-url has none",
+                spec.table
+            ))
+        })?);
+    }
+    for t in [&mut ring, &mut seq] {
+        if t.db.is_none() {
+            t.db = logical.db.clone();
+        }
+    }
+    Ok((logical, ring, seq))
+}
+
+/// Whether a query returns at least one row.
+async fn has_rows(conn: &mut Conn, sql: String, what: String) -> Result<bool> {
+    let rows: Vec<Row> = conn.query(sql).await.map_err(|e| schema_err(what, e))?;
+    Ok(!rows.is_empty())
+}
+
+/// Whether table `t` holds a row.
+async fn table_has_rows(conn: &mut Conn, t: &TableName) -> Result<bool> {
+    has_rows(
+        conn,
+        format!("SELECT 1 FROM {} LIMIT 1", t.quoted()),
+        format!("reading {}", t.quoted()),
+    )
+    .await
+}
+
+/// Checks one ring rule against the database and works out the DDL and backfill it
+/// needs. A refusal is an [`Error`] with [`Source::Rules`] whose context names the
+/// rule and the reason; backend failures have [`Source::Backend`].
+pub(crate) async fn check_ring(
+    conn: &mut Conn,
+    spec: &RingSpec,
+    default_db: Option<&str>,
+) -> Result<CheckedRing> {
+    let refuse =
+        |reason: String| Error::new(Source::Rules, format!("ring '{}': {reason}", spec.name));
+    spec.validate().map_err(refuse)?;
+    let (logical, ring, seq) = resolve_ring(spec, default_db)?;
+    let Some(table) = inspect_table(conn, &logical).await? else {
+        return Err(refuse(format!("table {} does not exist", logical.quoted())));
+    };
+    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
+        return Err(refuse(format!(
+            "{} is a {}, not a base table",
+            logical.quoted(),
+            table.table_type
+        )));
+    }
+    let mut notes = Vec::new();
+    if let Some(c) = table.columns.iter().find(|c| c.extra.contains("generated")) {
+        return Err(refuse(format!(
+            "column `{}` of {} is generated; a ring table cannot hold it (ring inserts assign every column)",
+            c.name,
+            logical.quoted()
+        )));
+    }
+
+    let mut key_cols: Vec<Column> = Vec::new();
+    for k in &spec.key {
+        let col = table.column(k).ok_or_else(|| {
+            refuse(format!(
+                "key column `{k}` is not a column of {}",
+                logical.quoted()
+            ))
+        })?;
+        if col.data_type.contains("blob") || col.data_type.contains("text") {
+            return Err(refuse(format!(
+                "key column `{}` is {}, which a ring table's primary key cannot hold",
+                col.name, col.column_type
+            )));
+        }
+        if col.nullable {
+            notes.push(format!(
+                "key column `{}` is nullable in the log but NOT NULL in the ring: rows whose key is NULL cannot be kept (the backfill skips them)",
+                col.name
+            ));
+        }
+        key_cols.push(col.clone());
+    }
+    let key: Vec<String> = key_cols.iter().map(|c| c.name.clone()).collect();
+    for (what, c) in [
+        ("slot_column", &spec.slot_column),
+        ("seq_column", &spec.seq_column),
+    ] {
+        if table.column(c).is_some() {
+            return Err(refuse(format!(
+                "{what} `{c}` is already a column of {}; choose another name",
+                logical.quoted()
+            )));
+        }
+    }
+    let order_by = match &spec.order_by {
+        Some(o) => Some(
+            table
+                .column(o)
+                .ok_or_else(|| {
+                    refuse(format!(
+                        "order_by column `{o}` is not a column of {}",
+                        logical.quoted()
+                    ))
+                })?
+                .name
+                .clone(),
+        ),
+        None => None,
+    };
+    if table
+        .engine
+        .as_deref()
+        .is_some_and(|e| !e.eq_ignore_ascii_case("InnoDB"))
+    {
+        notes.push(format!(
+            "{} uses {}; the ring tables are InnoDB",
+            logical.quoted(),
+            table.engine.as_deref().unwrap_or_default()
+        ));
+    }
+    let auto_inc = table
+        .columns
+        .iter()
+        .find(|c| c.extra.contains("auto_increment"))
+        .map(|c| c.name.clone());
+    if let Some(a) = &auto_inc {
+        notes.push(format!(
+            "`{a}` (AUTO_INCREMENT in the log) holds each ring row's sequence number, which inserts through heatsink report as last_insert_id"
+        ));
+    }
+
+    let existing_ring = inspect_table(conn, &ring).await?;
+    let create_ring = match &existing_ring {
+        None => Some(create_ring_sql(spec, &ring, &table, &key)),
+        Some(existing) => {
+            let problems = ring_table_problems(spec, existing, &table, &key);
+            if !problems.is_empty() {
+                return Err(refuse(format!(
+                    "ring table {} exists but does not match the rule: {}",
+                    ring.quoted(),
+                    problems.join("; ")
+                )));
+            }
+            None
+        }
+    };
+    let existing_seq = inspect_table(conn, &seq).await?;
+    let create_seq = match &existing_seq {
+        None => Some(create_seq_sql(spec, &seq, &table, &key_cols)),
+        Some(existing) => {
+            let problems = seq_table_problems(spec, existing, &key_cols);
+            if !problems.is_empty() {
+                return Err(refuse(format!(
+                    "sequence table {} exists but does not match the rule: {}",
+                    seq.quoted(),
+                    problems.join("; ")
+                )));
+            }
+            None
+        }
+    };
+
+    let log_has_rows = table_has_rows(conn, &logical).await?;
+    let ring_has_rows = match existing_ring {
+        Some(_) => table_has_rows(conn, &ring).await?,
+        None => false,
+    };
+    let seq_has_rows = match existing_seq {
+        Some(_) => table_has_rows(conn, &seq).await?,
+        None => false,
+    };
+    let backfill_due = log_has_rows && !ring_has_rows && !seq_has_rows;
+    if log_has_rows && !backfill_due {
+        notes.push(format!(
+            "no backfill: {} already holds rows",
+            if ring_has_rows { &ring } else { &seq }.quoted()
+        ));
+    }
+    let mut order: Vec<String> = order_by.iter().cloned().collect();
+    let tiebreak = table.primary.clone().or_else(|| {
+        table
+            .unique
+            .iter()
+            .find(|(_, cols)| {
+                cols.iter()
+                    .all(|c| table.column(c).is_some_and(|c| !c.nullable))
+            })
+            .map(|(_, cols)| cols.clone())
+    });
+    for c in tiebreak.unwrap_or_default() {
+        if !order.iter().any(|o| o.eq_ignore_ascii_case(&c)) {
+            order.push(c);
+        }
+    }
+    let backfill = if order.is_empty() {
+        if backfill_due {
+            return Err(refuse(format!(
+                "{} has rows but neither order_by nor a primary key says which are the latest; set order_by",
+                logical.quoted()
+            )));
+        }
+        None
+    } else {
+        if backfill_due && order_by.is_some() && table.primary.is_none() {
+            notes.push(format!(
+                "{} has no primary key: rows with equal `{}` are backfilled in an arbitrary order",
+                logical.quoted(),
+                order[0]
+            ));
+        }
+        Some(backfill_sql(
+            spec,
+            &logical,
+            &ring,
+            &seq,
+            &table,
+            &key_cols,
+            &order,
+            auto_inc.as_deref(),
+        ))
+    };
+
+    let trigger_name = TableName {
+        db: logical.db.clone(),
+        name: suffixed_name(&ring.name, RING_TRIGGER_SUFFIX),
+    };
+    let body = ring_trigger_body(spec, &ring, &seq, &table, &key_cols, auto_inc.as_deref());
+    let trigger = match existing_trigger(conn, &trigger_name).await? {
+        None => TriggerPlan::Create(format!(
+            "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} FOR EACH ROW {body}",
+            trigger_name.quoted(),
+            logical.quoted()
+        )),
+        Some(t) => {
+            let on_log = t.table.eq_ignore_ascii_case(&logical.name)
+                && t.timing.eq_ignore_ascii_case("AFTER")
+                && t.event.eq_ignore_ascii_case("INSERT");
+            if !on_log {
+                return Err(refuse(format!(
+                    "trigger {} exists but is not `AFTER INSERT ON {}`; drop it or rename the ring table",
+                    trigger_name.quoted(),
+                    logical.quoted()
+                )));
+            }
+            if normalize(&t.body) != normalize(&body) {
+                notes.push(format!(
+                    "trigger {} exists with another body; left as it is (drop it and run migrate again to replace it)",
+                    trigger_name.quoted()
+                ));
+            }
+            TriggerPlan::Exists
+        }
+    };
+
+    Ok(CheckedRing {
+        spec: spec.clone(),
+        logical,
+        ring,
+        seq,
+        key,
+        create_ring,
+        create_seq,
+        backfill,
+        backfill_due,
+        trigger_name,
+        trigger,
+        notes,
+    })
+}
+
+/// The `ON UPDATE` expression of a column's `EXTRA`, if any.
+fn on_update(extra: &str) -> Option<&str> {
+    let at = extra.find("on update ")?;
+    let rest = &extra[at + "on update ".len()..];
+    let end = rest.find(',').unwrap_or(rest.len());
+    Some(rest[..end].trim()).filter(|s| !s.is_empty())
+}
+
+/// A log column as a ring column: same type, nullability, default and `ON UPDATE`,
+/// no `AUTO_INCREMENT`; `NOT NULL` when it is part of the primary key.
+fn ring_column_sql(c: &Column, in_key: bool) -> String {
+    let nullable = c.nullable && !in_key;
+    let mut s = format!(
+        "  {} {} {}",
+        quote(&c.name),
+        c.type_sql(),
+        if nullable { "NULL" } else { "NOT NULL" }
+    );
+    if let Some(d) = &c.default {
+        if nullable || !d.eq_ignore_ascii_case("NULL") {
+            s.push_str(&format!(" DEFAULT {d}"));
+        }
+    }
+    if let Some(on) = on_update(&c.extra) {
+        s.push_str(&format!(" ON UPDATE {on}"));
+    }
+    if c.extra.contains("invisible") {
+        s.push_str(" INVISIBLE");
+    }
+    s
+}
+
+/// The slot column's type for `size` slots.
+fn slot_type(size: u32) -> &'static str {
+    if size > 65_535 {
+        "INT UNSIGNED"
+    } else {
+        "SMALLINT UNSIGNED"
+    }
+}
+
+/// `ENGINE=InnoDB` and the log's default character set and collation.
+fn table_options(logical: &Table) -> String {
+    let mut options = "ENGINE=InnoDB".to_string();
+    if let Some(cs) = &logical.charset {
+        options.push_str(&format!(" DEFAULT CHARSET={cs}"));
+    }
+    if let Some(coll) = &logical.collation {
+        options.push_str(&format!(" COLLATE={coll}"));
+    }
+    options
+}
+
+fn is_in(cols: &[String], name: &str) -> bool {
+    cols.iter().any(|c| c.eq_ignore_ascii_case(name))
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for the ring table.
+fn create_ring_sql(spec: &RingSpec, ring: &TableName, logical: &Table, key: &[String]) -> String {
+    let mut lines: Vec<String> = logical
+        .columns
+        .iter()
+        .map(|c| ring_column_sql(c, is_in(key, &c.name)))
+        .collect();
+    lines.push(format!(
+        "  {} {} NOT NULL",
+        quote(&spec.slot_column),
+        slot_type(spec.size)
+    ));
+    lines.push(format!(
+        "  {} BIGINT UNSIGNED NOT NULL",
+        quote(&spec.seq_column)
+    ));
+    let pk: Vec<String> = key
+        .iter()
+        .chain(std::iter::once(&spec.slot_column))
+        .map(|c| quote(c))
+        .collect();
+    lines.push(format!("  PRIMARY KEY ({})", pk.join(", ")));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n{}\n) {}",
+        ring.quoted(),
+        lines.join(",\n"),
+        table_options(logical)
+    )
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for the sequence table.
+fn create_seq_sql(spec: &RingSpec, seq: &TableName, logical: &Table, key: &[Column]) -> String {
+    let mut lines: Vec<String> = key
+        .iter()
+        .map(|c| format!("  {} {} NOT NULL", quote(&c.name), c.type_sql()))
+        .collect();
+    let mut pk: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
+    if key.is_empty() {
+        lines.push(format!(
+            "  {} TINYINT UNSIGNED NOT NULL DEFAULT 0",
+            quote(SINGLE_ROW)
+        ));
+        pk.push(quote(SINGLE_ROW));
+    }
+    lines.push(format!(
+        "  {} BIGINT UNSIGNED NOT NULL",
+        quote(&spec.seq_column)
+    ));
+    lines.push(format!("  PRIMARY KEY ({})", pk.join(", ")));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n{}\n) {}",
+        seq.quoted(),
+        lines.join(",\n"),
+        table_options(logical)
+    )
+}
+
+/// Problems of an existing integer column meant to hold values up to `max`.
+fn integer_column_problem(t: &Table, name: &str, what: &str, max: u64) -> Option<String> {
+    match t.column(name) {
+        None => Some(format!("{what} `{name}` is missing")),
+        Some(c) => match integer_max(&c.data_type, c.is_unsigned()) {
+            None => Some(format!(
+                "{what} `{}` is {}, not an integer type",
+                c.name, c.column_type
+            )),
+            Some(m) if m < max => Some(format!(
+                "{what} `{}` ({}) cannot hold {max}",
+                c.name, c.column_type
+            )),
+            Some(_) => None,
+        },
+    }
+}
+
+/// Problems with `t`'s primary key and with columns no ring statement assigns.
+fn key_and_extra_problems(t: &Table, want_pk: &[String], assigned: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    match &t.primary {
+        Some(pk) if same_set(pk, want_pk) => {}
+        Some(pk) => problems.push(format!(
+            "primary key is ({}), not ({})",
+            list(pk),
+            list(want_pk)
+        )),
+        None => problems.push(format!("no primary key; it needs ({})", list(want_pk))),
+    }
+    for c in &t.columns {
+        if !is_in(assigned, &c.name) && !c.omittable {
+            problems.push(format!(
+                "column `{}` is NOT NULL without a default, so inserts would fail",
+                c.name
+            ));
+        }
+    }
+    problems
+}
+
+/// What is wrong with an existing ring table for this rule (empty: it fits).
+fn ring_table_problems(
+    spec: &RingSpec,
+    ring: &Table,
+    logical: &Table,
+    key: &[String],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for l in &logical.columns {
+        match ring.column(&l.name) {
+            None => problems.push(format!("column `{}` is missing", l.name)),
+            Some(c) if !c.same_type(l) => problems.push(format!(
+                "column `{}` is {} but the log's is {}",
+                l.name,
+                c.type_sql(),
+                l.type_sql()
+            )),
+            Some(_) => {}
+        }
+    }
+    problems.extend(integer_column_problem(
+        ring,
+        &spec.slot_column,
+        "slot column",
+        u64::from(spec.size.saturating_sub(1)),
+    ));
+    problems.extend(integer_column_problem(
+        ring,
+        &spec.seq_column,
+        "sequence column",
+        u64::from(u32::MAX),
+    ));
+    let want_pk: Vec<String> = key
+        .iter()
+        .cloned()
+        .chain(std::iter::once(spec.slot_column.clone()))
+        .collect();
+    let assigned: Vec<String> = logical
+        .columns
+        .iter()
+        .map(|c| c.name.clone())
+        .chain([spec.slot_column.clone(), spec.seq_column.clone()])
+        .collect();
+    problems.extend(key_and_extra_problems(ring, &want_pk, &assigned));
+    problems
+}
+
+/// What is wrong with an existing sequence table for this rule (empty: it fits).
+fn seq_table_problems(spec: &RingSpec, seq: &Table, key: &[Column]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for k in key {
+        match seq.column(&k.name) {
+            None => problems.push(format!("key column `{}` is missing", k.name)),
+            Some(c) if !c.same_type(k) => problems.push(format!(
+                "key column `{}` is {} but the log's is {}",
+                k.name,
+                c.type_sql(),
+                k.type_sql()
+            )),
+            Some(_) => {}
+        }
+    }
+    problems.extend(integer_column_problem(
+        seq,
+        &spec.seq_column,
+        "sequence column",
+        u64::from(u32::MAX),
+    ));
+    let mut want_pk: Vec<String> = key.iter().map(|c| c.name.clone()).collect();
+    if key.is_empty() {
+        want_pk.push(SINGLE_ROW.to_string());
+    }
+    let assigned: Vec<String> = key
+        .iter()
+        .map(|c| c.name.clone())
+        .chain(std::iter::once(spec.seq_column.clone()))
+        .collect();
+    problems.extend(key_and_extra_problems(seq, &want_pk, &assigned));
+    problems
+}
+
+/// The backfill: the latest `size` rows of each key into the ring, and each key's
+/// history length into the sequence table.
+#[allow(clippy::too_many_arguments)]
+fn backfill_sql(
+    spec: &RingSpec,
+    logical: &TableName,
+    ring: &TableName,
+    seq: &TableName,
+    table: &Table,
+    key: &[Column],
+    order: &[String],
+    auto_inc: Option<&str>,
+) -> [String; 2] {
+    let keys: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
+    let partition = if keys.is_empty() {
+        String::new()
+    } else {
+        format!("PARTITION BY {} ", keys.join(", "))
+    };
+    let order: Vec<String> = order.iter().map(|c| format!("{} ASC", quote(c))).collect();
+    let not_null: Vec<String> = key
+        .iter()
+        .filter(|c| c.nullable)
+        .map(|c| format!("{} IS NOT NULL", quote(&c.name)))
+        .collect();
+    let filter = if not_null.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", not_null.join(" AND "))
+    };
+    let cols: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
+    let picked: Vec<String> = table
+        .columns
+        .iter()
+        .map(|c| {
+            if auto_inc.is_some_and(|a| a.eq_ignore_ascii_case(&c.name)) {
+                format!("h.{}", quote(POS))
+            } else {
+                format!("h.{}", quote(&c.name))
+            }
+        })
+        .collect();
+    let size = spec.size;
+    let ring_sql = format!(
+        "INSERT INTO {ring} ({cols}, {slot}, {seqc})\nSELECT {picked}, h.{pos} % {size}, h.{pos}\nFROM (SELECT {cols}, ROW_NUMBER() OVER ({partition}ORDER BY {order}) AS {pos}, COUNT(*) OVER ({part_only}) AS {count}\n      FROM {log}{filter}) AS h\nWHERE h.{pos} + {size} > h.{count}",
+        ring = ring.quoted(),
+        cols = cols.join(", "),
+        slot = quote(&spec.slot_column),
+        seqc = quote(&spec.seq_column),
+        picked = picked.join(", "),
+        pos = quote(POS),
+        count = quote(COUNT),
+        order = order.join(", "),
+        part_only = partition.trim_end(),
+        log = logical.quoted(),
+    );
+    let seqc = quote(&spec.seq_column);
+    let seq_sql = if keys.is_empty() {
+        format!(
+            "INSERT INTO {} ({seqc})\nSELECT COUNT(*) FROM {}{filter}\nON DUPLICATE KEY UPDATE {seqc} = GREATEST({seqc}, VALUES({seqc}))",
+            seq.quoted(),
+            logical.quoted()
+        )
+    } else {
+        format!(
+            "INSERT INTO {} ({k}, {seqc})\nSELECT {k}, COUNT(*) FROM {}{filter} GROUP BY {k}\nON DUPLICATE KEY UPDATE {seqc} = GREATEST({seqc}, VALUES({seqc}))",
+            seq.quoted(),
+            logical.quoted(),
+            k = keys.join(", ")
+        )
+    };
+    [ring_sql, seq_sql]
+}
+
+/// Runs one statement, mapping failures to a backend error naming the rule.
+async fn run_sql(conn: &mut Conn, rule: &str, sql: &str) -> Result<u64> {
+    conn.query_drop(sql).await.map_err(|e| {
+        Error::with_cause(
+            Source::Backend,
+            format!("rule {rule}: executing `{sql}`"),
+            e,
+        )
+    })?;
+    Ok(conn.affected_rows())
+}
+
+/// Local variable of the log trigger holding the row's sequence number.
+const TRIGGER_VAR: &str = "heatsink_seq_";
+
+/// The body of the trigger that mirrors a row appended to the log directly (by a
+/// client that does not go through heatsink yet) into the ring: the same sequence
+/// upsert and guarded slot upsert the rule runs for an INSERT, with the row's values.
+fn ring_trigger_body(
+    spec: &RingSpec,
+    ring: &TableName,
+    seq: &TableName,
+    table: &Table,
+    key: &[Column],
+    auto_inc: Option<&str>,
+) -> String {
+    let seqc = quote(&spec.seq_column);
+    let var = TRIGGER_VAR;
+    let keys: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
+    let new_keys: Vec<String> = key
+        .iter()
+        .map(|c| format!("NEW.{}", quote(&c.name)))
+        .collect();
+    let (seq_insert, seq_where) = if keys.is_empty() {
+        (
+            format!(
+                "INSERT INTO {} ({seqc}) VALUES (1) ON DUPLICATE KEY UPDATE {seqc} = {seqc} + 1",
+                seq.quoted()
+            ),
+            format!("{} = 0", quote(SINGLE_ROW)),
+        )
+    } else {
+        (
+            format!(
+                "INSERT INTO {} ({}, {seqc}) VALUES ({}, 1) ON DUPLICATE KEY UPDATE {seqc} = {seqc} + 1",
+                seq.quoted(),
+                keys.join(", "),
+                new_keys.join(", ")
+            ),
+            keys.iter()
+                .zip(&new_keys)
+                .map(|(k, n)| format!("{k} = {n}"))
+                .collect::<Vec<_>>()
+                .join(" AND "),
+        )
+    };
+    let cols: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
+    let vals: Vec<String> = table
+        .columns
+        .iter()
+        .map(|c| {
+            if auto_inc.is_some_and(|a| a.eq_ignore_ascii_case(&c.name)) {
+                var.to_string()
+            } else {
+                format!("NEW.{}", quote(&c.name))
+            }
+        })
+        .collect();
+    let mut update: Vec<String> = table
+        .columns
+        .iter()
+        .filter(|c| !key.iter().any(|k| k.name.eq_ignore_ascii_case(&c.name)))
+        .map(|c| {
+            format!(
+                "{0} = IF(VALUES({seqc}) > {seqc}, VALUES({0}), {0})",
+                quote(&c.name)
+            )
+        })
+        .collect();
+    update.push(format!(
+        "{seqc} = IF(VALUES({seqc}) > {seqc}, VALUES({seqc}), {seqc})"
+    ));
+    let ring_insert = format!(
+        "INSERT INTO {} ({}, {}, {seqc}) VALUES ({}, {var} % {}, {var}) ON DUPLICATE KEY UPDATE {}",
+        ring.quoted(),
+        cols.join(", "),
+        quote(&spec.slot_column),
+        vals.join(", "),
+        spec.size,
+        update.join(", ")
+    );
+    let statements = format!(
+        "{seq_insert}; SELECT {seqc} INTO {var} FROM {} WHERE {seq_where}; {ring_insert};",
+        seq.quoted()
+    );
+    let nullable: Vec<String> = key
+        .iter()
+        .filter(|c| c.nullable)
+        .map(|c| format!("NEW.{} IS NOT NULL", quote(&c.name)))
+        .collect();
+    let guarded = if nullable.is_empty() {
+        statements
+    } else {
+        format!("IF {} THEN {statements} END IF;", nullable.join(" AND "))
+    };
+    format!("BEGIN DECLARE {var} BIGINT UNSIGNED; {guarded} END")
+}
+
+/// Runs `sql`s in order, stopping at the first failure.
+async fn run_all(conn: &mut Conn, rule: &str, sql: &[&str]) -> Result<Vec<u64>> {
+    let mut affected = Vec::with_capacity(sql.len());
+    for s in sql {
+        affected.push(run_sql(conn, rule, s).await?);
+    }
+    Ok(affected)
+}
+
+/// Prints one ring rule's plan and, with `apply`, executes it.
+async fn print_and_apply_ring(
+    conn: &mut Conn,
+    rule: &CheckedRing,
+    apply: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let name = &rule.spec.name;
+    let key = if rule.key.is_empty() {
+        "no key: one ring".to_string()
+    } else {
+        format!("key {}", list(&rule.key))
+    };
+    emit(
+        out,
+        &format!(
+            "-- rule {name}: ring of {} rows per key for log {} ({key}) in {}, sequences in {}",
+            rule.spec.size,
+            rule.logical.quoted(),
+            rule.ring.quoted(),
+            rule.seq.quoted(),
+        ),
+    )?;
+    for note in &rule.notes {
+        emit(out, &format!("-- note: {note}"))?;
+    }
+    for (what, ddl, table) in [
+        ("ring table", &rule.create_ring, &rule.ring),
+        ("sequence table", &rule.create_seq, &rule.seq),
+    ] {
+        match ddl {
+            Some(sql) => {
+                emit(out, &format!("{sql};"))?;
+                if apply {
+                    run_sql(conn, name, sql).await?;
+                    emit(out, &format!("-- applied: created {what}"))?;
+                }
+            }
+            None => emit(
+                out,
+                &format!("-- {what} {} exists and matches the rule", table.quoted()),
+            )?,
+        }
+    }
+    let backfill = rule.backfill.as_ref().filter(|_| rule.backfill_due);
+    let backfill_note = format!(
+        "-- backfill: the latest {} rows of each key of {}, numbered by their position in the key's history",
+        rule.spec.size,
+        rule.logical.quoted()
+    );
+    match &rule.trigger {
+        TriggerPlan::Create(ddl) => {
+            // The log stays locked from the backfill until the trigger exists, so
+            // every row appended to it is either backfilled or mirrored.
+            let lock = format!(
+                "LOCK TABLES {} WRITE, {} WRITE, {} WRITE",
+                rule.logical.quoted(),
+                rule.ring.quoted(),
+                rule.seq.quoted()
+            );
+            emit(
+                out,
+                &format!(
+                    "-- trigger {}: rows appended to {} directly (by clients not yet going through heatsink) are mirrored into the ring",
+                    rule.trigger_name.quoted(),
+                    rule.logical.quoted()
+                ),
+            )?;
+            emit(out, "SET autocommit = 0;")?;
+            emit(out, &format!("{lock};"))?;
+            if let Some([ring_sql, seq_sql]) = backfill {
+                emit(out, &backfill_note)?;
+                emit(out, &format!("{ring_sql};"))?;
+                emit(out, &format!("{seq_sql};"))?;
+            }
+            emit(out, "DELIMITER ;;")?;
+            emit(out, &format!("{ddl};;"))?;
+            emit(out, "DELIMITER ;")?;
+            emit(out, "COMMIT;")?;
+            emit(out, "UNLOCK TABLES;")?;
+            emit(out, "SET autocommit = 1;")?;
+            if apply {
+                run_all(conn, name, &["SET autocommit = 0", &lock]).await?;
+                let done = async {
+                    // Under the locks: is the backfill (still) due?
+                    let due = table_has_rows(conn, &rule.logical).await?
+                        && !table_has_rows(conn, &rule.ring).await?
+                        && !table_has_rows(conn, &rule.seq).await?;
+                    let counts = match (&rule.backfill, due) {
+                        (Some([ring_sql, seq_sql]), true) => {
+                            Some(run_all(conn, name, &[ring_sql, seq_sql]).await?)
+                        }
+                        (None, true) => {
+                            return Err(Error::new(
+                                Source::Rules,
+                                format!(
+                                    "ring '{name}': {} has rows but neither order_by nor a primary key says which are the latest; set order_by",
+                                    rule.logical.quoted()
+                                ),
+                            ))
+                        }
+                        (_, false) => None,
+                    };
+                    // CREATE TRIGGER commits the backfill.
+                    run_all(conn, name, &[ddl, "COMMIT"]).await?;
+                    Ok::<_, Error>(counts)
+                }
+                .await;
+                if done.is_err() {
+                    let _ = conn.query_drop("ROLLBACK").await;
+                }
+                let _ = conn.query_drop("UNLOCK TABLES").await;
+                let _ = conn.query_drop("SET autocommit = 1").await;
+                if let Some(counts) = done? {
+                    emit(
+                        out,
+                        &format!(
+                            "-- applied: backfilled {} ring rows and {} sequence rows",
+                            counts[0], counts[1]
+                        ),
+                    )?;
+                }
+                emit(out, "-- applied: created trigger")?;
+            }
+        }
+        TriggerPlan::Exists | TriggerPlan::NotNeeded => {
+            emit(
+                out,
+                &format!("-- trigger {} exists", rule.trigger_name.quoted()),
+            )?;
+            if let Some([ring_sql, seq_sql]) = backfill {
+                emit(out, &backfill_note)?;
+                emit(out, "START TRANSACTION;")?;
+                emit(out, &format!("{ring_sql};"))?;
+                emit(out, &format!("{seq_sql};"))?;
+                emit(out, "COMMIT;")?;
+                if apply {
+                    run_sql(conn, name, "START TRANSACTION").await?;
+                    match run_all(conn, name, &[ring_sql, seq_sql, "COMMIT"]).await {
+                        Ok(counts) => emit(
+                            out,
+                            &format!(
+                                "-- applied: backfilled {} ring rows and {} sequence rows",
+                                counts[0], counts[1]
+                            ),
+                        )?,
+                        Err(e) => {
+                            let _ = conn.query_drop("ROLLBACK").await;
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    emit(out, "")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -937,6 +1963,92 @@ mod tests {
         assert_eq!(
             trigger_body(&t, &["slug".into()], &["cnt".into()]),
             "INSERT IGNORE INTO `shop`.`hits` (`slug`, `cnt`) VALUES (NEW.`slug`, 0)"
+        );
+    }
+
+    fn col(name: &str, column_type: &str, nullable: bool, default: Option<&str>) -> Column {
+        Column {
+            name: name.into(),
+            data_type: column_type
+                .split(['(', ' '])
+                .next()
+                .unwrap_or_default()
+                .into(),
+            column_type: column_type.into(),
+            charset: None,
+            collation: None,
+            nullable,
+            omittable: nullable || default.is_some(),
+            default: default.map(str::to_string),
+            extra: String::new(),
+        }
+    }
+
+    #[test]
+    fn ring_columns_copy_the_log_but_not_auto_increment() {
+        let mut id = col("id", "int(11)", false, None);
+        id.extra = "auto_increment".into();
+        assert_eq!(ring_column_sql(&id, false), "  `id` int(11) NOT NULL");
+        let mut ts = col("ts", "timestamp(3)", false, Some("current_timestamp(3)"));
+        ts.extra = "on update current_timestamp(3)".into();
+        assert_eq!(
+            ring_column_sql(&ts, false),
+            "  `ts` timestamp(3) NOT NULL DEFAULT current_timestamp(3) ON UPDATE current_timestamp(3)"
+        );
+        let k = col("uid", "int(11)", true, Some("NULL"));
+        assert_eq!(ring_column_sql(&k, true), "  `uid` int(11) NOT NULL");
+        assert_eq!(
+            ring_column_sql(&k, false),
+            "  `uid` int(11) NULL DEFAULT NULL"
+        );
+        assert_eq!(
+            on_update("on update current_timestamp(), invisible"),
+            Some("current_timestamp()")
+        );
+        assert_eq!(on_update("auto_increment"), None);
+        assert_eq!(slot_type(65_535), "SMALLINT UNSIGNED");
+        assert_eq!(slot_type(65_536), "INT UNSIGNED");
+        assert_eq!(suffixed_name("r", RING_TRIGGER_SUFFIX), "r_hs_log");
+        assert_eq!(
+            suffixed_name(&"r".repeat(64), RING_TRIGGER_SUFFIX).len(),
+            64
+        );
+    }
+
+    #[test]
+    fn ring_trigger_mirrors_the_rule_statements() {
+        let spec: crate::rules::spec::RuleFile = toml::from_str(
+            "[[ring]]\nname = \"v\"\ntable = \"log\"\nkey = [\"uid\"]\nsize = 5\nring_table = \"r\"\n",
+        )
+        .unwrap();
+        let mut id = col("id", "int(11)", false, None);
+        id.extra = "auto_increment".into();
+        let uid = col("uid", "int(11)", true, None);
+        let table = Table {
+            table_type: "BASE TABLE".into(),
+            engine: Some("InnoDB".into()),
+            collation: None,
+            charset: None,
+            columns: vec![id, uid.clone(), col("v", "int(11)", false, None)],
+            primary: Some(vec!["id".into()]),
+            unique: Vec::new(),
+        };
+        let body = ring_trigger_body(
+            &spec.ring[0],
+            &TableName::parse("d.r").unwrap(),
+            &TableName::parse("d.r_seq").unwrap(),
+            &table,
+            &[uid],
+            Some("id"),
+        );
+        assert_eq!(
+            body,
+            "BEGIN DECLARE heatsink_seq_ BIGINT UNSIGNED; IF NEW.`uid` IS NOT NULL THEN \
+             INSERT INTO `d`.`r_seq` (`uid`, `seq`) VALUES (NEW.`uid`, 1) ON DUPLICATE KEY UPDATE `seq` = `seq` + 1; \
+             SELECT `seq` INTO heatsink_seq_ FROM `d`.`r_seq` WHERE `uid` = NEW.`uid`; \
+             INSERT INTO `d`.`r` (`id`, `uid`, `v`, `slot`, `seq`) VALUES (heatsink_seq_, NEW.`uid`, NEW.`v`, heatsink_seq_ % 5, heatsink_seq_) \
+             ON DUPLICATE KEY UPDATE `id` = IF(VALUES(`seq`) > `seq`, VALUES(`id`), `id`), `v` = IF(VALUES(`seq`) > `seq`, VALUES(`v`), `v`), \
+             `seq` = IF(VALUES(`seq`) > `seq`, VALUES(`seq`), `seq`); END IF; END"
         );
     }
 

@@ -31,8 +31,8 @@ use sqlparser::ast::{
 };
 
 use super::shape::{
-    column_name, eq, is_value, key_equalities, last_ident, mentions_column, parse, replace_reads,
-    requalify, ColumnsByDb,
+    column_name, ddl_rejection, eq, is_table_ddl, is_value, key_equalities, last_ident,
+    mentions_column, parse, replace_reads, requalify, ColumnsByDb,
 };
 use super::{Affected, ColumnPatch, Plan, PlanContext, Reply, Rule, TableName};
 use crate::rules::spec::{quote, CounterSpec};
@@ -641,23 +641,12 @@ impl Rule for CounterRule {
             Statement::Insert(i) => self.plan_insert(i, stmt, ctx),
             Statement::Delete(d) => self.plan_delete(d, stmt, ctx),
             Statement::Query(_) => self.plan_read(stmt, ctx),
-            Statement::Truncate(_)
-            | Statement::AlterTable(_)
-            | Statement::Drop { .. }
-            | Statement::RenameTable(_)
-            | Statement::LockTables { .. }
-            | Statement::LoadData { .. } => {
-                let kind = stmt.to_string();
-                let kind = kind
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or("this statement")
-                    .to_ascii_uppercase();
-                Err(format!(
-                    "{kind} of counter table {} is not supported through heatsink; run it on the database directly and keep the slot table in step",
-                    self.tables[0]
-                ))
-            }
+            _ if is_table_ddl(stmt) => Err(ddl_rejection(
+                stmt,
+                "counter",
+                &self.tables[0],
+                "slot table",
+            )),
             _ => self.plan_read(stmt, ctx),
         }
     }

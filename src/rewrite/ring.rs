@@ -28,8 +28,8 @@ use sqlparser::ast::{
 };
 
 use super::shape::{
-    column_def_name, eq, is_value, key_equalities, last_ident, mentions_column, parse,
-    replace_reads, requalify, ColumnsByDb,
+    column_def_name, ddl_rejection, eq, is_table_ddl, is_value, key_equalities, last_ident,
+    mentions_column, parse, replace_reads, requalify, ColumnsByDb,
 };
 use super::{Affected, ColumnPatch, Plan, PlanContext, Reply, Rule, TableName};
 use crate::rules::spec::{quote, RingSpec, TableName as SpecTable};
@@ -101,19 +101,6 @@ impl RingRule {
             return t.quoted();
         }
         format!("{}.{}", logical.0[0], quote(&t.name))
-    }
-
-    fn reject_ddl(&self, stmt: &Statement) -> String {
-        let kind = stmt.to_string();
-        let kind = kind
-            .split_whitespace()
-            .next()
-            .unwrap_or("this statement")
-            .to_ascii_uppercase();
-        format!(
-            "{kind} of ring table {} is not supported through heatsink; run it on the database directly and keep the ring table in step",
-            self.tables[0]
-        )
     }
 
     fn plan_read(
@@ -198,11 +185,22 @@ impl RingRule {
                 return Err(format!("table {} has no column `{c}`", self.tables[0]));
             }
         }
-        let auto_inc = meta
+        let ai_column = meta
             .iter()
             .find(|d| d.flags & AUTO_INCREMENT_FLAG != 0)
-            .map(column_def_name)
-            .filter(|c| !cols.iter().any(|x| eq(x, c)));
+            .map(column_def_name);
+        // The AUTO_INCREMENT column takes the sequence number when the insert leaves
+        // it out, or gives NULL, 0 or DEFAULT for it (as the table would generate one).
+        let ai_position = ai_column
+            .as_ref()
+            .and_then(|c| cols.iter().position(|x| eq(x, c)));
+        let auto_inc = ai_column.filter(|_| ai_position.is_none());
+        let generated = |v: &Expr| match v {
+            Expr::Value(v) if matches!(v.value, sqlparser::ast::Value::Null) => true,
+            Expr::Identifier(i) => i.value.eq_ignore_ascii_case("DEFAULT"),
+            other => ctx.literal(other).and_then(|l| l.as_i64()) == Some(0),
+        };
+        let mut reports_id = auto_inc.is_some();
         let seq_sql = self.physical(&self.seq_table, name);
         let ring_sql = self.physical(&self.ring_table, name);
         let (slot, seq) = (quote(&self.slot_column), quote(&self.seq_column));
@@ -250,6 +248,12 @@ impl RingRule {
                 key_vals.join(", ")
             ))?);
             let mut vals: Vec<String> = row.iter().map(ToString::to_string).collect();
+            if let Some(i) = ai_position {
+                if generated(&row[i]) {
+                    vals[i] = "LAST_INSERT_ID()".into();
+                    reports_id = true;
+                }
+            }
             if auto_inc.is_some() {
                 vals.push("LAST_INSERT_ID()".into());
             }
@@ -268,7 +272,7 @@ impl RingRule {
             reply: Reply::Ok {
                 affected_rows: Affected::Fixed(n),
                 info: (n > 1).then(|| format!("Records: {n}  Duplicates: 0  Warnings: 0")),
-                last_insert_id: auto_inc.is_some().then_some(0),
+                last_insert_id: reports_id.then_some(0),
             },
             atomic: true,
             ..Default::default()
@@ -481,12 +485,9 @@ impl Rule for RingRule {
             Statement::Update(u) => self.plan_update(u, stmt, ctx, &meta),
             Statement::Delete(d) => self.plan_delete(d, stmt, ctx, &meta),
             Statement::Query(_) => self.plan_read(stmt, ctx, &meta),
-            Statement::Truncate(_)
-            | Statement::AlterTable(_)
-            | Statement::Drop { .. }
-            | Statement::RenameTable(_)
-            | Statement::LockTables { .. }
-            | Statement::LoadData { .. } => Err(self.reject_ddl(stmt)),
+            _ if is_table_ddl(stmt) => {
+                Err(ddl_rejection(stmt, "ring", &self.tables[0], "ring table"))
+            }
             _ => self.plan_read(stmt, ctx, &meta),
         }
     }

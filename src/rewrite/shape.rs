@@ -10,6 +10,39 @@ use sqlparser::ast::{
 
 use super::parse_statements;
 
+/// Statements that change a table's definition or bulk-replace its contents; rules
+/// refuse them on their logical table (the physical tables would fall out of step).
+pub fn is_table_ddl(stmt: &Statement) -> bool {
+    matches!(
+        stmt,
+        Statement::Truncate(_)
+            | Statement::AlterTable(_)
+            | Statement::Drop { .. }
+            | Statement::RenameTable(_)
+            | Statement::LockTables { .. }
+            | Statement::LoadData { .. }
+    )
+}
+
+/// The refusal of a [`is_table_ddl`] statement on the logical table of a `kind` rule
+/// ("counter", "ring") whose physical tables are named `physical`.
+pub fn ddl_rejection(
+    stmt: &Statement,
+    kind: &str,
+    table: &super::TableName,
+    physical: &str,
+) -> String {
+    let text = stmt.to_string();
+    let verb = text
+        .split_whitespace()
+        .next()
+        .unwrap_or("this statement")
+        .to_ascii_uppercase();
+    format!(
+        "{verb} of {kind} table {table} is not supported through heatsink; run it on the database directly and keep the {physical} in step"
+    )
+}
+
 /// Parses SQL a rule generated; a failure is a bug in the rule, reported as such.
 pub fn parse(sql: &str) -> Result<Vec<Statement>, String> {
     parse_statements(sql)

@@ -1,0 +1,2181 @@
+//! The ring rule end to end: `heatsink migrate` for `[[ring]]` rules, and statements
+//! through the proxy against the real MariaDB, compared with a reference table
+//! (`profile_visits_ref`, the logical schema, no rule) that receives the same rows
+//! directly and is trimmed to the latest 5 per key by the test itself.
+//!
+//! What the client sees of the logical table's `AUTO_INCREMENT` column: through the
+//! rule, `id` holds the row's sequence number within its key (1, 2, 3, … per `uid`),
+//! and an INSERT's last_insert_id is the sequence number of its first row. The
+//! comparisons therefore map the reference table's ids to per-key sequence numbers.
+//!
+//! Every test has its own database (`ring_<name>`) and its own proxy. The load tests
+//! take a lock so that they do not run at the same time (2 cores). `RING_PROXY_LOG=debug`
+//! sets the proxies' log level.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{mariadb, Proxy, PASSWORD, USER};
+use mysql_async::consts::{ColumnFlags, ColumnType};
+use mysql_async::prelude::*;
+use mysql_async::{Column, Conn, Params, Row, Value};
+
+// ---------------------------------------------------------------------------------------
+// Fixture
+
+const RULE: &str = "profile_visits";
+const LOG: &str = "profile_visits_log";
+const REF: &str = "profile_visits_ref";
+const RING: &str = "profile_visits_ring";
+const SEQ: &str = "profile_visits_seq";
+const SIZE: usize = 5;
+
+/// The logical table's columns and keys.
+const LOG_SCHEMA: &str = "(id INT AUTO_INCREMENT PRIMARY KEY, uid INT NOT NULL, \
+     visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL, KEY(uid))";
+
+/// Serialises the load tests.
+static LOAD: Mutex<()> = Mutex::new(());
+
+fn load_lock() -> std::sync::MutexGuard<'static, ()> {
+    LOAD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The rule of these tests (`size = 5`, `order_by = "last_update"`).
+fn ring_rule() -> String {
+    format!(
+        r#"[[ring]]
+name = "{RULE}"
+table = "{LOG}"
+key = ["uid"]
+size = {SIZE}
+ring_table = "{RING}"
+seq_table = "{SEQ}"
+order_by = "last_update"
+"#
+    )
+}
+
+/// A rules directory holding one file.
+fn rules_dir(toml: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("heatsink-ring-rules-")
+        .tempdir()
+        .expect("rules tempdir");
+    std::fs::write(dir.path().join("ring.toml"), toml).expect("write rules");
+    dir
+}
+
+/// Runs a command with a time limit; kills it when the limit passes.
+fn run_cmd(mut cmd: Command, stdin: Option<String>, limit: Duration) -> Output {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    if let Some(input) = stdin {
+        use std::io::Write;
+        let mut s = child.stdin.take().unwrap();
+        s.write_all(input.as_bytes()).unwrap();
+    }
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("command output"),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("{cmd:?} did not finish within {limit:?}");
+        }
+    }
+}
+
+/// `heatsink migrate --rules <rules> --backend-url <db> [--apply]`: (exit code,
+/// stdout, stderr).
+fn migrate(rules: &Path, db: &str, apply: bool) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_heatsink"));
+    cmd.arg("migrate")
+        .arg("--rules")
+        .arg(rules)
+        .arg("--backend-url")
+        .arg(mariadb().url(db));
+    if apply {
+        cmd.arg("--apply");
+    }
+    let out = run_cmd(cmd, None, Duration::from_secs(60));
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// [`migrate`] that must succeed; returns stdout.
+fn migrate_ok(rules: &Path, db: &str, apply: bool) -> String {
+    let (code, out, err) = migrate(rules, db, apply);
+    assert_eq!(code, 0, "migrate failed:\n{out}\n{err}");
+    out
+}
+
+/// A fresh database with the log, its reference twin and a table to join with.
+fn create_db(db: &str) {
+    mariadb().exec(&format!(
+        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
+         CREATE TABLE {LOG} {LOG_SCHEMA};
+         CREATE TABLE {REF} {LOG_SCHEMA};
+         CREATE TABLE users (uid INT PRIMARY KEY, name VARCHAR(20) NOT NULL);
+         INSERT INTO users VALUES (1, 'ann'), (2, 'bob'), (3, 'cy'), (4, 'di'), (5, 'ed'), (6, 'flo');"
+    ));
+}
+
+/// One test's database and proxy.
+struct Env {
+    /// Database holding the tables.
+    db: String,
+    /// Proxy with the ring rule.
+    proxy: Proxy,
+    /// The rules directory (kept alive while the proxy runs).
+    rules: tempfile::TempDir,
+}
+
+impl Env {
+    /// Database `ring_<name>` with the tables, the ring tables created by
+    /// `heatsink migrate --apply`, and a proxy with the rule.
+    fn new(name: &str) -> Env {
+        let db = format!("ring_{name}");
+        create_db(&db);
+        let rules = rules_dir(&ring_rule());
+        migrate_ok(rules.path(), &db, true);
+        let proxy = start_proxy(rules.path());
+        Env { db, proxy, rules }
+    }
+
+    async fn proxied(&self) -> Conn {
+        connect(&self.proxy.url(&self.db)).await
+    }
+
+    async fn direct(&self) -> Conn {
+        connect(&mariadb().url(&self.db)).await
+    }
+
+    /// Rows of a query run as root directly on MariaDB, `{db}` replaced.
+    fn backend_rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        mariadb().query_strings(&sql.replace("{db}", &self.db))
+    }
+
+    fn backend_scalar(&self, sql: &str) -> Option<String> {
+        self.backend_rows(sql)
+            .into_iter()
+            .next()
+            .and_then(|r| r.into_iter().next())
+            .flatten()
+    }
+
+    /// Physical state: ring rows, sequence rows, log rows.
+    fn snapshot(&self) -> Vec<Vec<Vec<Option<String>>>> {
+        vec![
+            self.backend_rows(&format!("SELECT * FROM {{db}}.{RING} ORDER BY uid, slot")),
+            self.backend_rows(&format!("SELECT * FROM {{db}}.{SEQ} ORDER BY uid")),
+            self.backend_rows(&format!("SELECT * FROM {{db}}.{LOG} ORDER BY id")),
+        ]
+    }
+
+    fn tail(&self) -> String {
+        tail(&self.proxy.log_text(), 30)
+    }
+}
+
+fn start_proxy(rules: &Path) -> Proxy {
+    let mut builder = Proxy::builder().rules_dir(rules);
+    if let Ok(level) = std::env::var("RING_PROXY_LOG") {
+        builder = builder.arg("--log-level").arg(level);
+    }
+    builder.start()
+}
+
+async fn connect(url: &str) -> Conn {
+    tokio::time::timeout(Duration::from_secs(10), Conn::from_url(url))
+        .await
+        .unwrap_or_else(|_| panic!("connect {url}: timed out"))
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+/// Runs an async test body on a multi-threaded runtime with a time limit.
+fn run<F: std::future::Future<Output = ()>>(limit: Duration, f: F) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(async {
+            tokio::time::timeout(limit, f)
+                .await
+                .unwrap_or_else(|_| panic!("test timed out after {limit:?}"))
+        })
+}
+
+fn tail(s: &str, lines: usize) -> String {
+    let v: Vec<&str> = s.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+fn int(v: &Option<String>) -> i64 {
+    v.as_deref()
+        .unwrap_or_else(|| panic!("NULL where a number was expected"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{v:?}: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// heatsink migrate
+
+/// COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT, EXTRA, COLUMN_KEY of every column.
+fn columns_of(db: &str, table: &str) -> Vec<Vec<Option<String>>> {
+    mariadb().query_strings(&format!(
+        "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT, EXTRA, COLUMN_KEY, \
+                CHARACTER_SET_NAME, COLLATION_NAME \
+         FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}' \
+         ORDER BY ORDINAL_POSITION"
+    ))
+}
+
+fn table_exists(db: &str, table: &str) -> bool {
+    mariadb()
+        .query_strings(&format!(
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}'"
+        ))[0][0]
+        .as_deref()
+        == Some("1")
+}
+
+fn strs(rows: &[Vec<Option<String>>]) -> Vec<Vec<String>> {
+    rows.iter()
+        .map(|r| {
+            r.iter()
+                .map(|c| c.clone().unwrap_or_else(|| "<NULL>".into()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Without --apply: the DDL and nothing else. With it: both tables, exact column
+/// copies, no AUTO_INCREMENT, no log keys. Again: a no-op that says so.
+#[test]
+fn migrate_prints_then_applies_then_is_a_no_op() {
+    let db = "ring_mig_apply";
+    // A richer log: a text column with its own charset, a nullable column with a
+    // default, an ON UPDATE timestamp, a unique key that must not be copied.
+    mariadb().exec(&format!(
+        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
+         CREATE TABLE {LOG} (id INT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
+             uid INT NOT NULL, visitor_uid INT NOT NULL,
+             note VARCHAR(20) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT 'hi',
+             score DECIMAL(6,2) NULL DEFAULT NULL,
+             last_update DATETIME(6) NOT NULL,
+             touched TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
+             KEY (uid), UNIQUE KEY (visitor_uid, last_update)) DEFAULT CHARSET=latin1;"
+    ));
+    let rules = rules_dir(&ring_rule());
+
+    let printed = migrate_ok(rules.path(), db, false);
+    assert!(
+        !table_exists(db, RING) && !table_exists(db, SEQ),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&format!("CREATE TABLE IF NOT EXISTS `{db}`.`{RING}`")),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&format!("CREATE TABLE IF NOT EXISTS `{db}`.`{SEQ}`")),
+        "{printed}"
+    );
+    assert!(!printed.contains("applied"), "{printed}");
+    assert!(!printed.contains("backfill"), "empty log: {printed}");
+
+    let applied = migrate_ok(rules.path(), db, true);
+    assert!(
+        applied.contains("-- applied: created ring table")
+            && applied.contains("-- applied: created sequence table"),
+        "{applied}"
+    );
+    let log_cols = strs(&columns_of(db, LOG));
+    let ring_cols = strs(&columns_of(db, RING));
+    assert_eq!(ring_cols.len(), log_cols.len() + 2, "{ring_cols:?}");
+    for (l, r) in log_cols.iter().zip(&ring_cols) {
+        // name, type, nullability, default, charset, collation copied; no
+        // AUTO_INCREMENT and no key of the log.
+        assert_eq!(
+            (&l[0], &l[1], &l[2], &l[3], &l[6], &l[7]),
+            (&r[0], &r[1], &r[2], &r[3], &r[6], &r[7])
+        );
+        let want_extra = l[4].replace("auto_increment", "");
+        assert_eq!(r[4].trim(), want_extra.trim(), "EXTRA of {}", l[0]);
+        let want_key = if l[0] == "uid" { "PRI" } else { "" };
+        assert_eq!(r[5], want_key, "key of {}", l[0]);
+    }
+    assert_eq!(
+        ring_cols[log_cols.len()][..3],
+        [
+            "slot".to_string(),
+            "smallint(5) unsigned".into(),
+            "NO".into()
+        ]
+    );
+    assert_eq!(
+        ring_cols[log_cols.len() + 1][..3],
+        ["seq".to_string(), "bigint(20) unsigned".into(), "NO".into()]
+    );
+    assert_eq!(ring_cols[log_cols.len()][5], "PRI");
+    let seq_cols = strs(&columns_of(db, SEQ));
+    assert_eq!(
+        seq_cols
+            .iter()
+            .map(|c| (c[0].as_str(), c[1].as_str(), c[2].as_str(), c[5].as_str()))
+            .collect::<Vec<_>>(),
+        [
+            ("uid", "int(11)", "NO", "PRI"),
+            ("seq", "bigint(20) unsigned", "NO", "")
+        ]
+    );
+    let create = &mariadb().query_strings(&format!("SHOW CREATE TABLE {db}.{RING}"))[0][1];
+    let create = create.as_deref().unwrap();
+    assert!(create.contains("PRIMARY KEY (`uid`,`slot`)"), "{create}");
+    assert!(
+        !create.contains("UNIQUE") && !create.contains("KEY `uid`"),
+        "{create}"
+    );
+    assert!(create.contains("DEFAULT CHARSET=latin1"), "{create}");
+
+    let again = migrate_ok(rules.path(), db, true);
+    assert!(
+        again.contains("exists and matches the rule") && !again.contains("applied"),
+        "{again}"
+    );
+    assert!(!again.contains("CREATE TABLE"), "{again}");
+}
+
+/// The log's latest 5 rows per key (by order_by, then id) become the ring, numbered by
+/// position in the key's history; the sequence table holds each key's row count, and
+/// inserts through the proxy continue after it.
+#[test]
+fn migrate_backfills_the_latest_rows_of_each_key() {
+    let db = "ring_mig_backfill";
+    create_db(db);
+    // uid 1: 8 rows whose last_update order differs from id order (ids 4 and 6 swap
+    // times; 7 and 8 share a time); uid 2: 3 rows; uid 3: exactly 5 rows.
+    let mut rows = Vec::new();
+    let mut expect: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new(); // uid → (visitor, minute) in history order
+    let uid1_minutes = [1, 2, 3, 6, 5, 4, 7, 7];
+    for (i, m) in uid1_minutes.iter().enumerate() {
+        rows.push((1, 100 + i as i64, *m));
+    }
+    for i in 0..3 {
+        rows.push((2, 200 + i, 10 + i));
+    }
+    for i in 0..5 {
+        rows.push((3, 300 + i, 20 + i));
+    }
+    // Interleave keys in id order.
+    rows.sort_by_key(|r| (r.2 % 7, r.0, r.1));
+    let values: Vec<String> = rows
+        .iter()
+        .map(|(u, v, m)| format!("({u}, {v}, '2024-01-01 00:{m:02}:00')"))
+        .collect();
+    mariadb().exec(&format!(
+        "INSERT INTO {db}.{LOG} (uid, visitor_uid, last_update) VALUES {}",
+        values.join(", ")
+    ));
+    // The expected history: by (last_update, id).
+    let log = mariadb().query_strings(&format!(
+        "SELECT uid, visitor_uid, id FROM {db}.{LOG} ORDER BY uid, last_update, id"
+    ));
+    for r in &log {
+        expect
+            .entry(int(&r[0]))
+            .or_default()
+            .push((int(&r[1]), int(&r[2])));
+    }
+    let rules = rules_dir(&ring_rule());
+    let printed = migrate_ok(rules.path(), db, false);
+    assert!(printed.contains("backfill"), "{printed}");
+    assert!(!table_exists(db, RING), "{printed}");
+
+    let out = migrate_ok(rules.path(), db, true);
+    assert!(
+        out.contains("-- applied: backfilled 13 ring rows and 3 sequence rows"),
+        "{out}"
+    );
+    let ring = mariadb().query_strings(&format!(
+        "SELECT uid, slot, seq, id, visitor_uid FROM {db}.{RING} ORDER BY uid, seq"
+    ));
+    let mut got: BTreeMap<i64, Vec<[i64; 4]>> = BTreeMap::new();
+    for r in &ring {
+        got.entry(int(&r[0]))
+            .or_default()
+            .push([int(&r[1]), int(&r[2]), int(&r[3]), int(&r[4])]);
+    }
+    for (uid, history) in &expect {
+        let n = history.len();
+        let want: Vec<[i64; 4]> = history
+            .iter()
+            .enumerate()
+            .skip(n.saturating_sub(SIZE))
+            .map(|(i, (visitor, _))| {
+                let seq = i as i64 + 1;
+                [seq % SIZE as i64, seq, seq, *visitor]
+            })
+            .collect();
+        assert_eq!(
+            got.get(uid),
+            Some(&want),
+            "uid {uid}: [slot, seq, id, visitor]"
+        );
+    }
+    assert_eq!(
+        mariadb().query_strings(&format!("SELECT uid, seq FROM {db}.{SEQ} ORDER BY uid")),
+        vec![
+            vec![Some("1".into()), Some("8".into())],
+            vec![Some("2".into()), Some("3".into())],
+            vec![Some("3".into()), Some("5".into())],
+        ]
+    );
+    // The backfill is not repeated.
+    let again = migrate_ok(rules.path(), db, true);
+    assert!(!again.contains("applied"), "{again}");
+    assert!(again.contains("no backfill"), "{again}");
+
+    // Inserts continue after the history.
+    let proxy = start_proxy(rules.path());
+    run(Duration::from_secs(20), async {
+        let mut c = connect(&proxy.url(db)).await;
+        c.query_drop(format!(
+            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 999, '2024-01-02')"
+        ))
+        .await
+        .unwrap();
+        assert_eq!(c.last_insert_id(), Some(9));
+        let visitors: Vec<i64> = c
+            .query(format!(
+                "SELECT visitor_uid FROM {LOG} WHERE uid = 1 ORDER BY last_update, id"
+            ))
+            .await
+            .unwrap();
+        let mut want: Vec<i64> = expect[&1].iter().skip(4).map(|(v, _)| *v).collect();
+        want.push(999);
+        assert_eq!(visitors, want);
+        c.disconnect().await.unwrap();
+    });
+}
+
+/// Without order_by the latest rows are those with the highest primary key.
+#[test]
+fn migrate_backfill_without_order_by_uses_the_primary_key() {
+    let db = "ring_mig_pk";
+    create_db(db);
+    // last_update decreases with id: order_by would pick the oldest ids.
+    let values: Vec<String> = (0..7)
+        .map(|i| format!("(7, {i}, '2024-01-01 00:{:02}:00')", 30 - i))
+        .collect();
+    mariadb().exec(&format!(
+        "INSERT INTO {db}.{LOG} (uid, visitor_uid, last_update) VALUES {}",
+        values.join(", ")
+    ));
+    let rule = ring_rule().replace("order_by = \"last_update\"\n", "");
+    let rules = rules_dir(&rule);
+    migrate_ok(rules.path(), db, true);
+    assert_eq!(
+        strs(&mariadb().query_strings(&format!(
+            "SELECT seq, slot, visitor_uid FROM {db}.{RING} ORDER BY seq"
+        ))),
+        (3..8)
+            .map(|s| vec![s.to_string(), (s % 5).to_string(), (s - 1).to_string()])
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Default sequence table name, custom slot and seq columns, and a ring larger than
+/// a SMALLINT slot can number.
+#[test]
+fn migrate_honours_names_and_sizes() {
+    let db = "ring_mig_names";
+    create_db(db);
+    let rule = format!(
+        "[[ring]]\nname = \"big\"\ntable = \"{LOG}\"\nkey = [\"uid\", \"visitor_uid\"]\nsize = 70000\nring_table = \"big_ring\"\nslot_column = \"pos\"\nseq_column = \"n\"\n"
+    );
+    let rules = rules_dir(&rule);
+    let out = migrate_ok(rules.path(), db, true);
+    assert!(table_exists(db, "big_ring_seq"), "{out}");
+    let ring = strs(&columns_of(db, "big_ring"));
+    let tail: Vec<(&str, &str, &str)> = ring[4..]
+        .iter()
+        .map(|c| (c[0].as_str(), c[1].as_str(), c[5].as_str()))
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            ("pos", "int(10) unsigned", "PRI"),
+            ("n", "bigint(20) unsigned", "")
+        ]
+    );
+    let seq = strs(&columns_of(db, "big_ring_seq"));
+    assert_eq!(
+        seq.iter().map(|c| c[0].as_str()).collect::<Vec<_>>(),
+        ["uid", "visitor_uid", "n"]
+    );
+}
+
+/// Rules that do not fit the database are refused and nothing is created.
+#[test]
+fn migrate_refuses_rules_that_do_not_fit() {
+    let db = "ring_mig_refuse";
+    create_db(db);
+    mariadb().exec(&format!(
+        "USE {db};
+         CREATE TABLE texty (id INT PRIMARY KEY, body TEXT NOT NULL, slot INT);
+         CREATE TABLE gen (id INT PRIMARY KEY, uid INT NOT NULL, d INT AS (uid * 2) VIRTUAL);
+         CREATE TABLE bad_ring (uid INT NOT NULL, slot SMALLINT UNSIGNED NOT NULL, PRIMARY KEY (uid, slot));"
+    ));
+    let base = ring_rule();
+    let cases: Vec<(String, &str)> = vec![
+        (base.replace(&format!("table = \"{LOG}\""), "table = \"nope\""), "does not exist"),
+        (base.replace("key = [\"uid\"]", "key = [\"who\"]"), "key column `who` is not a column"),
+        (
+            base.replace("order_by = \"last_update\"", "order_by = \"ts\""),
+            "order_by column `ts` is not a column",
+        ),
+        (
+            format!("{base}seq_column = \"visitor_uid\"\n"),
+            "seq_column `visitor_uid` is already a column",
+        ),
+        (
+            "[[ring]]\nname = \"t\"\ntable = \"texty\"\nkey = [\"body\"]\nsize = 3\nring_table = \"texty_ring\"\n".into(),
+            "which a ring table's primary key cannot hold",
+        ),
+        (
+            "[[ring]]\nname = \"t\"\ntable = \"texty\"\nkey = [\"id\"]\nsize = 3\nring_table = \"texty_ring\"\n".into(),
+            "slot_column `slot` is already a column",
+        ),
+        (
+            "[[ring]]\nname = \"g\"\ntable = \"gen\"\nkey = [\"uid\"]\nsize = 3\nring_table = \"gen_ring\"\n".into(),
+            "is generated",
+        ),
+        (
+            base.replace(&format!("ring_table = \"{RING}\""), "ring_table = \"bad_ring\""),
+            "ring table `ring_mig_refuse`.`bad_ring` exists but does not match the rule",
+        ),
+    ];
+    for (rule, want) in cases {
+        let rules = rules_dir(&rule);
+        let (code, out, err) = migrate(rules.path(), db, true);
+        assert_ne!(code, 0, "{rule}\n{out}");
+        assert!(err.contains(want), "{rule}\nwant `{want}` in:\n{err}");
+        assert!(err.contains("nothing was changed"), "{err}");
+        assert!(!out.contains("applied"), "{out}");
+    }
+    for t in [RING, SEQ, "texty_ring", "texty_ring_seq", "gen_ring"] {
+        assert!(!table_exists(db, t), "{t} was created");
+    }
+}
+
+/// A ring without key columns: one sequence row, one ring.
+#[test]
+fn migrate_keyless_ring() {
+    let db = "ring_mig_keyless";
+    create_db(db);
+    mariadb().exec(&format!(
+        "INSERT INTO {db}.{LOG} (uid, visitor_uid, last_update) VALUES (1, 1, NOW()), (2, 2, NOW()), (3, 3, NOW())"
+    ));
+    let rule = format!(
+        "[[ring]]\nname = \"all\"\ntable = \"{LOG}\"\nsize = 2\nring_table = \"all_ring\"\n"
+    );
+    let rules = rules_dir(&rule);
+    migrate_ok(rules.path(), db, true);
+    assert_eq!(
+        strs(&mariadb().query_strings(&format!(
+            "SELECT seq, slot, visitor_uid FROM {db}.all_ring ORDER BY seq"
+        ))),
+        [["2", "0", "2"], ["3", "1", "3"]]
+    );
+    let proxy = start_proxy(rules.path());
+    run(Duration::from_secs(20), async {
+        let mut c = connect(&proxy.url(db)).await;
+        for v in [4, 5, 6] {
+            c.query_drop(format!(
+                "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({v}, {v}, NOW())"
+            ))
+            .await
+            .unwrap();
+            assert_eq!(c.last_insert_id(), Some(v as u64));
+        }
+        let got: Vec<i64> = c
+            .query(format!("SELECT visitor_uid FROM {LOG} ORDER BY id"))
+            .await
+            .unwrap();
+        assert_eq!(got, [5, 6]);
+        c.disconnect().await.unwrap();
+    });
+    assert_eq!(
+        mariadb().query_strings(&format!("SELECT COUNT(*), MAX(seq) FROM {db}.all_ring_seq")),
+        [[Some("1".to_string()), Some("6".to_string())]]
+    );
+    // A direct append is mirrored by the trigger.
+    mariadb().exec(&format!(
+        "INSERT INTO {db}.{LOG} (uid, visitor_uid, last_update) VALUES (7, 7, NOW())"
+    ));
+    assert_eq!(
+        strs(&mariadb().query_strings(&format!(
+            "SELECT seq, slot, visitor_uid FROM {db}.all_ring ORDER BY seq"
+        ))),
+        [["6", "0", "6"], ["7", "1", "7"]]
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Capturing what a client sees
+
+/// One column definition as the client sees it.
+#[derive(Debug, Clone, PartialEq)]
+struct Meta {
+    schema: String,
+    table: String,
+    org_table: String,
+    name: String,
+    org_name: String,
+    column_type: ColumnType,
+    flags: ColumnFlags,
+    length: u32,
+    decimals: u8,
+    charset: u16,
+}
+
+impl Meta {
+    fn of(c: &Column) -> Meta {
+        Meta {
+            schema: c.schema_str().into_owned(),
+            table: c.table_str().into_owned(),
+            org_table: c.org_table_str().into_owned(),
+            name: c.name_str().into_owned(),
+            org_name: c.org_name_str().into_owned(),
+            column_type: c.column_type(),
+            flags: c.flags(),
+            length: c.column_length(),
+            decimals: c.decimals(),
+            charset: c.character_set(),
+        }
+    }
+}
+
+/// Everything a client sees of one statement's success.
+#[derive(Debug, Clone, PartialEq)]
+struct Outcome {
+    columns: Vec<Meta>,
+    rows: Vec<Vec<Value>>,
+    affected_rows: u64,
+    info: String,
+    warnings: u16,
+    /// Not compared with the reference (see the module docs).
+    last_insert_id: Option<u64>,
+}
+
+async fn run_text(conn: &mut Conn, sql: &str) -> Result<Outcome, mysql_async::Error> {
+    let r = conn.query_iter(sql).await?;
+    let columns = r
+        .columns()
+        .map(|c| c.iter().map(Meta::of).collect())
+        .unwrap_or_default();
+    let rows: Vec<Row> = r.collect_and_drop().await?;
+    Ok(Outcome {
+        columns,
+        rows: rows.into_iter().map(Row::unwrap).collect(),
+        affected_rows: conn.affected_rows(),
+        info: conn.info().into_owned(),
+        warnings: conn.get_warnings(),
+        last_insert_id: conn.last_insert_id(),
+    })
+}
+
+async fn run_exec(
+    conn: &mut Conn,
+    sql: &str,
+    params: impl Into<Params>,
+) -> Result<Outcome, mysql_async::Error> {
+    let r = conn.exec_iter(sql, params).await?;
+    let columns = r
+        .columns()
+        .map(|c| c.iter().map(Meta::of).collect())
+        .unwrap_or_default();
+    let rows: Vec<Row> = r.collect_and_drop().await?;
+    Ok(Outcome {
+        columns,
+        rows: rows.into_iter().map(Row::unwrap).collect(),
+        affected_rows: conn.affected_rows(),
+        info: conn.info().into_owned(),
+        warnings: conn.get_warnings(),
+        last_insert_id: conn.last_insert_id(),
+    })
+}
+
+/// `{t}` → table, `{db}` → database.
+fn fill(template: &str, table: &str, db: &str) -> String {
+    template.replace("{t}", table).replace("{db}", db)
+}
+
+/// The reference side's ids as the per-key sequence numbers the ring reports.
+#[derive(Debug, Default, Clone)]
+struct IdMap {
+    /// Reference id → (uid, sequence number within the uid).
+    ids: HashMap<i64, (i64, i64)>,
+    /// Rows inserted per uid so far.
+    per_key: BTreeMap<i64, i64>,
+}
+
+impl IdMap {
+    /// Records the rows of one reference INSERT (ids `first..`), returning their
+    /// sequence numbers.
+    fn record(&mut self, first: i64, uids: &[i64]) -> Vec<i64> {
+        uids.iter()
+            .enumerate()
+            .map(|(i, uid)| {
+                let n = self.per_key.entry(*uid).or_default();
+                *n += 1;
+                self.ids.insert(first + i as i64, (*uid, *n));
+                *n
+            })
+            .collect()
+    }
+
+    /// Next sequence numbers the given uids would get (without recording them).
+    fn peek(&self, uids: &[i64]) -> Vec<i64> {
+        let mut per = self.per_key.clone();
+        uids.iter()
+            .map(|u| {
+                let n = per.entry(*u).or_default();
+                *n += 1;
+                *n
+            })
+            .collect()
+    }
+
+    /// Reference ids not among the latest `SIZE` of their uid.
+    fn trimmed(&self) -> Vec<i64> {
+        let mut by_key: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+        for (id, (uid, _)) in &self.ids {
+            by_key.entry(*uid).or_default().push(*id);
+        }
+        let mut out = Vec::new();
+        for ids in by_key.values_mut() {
+            ids.sort();
+            let n = ids.len();
+            out.extend(ids.iter().take(n.saturating_sub(SIZE)));
+        }
+        out
+    }
+
+    fn seq_of(&self, id: i64) -> i64 {
+        self.ids
+            .get(&id)
+            .unwrap_or_else(|| panic!("reference id {id} was never inserted"))
+            .1
+    }
+
+    /// Deletes the rows beyond the latest `SIZE` per key from the reference table.
+    fn trim_reference(&self, db: &str) {
+        let ids = self.trimmed();
+        if !ids.is_empty() {
+            let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+            mariadb().exec(&format!(
+                "DELETE FROM {db}.{REF} WHERE id IN ({})",
+                list.join(",")
+            ));
+        }
+    }
+
+    /// The reference outcome as the logical table through the rule would show it:
+    /// table names renamed, `id` cells as sequence numbers.
+    fn show(&self, mut o: Outcome) -> Outcome {
+        let id_cols: Vec<usize> = o
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.org_name == "id" && c.org_table == REF)
+            .map(|(i, _)| i)
+            .collect();
+        for c in &mut o.columns {
+            for t in [&mut c.table, &mut c.org_table] {
+                if t == REF {
+                    *t = LOG.into();
+                }
+            }
+        }
+        for row in &mut o.rows {
+            for &i in &id_cols {
+                row[i] = match &row[i] {
+                    Value::Bytes(b) => {
+                        let id: i64 = String::from_utf8_lossy(b).parse().unwrap();
+                        Value::Bytes(self.seq_of(id).to_string().into_bytes())
+                    }
+                    Value::Int(id) => Value::Int(self.seq_of(*id)),
+                    Value::UInt(id) => Value::UInt(self.seq_of(*id as i64) as u64),
+                    other => other.clone(),
+                };
+            }
+        }
+        o.last_insert_id = None;
+        o
+    }
+}
+
+/// Sorts rows (for statements without ORDER BY).
+fn sorted(mut o: Outcome) -> Outcome {
+    o.rows.sort_by_key(|r| format!("{r:?}"));
+    o
+}
+
+// ---------------------------------------------------------------------------------------
+// The insert scenario
+
+/// The shapes of INSERT the rule rewrites.
+#[derive(Debug, Clone, Copy)]
+enum Form {
+    /// `INSERT INTO t (uid, visitor_uid, last_update) VALUES (…)[, (…)]`
+    Values,
+    /// Same columns in another order.
+    Reordered,
+    /// `INSERT INTO t SET …`
+    Set,
+    /// `REPLACE INTO t (…) VALUES (…)[, (…)]`
+    Replace,
+    /// `REPLACE t SET …`
+    ReplaceSet,
+    /// `insert into `db`.`t` (…) values …` (qualified, backquoted, lower case).
+    Qualified,
+}
+
+/// One INSERT of the scenario: rows of (uid, visitor_uid).
+struct Ins(Form, &'static [(i64, i64)]);
+
+/// uid 1: 9 rows; 2: 3; 3: 3; 4: 1; 5: 7 in one statement; 6: 1.
+const INSERTS: &[Ins] = &[
+    Ins(Form::Values, &[(1, 101)]),
+    Ins(Form::Values, &[(1, 102)]),
+    Ins(Form::Set, &[(2, 201)]),
+    Ins(Form::Values, &[(1, 103), (2, 202), (3, 301)]),
+    Ins(Form::Replace, &[(1, 104)]),
+    Ins(Form::ReplaceSet, &[(3, 302)]),
+    Ins(Form::Reordered, &[(1, 105)]),
+    Ins(
+        Form::Values,
+        &[
+            (5, 501),
+            (5, 502),
+            (5, 503),
+            (5, 504),
+            (5, 505),
+            (5, 506),
+            (5, 507),
+        ],
+    ),
+    Ins(Form::Values, &[(1, 106), (1, 107), (1, 108)]),
+    Ins(Form::Qualified, &[(4, 401), (3, 303)]),
+    Ins(Form::Replace, &[(2, 203), (6, 601)]),
+    Ins(Form::Values, &[(1, 109)]),
+];
+
+/// A distinct, increasing `last_update` per row of the scenario.
+fn ts(n: usize) -> String {
+    format!("'2024-01-01 10:{:02}:{:02}.{:06}'", n / 60, n % 60, n * 7)
+}
+
+/// The statement template of one INSERT; `first` numbers its first row's timestamp.
+fn insert_sql(ins: &Ins, first: usize) -> String {
+    let rows: Vec<(i64, i64, String)> = ins
+        .1
+        .iter()
+        .enumerate()
+        .map(|(i, (u, v))| (*u, *v, ts(first + i)))
+        .collect();
+    let values = |order: &str| -> String {
+        rows.iter()
+            .map(|(u, v, t)| match order {
+                "reordered" => format!("({t}, {v}, {u})"),
+                _ => format!("({u}, {v}, {t})"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let set = || {
+        let (u, v, t) = &rows[0];
+        format!("uid = {u}, visitor_uid = {v}, last_update = {t}")
+    };
+    match ins.0 {
+        Form::Values => format!(
+            "INSERT INTO {{t}} (uid, visitor_uid, last_update) VALUES {}",
+            values("")
+        ),
+        Form::Reordered => format!(
+            "INSERT INTO {{t}} (last_update, visitor_uid, uid) VALUES {}",
+            values("reordered")
+        ),
+        Form::Set => format!("INSERT INTO {{t}} SET {}", set()),
+        Form::Replace => format!(
+            "REPLACE INTO {{t}} (uid, visitor_uid, last_update) VALUES {}",
+            values("")
+        ),
+        Form::ReplaceSet => format!("REPLACE {{t}} SET {}", set()),
+        Form::Qualified => format!(
+            "insert into `{{db}}`.`{{t}}` (`uid`, `visitor_uid`, `last_update`) values {}",
+            values("")
+        ),
+    }
+}
+
+/// Every INSERT statement of the scenario with its rows' uids.
+fn scenario_inserts() -> Vec<(String, Vec<i64>)> {
+    let mut n = 0;
+    INSERTS
+        .iter()
+        .map(|ins| {
+            let sql = insert_sql(ins, n);
+            n += ins.1.len();
+            (sql, ins.1.iter().map(|r| r.0).collect())
+        })
+        .collect()
+}
+
+/// Reads compared with the reference table; `true`: without a defined order (rows
+/// are compared sorted).
+const READS: &[(&str, bool)] = &[
+    ("SELECT * FROM {t} WHERE uid = 1", true),
+    ("SELECT * FROM {t} WHERE uid = 1 ORDER BY last_update DESC", false),
+    ("SELECT * FROM {t} WHERE uid = 1 ORDER BY last_update DESC LIMIT 3", false),
+    ("SELECT visitor_uid, last_update FROM {t} WHERE uid = 5 ORDER BY last_update DESC", false),
+    ("SELECT * FROM {t} WHERE uid = 2 ORDER BY last_update", false),
+    ("SELECT uid, COUNT(*) FROM {t} GROUP BY uid ORDER BY uid", false),
+    ("SELECT COUNT(*) FROM {t} WHERE uid = 5", false),
+    ("SELECT COUNT(*) AS n FROM {t}", false),
+    ("SELECT * FROM {t} ORDER BY uid, last_update", false),
+    ("SELECT * FROM {t}", true),
+    ("SELECT id, uid FROM {t} WHERE uid = 1 ORDER BY id DESC LIMIT 2", false),
+    ("SELECT MAX(last_update), MIN(visitor_uid) FROM {t} WHERE uid = 1", false),
+    (
+        "SELECT v.visitor_uid, u.name FROM {t} v JOIN users u ON u.uid = v.uid ORDER BY v.uid, v.last_update",
+        false,
+    ),
+    (
+        "SELECT u.name, v.* FROM users u JOIN {t} v ON v.uid = u.uid WHERE u.uid = 2",
+        true,
+    ),
+    (
+        "SELECT u.name, COUNT(v.uid) AS visits FROM users u LEFT JOIN {t} v ON v.uid = u.uid GROUP BY u.name ORDER BY u.name",
+        false,
+    ),
+    ("SELECT `uid`, `visitor_uid` FROM `{db}`.`{t}` WHERE uid IN (3, 4) ORDER BY last_update", false),
+    ("SELECT name FROM users WHERE uid IN (SELECT uid FROM {t} WHERE visitor_uid > 300) ORDER BY name", false),
+    ("SELECT t.* FROM {t} t WHERE t.uid = 3 ORDER BY t.last_update", false),
+    ("SELECT * FROM {t} WHERE uid = 6 AND visitor_uid = 601", false),
+    ("SELECT * FROM {t} WHERE uid = 99", false),
+];
+
+/// Runs the insert scenario through the proxy and on the reference table, then trims
+/// the reference table to the latest 5 per key. Returns the differences.
+async fn insert_scenario(env: &Env, p: &mut Conn, d: &mut Conn, ids: &mut IdMap) -> Vec<String> {
+    let mut diffs = Vec::new();
+    for (template, uids) in scenario_inserts() {
+        let ps = fill(&template, LOG, &env.db);
+        let ds = fill(&template, REF, &env.db);
+        let want_seqs = ids.peek(&uids);
+        let po = run_text(p, &ps)
+            .await
+            .unwrap_or_else(|e| panic!("through the proxy: {ps}\n  failed: {e}\n{}", env.tail()));
+        let dout = run_text(d, &ds)
+            .await
+            .unwrap_or_else(|e| panic!("reference: {ds}\n  failed: {e}"));
+        ids.record(dout.last_insert_id.unwrap() as i64, &uids);
+        if po.last_insert_id != Some(want_seqs[0] as u64) {
+            diffs.push(format!(
+                "{ps}\n  last_insert_id {:?}, want the first row's sequence number {}",
+                po.last_insert_id, want_seqs[0]
+            ));
+        }
+        let (po, dout) = (ids.show(po), ids.show(dout));
+        if po != dout {
+            diffs.push(format!(
+                "differs from the reference: {ps}\n  proxy:     {po:?}\n  reference: {dout:?}"
+            ));
+        }
+    }
+    ids.trim_reference(&env.db);
+    diffs
+}
+
+/// Runs the reads through the proxy and on the reference table.
+async fn read_scenario(env: &Env, p: &mut Conn, d: &mut Conn, ids: &IdMap) -> Vec<String> {
+    let mut diffs = Vec::new();
+    for (template, unordered) in READS {
+        let ps = fill(template, LOG, &env.db);
+        let ds = fill(template, REF, &env.db);
+        let po = match run_text(p, &ps).await {
+            Ok(o) => o,
+            Err(e) => {
+                diffs.push(format!("through the proxy: {ps}\n  failed: {e}"));
+                continue;
+            }
+        };
+        let dout = ids.show(
+            run_text(d, &ds)
+                .await
+                .unwrap_or_else(|e| panic!("reference: {ds}\n  failed: {e}")),
+        );
+        let mut po = po;
+        po.last_insert_id = None;
+        let (po, dout) = if *unordered {
+            (sorted(po), sorted(dout))
+        } else {
+            (po, dout)
+        };
+        if po != dout {
+            diffs.push(format!(
+                "differs from the reference: {ps}\n  proxy:     {po:?}\n  reference: {dout:?}"
+            ));
+        }
+    }
+    diffs
+}
+
+fn assert_no_diffs(env: &Env, what: &str, diffs: &[String]) {
+    assert!(
+        diffs.is_empty(),
+        "{what}: {} differences:\n{}\n--- proxy log ---\n{}",
+        diffs.len(),
+        diffs.join("\n"),
+        env.tail()
+    );
+}
+
+/// Ring rows of every key: uid → [(slot, seq, id, visitor_uid)] by seq.
+fn ring_rows(db: &str) -> BTreeMap<i64, Vec<[i64; 4]>> {
+    let mut out: BTreeMap<i64, Vec<[i64; 4]>> = BTreeMap::new();
+    for r in mariadb().query_strings(&format!(
+        "SELECT uid, slot, seq, id, visitor_uid FROM {db}.{RING} ORDER BY uid, seq"
+    )) {
+        out.entry(int(&r[0]))
+            .or_default()
+            .push([int(&r[1]), int(&r[2]), int(&r[3]), int(&r[4])]);
+    }
+    out
+}
+
+/// Sequence values: uid → seq.
+fn seq_values(db: &str) -> BTreeMap<i64, i64> {
+    mariadb()
+        .query_strings(&format!("SELECT uid, seq FROM {db}.{SEQ}"))
+        .iter()
+        .map(|r| (int(&r[0]), int(&r[1])))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Text protocol
+
+#[test]
+fn text_protocol_matches_reference_table() {
+    let env = Env::new("text");
+    run(Duration::from_secs(40), async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut ids = IdMap::default();
+        let diffs = insert_scenario(&env, &mut p, &mut d, &mut ids).await;
+        assert_no_diffs(&env, "inserts", &diffs);
+        let diffs = read_scenario(&env, &mut p, &mut d, &ids).await;
+        assert_no_diffs(&env, "reads", &diffs);
+
+        // Physically: at most 5 rows per key, slot = seq % 5, id = seq, and the
+        // sequence table counts every insert; the log itself stays empty.
+        let ring = ring_rows(&env.db);
+        let seqs = seq_values(&env.db);
+        for (uid, n) in &ids.per_key {
+            assert_eq!(seqs.get(uid), Some(n), "sequence of uid {uid}");
+            let want: Vec<i64> = ((n - SIZE as i64 + 1).max(1)..=*n).collect();
+            let rows = &ring[uid];
+            assert_eq!(rows.iter().map(|r| r[1]).collect::<Vec<_>>(), want);
+            for r in rows {
+                assert_eq!(r[0], r[1] % SIZE as i64);
+                assert_eq!(r[2], r[1]);
+            }
+        }
+        assert_eq!(
+            env.backend_scalar(&format!("SELECT COUNT(*) FROM {{db}}.{LOG}")),
+            Some("0".into())
+        );
+        p.disconnect().await.unwrap();
+        d.disconnect().await.unwrap();
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// PyMySQL
+
+fn tests_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
+}
+
+/// Runs `ring_pymysql.py` with `statements`; one JSON object per statement.
+fn pymysql(
+    port: u16,
+    db: &str,
+    table: &str,
+    autocommit: bool,
+    statements: &[String],
+) -> Vec<serde_json::Value> {
+    let mut cmd = Command::new("python3");
+    cmd.arg(tests_dir().join("python").join("ring_pymysql.py"))
+        .arg("--host=127.0.0.1")
+        .arg(format!("--port={port}"))
+        .arg(format!("--user={USER}"))
+        .arg(format!("--password={PASSWORD}"))
+        .arg(format!("--db={db}"))
+        .arg(format!("--table={table}"))
+        .arg(format!("--autocommit={}", u8::from(autocommit)));
+    let input = serde_json::to_string(statements).unwrap();
+    let out = run_cmd(cmd, Some(input), Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "ring_pymysql.py failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), statements.len());
+    lines
+}
+
+/// A PyMySQL entry of the reference table as the logical table would show it.
+fn py_show(ids: &IdMap, mut e: serde_json::Value, unordered: bool) -> serde_json::Value {
+    use serde_json::Value as J;
+    e["lastrowid"] = J::Null;
+    let mut id_cols = Vec::new();
+    if let Some(J::Array(fields)) = e.get_mut("fields") {
+        for (i, f) in fields.iter_mut().enumerate() {
+            if f["org_name"] == "id" && f["org_table"] == REF {
+                id_cols.push(i);
+            }
+            for k in ["table", "org_table"] {
+                if f[k] == REF {
+                    f[k] = J::from(LOG);
+                }
+            }
+        }
+    }
+    if let Some(J::Array(rows)) = e.get_mut("rows") {
+        for row in rows.iter_mut() {
+            for &i in &id_cols {
+                if let Some(id) = row[i].as_i64() {
+                    row[i] = J::from(ids.seq_of(id));
+                }
+            }
+        }
+        if unordered {
+            rows.sort_by_key(|r| r.to_string());
+        }
+    }
+    e
+}
+
+/// The insert and read scenarios with PyMySQL, in autocommit mode and with autocommit
+/// off (PyMySQL's default; the script commits at the end).
+#[test]
+fn pymysql_matches_reference_table() {
+    for autocommit in [true, false] {
+        let env = Env::new(if autocommit { "py_ac" } else { "py_noac" });
+        let mut diffs = Vec::new();
+        let inserts = scenario_inserts();
+        let templates: Vec<String> = inserts.iter().map(|(s, _)| s.clone()).collect();
+        let proxied = pymysql(env.proxy.port(), &env.db, LOG, autocommit, &templates);
+        let direct = pymysql(mariadb().port(), &env.db, REF, autocommit, &templates);
+        let mut ids = IdMap::default();
+        for ((p, d), (sql, uids)) in proxied.into_iter().zip(direct).zip(&inserts) {
+            let first = d["lastrowid"]
+                .as_i64()
+                .unwrap_or_else(|| panic!("reference {sql}: {d}"));
+            let seqs = ids.record(first, uids);
+            if p["lastrowid"].as_i64() != Some(seqs[0]) {
+                diffs.push(format!(
+                    "{sql}: lastrowid {}, want {}",
+                    p["lastrowid"], seqs[0]
+                ));
+            }
+            let (p, d) = (py_show(&ids, p, false), py_show(&ids, d, false));
+            if p != d {
+                diffs.push(format!("{sql}\n  proxy:     {p}\n  reference: {d}"));
+            }
+        }
+        ids.trim_reference(&env.db);
+        let reads: Vec<String> = READS.iter().map(|(s, _)| s.to_string()).collect();
+        let proxied = pymysql(env.proxy.port(), &env.db, LOG, autocommit, &reads);
+        let direct = pymysql(mariadb().port(), &env.db, REF, autocommit, &reads);
+        for ((p, d), (sql, unordered)) in proxied.into_iter().zip(direct).zip(READS) {
+            let (p, d) = (py_show(&ids, p, *unordered), py_show(&ids, d, *unordered));
+            if p != d {
+                diffs.push(format!("{sql}\n  proxy:     {p}\n  reference: {d}"));
+            }
+        }
+        assert_no_diffs(&env, &format!("PyMySQL autocommit={autocommit}"), &diffs);
+    }
+}
+
+/// A join whose ORDER BY makes MariaDB sort through a temporary table reports the
+/// log's `uid` without key flags; through the rule it carries the logical table's
+/// (`MULTIPLE_KEY | PART_KEY`), restored from the logical metadata.
+#[test]
+#[ignore = "known limitation (rules/README.md): a join sorted through a temporary table drops key flags the ring read restores"]
+fn join_sorted_through_temporary_table_keeps_flags() {
+    let env = Env::new("join_flags");
+    run(Duration::from_secs(30), async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut ids = IdMap::default();
+        let diffs = insert_scenario(&env, &mut p, &mut d, &mut ids).await;
+        assert_no_diffs(&env, "inserts", &diffs);
+        let template = "SELECT v.uid, u.name, v.visitor_uid FROM {t} v JOIN users u ON u.uid = v.uid ORDER BY v.uid, v.last_update";
+        let po = run_text(&mut p, &fill(template, LOG, &env.db))
+            .await
+            .unwrap();
+        let dout = ids.show(
+            run_text(&mut d, &fill(template, REF, &env.db))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(po.columns, dout.columns);
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Deletes, keyed updates, rejections
+
+/// The statement must be refused by the rule: ERR 1105 / HY000 naming it.
+async fn assert_rejected(conn: &mut Conn, sql: &str) -> String {
+    match conn.query_drop(sql).await {
+        Err(mysql_async::Error::Server(e)) => {
+            assert_eq!(e.code, 1105, "{sql}: {e:?}");
+            assert_eq!(e.state, "HY000", "{sql}: {e:?}");
+            assert!(
+                e.message.contains(&format!("heatsink rule '{RULE}'")),
+                "{sql}: {e:?}"
+            );
+            e.message
+        }
+        other => panic!("{sql}: expected a rejection, got {other:?}"),
+    }
+}
+
+#[test]
+fn deletes_keyed_updates_and_rejections() {
+    let env = Env::new("dml");
+    run(Duration::from_secs(40), async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut ids = IdMap::default();
+        let diffs = insert_scenario(&env, &mut p, &mut d, &mut ids).await;
+        assert_no_diffs(&env, "inserts", &diffs);
+
+        // Keyed updates of payload columns and deletes by key behave like the table
+        // holding the latest 5 rows.
+        let mut diffs = Vec::new();
+        for template in [
+            "UPDATE {t} SET visitor_uid = 42 WHERE uid = 2",
+            "UPDATE {t} SET visitor_uid = visitor_uid + 1000 WHERE uid = 1 AND visitor_uid > 106",
+            "UPDATE {t} SET last_update = '2025-01-01' WHERE uid = 3 ORDER BY last_update DESC LIMIT 1",
+            "UPDATE {t} SET visitor_uid = 7 WHERE uid = 99",
+            "SELECT * FROM {t} ORDER BY uid, last_update",
+            "DELETE FROM {t} WHERE uid = 5",
+            "DELETE FROM {t} WHERE uid = 1 AND visitor_uid = 1105",
+            "DELETE FROM {t} WHERE uid = 98",
+            "SELECT * FROM {t} ORDER BY uid, last_update",
+            "SELECT COUNT(*) FROM {t} WHERE uid = 5",
+        ] {
+            let ps = fill(template, LOG, &env.db);
+            let ds = fill(template, REF, &env.db);
+            let mut po = run_text(&mut p, &ps)
+                .await
+                .unwrap_or_else(|e| panic!("{ps}: {e}\n{}", env.tail()));
+            po.last_insert_id = None;
+            let dout = ids.show(run_text(&mut d, &ds).await.unwrap());
+            if po != dout {
+                diffs.push(format!(
+                    "differs from the reference: {ps}\n  proxy:     {po:?}\n  reference: {dout:?}"
+                ));
+            }
+        }
+        assert_no_diffs(&env, "updates and deletes", &diffs);
+        // The deleted ring is gone physically; its sequence continues.
+        assert!(!ring_rows(&env.db).contains_key(&5));
+        assert_eq!(seq_values(&env.db)[&5], 7);
+        p.query_drop(format!(
+            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (5, 508, NOW(6))"
+        ))
+        .await
+        .unwrap();
+        assert_eq!(p.last_insert_id(), Some(8), "sequence after DELETE");
+        assert_eq!(
+            ring_rows(&env.db)[&5],
+            vec![[3, 8, 8, 508]],
+            "[slot, seq, id, visitor]"
+        );
+
+        // Shapes the rule cannot rewrite: refused, nothing written anywhere.
+        let before = env.snapshot();
+        let mut messages = Vec::new();
+        for sql in [
+            format!("UPDATE {LOG} SET visitor_uid = 1 WHERE visitor_uid = 42"),
+            format!("UPDATE {LOG} SET visitor_uid = 1"),
+            format!("UPDATE {LOG} SET uid = 9 WHERE uid = 1"),
+            format!("INSERT INTO {LOG} (uid, visitor_uid, last_update) SELECT uid, 1, NOW() FROM users"),
+            format!("INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 2, NOW()) ON DUPLICATE KEY UPDATE visitor_uid = 3"),
+            format!("TRUNCATE TABLE {LOG}"),
+            format!("ALTER TABLE {LOG} ADD COLUMN x INT"),
+            format!("DROP TABLE {LOG}"),
+            format!("UPDATE {LOG} v JOIN users u ON u.uid = v.uid SET v.visitor_uid = 1 WHERE u.uid = 1"),
+            format!("DELETE v FROM {LOG} v JOIN users u ON u.uid = v.uid WHERE u.name = 'ann'"),
+        ] {
+            messages.push(format!("{sql}\n    → {}", assert_rejected(&mut p, &sql).await));
+        }
+        assert_eq!(
+            env.snapshot(),
+            before,
+            "a rejected statement wrote something"
+        );
+        assert!(table_exists(&env.db, LOG));
+        // Unrelated statements still work on the same connection.
+        let n: Option<i64> = p.query_first("SELECT COUNT(*) FROM users").await.unwrap();
+        assert_eq!(n, Some(6));
+        eprintln!("rejections:\n{}", messages.join("\n"));
+        p.disconnect().await.unwrap();
+        d.disconnect().await.unwrap();
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Transactions
+
+#[test]
+fn transactions_roll_back_and_commit_ring_inserts() {
+    let env = Env::new("tx");
+    run(Duration::from_secs(40), async {
+        let mut p = env.proxied().await;
+        let mut other = env.proxied().await;
+        let ins = |uid: i64, v: i64| {
+            format!("INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {v}, NOW(6))")
+        };
+        for v in 0..3 {
+            p.query_drop(ins(1, v)).await.unwrap();
+        }
+        let before = env.snapshot();
+
+        // ROLLBACK: ring and sequence unchanged, and the client's own write to
+        // another table in the same transaction is rolled back with them (the
+        // rewrite did not commit the transaction).
+        p.query_drop("BEGIN").await.unwrap();
+        p.query_drop("INSERT INTO users VALUES (50, 'tx')")
+            .await
+            .unwrap();
+        for v in 10..17 {
+            p.query_drop(ins(1, v)).await.unwrap();
+        }
+        p.query_drop(ins(2, 20)).await.unwrap();
+        assert_eq!(p.last_insert_id(), Some(1));
+        let inside: Vec<i64> = p
+            .query(format!(
+                "SELECT visitor_uid FROM {LOG} WHERE uid = 1 ORDER BY id"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(
+            inside,
+            (12..17).collect::<Vec<_>>(),
+            "read inside the transaction"
+        );
+        let outside: Vec<i64> = other
+            .query(format!(
+                "SELECT visitor_uid FROM {LOG} WHERE uid = 1 ORDER BY id"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(
+            outside,
+            [0, 1, 2],
+            "uncommitted rows visible to another client"
+        );
+        p.query_drop("ROLLBACK").await.unwrap();
+        assert_eq!(
+            env.snapshot(),
+            before,
+            "ROLLBACK left ring/sequence changes"
+        );
+        assert_eq!(
+            env.backend_scalar("SELECT COUNT(*) FROM {db}.users WHERE uid = 50"),
+            Some("0".into())
+        );
+
+        // COMMIT: visible, sequence advanced.
+        p.query_drop("START TRANSACTION").await.unwrap();
+        p.query_drop(ins(1, 30)).await.unwrap();
+        assert_eq!(p.last_insert_id(), Some(4));
+        p.query_drop(format!(
+            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 31, NOW(6)), (2, 32, NOW(6))"
+        ))
+        .await
+        .unwrap();
+        assert_eq!(p.last_insert_id(), Some(5));
+        p.query_drop("COMMIT").await.unwrap();
+        let seen: Vec<(i64, i64)> = other
+            .query(format!(
+                "SELECT uid, visitor_uid FROM {LOG} ORDER BY uid, id"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(seen, [(1, 0), (1, 1), (1, 2), (1, 30), (1, 31), (2, 32)]);
+        assert_eq!(seq_values(&env.db), BTreeMap::from([(1, 5), (2, 1)]));
+
+        // autocommit = 0: nothing is visible before COMMIT.
+        p.query_drop("SET autocommit = 0").await.unwrap();
+        p.query_drop(ins(3, 40)).await.unwrap();
+        let n: Option<i64> = other
+            .query_first(format!("SELECT COUNT(*) FROM {LOG} WHERE uid = 3"))
+            .await
+            .unwrap();
+        assert_eq!(n, Some(0));
+        p.query_drop("COMMIT").await.unwrap();
+        let n: Option<i64> = other
+            .query_first(format!("SELECT COUNT(*) FROM {LOG} WHERE uid = 3"))
+            .await
+            .unwrap();
+        assert_eq!(n, Some(1));
+        p.query_drop(ins(3, 41)).await.unwrap();
+        p.query_drop("ROLLBACK").await.unwrap();
+        assert_eq!(seq_values(&env.db)[&3], 1);
+        p.disconnect().await.unwrap();
+        other.disconnect().await.unwrap();
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Prepared statements (binary protocol)
+
+#[test]
+fn prepared_inserts_and_reads() {
+    let env = Env::new("prep");
+    run(Duration::from_secs(30), async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut ids = IdMap::default();
+        let insert = "INSERT INTO {t} (uid, visitor_uid, last_update) VALUES (?, ?, ?)";
+        for i in 0..7i64 {
+            let uid = 1 + i % 2;
+            let params = (uid, 100 + i, format!("2024-01-01 00:00:{i:02}.5"));
+            let want = ids.peek(&[uid])[0];
+            let po = run_exec(&mut p, &fill(insert, LOG, &env.db), params.clone())
+                .await
+                .unwrap_or_else(|e| panic!("prepared insert: {e}\n{}", env.tail()));
+            let dout = run_exec(&mut d, &fill(insert, REF, &env.db), params)
+                .await
+                .unwrap();
+            ids.record(dout.last_insert_id.unwrap() as i64, &[uid]);
+            assert_eq!(po.last_insert_id, Some(want as u64));
+            assert_eq!(ids.show(po), ids.show(dout));
+        }
+        ids.trim_reference(&env.db);
+        for (sql, params) in [
+            ("SELECT * FROM {t} WHERE uid = ? ORDER BY last_update", Params::from((1,))),
+            (
+                "SELECT visitor_uid, last_update FROM {t} WHERE uid = ? ORDER BY last_update DESC LIMIT ?",
+                Params::from((2, 2)),
+            ),
+            ("SELECT COUNT(*) FROM {t} WHERE uid = ?", Params::from((1,))),
+        ] {
+            let mut po = run_exec(&mut p, &fill(sql, LOG, &env.db), params.clone())
+                .await
+                .unwrap_or_else(|e| panic!("prepared read {sql}: {e}"));
+            po.last_insert_id = None;
+            let dout = ids.show(
+                run_exec(&mut d, &fill(sql, REF, &env.db), params)
+                    .await
+                    .unwrap(),
+            );
+            assert_eq!(po, dout, "{sql}");
+        }
+        p.disconnect().await.unwrap();
+        d.disconnect().await.unwrap();
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// 4–7. Under load
+
+/// Hot keys: uid 1..=10.
+const HOT: i64 = 10;
+/// Cold keys start here.
+const COLD_BASE: i64 = 1001;
+
+/// What one load client did.
+#[derive(Debug, Default)]
+struct WorkerResult {
+    /// Acknowledged inserts: (uid, last_insert_id = sequence number, visitor_uid).
+    acks: Vec<(i64, u64, i64)>,
+    /// Errors by kind (`1213`, `1205`, `timeout`, …).
+    errors: BTreeMap<String, u64>,
+    /// The first few error messages.
+    samples: Vec<String>,
+}
+
+impl WorkerResult {
+    fn error(&mut self, kind: String, msg: String) {
+        *self.errors.entry(kind).or_default() += 1;
+        if self.samples.len() < 3 {
+            self.samples.push(msg);
+        }
+    }
+}
+
+/// Totals over all clients.
+#[derive(Debug, Default)]
+struct LoadResult {
+    acks: Vec<(i64, u64, i64)>,
+    errors: BTreeMap<String, u64>,
+    samples: Vec<String>,
+}
+
+impl LoadResult {
+    fn add(&mut self, w: WorkerResult) {
+        self.acks.extend(w.acks);
+        for (k, n) in w.errors {
+            *self.errors.entry(k).or_default() += n;
+        }
+        self.samples.extend(w.samples.into_iter().take(2));
+    }
+
+    fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
+}
+
+/// A load client: inserts until `deadline` (or `stop` is set), each into a hot key
+/// with probability `hot_pct`% and otherwise into one of `cold` cold keys. Stops at
+/// its first error when `stop_on_error`.
+async fn insert_worker(
+    url: String,
+    worker: i64,
+    deadline: Instant,
+    hot_pct: u32,
+    cold: i64,
+    stop_on_error: bool,
+) -> WorkerResult {
+    let mut res = WorkerResult::default();
+    let mut conn =
+        match tokio::time::timeout(Duration::from_secs(10), Conn::from_url(url.as_str())).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                res.error("connect".into(), format!("worker {worker}: connect: {e}"));
+                return res;
+            }
+            Err(_) => {
+                res.error(
+                    "connect".into(),
+                    format!("worker {worker}: connect timed out"),
+                );
+                return res;
+            }
+        };
+    let mut n = 0i64;
+    while Instant::now() < deadline {
+        let uid = if cold == 0 || rand::random_range(0..100) < hot_pct {
+            rand::random_range(1..=HOT)
+        } else {
+            COLD_BASE + rand::random_range(0..cold)
+        };
+        n += 1;
+        let visitor = worker * 1_000_000 + n;
+        let sql = format!(
+            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {visitor}, NOW(6))"
+        );
+        match tokio::time::timeout(Duration::from_secs(15), conn.query_drop(sql)).await {
+            Ok(Ok(())) => {
+                if conn.affected_rows() != 1 {
+                    res.error(
+                        "affected".into(),
+                        format!("worker {worker}: affected rows {}", conn.affected_rows()),
+                    );
+                }
+                match conn.last_insert_id() {
+                    Some(seq) => res.acks.push((uid, seq, visitor)),
+                    None => res.error(
+                        "no last_insert_id".into(),
+                        format!("worker {worker}: no last_insert_id"),
+                    ),
+                }
+            }
+            Ok(Err(e)) => {
+                let kind = match &e {
+                    mysql_async::Error::Server(s) => s.code.to_string(),
+                    mysql_async::Error::Io(_) => "io".into(),
+                    mysql_async::Error::Driver(_) => "driver".into(),
+                    _ => "other".into(),
+                };
+                res.error(kind, format!("worker {worker}: {e}"));
+                if stop_on_error {
+                    return res;
+                }
+            }
+            Err(_) => {
+                res.error(
+                    "timeout".into(),
+                    format!("worker {worker}: insert timed out"),
+                );
+                return res;
+            }
+        }
+    }
+    let _ = conn.disconnect().await;
+    res
+}
+
+/// Runs `clients` insert workers against each URL for `secs` seconds.
+async fn load(
+    urls: &[String],
+    clients: i64,
+    secs: f64,
+    hot_pct: u32,
+    cold: i64,
+    stop_on_error: bool,
+) -> LoadResult {
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for (u, url) in urls.iter().enumerate() {
+        for c in 0..clients {
+            tasks.push(tokio::spawn(insert_worker(
+                url.clone(),
+                u as i64 * 1000 + c + 1,
+                deadline,
+                hot_pct,
+                cold,
+                stop_on_error,
+            )));
+        }
+    }
+    let mut total = LoadResult::default();
+    for t in tasks {
+        total.add(t.await.unwrap());
+    }
+    total
+}
+
+/// Checks every key's ring against the acknowledged inserts. `exact`: every insert
+/// was acknowledged (no client error), so the sequence equals the acknowledged count.
+/// Returns the problems found (at most 20) and a summary line.
+fn verify_rings(db: &str, acks: &[(i64, u64, i64)], exact: bool) -> (Vec<String>, String) {
+    let mut by_key: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+    for (uid, seq, visitor) in acks {
+        by_key
+            .entry(*uid)
+            .or_default()
+            .push((*seq as i64, *visitor));
+    }
+    let ring = ring_rows(db);
+    let seqs = seq_values(db);
+    let mut problems = Vec::new();
+    let mut unacked_commits = 0;
+    let mut keys_with_unacked = 0;
+    let mut push = |p: String| {
+        if problems.len() < 20 {
+            problems.push(p);
+        }
+    };
+    for (uid, list) in &mut by_key {
+        list.sort();
+        let n = list.len() as i64;
+        let distinct: BTreeSet<i64> = list.iter().map(|x| x.0).collect();
+        if distinct.len() != list.len() {
+            push(format!(
+                "uid {uid}: two acknowledged inserts got the same sequence number"
+            ));
+        }
+        if exact && list.iter().map(|x| x.0).ne(1..=n) {
+            push(format!(
+                "uid {uid}: acknowledged sequence numbers are not 1..={n}: {:?}",
+                list.iter().map(|x| x.0).collect::<Vec<_>>()
+            ));
+        }
+        let Some(&s) = seqs.get(uid) else {
+            push(format!(
+                "uid {uid}: {n} acknowledged inserts but no sequence row"
+            ));
+            continue;
+        };
+        let max_acked = list.last().map_or(0, |x| x.0);
+        if exact && s != n {
+            push(format!(
+                "uid {uid}: sequence {s} != {n} acknowledged inserts"
+            ));
+        }
+        if s < max_acked || s < n {
+            push(format!(
+                "uid {uid}: sequence {s} below the acknowledged inserts ({n}, max {max_acked})"
+            ));
+        }
+        if s > n {
+            unacked_commits += s - n;
+            keys_with_unacked += 1;
+        }
+        let acked: HashMap<i64, i64> = list.iter().copied().collect();
+        let rows = ring.get(uid).cloned().unwrap_or_default();
+        let want: Vec<i64> = ((s - SIZE as i64 + 1).max(1)..=s).collect();
+        let got: Vec<i64> = rows.iter().map(|r| r[1]).collect();
+        if got != want {
+            push(format!(
+                "uid {uid}: ring holds seqs {got:?}, want {want:?} (sequence {s})"
+            ));
+        }
+        for r in &rows {
+            let [slot, seq, id, visitor] = *r;
+            if slot != seq % SIZE as i64 || id != seq {
+                push(format!("uid {uid}: row slot {slot}, seq {seq}, id {id}"));
+            }
+            if let Some(v) = acked.get(&seq) {
+                if *v != visitor {
+                    push(format!(
+                        "uid {uid}: seq {seq} holds visitor {visitor}, but that insert was {v}"
+                    ));
+                }
+            } else if exact {
+                push(format!("uid {uid}: seq {seq} was never acknowledged"));
+            }
+        }
+    }
+    for uid in ring.keys() {
+        if !by_key.contains_key(uid) {
+            push(format!(
+                "uid {uid}: ring rows for a key nobody acknowledged an insert to"
+            ));
+        }
+    }
+    let summary = format!(
+        "{} acknowledged inserts into {} keys; {unacked_commits} committed inserts without an acknowledgement in {keys_with_unacked} keys",
+        acks.len(),
+        by_key.len()
+    );
+    (problems, summary)
+}
+
+fn assert_load_ok(env: &Env, what: &str, r: &LoadResult, secs: f64) {
+    eprintln!(
+        "{what}: {} inserts acknowledged in {secs} s ({:.0}/s), errors {:?}",
+        r.acks.len(),
+        r.acks.len() as f64 / secs,
+        r.errors
+    );
+    assert!(
+        r.error_count() == 0,
+        "{what}: clients saw errors {:?}:\n{}\n--- proxy log ---\n{}",
+        r.errors,
+        r.samples.join("\n"),
+        env.tail()
+    );
+    let (problems, summary) = verify_rings(&env.db, &r.acks, true);
+    eprintln!("{what}: {summary}");
+    assert!(
+        problems.is_empty(),
+        "{what}: rings disagree with the acknowledged inserts:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// 64 clients for 10 s, half of the inserts into 10 hot keys, half into 10,000 cold
+/// keys: no client error; every key holds exactly its latest min(5, n) inserts.
+#[test]
+fn concurrent_inserts_keep_the_latest_rows() {
+    let _serial = load_lock();
+    let env = Env::new("load");
+    run(Duration::from_secs(60), async {
+        let secs = 10.0;
+        let r = load(&[env.proxy.url(&env.db)], 64, secs, 50, 10_000, false).await;
+        assert_load_ok(&env, "64 clients, hot and cold keys", &r, secs);
+        assert!(r.acks.len() > 1000, "only {} inserts", r.acks.len());
+        // Through the proxy, each hot key shows its latest 5 rows.
+        let mut c = env.proxied().await;
+        for uid in 1..=HOT {
+            let n: Option<i64> = c
+                .query_first(format!("SELECT COUNT(*) FROM {LOG} WHERE uid = {uid}"))
+                .await
+                .unwrap();
+            assert_eq!(n, Some(SIZE as i64), "uid {uid}");
+        }
+        c.disconnect().await.unwrap();
+    });
+}
+
+/// Two proxies on one database, 32 clients each, hot keys only.
+#[test]
+fn two_proxies_share_the_sequences() {
+    let _serial = load_lock();
+    let env = Env::new("two");
+    let second = start_proxy(env.rules.path());
+    run(Duration::from_secs(60), async {
+        let secs = 5.0;
+        let urls = [env.proxy.url(&env.db), second.url(&env.db)];
+        let r = load(&urls, 32, secs, 100, 0, false).await;
+        assert_load_ok(&env, "two proxies × 32 clients, hot keys", &r, secs);
+        assert!(r.acks.len() > 500, "only {} inserts", r.acks.len());
+    });
+}
+
+/// kill -9 of backend connections and then of the proxy itself in the middle of the
+/// load: every key's ring stays consistent with its sequence.
+#[test]
+fn kill9_mid_load_leaves_rings_consistent() {
+    let _serial = load_lock();
+    let mut env = Env::new("kill9");
+    let db = env.db.clone();
+    let url = env.proxy.url(&env.db);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = rt.spawn(async move { load(&[url], 24, 30.0, 60, 500, true).await });
+    std::thread::sleep(Duration::from_millis(1500));
+    // Kill a few of the proxy's backend connections mid-statement.
+    let victims = mariadb().query_strings(&format!(
+        "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = '{USER}' AND DB = '{db}' LIMIT 4"
+    ));
+    for v in &victims {
+        let _ = std::panic::catch_unwind(|| {
+            mariadb().exec(&format!("KILL CONNECTION {}", int(&v[0])));
+        });
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    env.proxy.kill9();
+    let r = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(40), handle)
+            .await
+            .expect("clients did not stop after the proxy was killed")
+            .unwrap()
+    });
+    eprintln!(
+        "kill -9: {} inserts acknowledged, errors {:?} ({} backend connections killed)",
+        r.acks.len(),
+        r.errors,
+        victims.len()
+    );
+    assert!(
+        r.acks.len() > 100,
+        "only {} inserts before the kill",
+        r.acks.len()
+    );
+    assert!(r.error_count() > 0, "no client noticed the kill");
+    let (problems, summary) = verify_rings(&db, &r.acks, false);
+    eprintln!("kill -9: {summary}");
+    assert!(
+        problems.is_empty(),
+        "rings inconsistent after kill -9:\n{}",
+        problems.join("\n")
+    );
+    // A new proxy continues every key's sequence.
+    let proxy = start_proxy(env.rules.path());
+    let seqs = seq_values(&db);
+    rt.block_on(async {
+        let mut c = connect(&proxy.url(&db)).await;
+        for uid in 1..=3 {
+            c.query_drop(format!(
+                "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, 1, NOW(6))"
+            ))
+            .await
+            .unwrap();
+            assert_eq!(c.last_insert_id(), Some(seqs[&uid] as u64 + 1));
+        }
+        c.disconnect().await.unwrap();
+    });
+}
+
+/// A switch client: appends through `urls[0]` until `switch` is set, then reconnects
+/// to `urls[1]`. Acks: (phase, uid, last_insert_id, visitor).
+async fn switch_worker(
+    urls: [String; 2],
+    worker: i64,
+    keys: i64,
+    switch: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+) -> (Vec<(u8, i64, u64, i64)>, Vec<String>) {
+    let mut acks = Vec::new();
+    let mut errors = Vec::new();
+    let mut phase = 0u8;
+    let mut conn = connect(&urls[0]).await;
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        if phase == 0 && switch.load(Ordering::Relaxed) {
+            let _ = conn.disconnect().await;
+            conn = connect(&urls[1]).await;
+            phase = 1;
+        }
+        let uid = rand::random_range(1..=keys);
+        n += 1;
+        let visitor = worker * 1_000_000 + n;
+        let sql = format!(
+            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {visitor}, NOW(6))"
+        );
+        match tokio::time::timeout(Duration::from_secs(15), conn.query_drop(sql)).await {
+            Ok(Ok(())) => acks.push((phase, uid, conn.last_insert_id().unwrap_or(0), visitor)),
+            Ok(Err(e)) => errors.push(format!("worker {worker} phase {phase}: {e}")),
+            Err(_) => {
+                errors.push(format!("worker {worker} phase {phase}: timed out"));
+                break;
+            }
+        }
+        // Application pace: a few hundred inserts per second per client.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let _ = conn.disconnect().await;
+    (acks, errors)
+}
+
+/// Switching the rule on while the application keeps inserting: appends go to the
+/// log through a proxy without rules; `heatsink migrate --apply` creates the ring,
+/// backfills it and installs the trigger that mirrors later direct appends into it,
+/// while they continue; a second proxy with the rule starts and the clients move to
+/// it. Every row appended to the log is counted in its key's sequence exactly once
+/// (backfilled or mirrored), every insert through the rule follows, and every ring
+/// holds its key's latest rows by sequence: no row that belongs there is lost.
+#[test]
+fn switching_the_rule_on_while_inserting() {
+    let _serial = load_lock();
+    let db = "ring_switch".to_string();
+    create_db(&db);
+    const KEYS: i64 = 1000;
+    let rules = rules_dir(&ring_rule());
+    let plain = Proxy::start();
+    // The rule proxy may start early: no client uses it before the ring exists.
+    let ruled = start_proxy(rules.path());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let switch = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let urls = [plain.url(&db), ruled.url(&db)];
+    let workers: Vec<_> = (1..=8)
+        .map(|w| {
+            rt.spawn(switch_worker(
+                urls.clone(),
+                w,
+                KEYS,
+                switch.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let migrated = migrate_ok(rules.path(), &db, true);
+    assert!(migrated.contains("-- applied: backfilled"), "{migrated}");
+    assert!(
+        migrated.contains("-- applied: created trigger"),
+        "{migrated}"
+    );
+    let log_at_migrate: i64 =
+        int(&mariadb().query_strings(&format!("SELECT COUNT(*) FROM {db}.{LOG}"))[0][0]);
+    // Clients keep appending to the log for a while, then move.
+    std::thread::sleep(Duration::from_millis(500));
+    switch.store(true, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(2500));
+    stop.store(true, Ordering::Relaxed);
+    let mut acks = Vec::new();
+    let mut errors = Vec::new();
+    rt.block_on(async {
+        for w in workers {
+            let (a, e) = tokio::time::timeout(Duration::from_secs(30), w)
+                .await
+                .expect("switch client hung")
+                .unwrap();
+            acks.extend(a);
+            errors.extend(e);
+        }
+    });
+    assert!(errors.is_empty(), "client errors:\n{}", errors.join("\n"));
+
+    // Per key: the log's rows (every append through the plain proxy), the inserts
+    // through the rule, the ring.
+    let mut log: BTreeMap<i64, BTreeSet<i64>> = BTreeMap::new(); // uid → visitors
+    for r in mariadb().query_strings(&format!("SELECT uid, visitor_uid FROM {db}.{LOG}")) {
+        log.entry(int(&r[0])).or_default().insert(int(&r[1]));
+    }
+    let mut live: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new(); // uid → (seq, visitor)
+    for (phase, uid, id, visitor) in &acks {
+        if *phase == 1 {
+            live.entry(*uid).or_default().push((*id as i64, *visitor));
+        }
+    }
+    let ring = ring_rows(&db);
+    let seqs = seq_values(&db);
+    let mut problems = Vec::new();
+    let (mut phase_a, mut phase_b, mut from_log) = (0, 0, 0);
+    for uid in 1..=KEYS {
+        let hist = log.remove(&uid).unwrap_or_default();
+        let lv = live.remove(&uid).unwrap_or_default();
+        phase_a += hist.len();
+        phase_b += lv.len();
+        let (c, l) = (hist.len() as i64, lv.len() as i64);
+        let s = seqs.get(&uid).copied().unwrap_or(0);
+        if s != c + l {
+            problems.push(format!(
+                "uid {uid}: sequence {s} != {c} log rows + {l} inserts through the rule"
+            ));
+        }
+        let rows = ring.get(&uid).cloned().unwrap_or_default();
+        let want: Vec<i64> = ((s - SIZE as i64 + 1).max(1)..=s).collect();
+        if rows.iter().map(|r| r[1]).ne(want.iter().copied()) {
+            problems.push(format!(
+                "uid {uid}: ring seqs {:?}, want {want:?}",
+                rows.iter().map(|r| r[1]).collect::<Vec<_>>()
+            ));
+        }
+        let live_by_seq: HashMap<i64, i64> = lv.iter().copied().collect();
+        let visitors: BTreeSet<i64> = rows.iter().map(|r| r[3]).collect();
+        if visitors.len() != rows.len() {
+            problems.push(format!("uid {uid}: a row is in the ring twice: {rows:?}"));
+        }
+        for [slot, seq, id, visitor] in &rows {
+            if *slot != seq % SIZE as i64 || id != seq {
+                problems.push(format!("uid {uid}: slot {slot}, seq {seq}, id {id}"));
+            }
+            let ok = match live_by_seq.get(seq) {
+                Some(v) => v == visitor,
+                None => {
+                    from_log += 1;
+                    hist.contains(visitor)
+                }
+            };
+            if !ok {
+                problems.push(format!(
+                    "uid {uid}: seq {seq} holds visitor {visitor}, not the row it stands for"
+                ));
+            }
+        }
+    }
+    eprintln!(
+        "switch: {phase_a} rows appended to the log ({log_at_migrate} when migrate returned), {phase_b} inserted through the rule; \
+         the rings hold {from_log} rows that came from the log (backfilled or mirrored)"
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(
+        phase_b > 100 && log_at_migrate > 100 && phase_a as i64 > log_at_migrate,
+        "too little traffic"
+    );
+}
+
+/// The trigger migrate installs on the log mirrors rows appended to it directly: same
+/// sequence, latest rows kept, the appending client's last_insert_id untouched, rows
+/// with a NULL key left out (the ring cannot hold them).
+#[test]
+fn migrate_trigger_mirrors_direct_appends() {
+    let db = "ring_mig_trigger";
+    mariadb().exec(&format!(
+        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
+         CREATE TABLE {LOG} (id BIGINT AUTO_INCREMENT PRIMARY KEY, uid INT NULL,
+             visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL);
+         INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 1, NOW(6)), (NULL, 2, NOW(6));"
+    ));
+    let rules = rules_dir(&ring_rule());
+    let out = migrate_ok(rules.path(), db, true);
+    assert!(out.contains("is nullable"), "{out}");
+    assert!(out.contains("-- applied: created trigger"), "{out}");
+    let again = migrate_ok(rules.path(), db, true);
+    assert!(
+        again.contains("exists") && !again.contains("applied"),
+        "{again}"
+    );
+    run(Duration::from_secs(20), async {
+        let mut c = connect(&mariadb().url(db)).await;
+        for v in 3..10 {
+            c.query_drop(format!(
+                "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, {v}, NOW(6))"
+            ))
+            .await
+            .unwrap();
+            // The log's own id, not the ring's sequence.
+            assert_eq!(c.last_insert_id(), Some(v as u64));
+        }
+        c.query_drop(format!(
+            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (NULL, 10, NOW(6)), (2, 11, NOW(6))"
+        ))
+        .await
+        .unwrap();
+        assert_eq!(c.affected_rows(), 2);
+        let got: Option<u64> = c.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
+        assert_eq!(got, Some(10));
+        c.disconnect().await.unwrap();
+    });
+    assert_eq!(
+        ring_rows(db),
+        BTreeMap::from([
+            (1, (4..=8).map(|s| [s % 5, s, s, s + 1]).collect::<Vec<_>>()),
+            (2, vec![[1, 1, 1, 11]]),
+        ])
+    );
+    assert_eq!(seq_values(db), BTreeMap::from([(1, 8), (2, 1)]));
+}
+
+/// INSERT without a column list (`id` given as NULL or 0, as applications do for an
+/// AUTO_INCREMENT column) takes the next sequence number like an omitted `id`.
+#[test]
+fn insert_without_column_list_numbers_the_row() {
+    let env = Env::new("nocols");
+    run(Duration::from_secs(30), async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut ids = IdMap::default();
+        let mut diffs = Vec::new();
+        for (template, uids) in [
+            ("INSERT INTO {t} VALUES (NULL, 1, 10, '2024-01-01 00:00:01')", vec![1]),
+            ("INSERT INTO {t} VALUES (0, 1, 11, '2024-01-01 00:00:02')", vec![1]),
+            (
+                "INSERT INTO {t} VALUES (NULL, 1, 12, '2024-01-01 00:00:03'), (NULL, 2, 20, '2024-01-01 00:00:04')",
+                vec![1, 2],
+            ),
+        ] {
+            let want = ids.peek(&uids)[0];
+            let ps = fill(template, LOG, &env.db);
+            let po = match run_text(&mut p, &ps).await {
+                Ok(o) => o,
+                Err(e) => {
+                    diffs.push(format!("{ps}: {e}"));
+                    continue;
+                }
+            };
+            let dout = run_text(&mut d, &fill(template, REF, &env.db)).await.unwrap();
+            ids.record(dout.last_insert_id.unwrap() as i64, &uids);
+            if po.last_insert_id != Some(want as u64) {
+                diffs.push(format!("{ps}: last_insert_id {:?}, want {want}", po.last_insert_id));
+            }
+            let (po, dout) = (ids.show(po), ids.show(dout));
+            if po != dout {
+                diffs.push(format!("{ps}\n  proxy:     {po:?}\n  reference: {dout:?}"));
+            }
+        }
+        assert_no_diffs(&env, "inserts without a column list", &diffs);
+        let diffs = read_scenario(&env, &mut p, &mut d, &ids).await;
+        assert_no_diffs(&env, "reads", &diffs);
+    });
+}

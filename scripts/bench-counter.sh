@@ -75,7 +75,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
         check_failed=1
       fi
       printf '%s\t%s\t%s\t%s\n' "$round" "$c" "$leg" "$json" >>"$results"
-      hs_log "round $round c=$c $leg: $(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); print(f"{j["ops_per_sec"]:.0f} ops/s p95 {j["p95_us"]:.0f} us errors {j["errors"]}")' "$json")"
+      hs_log "round $round c=$c $leg: $(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); print("%.0f ops/s p95 %.0f us errors %d" % (j["ops_per_sec"], j["p95_us"], j["errors"]))' "$json")"
     done
   done
 done

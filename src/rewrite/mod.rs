@@ -82,6 +82,20 @@ use sqlparser::ast::{Expr, ObjectName, Statement, Value};
 pub use engine::{parse_statements, Engine};
 pub use sqltok::{LiteralKind, Slot};
 
+/// A statement's fingerprint: literals replaced by `?`, parameters by `?p`,
+/// comments dropped, whitespace and reserved words normalised. Used in logs, where a
+/// statement must not show literal values; text that cannot be lexed is summarised.
+pub fn fingerprint(sql: &[u8]) -> String {
+    match sqltok::lex(sql) {
+        Ok(toks) => {
+            let mut out = Vec::with_capacity(sql.len());
+            sqltok::normalize(sql, &toks, sqltok::Mode::Fingerprint, &mut out, &mut Vec::new());
+            String::from_utf8_lossy(&out).into_owned()
+        }
+        Err(_) => format!("<{} bytes that do not lex>", sql.len()),
+    }
+}
+
 /// What the connection knows about the statement it is about to forward.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatementContext<'a> {
@@ -562,4 +576,15 @@ pub enum EngineError {
     /// The table-name scanner could not be built.
     #[error("cannot build the table-name scanner: {0}")]
     Prefilter(String),
+}
+
+#[cfg(test)]
+mod fingerprint_tests {
+    #[test]
+    fn fingerprints_hide_literal_values() {
+        let f = super::fingerprint(b"UPDATE hits SET cnt = cnt + 5 WHERE slug = 'secret' /* c */");
+        assert!(!f.contains("secret") && !f.contains('5'), "{f}");
+        assert!(f.contains("hits"), "{f}");
+        assert_eq!(super::fingerprint(b"SELECT 'a"), "<9 bytes that do not lex>");
+    }
 }

@@ -12,6 +12,7 @@ need=()
 command -v mariadb >/dev/null 2>&1 || need+=(mariadb-client)
 command -v sysbench >/dev/null 2>&1 || need+=(sysbench)
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   $sudo_cmd apt-get update -qq

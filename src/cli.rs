@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Config, FileConfig, LogFormat, Overrides, Secret};
+use crate::config::{BackendTlsMode, Config, FileConfig, LogFormat, Overrides, Secret};
 use crate::error::Error;
 
 /// heatsink: a MySQL wire-protocol proxy that rewrites hot-spot statements.
@@ -192,6 +192,28 @@ pub struct ServeArgs {
     /// Statement plans cached per rule set [default: 10000].
     #[arg(long, env = "HEATSINK_PLAN_CACHE_SIZE")]
     pub plan_cache_size: Option<u64>,
+    /// PEM certificate chain for client TLS; with --tls-key the proxy offers TLS to
+    /// clients and terminates it.
+    #[arg(long, env = "HEATSINK_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "HEATSINK_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Refuse clients that do not upgrade to TLS (ERR 3159).
+    #[arg(long, env = "HEATSINK_TLS_REQUIRED", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
+    pub tls_required: bool,
+    /// TLS towards the backend: off, preferred (when offered) or required [default: off].
+    #[arg(long, env = "HEATSINK_BACKEND_TLS", value_enum)]
+    pub backend_tls: Option<BackendTlsMode>,
+    /// PEM CA certificate(s) the backend's certificate is verified against.
+    #[arg(long, env = "HEATSINK_BACKEND_TLS_CA")]
+    pub backend_tls_ca: Option<PathBuf>,
+    /// Do not verify the backend's certificate (encrypted but open to interception).
+    #[arg(long, env = "HEATSINK_BACKEND_TLS_INSECURE", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
+    pub backend_tls_insecure: bool,
+    /// Name expected in the backend's certificate [default: the host of --backend].
+    #[arg(long, env = "HEATSINK_BACKEND_TLS_SERVER_NAME")]
+    pub backend_tls_server_name: Option<String>,
 }
 
 impl ServeArgs {
@@ -217,6 +239,14 @@ impl ServeArgs {
             log_format: self.log_format,
             log_level: self.log_level,
             plan_cache_size: self.plan_cache_size,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
+            // A flag that is absent leaves the config file's value in force.
+            tls_required: self.tls_required.then_some(true),
+            backend_tls: self.backend_tls,
+            backend_tls_ca: self.backend_tls_ca,
+            backend_tls_insecure: self.backend_tls_insecure.then_some(true),
+            backend_tls_server_name: self.backend_tls_server_name,
         };
         Config::resolve(o, file)
     }

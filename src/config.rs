@@ -19,6 +19,19 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether the proxy speaks TLS to the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendTlsMode {
+    /// Plain TCP to the backend (default).
+    #[default]
+    Off,
+    /// TLS when the backend's greeting offers it, plain otherwise.
+    Preferred,
+    /// TLS always; a backend that does not offer it is an error for every client.
+    Required,
+}
+
 /// A password: kept out of `Debug` output and logs.
 #[derive(Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
@@ -74,6 +87,21 @@ pub struct Config {
     pub log_level: String,
     /// Number of statement plans cached per rule set.
     pub plan_cache_size: u64,
+    /// PEM certificate chain presented to clients; with `tls_key`, the greeting offers
+    /// TLS and the proxy terminates it.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// Clients that do not upgrade to TLS are refused (ERR 3159).
+    pub tls_required: bool,
+    /// TLS towards the backend.
+    pub backend_tls: BackendTlsMode,
+    /// PEM CA certificate(s) the backend's certificate must chain to.
+    pub backend_tls_ca: Option<PathBuf>,
+    /// Skip verification of the backend's certificate (encrypted, not authenticated).
+    pub backend_tls_insecure: bool,
+    /// Name the backend's certificate must carry; default: the host of `backend`.
+    pub backend_tls_server_name: Option<String>,
 }
 
 impl Default for Config {
@@ -94,6 +122,13 @@ impl Default for Config {
             log_format: LogFormat::Human,
             log_level: "info".into(),
             plan_cache_size: 10_000,
+            tls_cert: None,
+            tls_key: None,
+            tls_required: false,
+            backend_tls: BackendTlsMode::Off,
+            backend_tls_ca: None,
+            backend_tls_insecure: false,
+            backend_tls_server_name: None,
         }
     }
 }
@@ -117,6 +152,13 @@ pub struct FileConfig {
     pub log_format: Option<LogFormat>,
     pub log_level: Option<String>,
     pub plan_cache_size: Option<u64>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_required: Option<bool>,
+    pub backend_tls: Option<BackendTlsMode>,
+    pub backend_tls_ca: Option<PathBuf>,
+    pub backend_tls_insecure: Option<bool>,
+    pub backend_tls_server_name: Option<String>,
 }
 
 impl FileConfig {
@@ -162,6 +204,13 @@ pub struct Overrides {
     pub log_format: Option<LogFormat>,
     pub log_level: Option<String>,
     pub plan_cache_size: Option<u64>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_required: Option<bool>,
+    pub backend_tls: Option<BackendTlsMode>,
+    pub backend_tls_ca: Option<PathBuf>,
+    pub backend_tls_insecure: Option<bool>,
+    pub backend_tls_server_name: Option<String>,
 }
 
 impl Config {
@@ -210,6 +259,22 @@ impl Config {
                 .plan_cache_size
                 .or(file.plan_cache_size)
                 .unwrap_or(d.plan_cache_size),
+            tls_cert: cli.tls_cert.or(file.tls_cert),
+            tls_key: cli.tls_key.or(file.tls_key),
+            tls_required: cli
+                .tls_required
+                .or(file.tls_required)
+                .unwrap_or(d.tls_required),
+            backend_tls: cli
+                .backend_tls
+                .or(file.backend_tls)
+                .unwrap_or(d.backend_tls),
+            backend_tls_ca: cli.backend_tls_ca.or(file.backend_tls_ca),
+            backend_tls_insecure: cli
+                .backend_tls_insecure
+                .or(file.backend_tls_insecure)
+                .unwrap_or(d.backend_tls_insecure),
+            backend_tls_server_name: cli.backend_tls_server_name.or(file.backend_tls_server_name),
         };
         c.validate()
     }
@@ -230,6 +295,28 @@ impl Config {
         }
         if self.admin.is_some() && self.admin_user.is_empty() {
             return bad("admin_user must not be empty");
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return bad("tls_cert and tls_key must be given together");
+        }
+        if self.tls_required && self.tls_cert.is_none() {
+            return bad("tls_required needs tls_cert and tls_key");
+        }
+        if self.backend_tls == BackendTlsMode::Off {
+            if self.backend_tls_ca.is_some()
+                || self.backend_tls_insecure
+                || self.backend_tls_server_name.is_some()
+            {
+                return bad(
+                    "backend_tls_ca, backend_tls_insecure and backend_tls_server_name need \
+                     backend_tls = preferred or required",
+                );
+            }
+        } else if self.backend_tls_ca.is_none() && !self.backend_tls_insecure {
+            return bad(
+                "backend_tls verifies the backend's certificate: give backend_tls_ca (PEM CA \
+                 file), or backend_tls_insecure = true to skip verification",
+            );
         }
         Ok(self)
     }
@@ -264,6 +351,46 @@ mod tests {
         assert!(e.to_string().contains("listn"), "{e}");
         let file = FileConfig::from_str("max_connections = 0\n", "t").unwrap();
         assert!(Config::resolve(Overrides::default(), file).is_err());
+    }
+
+    #[test]
+    fn tls_settings() {
+        let file = FileConfig::from_str(
+            "tls_cert = \"c.pem\"\ntls_key = \"k.pem\"\nbackend_tls = \"required\"\nbackend_tls_ca = \"ca.pem\"\n",
+            "t",
+        )
+        .unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(c.backend_tls, BackendTlsMode::Required);
+        assert_eq!(c.tls_key.as_deref(), Some(Path::new("k.pem")));
+        assert!(!c.tls_required);
+        let only_cert = Overrides {
+            tls_cert: Some("c.pem".into()),
+            ..Default::default()
+        };
+        let e = Config::resolve(only_cert, FileConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("together"), "{e}");
+        let unverified = Overrides {
+            backend_tls: Some(BackendTlsMode::Preferred),
+            ..Default::default()
+        };
+        let e = Config::resolve(unverified.clone(), FileConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("backend_tls_ca"), "{e}");
+        let insecure = Overrides {
+            backend_tls_insecure: Some(true),
+            ..unverified
+        };
+        assert!(Config::resolve(insecure, FileConfig::default()).is_ok());
+        let stray_ca = Overrides {
+            backend_tls_ca: Some("ca.pem".into()),
+            ..Default::default()
+        };
+        assert!(Config::resolve(stray_ca, FileConfig::default()).is_err());
+        let required = Overrides {
+            tls_required: Some(true),
+            ..Default::default()
+        };
+        assert!(Config::resolve(required, FileConfig::default()).is_err());
     }
 
     #[test]

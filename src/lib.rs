@@ -11,6 +11,8 @@
 //!   fingerprints, plan cache, the [`rewrite::Rule`] trait rule kinds implement.
 //! - [`rules`]: rule files — loading, validation, building an engine.
 //! - [`server`]: accept loop, connection limit, graceful shutdown.
+//! - [`tls`]: TLS towards clients (terminated by the proxy) and towards the backend;
+//!   the socket type of both legs.
 //! - [`reload`]: hot reload of the rule set (file watch, SIGHUP, admin command):
 //!   parse and validate everything, then swap, or keep the previous set.
 //! - [`admin`]: the admin port (MySQL protocol): rules, per-rule stats, sessions,
@@ -42,6 +44,7 @@ pub mod reload;
 pub mod rewrite;
 pub mod rules;
 pub mod server;
+pub mod tls;
 pub mod wire;
 
 use std::sync::Arc;
@@ -125,8 +128,10 @@ fn maintenance_runtime() -> Result<tokio::runtime::Runtime> {
 pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     let (snapshot, engine) = reload::load(&config.rules, config.plan_cache_size);
     let engine = engine?;
-    let shared = relay::Shared::new(config, engine);
+    let tls = tls::Tls::load(&config)?;
+    let shared = relay::Shared::with_tls(config, engine, tls);
     let config = &shared.config;
+    log_tls(config);
     // Everything that can refuse to start, and the SIGHUP handler, comes before the
     // listener: once clients can connect, a reload signal must not kill the process.
     let admin = admin::bind(&shared).await?;
@@ -157,6 +162,30 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
     let served = server::run(listener, Arc::clone(&shared), shutdown).await;
     watcher.abort();
     served
+}
+
+/// Says at startup what TLS does on each leg; warns about unverified backends.
+fn log_tls(config: &Config) {
+    use tracing::warn;
+    let clients = match (&config.tls_cert, config.tls_required) {
+        (None, _) => "off",
+        (Some(_), false) => "offered",
+        (Some(_), true) => "required",
+    };
+    let backend = match config.backend_tls {
+        config::BackendTlsMode::Off => "off",
+        config::BackendTlsMode::Preferred => "preferred",
+        config::BackendTlsMode::Required => "required",
+    };
+    if clients != "off" || backend != "off" {
+        info!(clients, backend, "TLS");
+    }
+    if config.backend_tls != config::BackendTlsMode::Off && config.backend_tls_insecure {
+        warn!(
+            "backend_tls_insecure: the backend's certificate is NOT verified; the backend \
+             connection is encrypted but anyone on the path can impersonate the backend"
+        );
+    }
 }
 
 fn init_logging(config: &Config) {

@@ -1,7 +1,8 @@
 //! One client connection and its backend connection.
 //!
 //! Life of a session:
-//! 1. connect to the backend (a failure is answered with a 2003 ERR packet);
+//! 1. connect to the backend (a failure is answered with an ERR packet carrying the
+//!    client library's "Can't connect" message, code 1429 / SQLSTATE 08S01);
 //! 2. relay the greeting (unsupported capability bits cleared) and the client's
 //!    handshake response, then pump authentication packets both ways until the backend
 //!    says OK or ERR — the backend authenticates, the proxy knows no passwords. Either
@@ -282,12 +283,12 @@ impl Session {
             Some(b) if b.required => {
                 // Refused before the client says anything: an ERR instead of a greeting.
                 let msg = format!(
-                    "SSL connection error: the backend {} does not offer TLS (backend_tls = required)",
+                    "Unable to connect to foreign data source: the backend {} does not offer TLS (backend_tls = required)",
                     shared.config.backend
                 );
                 let _ = self
                     .client
-                    .write_packet(0, &err_of(tls::ERR_SSL_CONNECTION, &msg))
+                    .write_packet(0, &err_of(tls::ERR_BACKEND_TLS, &msg))
                     .await;
                 return Err(Error::backend(
                     "backend does not offer TLS (backend_tls = required)",
@@ -334,7 +335,8 @@ impl Session {
             }
             client_extra = 1;
         } else if tls.required {
-            let msg = "Connections using insecure transport are prohibited: this proxy requires TLS";
+            let msg =
+                "Connections using insecure transport are prohibited: this proxy requires TLS";
             let _ = self
                 .client
                 .write_packet(
@@ -358,7 +360,10 @@ impl Session {
         if let Some(b) = backend_tls {
             // The proxy's own SSLRequest: the first 32 bytes of the client's response
             // (capabilities, max packet, charset) with CLIENT_SSL.
-            let mut request = hello.raw[4..36].to_vec();
+            let Some(head) = hello.raw.get(4..36) else {
+                return Err(Error::client("handshake response too short"));
+            };
+            let mut request = head.to_vec();
             set_client_ssl(&mut request, true);
             self.backend.write_packet(1, &request).await?;
             if let Err(e) = tls::connect(b, &mut self.backend).await {
@@ -368,14 +373,14 @@ impl Session {
                     .map(|c| c.to_string())
                     .unwrap_or_else(|| e.context.clone());
                 let msg = format!(
-                    "SSL connection error: TLS to the backend {} failed: {why}",
+                    "Unable to connect to foreign data source: TLS to the backend {} failed: {why}",
                     shared.config.backend
                 );
                 let _ = self
                     .client
                     .write_packet(
                         hello.last_seq.wrapping_add(1),
-                        &err_of(tls::ERR_SSL_CONNECTION, &msg),
+                        &err_of(tls::ERR_BACKEND_TLS, &msg),
                     )
                     .await;
                 return Err(e);
@@ -772,7 +777,7 @@ impl Session {
     /// Streams one response from the backend to the client, forwarding complete
     /// packets in bulk straight out of the read buffer. `shift` is added to every
     /// sequence id (non-zero only when the command sent differs from the client's).
-    /// If the backend fails before anything was forwarded, the client gets a 2013 ERR
+    /// If the backend fails before anything was forwarded, the client gets a 1158 ERR
     /// (sequence after `cmd_seq`) instead of a hang.
     pub(super) async fn relay_response(
         &mut self,

@@ -89,7 +89,13 @@ pub fn fingerprint(sql: &[u8]) -> String {
     match sqltok::lex(sql) {
         Ok(toks) => {
             let mut out = Vec::with_capacity(sql.len());
-            sqltok::normalize(sql, &toks, sqltok::Mode::Fingerprint, &mut out, &mut Vec::new());
+            sqltok::normalize(
+                sql,
+                &toks,
+                sqltok::Mode::Fingerprint,
+                &mut out,
+                &mut Vec::new(),
+            );
             String::from_utf8_lossy(&out).into_owned()
         }
         Err(_) => format!("<{} bytes that do not lex>", sql.len()),
@@ -585,6 +591,9 @@ mod fingerprint_tests {
         let f = super::fingerprint(b"UPDATE hits SET cnt = cnt + 5 WHERE slug = 'secret' /* c */");
         assert!(!f.contains("secret") && !f.contains('5'), "{f}");
         assert!(f.contains("hits"), "{f}");
-        assert_eq!(super::fingerprint(b"SELECT 'a"), "<9 bytes that do not lex>");
+        assert_eq!(
+            super::fingerprint(b"SELECT 'a"),
+            "<9 bytes that do not lex>"
+        );
     }
 }

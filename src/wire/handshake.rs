@@ -16,6 +16,9 @@ pub struct Greeting {
     pub connection_id: u32,
     /// Lower 32 capability bits after patching.
     pub capabilities: u32,
+    /// Lower 32 capability bits as the backend sent them (before patching): whether
+    /// the backend itself offers TLS.
+    pub backend_capabilities: u32,
     /// MariaDB extended capabilities after patching (0 for MySQL servers).
     pub ext_capabilities: u32,
 }
@@ -46,10 +49,15 @@ pub enum HandshakeError {
     OldClient,
 }
 
-/// Patches the greeting in place, clearing `clear` from its capability bits and the
-/// MariaDB extended capabilities the relay cannot follow (everything outside
+/// Patches the greeting in place, clearing `clear` from its capability bits, setting
+/// `set` (CLIENT_SSL when the proxy itself terminates TLS), and clearing the MariaDB
+/// extended capabilities the relay cannot follow (everything outside
 /// [`ext_caps::RELAYED`]); returns what the proxy needs to know.
-pub fn patch_greeting(payload: &mut [u8], clear: u32) -> Result<Greeting, HandshakeError> {
+pub fn patch_greeting(
+    payload: &mut [u8],
+    clear: u32,
+    set: u32,
+) -> Result<Greeting, HandshakeError> {
     let proto = *payload
         .first()
         .ok_or(HandshakeError::Truncated("greeting"))?;
@@ -82,7 +90,8 @@ pub fn patch_greeting(payload: &mut [u8], clear: u32) -> Result<Greeting, Handsh
         capabilities |=
             (u16::from_le_bytes([payload[caps_hi_at], payload[caps_hi_at + 1]]) as u32) << 16;
     }
-    capabilities &= !clear;
+    let backend_capabilities = capabilities;
+    capabilities = (capabilities & !clear) | set;
     payload[caps_lo_at..caps_lo_at + 2].copy_from_slice(&(capabilities as u16).to_le_bytes());
     if has_upper {
         payload[caps_hi_at..caps_hi_at + 2]
@@ -106,8 +115,23 @@ pub fn patch_greeting(payload: &mut [u8], clear: u32) -> Result<Greeting, Handsh
         server_version,
         connection_id,
         capabilities,
+        backend_capabilities,
         ext_capabilities,
     })
+}
+
+/// Sets or clears CLIENT_SSL in a (patched) handshake response before it goes to the
+/// backend: the bit must say whether the backend connection itself is TLS.
+pub fn set_client_ssl(payload: &mut [u8], on: bool) {
+    if payload.len() >= 4 {
+        let mut c = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]);
+        if on {
+            c |= caps::SSL;
+        } else {
+            c &= !caps::SSL;
+        }
+        payload[0..4].copy_from_slice(&c.to_le_bytes());
+    }
 }
 
 fn take_cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
@@ -211,7 +235,7 @@ mod tests {
         let hi = ((caps::DEPRECATE_EOF | caps::PROGRESS | caps::PLUGIN_AUTH) >> 16) as u16;
         let mut g = greeting(lo, hi, [0x3f, 0, 0, 0]);
         let before = g.clone();
-        let info = patch_greeting(&mut g, caps::UNSUPPORTED | caps::SSL).unwrap();
+        let info = patch_greeting(&mut g, caps::UNSUPPORTED | caps::SSL, 0).unwrap();
         assert_eq!(info.connection_id, 42);
         assert_eq!(info.server_version, "10.11.19-MariaDB");
         assert_eq!(
@@ -223,17 +247,35 @@ mod tests {
         // caps low byte 0 (COMPRESS), byte 1 (SSL), caps high (PROGRESS), ext caps byte.
         assert_eq!(diffs.len(), 4, "{diffs:?}");
         assert_eq!(&g[g.len() - 35..], &before[before.len() - 35..]);
+        assert_ne!(info.backend_capabilities & caps::SSL, 0);
+    }
+
+    #[test]
+    fn greeting_offers_ssl_when_the_proxy_terminates_it() {
+        let lo = (caps::PROTOCOL_41 | caps::SECURE_CONNECTION) as u16;
+        let mut g = greeting(lo, 0, [0; 4]);
+        let info = patch_greeting(&mut g, caps::UNSUPPORTED, caps::SSL).unwrap();
+        assert_ne!(info.capabilities & caps::SSL, 0);
+        assert_eq!(info.backend_capabilities & caps::SSL, 0);
+        let mut p = hello(caps::PROTOCOL_41 | caps::SSL, None);
+        set_client_ssl(&mut p, false);
+        assert_eq!(
+            u32::from_le_bytes([p[0], p[1], p[2], p[3]]),
+            caps::PROTOCOL_41
+        );
+        set_client_ssl(&mut p, true);
+        assert_ne!(p[1] & 0x08, 0);
     }
 
     #[test]
     fn greeting_rejects_garbage() {
         assert_eq!(
-            patch_greeting(&mut [9, 1, 2], 0),
+            patch_greeting(&mut [9, 1, 2], 0, 0),
             Err(HandshakeError::BadProtocol(9))
         );
-        assert!(patch_greeting(&mut [10, b'x'], 0).is_err());
-        assert!(patch_greeting(&mut [10, b'x', 0, 1], 0).is_err());
-        assert!(patch_greeting(&mut [], 0).is_err());
+        assert!(patch_greeting(&mut [10, b'x'], 0, 0).is_err());
+        assert!(patch_greeting(&mut [10, b'x', 0, 1], 0, 0).is_err());
+        assert!(patch_greeting(&mut [], 0, 0).is_err());
     }
 
     fn hello(capabilities: u32, db: Option<&str>) -> Vec<u8> {

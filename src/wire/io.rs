@@ -16,7 +16,7 @@ const READ_CHUNK: usize = 32 * 1024;
 
 /// A socket plus its read buffer.
 pub struct PacketIo<S> {
-    /// The socket (plain TCP today; any byte stream works).
+    /// The socket (plain TCP or TLS, see `tls::Stream`; any byte stream works).
     pub io: S,
     /// Bytes read from the socket and not consumed yet (may hold several packets).
     pub buf: BytesMut,
@@ -97,6 +97,21 @@ pub fn frame_into(out: &mut BytesMut, mut seq: u8, payload: &[u8]) -> u8 {
         if n < MAX_PAYLOAD {
             return seq;
         }
+    }
+}
+
+/// Adds `delta` to the sequence id of every physical packet in `raw` (whole packets,
+/// headers included). Used while one leg of the connection phase counts one packet
+/// more than the other (an SSLRequest on one side only).
+pub fn shift_seq(raw: &mut [u8], delta: u8) {
+    if delta == 0 {
+        return;
+    }
+    let mut at = 0;
+    while at + 4 <= raw.len() {
+        let (len, seq) = header(&raw[at..]);
+        raw[at + 3] = seq.wrapping_add(delta);
+        at += 4 + len;
     }
 }
 
@@ -235,6 +250,20 @@ mod tests {
         let l = io.read_logical().await.unwrap();
         assert_eq!(l.payload().len(), MAX_PAYLOAD);
         assert_eq!(l.last_seq, 1);
+    }
+
+    #[test]
+    fn shift_seq_rewrites_every_header() {
+        let mut out = BytesMut::new();
+        let next = frame_into(&mut out, 2, &vec![1u8; MAX_PAYLOAD + 3]);
+        frame_into(&mut out, next, b"ab");
+        let before = out.clone();
+        shift_seq(&mut out, 0u8.wrapping_sub(1));
+        assert_eq!(out[3], 1);
+        assert_eq!(out[4 + MAX_PAYLOAD + 3], 2);
+        assert_eq!(out[4 + MAX_PAYLOAD + 4 + 3 + 3], 3);
+        shift_seq(&mut out, 1);
+        assert!(out == before);
     }
 
     #[tokio::test]

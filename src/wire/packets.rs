@@ -155,10 +155,13 @@ pub fn err_payload(code: u16, state: &[u8; 5], message: &str) -> Vec<u8> {
 pub mod errors {
     /// ER_CON_COUNT_ERROR.
     pub const TOO_MANY_CONNECTIONS: (u16, &[u8; 5]) = (1040, b"08004");
-    /// CR_CONN_HOST_ERROR: the backend cannot be reached.
-    pub const CANT_CONNECT: (u16, &[u8; 5]) = (2003, b"HY000");
-    /// CR_SERVER_LOST: the backend went away during a command.
-    pub const SERVER_LOST: (u16, &[u8; 5]) = (2013, b"HY000");
+    /// The backend cannot be reached (message as the client library's 2003). A
+    /// server-range code: clients treat client-range codes (2000–2999) arriving from
+    /// a server as a malformed packet. SQLSTATE 08S01 marks a connection failure.
+    pub const CANT_CONNECT: (u16, &[u8; 5]) = (1429, b"08S01");
+    /// The backend went away during a command (ER_NET_READ_ERROR; message as the
+    /// client library's 2013, SQLSTATE 08S01: communication link failure).
+    pub const SERVER_LOST: (u16, &[u8; 5]) = (1158, b"08S01");
     /// ER_UNKNOWN_ERROR: used for rule rejections and proxy-side failures.
     pub const UNKNOWN: (u16, &[u8; 5]) = (1105, b"HY000");
     /// ER_HANDSHAKE_ERROR.

@@ -54,7 +54,113 @@ wait "$pid"
 rm -rf "$dir"
 "#;
 
-/// A running private mariadbd. Obtain it with [`mariadb()`].
+/// PEM files for TLS tests, made with the `openssl` CLI in the data directory's parent
+/// (removed with the server): a CA, a certificate it signed for `127.0.0.1` and
+/// `localhost` (used by the server and by proxies), and an unrelated second CA.
+#[derive(Clone, Debug)]
+pub struct TestCerts {
+    /// The CA that signed `cert`.
+    pub ca: PathBuf,
+    /// Certificate for 127.0.0.1 / localhost.
+    pub cert: PathBuf,
+    /// Private key of `cert` (PKCS#8).
+    pub key: PathBuf,
+    /// A CA that signed nothing here (verification against it fails).
+    pub other_ca: PathBuf,
+}
+
+impl TestCerts {
+    /// Creates the files in `dir`. Panics with openssl's output on failure.
+    pub fn create(dir: &Path) -> TestCerts {
+        let p = |name: &str| dir.join(name);
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("run openssl (Debian package: openssl)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?} failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        for (name, cn) in [
+            ("ca", "heatsink test CA"),
+            ("other-ca", "unrelated test CA"),
+        ] {
+            let (key, pem, subj) = (
+                format!("{name}-key.pem"),
+                format!("{name}.pem"),
+                format!("/CN={cn}"),
+            );
+            let mut args = vec!["req", "-x509", "-days", "3"];
+            args.extend_from_slice(&ec);
+            args.extend_from_slice(&[
+                "-subj",
+                &subj,
+                "-keyout",
+                &key,
+                "-out",
+                &pem,
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ]);
+            openssl(&args);
+        }
+        let mut args = vec!["req", "-new"];
+        args.extend_from_slice(&ec);
+        args.extend_from_slice(&[
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server-key.pem",
+            "-out",
+            "server.csr",
+        ]);
+        openssl(&args);
+        fs::write(
+            p("server.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        )
+        .expect("write server.ext");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-days",
+            "3",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.pem",
+        ]);
+        TestCerts {
+            ca: p("ca.pem"),
+            cert: p("server.pem"),
+            key: p("server-key.pem"),
+            other_ca: p("other-ca.pem"),
+        }
+    }
+}
+
+/// A running private mariadbd. Obtain it with [`mariadb()`] or [`mariadb_tls()`].
 pub struct MariaDb {
     /// TCP port on 127.0.0.1.
     port: u16,
@@ -62,6 +168,8 @@ pub struct MariaDb {
     dir: PathBuf,
     /// mariadbd's pid (a child of the watchdog shell).
     pid: u32,
+    /// The server's TLS files, when started with TLS.
+    certs: Option<TestCerts>,
     /// Held open for the life of the process; closing it stops the server.
     _watchdog_stdin: Mutex<ChildStdin>,
     /// The watchdog shell itself (never waited on: it outlives us by design).
@@ -69,10 +177,17 @@ pub struct MariaDb {
 }
 
 static MARIADB: OnceLock<MariaDb> = OnceLock::new();
+static MARIADB_TLS: OnceLock<MariaDb> = OnceLock::new();
 
 /// The test binary's MariaDB server, started on first use.
 pub fn mariadb() -> &'static MariaDb {
-    MARIADB.get_or_init(MariaDb::start)
+    MARIADB.get_or_init(|| MariaDb::start(false))
+}
+
+/// A MariaDB server with TLS (`ssl-ca`, `ssl-cert`, `ssl-key` from [`TestCerts`]),
+/// otherwise like [`mariadb()`]; started on first use, separate from it.
+pub fn mariadb_tls() -> &'static MariaDb {
+    MARIADB_TLS.get_or_init(|| MariaDb::start(true))
 }
 
 impl MariaDb {
@@ -109,6 +224,11 @@ impl MariaDb {
     /// mariadbd's pid.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The TLS files of a server from [`mariadb_tls()`].
+    pub fn certs(&self) -> Option<&TestCerts> {
+        self.certs.as_ref()
     }
 
     /// Runs one or more `;`-separated statements as root. Blocking; callable from inside
@@ -165,12 +285,12 @@ impl MariaDb {
         conn.disconnect().await
     }
 
-    fn start() -> MariaDb {
+    fn start(tls: bool) -> MariaDb {
         let template = ensure_template();
         let mut last_log = String::new();
         // A free port can be taken between probing and binding: retry a few times.
         for _attempt in 0..4 {
-            match Self::try_start(&template) {
+            match Self::try_start(&template, tls) {
                 Ok(db) => {
                     db.bootstrap();
                     return db;
@@ -182,7 +302,7 @@ impl MariaDb {
     }
 
     /// Starts one server on a fresh copy of the template. `Err` carries the error log.
-    fn try_start(template: &Path) -> Result<MariaDb, String> {
+    fn try_start(template: &Path, tls: bool) -> Result<MariaDb, String> {
         let dir = tempfile::Builder::new()
             .prefix("heatsink-mariadb-")
             .tempdir()
@@ -216,6 +336,12 @@ impl MariaDb {
             "--max-allowed-packet=64M".into(),
         ];
         server.extend(INNODB_OPTS.iter().map(|s| s.to_string()));
+        let certs = tls.then(|| TestCerts::create(&dir));
+        if let Some(c) = &certs {
+            server.push(format!("--ssl-ca={}", c.ca.display()));
+            server.push(format!("--ssl-cert={}", c.cert.display()));
+            server.push(format!("--ssl-key={}", c.key.display()));
+        }
         if is_root() {
             server.push("--user=root".into());
         }
@@ -239,6 +365,7 @@ impl MariaDb {
             port,
             dir: dir.clone(),
             pid,
+            certs,
             _watchdog_stdin: Mutex::new(stdin),
             _watchdog: Mutex::new(watchdog),
         };

@@ -9,7 +9,9 @@
 //!   (`hs_ed`/`ed-pw`, ed25519), both with ALL on `*.*`, and `root` without a password.
 //!   `port()`, `addr()`, `url(db)` (mysql_async, user `hs`), `admin_url(db)`, `exec(sql)`
 //!   and `query_strings(sql)` (blocking, as root; usable inside or outside tokio),
-//!   `exec_async(sql)`, `error_log()`.
+//!   `exec_async(sql)`, `error_log()`. [`mariadb_tls()`]: a second server with TLS on,
+//!   whose `certs()` ([`TestCerts`], made with the `openssl` CLI) hold a CA, a
+//!   certificate for 127.0.0.1/localhost signed by it, its key, and an unrelated CA.
 //! - [`Proxy`]: the `heatsink` binary (`serve --listen 127.0.0.1:<free> --backend ..
 //!   --rules ..`), by default in front of [`mariadb()`] with an empty rules directory.
 //!   `Proxy::start()` or `Proxy::builder().arg(..).rules_dir(..).backend(..).start()`;
@@ -40,7 +42,10 @@ mod proxy;
 pub mod rawclient;
 mod sha1;
 
-pub use mariadb::{mariadb, MariaDb, ADMIN_USER, ED_PASSWORD, ED_USER, PASSWORD, TEST_DB, USER};
+pub use mariadb::{
+    mariadb, mariadb_tls, MariaDb, TestCerts, ADMIN_USER, ED_PASSWORD, ED_USER, PASSWORD, TEST_DB,
+    USER,
+};
 pub use proxy::{Proxy, ProxyBuilder};
 
 use std::net::TcpListener;

@@ -189,6 +189,9 @@ pub struct ServeArgs {
     /// Log filter, e.g. info, debug, heatsink=debug [default: info].
     #[arg(long, env = "HEATSINK_LOG_LEVEL")]
     pub log_level: Option<String>,
+    /// Show literal values in debug logs of rewrites (off: literals appear as `?`).
+    #[arg(long, env = "HEATSINK_LOG_LITERALS", num_args = 0..=1, default_missing_value = "true")]
+    pub log_literals: Option<bool>,
     /// Statement plans cached per rule set [default: 10000].
     #[arg(long, env = "HEATSINK_PLAN_CACHE_SIZE")]
     pub plan_cache_size: Option<u64>,
@@ -238,6 +241,7 @@ impl ServeArgs {
             drain_timeout: self.drain_timeout,
             log_format: self.log_format,
             log_level: self.log_level,
+            log_literals: self.log_literals,
             plan_cache_size: self.plan_cache_size,
             tls_cert: self.tls_cert,
             tls_key: self.tls_key,

@@ -85,6 +85,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Log filter (`info`, `debug`, `heatsink=debug,warn`, …).
     pub log_level: String,
+    /// Debug logs of rewrites show the rewritten SQL with its literal values; off,
+    /// literals appear as `?` (no log line ever shows a literal at info level).
+    pub log_literals: bool,
     /// Number of statement plans cached per rule set.
     pub plan_cache_size: u64,
     /// PEM certificate chain presented to clients; with `tls_key`, the greeting offers
@@ -121,6 +124,7 @@ impl Default for Config {
             drain_timeout: Duration::from_secs(30),
             log_format: LogFormat::Human,
             log_level: "info".into(),
+            log_literals: false,
             plan_cache_size: 10_000,
             tls_cert: None,
             tls_key: None,
@@ -151,6 +155,7 @@ pub struct FileConfig {
     pub drain_timeout: Option<u64>,
     pub log_format: Option<LogFormat>,
     pub log_level: Option<String>,
+    pub log_literals: Option<bool>,
     pub plan_cache_size: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -203,6 +208,7 @@ pub struct Overrides {
     pub drain_timeout: Option<u64>,
     pub log_format: Option<LogFormat>,
     pub log_level: Option<String>,
+    pub log_literals: Option<bool>,
     pub plan_cache_size: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -255,6 +261,10 @@ impl Config {
                 .unwrap_or(d.drain_timeout),
             log_format: cli.log_format.or(file.log_format).unwrap_or(d.log_format),
             log_level: cli.log_level.or(file.log_level).unwrap_or(d.log_level),
+            log_literals: cli
+                .log_literals
+                .or(file.log_literals)
+                .unwrap_or(d.log_literals),
             plan_cache_size: cli
                 .plan_cache_size
                 .or(file.plan_cache_size)

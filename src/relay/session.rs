@@ -636,12 +636,14 @@ impl Session {
                 if let Some(r) = table.get(&rw.rule) {
                     r.shadow_rewrites.fetch_add(1, Relaxed);
                 }
-                debug!(
-                    peer = %self.peer,
-                    rule = %rw.rule,
-                    rewritten = ?rw.statements.iter().map(|s| String::from_utf8_lossy(s)).collect::<Vec<_>>(),
-                    "shadow: the rule would rewrite this statement"
-                );
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    debug!(
+                        peer = %self.peer,
+                        rule = %rw.rule,
+                        rewritten = ?self.loggable(&rw.statements),
+                        "shadow: the rule would rewrite this statement"
+                    );
+                }
             }
             Decision::Reject(rej) => {
                 if let Some(r) = table.get(&rej.rule) {
@@ -651,6 +653,21 @@ impl Session {
             }
             _ => {}
         }
+    }
+
+    /// Rewritten statements as logs may show them: with their literal values only
+    /// when `log_literals` is on, otherwise fingerprinted (literals as `?`).
+    fn loggable(&self, statements: &[Vec<u8>]) -> Vec<String> {
+        statements
+            .iter()
+            .map(|s| {
+                if self.shared.config.log_literals {
+                    String::from_utf8_lossy(s).into_owned()
+                } else {
+                    crate::rewrite::fingerprint(s)
+                }
+            })
+            .collect()
     }
 
     /// Per-rule and global accounting of one rewritten statement.
@@ -710,7 +727,15 @@ impl Session {
             Decision::Reject(rej) => self.reject(&rej, c.last_seq).await,
             Decision::Rewrite(rw) => {
                 self.shared.stats.rewritten.fetch_add(1, Relaxed);
-                debug!(peer = %self.peer, rule = %rw.rule, statements = rw.statements.len(), "statement rewritten");
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    debug!(
+                        peer = %self.peer,
+                        rule = %rw.rule,
+                        fingerprint = %crate::rewrite::fingerprint(&c.payload()[1..]),
+                        rewritten = ?self.loggable(&rw.statements),
+                        "statement rewritten"
+                    );
+                }
                 let rule = rw.rule.clone();
                 self.answered_error = false;
                 let r = self.run_rewrite(rw, c.last_seq).await;

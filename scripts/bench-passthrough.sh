@@ -82,6 +82,10 @@ sb_field() {
 	esac | sed -n 1p # sed reads all input: no SIGPIPE under pipefail
 }
 
+innodb_deadlocks() {
+	mariadb_root -N -e "SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'" | awk '{print $2}'
+}
+
 record() { printf '%s\t%s\t%s\t%s\n' "$@" >>"$RAW"; }
 
 # A leg failed: note it and go on, so one broken leg still leaves a report.
@@ -178,6 +182,7 @@ done
 for leg in direct heatsink; do
 	log=$WORK/rw-$leg.log
 	hs_log "oltp_read_write 8 threads ${RW_DURATION}s: $leg"
+	deadlocks_before=$(innodb_deadlocks)
 	if sb oltp_read_write "$(leg_port "$leg")" --threads=8 --time="$RW_DURATION" \
 		--report-interval=0 run >"$log" 2>&1; then
 		record "$leg" rw_exit 1 0
@@ -190,6 +195,9 @@ for leg in direct heatsink; do
 	record "$leg" rw_qps 1 "$(sb_field "$log" qps)"
 	record "$leg" rw_errors 1 "$(sb_field "$log" errors)"
 	record "$leg" rw_reconnects 1 "$(sb_field "$log" reconnects)"
+	# sysbench retries deadlocks (1213) and counts them as "ignored errors"; the
+	# server's own count tells whether that is all they were.
+	record "$leg" rw_deadlocks 1 "$(($(innodb_deadlocks) - deadlocks_before))"
 	check_alive
 done
 

@@ -212,29 +212,32 @@ p("")
 
 p(f"## oltp_read_write, 8 threads, {env.get('RW_DURATION')} s")
 p("")
-p("| leg | TPS | QPS | ignored errors | reconnects | sysbench exit |")
-p("|---|---:|---:|---:|---:|---:|")
+p("| leg | TPS | QPS | ignored errors | of which InnoDB deadlocks | reconnects | sysbench exit |")
+p("|---|---:|---:|---:|---:|---:|---:|")
 for leg in ("direct", "heatsink"):
     p(
         f"| {leg} | {fmt(med(leg, 'rw_tps'), 1)} | {fmt(med(leg, 'rw_qps'))} | "
-        f"{fmt(med(leg, 'rw_errors'))} | {fmt(med(leg, 'rw_reconnects'))} | "
-        f"{fmt(med(leg, 'rw_exit'))} |"
+        f"{fmt(med(leg, 'rw_errors'))} | {fmt(med(leg, 'rw_deadlocks'))} | "
+        f"{fmt(med(leg, 'rw_reconnects'))} | {fmt(med(leg, 'rw_exit'))} |"
     )
-hs_rw_ok = (
-    med("heatsink", "rw_exit") == 0
-    and med("heatsink", "rw_errors") == 0
-    and med("heatsink", "rw_reconnects") == 0
-)
+hs_exit = med("heatsink", "rw_exit")
+hs_errors = med("heatsink", "rw_errors")
+hs_deadlocks = med("heatsink", "rw_deadlocks") or 0
+hs_reconnects = med("heatsink", "rw_reconnects")
 p("")
-p(
-    "Through heatsink: "
-    + (
-        "finished with zero errors and zero reconnects."
-        if hs_rw_ok
-        else "**did not finish cleanly** (see the table; deadlocks also count as "
-        "ignored errors, compare with the direct row)."
+if hs_exit == 0 and hs_errors == 0 and hs_reconnects == 0:
+    p("Through heatsink: finished with zero errors and zero reconnects.")
+elif hs_exit == 0 and hs_reconnects == 0 and hs_errors is not None and hs_errors <= hs_deadlocks:
+    p(
+        f"Through heatsink: finished with zero reconnects and no errors other than "
+        f"{hs_errors:.0f} InnoDB deadlock(s) (error 1213, counted by the server in the same "
+        "window), which sysbench retries; the proxy passed them through."
     )
-)
+else:
+    p(
+        "Through heatsink: **did not finish cleanly** (see the table: errors that are not "
+        "deadlocks, reconnects, or a non-zero exit)."
+    )
 p("")
 
 if failures:

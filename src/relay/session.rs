@@ -679,27 +679,37 @@ impl Session {
         }
     }
 
-    async fn query(&mut self, c: Logical) -> Result<()> {
-        if self.pristine && changes_session_state(&c.payload()[1..]) {
+    /// What to do with the text of a COM_QUERY or COM_STMT_PREPARE: tracks whether
+    /// the session leaves its default state, answers rules' metadata questions, and
+    /// counts shadow decisions. `None`: the client has been answered already.
+    async fn statement_decision(
+        &mut self,
+        engine: &Engine,
+        c: &Logical,
+        prepared: bool,
+    ) -> Result<Option<Decision>> {
+        let sql = c.payload();
+        let sql = &sql[1..];
+        if self.pristine && changes_session_state(sql) {
             self.pristine = false;
         }
+        if !engine.has_rules() {
+            return Ok(Some(Decision::Passthrough));
+        }
+        let decision = self.decide(engine, sql, prepared, c.last_seq).await?;
+        if let Some(Decision::Shadow(would)) = &decision {
+            self.shadowed(would);
+        }
+        Ok(decision)
+    }
+
+    async fn query(&mut self, c: Logical) -> Result<()> {
         self.info.count_statement();
         let started = Instant::now();
         let engine = self.shared.engine.load_full();
-        let decision = if engine.has_rules() {
-            match self
-                .decide(&engine, &c.payload()[1..], false, c.last_seq)
-                .await?
-            {
-                Some(d) => d,
-                None => return Ok(()),
-            }
-        } else {
-            Decision::Passthrough
+        let Some(decision) = self.statement_decision(&engine, &c, false).await? else {
+            return Ok(());
         };
-        if let Decision::Shadow(would) = &decision {
-            self.shadowed(would);
-        }
         match decision {
             Decision::Passthrough | Decision::NeedMetadata(_) | Decision::Shadow(_) => {
                 self.shared.stats.passthrough.fetch_add(1, Relaxed);
@@ -746,24 +756,10 @@ impl Session {
     }
 
     async fn prepare(&mut self, c: Logical) -> Result<()> {
-        if self.pristine && changes_session_state(&c.payload()[1..]) {
-            self.pristine = false;
-        }
         let engine = self.shared.engine.load_full();
-        let decision = if engine.has_rules() {
-            match self
-                .decide(&engine, &c.payload()[1..], true, c.last_seq)
-                .await?
-            {
-                Some(d) => d,
-                None => return Ok(()),
-            }
-        } else {
-            Decision::Passthrough
+        let Some(decision) = self.statement_decision(&engine, &c, true).await? else {
+            return Ok(());
         };
-        if let Decision::Shadow(would) = &decision {
-            self.shadowed(would);
-        }
         match decision {
             Decision::Passthrough | Decision::NeedMetadata(_) | Decision::Shadow(_) => {
                 self.forward(&c).await?;

@@ -6,10 +6,9 @@
 #           (the cron job done inline), directly
 #   append  plain appends, no purge (the table grows forever), directly
 #   ring    the same INSERT through heatsink with a [[ring]] rule (size 5, key uid)
-#   ring_sql (reference) the rule's SQL written by hand and sent directly, as one
-#           multi-statement round trip: SET @k; BEGIN; sequence upsert; slot upsert;
-#           COMMIT — what the ring costs MariaDB itself, without the proxy's hop and
-#           round trips
+#   ring_sql (reference) the rule's statement written by hand and sent directly: the
+#           single guarded upsert into the ring, numbered by the ring's BEFORE INSERT
+#           trigger — what the ring costs MariaDB itself, without the proxy's hop
 # Keys: uid in 1..1000, half of the inserts on the 10 hot keys 1..10.
 # Every pattern has its own database with the same `log` table, so the statement text
 # is identical in every leg. After the ring legs: every key holds at most 5 ring rows,
@@ -61,27 +60,39 @@ url() { echo "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$1/ring_$2"; }
 table_exists() {
   [[ $(mariadb_root -N -e "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'ring_ring' AND TABLE_NAME = '$1'") == 1 ]]
 }
-migrate_out=$(target/release/heatsink migrate --rules "$rules" --backend-url "$(url "$MARIADB_PORT" ring)" --apply 2>&1) || true
-if table_exists log_ring && table_exists log_seq; then
-  ddl_by="heatsink migrate --apply"
-else
-  hs_log "migrate did not create the ring tables (${migrate_out//$'\n'/ }); creating them by SQL"
-  ddl_by="SQL in this script (heatsink migrate did not create ring tables)"
-  mariadb_root ring_ring -e "
+# The ring tables and the ring's numbering trigger, in ring_ring (through heatsink) and
+# ring_direct (the ring_sql reference leg): by heatsink migrate, else by SQL.
+ring_ddl_sql() {
+  mariadb_root "$1" -e "
     CREATE TABLE log_ring (
-      id BIGINT UNSIGNED NOT NULL,
+      id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
       uid INT NOT NULL,
       visitor_uid INT NOT NULL,
       last_update DATETIME(6) NOT NULL,
       slot SMALLINT UNSIGNED NOT NULL,
       seq BIGINT UNSIGNED NOT NULL,
-      PRIMARY KEY (uid, slot)
+      PRIMARY KEY (uid, slot),
+      KEY (id)
     ) ENGINE=InnoDB;
-    CREATE TABLE log_seq (uid INT NOT NULL PRIMARY KEY, seq BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB;"
+    CREATE TABLE log_seq (uid INT NOT NULL PRIMARY KEY, seq BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB;
+    DELIMITER ;;
+    CREATE TRIGGER log_ring_hs_seq BEFORE INSERT ON log_ring FOR EACH ROW BEGIN
+      INSERT INTO log_seq (uid, seq) VALUES (NEW.uid, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID(seq + 1);
+      SET NEW.seq = LAST_INSERT_ID();
+      SET NEW.slot = NEW.seq % 5;
+    END;;
+    DELIMITER ;"
+}
+migrate_out=$(target/release/heatsink migrate --rules "$rules" --backend-url "$(url "$MARIADB_PORT" ring)" --apply 2>&1) || true
+if table_exists log_ring && table_exists log_seq; then
+  ddl_by="heatsink migrate --apply"
+  target/release/heatsink migrate --rules "$rules" --backend-url "$(url "$MARIADB_PORT" direct)" --apply >/dev/null
+else
+  hs_log "migrate did not create the ring tables (${migrate_out//$'\n'/ }); creating them by SQL"
+  ddl_by="SQL in this script (heatsink migrate did not create ring tables)"
+  ring_ddl_sql ring_ring
+  ring_ddl_sql ring_direct
 fi
-
-mariadb_root -e "CREATE TABLE ring_direct.log_ring LIKE ring_ring.log_ring;
-  CREATE TABLE ring_direct.log_seq LIKE ring_ring.log_seq;"
 
 HS_RULES_DIR=$rules heatsink_start "$MARIADB_PORT"
 RING_PORT=$HEATSINK_PORT
@@ -99,10 +110,12 @@ purge() { echo "DELETE l FROM log l JOIN (SELECT uid, id FROM log WHERE uid = $1
   ins "$COLD"
 } >"$sqldir/append.sql"
 cp "$sqldir/append.sql" "$sqldir/ring.sql"
+# The statement heatsink sends for the INSERT (slot and seq NULL: the ring's trigger
+# assigns them).
 ring_sql() {
-  local iff='' c
-  for c in id visitor_uid last_update seq; do iff+="${iff:+, }$c = IF(VALUES(seq) > seq, VALUES($c), $c)"; done
-  echo "SET @k = $1; BEGIN; INSERT INTO log_seq (uid, seq) VALUES (@k, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID(seq + 1); INSERT INTO log_ring (uid, visitor_uid, last_update, id, slot, seq) VALUES (@k, {rand:1:1000000}, NOW(6), LAST_INSERT_ID(), LAST_INSERT_ID() % 5, LAST_INSERT_ID()) ON DUPLICATE KEY UPDATE $iff; COMMIT"
+  local iff='id = LAST_INSERT_ID(IF(VALUES(seq) > seq, VALUES(id), id))' c
+  for c in visitor_uid last_update seq; do iff+=", $c = IF(VALUES(seq) > seq, VALUES($c), $c)"; done
+  echo "INSERT INTO log_ring (uid, visitor_uid, last_update, slot, seq) VALUES ($1, {rand:1:1000000}, NOW(6), NULL, NULL) ON DUPLICATE KEY UPDATE $iff"
 }
 {
   ring_sql "$HOT"
@@ -238,11 +251,12 @@ lines = [
     "- purge: every 10th statement is `DELETE l FROM log l JOIN (SELECT uid, id FROM log WHERE uid = k"
     " ORDER BY id DESC LIMIT 1 OFFSET 4) t ON l.uid = t.uid AND l.id < t.id`; the load generator draws"
     " each `{rand}` on its own, so k is a random key (hot or cold like the inserts), not the key just appended to",
-    f"- ring: `[[ring]]` size 5, key uid, through heatsink; ring and sequence tables created by {ddl_by}."
-    " heatsink runs BEGIN, the sequence upsert, the slot upsert and COMMIT: 4 round trips to MariaDB per insert",
-    "- ring_sql (reference, not a pattern an application would run): the same two upserts written by hand"
-    " and sent directly as one multi-statement round trip `SET @k = k; BEGIN; …; COMMIT`: what the ring"
-    " costs MariaDB, without the proxy's hop and its extra round trips",
+    f"- ring: `[[ring]]` size 5, key uid, through heatsink; ring and sequence tables and the ring's"
+    f" numbering trigger created by {ddl_by}. heatsink sends one statement per insert, the guarded"
+    " upsert `INSERT INTO log_ring (…, slot, seq) VALUES (…, NULL, NULL) ON DUPLICATE KEY UPDATE …`;"
+    " the ring's BEFORE INSERT trigger takes the key's sequence number and sets seq and slot",
+    "- ring_sql (reference, not a pattern an application would run): the same statement written by hand"
+    " and sent directly (same tables and trigger): what the ring costs MariaDB, without the proxy's hop",
     f"- ring check after the timed legs: {keys} keys, at most {rmax} ring rows per key (through heatsink: {vmax}),"
     f" keys above 5: {over}, rows in a wrong slot: {badslot} — {'**pass**' if bound_ok else '**FAIL**'};"
     f" keys whose row count ≠ min(5, sequence) or whose newest row ≠ the sequence: {mismatch}"

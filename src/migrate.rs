@@ -37,43 +37,57 @@
 //! [`crate::rewrite::ring`]). From the logical (log) table the command derives:
 //!
 //! 1. the ring table: every logical column with its exact type, character set,
-//!    collation, nullability, default and `ON UPDATE`, but without `AUTO_INCREMENT`
-//!    and without the log's keys; then `<slot_column> SMALLINT UNSIGNED NOT NULL`
-//!    (`INT UNSIGNED` when `size` > 65535) and `<seq_column> BIGINT UNSIGNED NOT
-//!    NULL`; `PRIMARY KEY (key…, slot)`. Key columns are `NOT NULL` there even when
+//!    collation, nullability, default, `ON UPDATE` and `AUTO_INCREMENT` (the log's
+//!    `AUTO_INCREMENT` column gets a secondary `KEY (<ai>)`), but without the log's
+//!    keys; then `<slot_column> SMALLINT UNSIGNED NOT NULL` (`INT UNSIGNED` when
+//!    `size` > 65535) and `<seq_column> BIGINT UNSIGNED NOT NULL`, neither with a
+//!    default; `PRIMARY KEY (key…, slot)`. Key columns are `NOT NULL` there even when
 //!    the log's are nullable (rows with a NULL key cannot be kept);
 //! 2. the sequence table: the key columns (exact types), `<seq_column> BIGINT UNSIGNED
 //!    NOT NULL`, `PRIMARY KEY (key…)`. A ring without key columns has one sequence
 //!    row, held in place by a `single_row` column whose default every insert repeats;
-//! 3. the trigger on the log described below.
+//! 3. `<ring_table>_hs_seq`, a `BEFORE INSERT` trigger on the ring table that numbers
+//!    every row inserted into it: it takes the key's next sequence number from the
+//!    sequence table (`INSERT … VALUES (NEW.k…, LAST_INSERT_ID(1)) ON DUPLICATE KEY
+//!    UPDATE seq = LAST_INSERT_ID(seq + 1)`, read back with `LAST_INSERT_ID()`, which
+//!    MariaDB restores when the trigger ends) and sets `seq` and `slot = seq % size`.
+//!    The rule's inserts give both as NULL, so without the trigger they fail (1048)
+//!    instead of filling slot 0;
+//! 4. the trigger on the log described below.
 //!
 //! The rule is refused when the log is missing or not a base table, a key column is
 //! missing or TEXT/BLOB, the slot or sequence column name is already a logical column,
 //! `order_by` is not a column, the log has generated columns (ring inserts assign
-//! every column), an existing ring or sequence table does not fit, or a trigger of
-//! the same name exists that is not `AFTER INSERT` on the log.
+//! every column), an existing ring or sequence table does not fit (for instance the
+//! log's `AUTO_INCREMENT` column is not `AUTO_INCREMENT` in the ring), or a trigger of
+//! one of the two names exists that is not `BEFORE INSERT` on the ring, respectively
+//! `AFTER INSERT` on the log.
 //!
 //! **Backfill and the switch.** With `--apply`, when the ring table is new (or it and
 //! the sequence table are both empty, e.g. after an interrupted backfill) and the log
 //! has rows, each key's latest `size` rows are copied into the ring: "latest" by
-//! `order_by` then the primary key, or by the primary key alone. A copied row's
-//! sequence number is its position in the key's full history (`ROW_NUMBER()` over the
-//! key, oldest first) and its slot that number modulo `size`; the sequence table gets
-//! each key's row count, so new inserts continue after the history. The log's
-//! `AUTO_INCREMENT` column, if any, holds the sequence number in the ring, exactly as
-//! for rows inserted through heatsink (what their `last_insert_id` reports).
+//! `order_by` then the primary key, or by the primary key alone. A copied row keeps
+//! its id; its sequence number is its position in the key's full history
+//! (`ROW_NUMBER()` over the key, oldest first) and its slot that number modulo
+//! `size`; the sequence table gets each key's row count, so new inserts continue after
+//! the history. The backfill runs before `<ring_table>_hs_seq` exists (the trigger
+//! would renumber the copied rows; an existing one is dropped for the backfill and
+//! created again). Then the ring's `AUTO_INCREMENT` counter is raised to the log's
+//! (`ALTER TABLE … AUTO_INCREMENT`) when it is lower, so ids keep increasing across the
+//! switch and inserts through heatsink report the ids the log would have given.
 //!
 //! Clients rarely all move to heatsink at the same instant, so the command also
 //! installs `<ring_table>_hs_log`, an `AFTER INSERT` trigger on the log that mirrors a
-//! row appended to the log directly into the ring (same sequence upsert and guarded
-//! slot upsert as the rule; rows with a NULL key are skipped; the appending client's
-//! `LAST_INSERT_ID()` is untouched). The backfill and the trigger's creation happen
-//! under `LOCK TABLES log WRITE, ring WRITE, seq WRITE`, so every row appended to the
-//! log is counted exactly once, backfilled or mirrored: the rule can be switched on
-//! while the application keeps inserting, and no row that belongs in the latest N is
-//! lost. Appends and reads of the log wait for the backfill. Once every client goes
-//! through heatsink nothing appends to the log any more and the trigger is idle; it
-//! keeps the ring in step with writers that bypass heatsink.
+//! row appended to the log directly into the ring: the row with its id, slot and
+//! sequence NULL (the ring's trigger numbers it) and the rule's guarded upsert; rows
+//! with a NULL key are skipped; the appending client's `LAST_INSERT_ID()` is untouched.
+//! The backfill, the counter and both triggers' creation happen under `LOCK TABLES log
+//! WRITE, ring WRITE, seq WRITE`, so every row appended to the log is counted exactly
+//! once, backfilled or mirrored: the rule can be switched on while the application
+//! keeps inserting, and no row that belongs in the latest N is lost. Appends and reads
+//! of the log wait for the backfill. Once every client goes through heatsink nothing
+//! appends to the log any more and the trigger is idle; it keeps the ring in step with
+//! writers that bypass heatsink.
 
 use std::io::Write;
 use std::path::Path;
@@ -89,6 +103,9 @@ pub const TRIGGER_SUFFIX: &str = "_hs_ai";
 
 /// Suffix of the trigger on a ring rule's log that mirrors direct appends into the ring.
 pub const RING_TRIGGER_SUFFIX: &str = "_hs_log";
+
+/// Suffix of the trigger on a ring table that numbers its rows (sequence and slot).
+pub const SEQ_TRIGGER_SUFFIX: &str = "_hs_seq";
 
 /// Longest identifier MySQL/MariaDB accept.
 const MAX_IDENT: usize = 64;
@@ -1048,6 +1065,17 @@ pub(crate) struct CheckedRing {
     /// Whether the backfill is due: the log has rows and the ring and sequence tables
     /// are new or empty. Checked again under the table locks when applying.
     pub backfill_due: bool,
+    /// The log's `AUTO_INCREMENT` column, if any.
+    pub auto_inc: Option<String>,
+    /// The log's next id when the ring's counter is below it (checked again when
+    /// applying): the ring's `AUTO_INCREMENT` is raised to it.
+    pub raise_auto_inc: Option<u64>,
+    /// The trigger on the ring that numbers its rows.
+    pub seq_trigger_name: TableName,
+    /// What to do about that trigger.
+    pub seq_trigger: TriggerPlan,
+    /// The statement creating it (also to create it again after a backfill).
+    pub create_seq_trigger: String,
     /// The trigger on the log that mirrors rows appended to it directly.
     pub trigger_name: TableName,
     /// What to do about that trigger.
@@ -1197,7 +1225,7 @@ pub(crate) async fn check_ring(
         .map(|c| c.name.clone());
     if let Some(a) = &auto_inc {
         notes.push(format!(
-            "`{a}` (AUTO_INCREMENT in the log) holds each ring row's sequence number, which inserts through heatsink report as last_insert_id"
+            "`{a}` stays AUTO_INCREMENT in the ring: ids and last_insert_id continue the log's"
         ));
     }
 
@@ -1281,22 +1309,60 @@ pub(crate) async fn check_ring(
             ));
         }
         Some(backfill_sql(
-            spec,
-            &logical,
-            &ring,
-            &seq,
-            &table,
-            &key_cols,
-            &order,
-            auto_inc.as_deref(),
+            spec, &logical, &ring, &seq, &table, &key_cols, &order,
         ))
+    };
+    let raise_auto_inc = match &auto_inc {
+        Some(a) => {
+            let log_next = next_id(conn, &logical, a).await?;
+            let ring_next = if existing_ring.is_some() {
+                next_id(conn, &ring, a).await?
+            } else {
+                1
+            };
+            (log_next > ring_next).then_some(log_next)
+        }
+        None => None,
+    };
+
+    let seq_trigger_name = TableName {
+        db: ring.db.clone(),
+        name: suffixed_name(&ring.name, SEQ_TRIGGER_SUFFIX),
+    };
+    let seq_body = seq_trigger_body(spec, &seq, &key_cols);
+    let create_seq_trigger = format!(
+        "CREATE TRIGGER IF NOT EXISTS {} BEFORE INSERT ON {} FOR EACH ROW {seq_body}",
+        seq_trigger_name.quoted(),
+        ring.quoted()
+    );
+    let seq_trigger = match existing_trigger(conn, &seq_trigger_name).await? {
+        None => TriggerPlan::Create(create_seq_trigger.clone()),
+        Some(t) => {
+            let on_ring = t.table.eq_ignore_ascii_case(&ring.name)
+                && t.timing.eq_ignore_ascii_case("BEFORE")
+                && t.event.eq_ignore_ascii_case("INSERT");
+            if !on_ring {
+                return Err(refuse(format!(
+                    "trigger {} exists but is not `BEFORE INSERT ON {}`; drop it or rename the ring table",
+                    seq_trigger_name.quoted(),
+                    ring.quoted()
+                )));
+            }
+            if normalize(&t.body) != normalize(&seq_body) {
+                notes.push(format!(
+                    "trigger {} exists with another body; left as it is (drop it and run migrate again to replace it)",
+                    seq_trigger_name.quoted()
+                ));
+            }
+            TriggerPlan::Exists
+        }
     };
 
     let trigger_name = TableName {
         db: logical.db.clone(),
         name: suffixed_name(&ring.name, RING_TRIGGER_SUFFIX),
     };
-    let body = ring_trigger_body(spec, &ring, &seq, &table, &key_cols, auto_inc.as_deref());
+    let body = ring_trigger_body(spec, &ring, &table, &key_cols);
     let trigger = match existing_trigger(conn, &trigger_name).await? {
         None => TriggerPlan::Create(format!(
             "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} FOR EACH ROW {body}",
@@ -1334,6 +1400,11 @@ pub(crate) async fn check_ring(
         create_seq,
         backfill,
         backfill_due,
+        auto_inc,
+        raise_auto_inc,
+        seq_trigger_name,
+        seq_trigger,
+        create_seq_trigger,
         trigger_name,
         trigger,
         notes,
@@ -1348,8 +1419,8 @@ fn on_update(extra: &str) -> Option<&str> {
     Some(rest[..end].trim()).filter(|s| !s.is_empty())
 }
 
-/// A log column as a ring column: same type, nullability, default and `ON UPDATE`,
-/// no `AUTO_INCREMENT`; `NOT NULL` when it is part of the primary key.
+/// A log column as a ring column: same type, nullability, default, `ON UPDATE` and
+/// `AUTO_INCREMENT`; `NOT NULL` when it is part of the primary key.
 fn ring_column_sql(c: &Column, in_key: bool) -> String {
     let nullable = c.nullable && !in_key;
     let mut s = format!(
@@ -1365,6 +1436,9 @@ fn ring_column_sql(c: &Column, in_key: bool) -> String {
     }
     if let Some(on) = on_update(&c.extra) {
         s.push_str(&format!(" ON UPDATE {on}"));
+    }
+    if c.extra.contains("auto_increment") {
+        s.push_str(" AUTO_INCREMENT");
     }
     if c.extra.contains("invisible") {
         s.push_str(" INVISIBLE");
@@ -1419,6 +1493,13 @@ fn create_ring_sql(spec: &RingSpec, ring: &TableName, logical: &Table, key: &[St
         .map(|c| quote(c))
         .collect();
     lines.push(format!("  PRIMARY KEY ({})", pk.join(", ")));
+    if let Some(ai) = logical
+        .columns
+        .iter()
+        .find(|c| c.extra.contains("auto_increment"))
+    {
+        lines.push(format!("  KEY ({})", quote(&ai.name)));
+    }
     format!(
         "CREATE TABLE IF NOT EXISTS {} (\n{}\n) {}",
         ring.quoted(),
@@ -1512,6 +1593,14 @@ fn ring_table_problems(
                 c.type_sql(),
                 l.type_sql()
             )),
+            Some(c)
+                if l.extra.contains("auto_increment") && !c.extra.contains("auto_increment") =>
+            {
+                problems.push(format!(
+                    "column `{}` is not AUTO_INCREMENT (the log's is, and inserts leave it to the table)",
+                    l.name
+                ))
+            }
             Some(_) => {}
         }
     }
@@ -1576,9 +1665,8 @@ fn seq_table_problems(spec: &RingSpec, seq: &Table, key: &[Column]) -> Vec<Strin
     problems
 }
 
-/// The backfill: the latest `size` rows of each key into the ring, and each key's
-/// history length into the sequence table.
-#[allow(clippy::too_many_arguments)]
+/// The backfill: the latest `size` rows of each key into the ring (with their ids),
+/// and each key's history length into the sequence table.
 fn backfill_sql(
     spec: &RingSpec,
     logical: &TableName,
@@ -1587,7 +1675,6 @@ fn backfill_sql(
     table: &Table,
     key: &[Column],
     order: &[String],
-    auto_inc: Option<&str>,
 ) -> [String; 2] {
     let keys: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
     let partition = if keys.is_empty() {
@@ -1610,13 +1697,7 @@ fn backfill_sql(
     let picked: Vec<String> = table
         .columns
         .iter()
-        .map(|c| {
-            if auto_inc.is_some_and(|a| a.eq_ignore_ascii_case(&c.name)) {
-                format!("h.{}", quote(POS))
-            } else {
-                format!("h.{}", quote(&c.name))
-            }
-        })
+        .map(|c| format!("h.{}", quote(&c.name)))
         .collect();
     let size = spec.size;
     let ring_sql = format!(
@@ -1662,61 +1743,79 @@ async fn run_sql(conn: &mut Conn, rule: &str, sql: &str) -> Result<u64> {
     Ok(conn.affected_rows())
 }
 
-/// Local variable of the log trigger holding the row's sequence number.
-const TRIGGER_VAR: &str = "heatsink_seq_";
+/// The id an insert into `t` would generate for its AUTO_INCREMENT column `col`: the
+/// table's counter, and at least one above the largest id present.
+async fn next_id(conn: &mut Conn, t: &TableName, col: &str) -> Result<u64> {
+    let what = || format!("reading the AUTO_INCREMENT counter of {}", t.quoted());
+    let rows: Vec<Row> = conn
+        .exec(
+            "SELECT AUTO_INCREMENT FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (t.db.clone().unwrap_or_default(), t.name.clone()),
+        )
+        .await
+        .map_err(|e| schema_err(what(), e))?;
+    let counter = rows
+        .first()
+        .and_then(|r| r.get_opt::<u64, usize>(0))
+        .and_then(|r| r.ok())
+        .unwrap_or(1);
+    let rows: Vec<Row> = conn
+        .query(format!(
+            "SELECT GREATEST(COALESCE(MAX({}), 0), 0) + 1 FROM {}",
+            quote(col),
+            t.quoted()
+        ))
+        .await
+        .map_err(|e| schema_err(what(), e))?;
+    let above_max = rows
+        .first()
+        .and_then(|r| r.get_opt::<u64, usize>(0))
+        .and_then(|r| r.ok())
+        .unwrap_or(1);
+    Ok(counter.max(above_max))
+}
 
-/// The body of the trigger that mirrors a row appended to the log directly (by a
-/// client that does not go through heatsink yet) into the ring: the same sequence
-/// upsert and guarded slot upsert the rule runs for an INSERT, with the row's values.
-fn ring_trigger_body(
-    spec: &RingSpec,
-    ring: &TableName,
-    seq: &TableName,
-    table: &Table,
-    key: &[Column],
-    auto_inc: Option<&str>,
-) -> String {
+/// `ALTER TABLE ring AUTO_INCREMENT = next`.
+fn raise_auto_inc_sql(ring: &TableName, next: u64) -> String {
+    format!("ALTER TABLE {} AUTO_INCREMENT = {next}", ring.quoted())
+}
+
+/// The body of `<ring_table>_hs_seq`, `BEFORE INSERT` on the ring: takes the key's
+/// next sequence number (`LAST_INSERT_ID(1)` on a key's first insert, since `VALUES
+/// (k, 1)` would leave a stale LAST_INSERT_ID()) and sets the row's sequence and slot.
+/// MariaDB restores the session's LAST_INSERT_ID() when the trigger ends.
+fn seq_trigger_body(spec: &RingSpec, seq: &TableName, key: &[Column]) -> String {
     let seqc = quote(&spec.seq_column);
-    let var = TRIGGER_VAR;
-    let keys: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
-    let new_keys: Vec<String> = key
+    let mut cols: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
+    let mut vals: Vec<String> = key
         .iter()
         .map(|c| format!("NEW.{}", quote(&c.name)))
         .collect();
-    let (seq_insert, seq_where) = if keys.is_empty() {
-        (
-            format!(
-                "INSERT INTO {} ({seqc}) VALUES (1) ON DUPLICATE KEY UPDATE {seqc} = {seqc} + 1",
-                seq.quoted()
-            ),
-            format!("{} = 0", quote(SINGLE_ROW)),
-        )
-    } else {
-        (
-            format!(
-                "INSERT INTO {} ({}, {seqc}) VALUES ({}, 1) ON DUPLICATE KEY UPDATE {seqc} = {seqc} + 1",
-                seq.quoted(),
-                keys.join(", "),
-                new_keys.join(", ")
-            ),
-            keys.iter()
-                .zip(&new_keys)
-                .map(|(k, n)| format!("{k} = {n}"))
-                .collect::<Vec<_>>()
-                .join(" AND "),
-        )
-    };
+    cols.push(seqc.clone());
+    vals.push("LAST_INSERT_ID(1)".into());
+    format!(
+        "BEGIN INSERT INTO {} ({}) VALUES ({}) ON DUPLICATE KEY UPDATE {seqc} = LAST_INSERT_ID({seqc} + 1); \
+         SET NEW.{seqc} = LAST_INSERT_ID(); SET NEW.{} = NEW.{seqc} % {}; END",
+        seq.quoted(),
+        cols.join(", "),
+        vals.join(", "),
+        quote(&spec.slot_column),
+        spec.size
+    )
+}
+
+/// The body of the trigger that mirrors a row appended to the log directly (by a
+/// client that does not go through heatsink yet) into the ring: the row with its id,
+/// slot and sequence NULL (the ring's `BEFORE INSERT` trigger numbers it), and the
+/// rule's guarded upsert. Rows with a NULL key are skipped.
+fn ring_trigger_body(spec: &RingSpec, ring: &TableName, table: &Table, key: &[Column]) -> String {
+    let seqc = quote(&spec.seq_column);
     let cols: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
     let vals: Vec<String> = table
         .columns
         .iter()
-        .map(|c| {
-            if auto_inc.is_some_and(|a| a.eq_ignore_ascii_case(&c.name)) {
-                var.to_string()
-            } else {
-                format!("NEW.{}", quote(&c.name))
-            }
-        })
+        .map(|c| format!("NEW.{}", quote(&c.name)))
         .collect();
     let mut update: Vec<String> = table
         .columns
@@ -1729,33 +1828,31 @@ fn ring_trigger_body(
             )
         })
         .collect();
+    // Last: the guards above compare with the row's old sequence number.
     update.push(format!(
         "{seqc} = IF(VALUES({seqc}) > {seqc}, VALUES({seqc}), {seqc})"
     ));
-    let ring_insert = format!(
-        "INSERT INTO {} ({}, {}, {seqc}) VALUES ({}, {var} % {}, {var}) ON DUPLICATE KEY UPDATE {}",
+    let insert = format!(
+        "INSERT INTO {} ({}, {}, {seqc}) VALUES ({}, NULL, NULL) ON DUPLICATE KEY UPDATE {}",
         ring.quoted(),
         cols.join(", "),
         quote(&spec.slot_column),
         vals.join(", "),
-        spec.size,
         update.join(", ")
-    );
-    let statements = format!(
-        "{seq_insert}; SELECT {seqc} INTO {var} FROM {} WHERE {seq_where}; {ring_insert};",
-        seq.quoted()
     );
     let nullable: Vec<String> = key
         .iter()
         .filter(|c| c.nullable)
         .map(|c| format!("NEW.{} IS NOT NULL", quote(&c.name)))
         .collect();
-    let guarded = if nullable.is_empty() {
-        statements
+    if nullable.is_empty() {
+        insert
     } else {
-        format!("IF {} THEN {statements} END IF;", nullable.join(" AND "))
-    };
-    format!("BEGIN DECLARE {var} BIGINT UNSIGNED; {guarded} END")
+        format!(
+            "BEGIN IF {} THEN {insert}; END IF; END",
+            nullable.join(" AND ")
+        )
+    }
 }
 
 /// Runs `sql`s in order, stopping at the first failure.
@@ -1765,6 +1862,67 @@ async fn run_all(conn: &mut Conn, rule: &str, sql: &[&str]) -> Result<Vec<u64>> 
         affected.push(run_sql(conn, rule, s).await?);
     }
     Ok(affected)
+}
+
+/// What the locked part of a ring migration did.
+struct RingApplied {
+    /// Ring and sequence rows backfilled.
+    backfilled: Option<Vec<u64>>,
+    /// The ring's new AUTO_INCREMENT counter.
+    raised: Option<u64>,
+    /// Triggers created.
+    created: Vec<String>,
+}
+
+/// Under the table locks: backfill (when still due, without the ring's numbering
+/// trigger), raise the ring's AUTO_INCREMENT counter, create the triggers, commit.
+async fn apply_ring_locked(conn: &mut Conn, rule: &CheckedRing) -> Result<RingApplied> {
+    let name = &rule.spec.name;
+    let due = table_has_rows(conn, &rule.logical).await?
+        && !table_has_rows(conn, &rule.ring).await?
+        && !table_has_rows(conn, &rule.seq).await?;
+    let backfilled = match (&rule.backfill, due) {
+        (Some([ring_sql, seq_sql]), true) => {
+            // The numbering trigger would renumber the copied rows.
+            let drop = format!("DROP TRIGGER IF EXISTS {}", rule.seq_trigger_name.quoted());
+            run_sql(conn, name, &drop).await?;
+            Some(run_all(conn, name, &[ring_sql, seq_sql]).await?)
+        }
+        (None, true) => {
+            return Err(Error::new(
+                Source::Rules,
+                format!(
+                    "ring '{name}': {} has rows but neither order_by nor a primary key says which are the latest; set order_by",
+                    rule.logical.quoted()
+                ),
+            ))
+        }
+        (_, false) => None,
+    };
+    let mut raised = None;
+    if let Some(ai) = &rule.auto_inc {
+        let log_next = next_id(conn, &rule.logical, ai).await?;
+        if log_next > next_id(conn, &rule.ring, ai).await? {
+            // ALTER TABLE commits the backfill.
+            run_sql(conn, name, &raise_auto_inc_sql(&rule.ring, log_next)).await?;
+            raised = Some(log_next);
+        }
+    }
+    let mut created = Vec::new();
+    if backfilled.is_some() || matches!(rule.seq_trigger, TriggerPlan::Create(_)) {
+        run_sql(conn, name, &rule.create_seq_trigger).await?;
+        created.push(rule.seq_trigger_name.quoted());
+    }
+    if let TriggerPlan::Create(ddl) = &rule.trigger {
+        run_sql(conn, name, ddl).await?;
+        created.push(rule.trigger_name.quoted());
+    }
+    run_sql(conn, name, "COMMIT").await?;
+    Ok(RingApplied {
+        backfilled,
+        raised,
+        created,
+    })
 }
 
 /// Prints one ring rule's plan and, with `apply`, executes it.
@@ -1812,114 +1970,140 @@ async fn print_and_apply_ring(
         }
     }
     let backfill = rule.backfill.as_ref().filter(|_| rule.backfill_due);
-    let backfill_note = format!(
-        "-- backfill: the latest {} rows of each key of {}, numbered by their position in the key's history",
-        rule.spec.size,
-        rule.logical.quoted()
-    );
-    match &rule.trigger {
-        TriggerPlan::Create(ddl) => {
-            // The log stays locked from the backfill until the trigger exists, so
-            // every row appended to it is either backfilled or mirrored.
-            let lock = format!(
-                "LOCK TABLES {} WRITE, {} WRITE, {} WRITE",
-                rule.logical.quoted(),
-                rule.ring.quoted(),
-                rule.seq.quoted()
-            );
-            emit(
-                out,
-                &format!(
-                    "-- trigger {}: rows appended to {} directly (by clients not yet going through heatsink) are mirrored into the ring",
-                    rule.trigger_name.quoted(),
-                    rule.logical.quoted()
-                ),
-            )?;
-            emit(out, "SET autocommit = 0;")?;
-            emit(out, &format!("{lock};"))?;
-            if let Some([ring_sql, seq_sql]) = backfill {
-                emit(out, &backfill_note)?;
-                emit(out, &format!("{ring_sql};"))?;
-                emit(out, &format!("{seq_sql};"))?;
-            }
-            emit(out, "DELIMITER ;;")?;
-            emit(out, &format!("{ddl};;"))?;
-            emit(out, "DELIMITER ;")?;
-            emit(out, "COMMIT;")?;
-            emit(out, "UNLOCK TABLES;")?;
-            emit(out, "SET autocommit = 1;")?;
+    let create_seq_trigger = matches!(rule.seq_trigger, TriggerPlan::Create(_));
+    let create_log_trigger = matches!(rule.trigger, TriggerPlan::Create(_));
+    for (exists, t) in [
+        (!create_seq_trigger, &rule.seq_trigger_name),
+        (!create_log_trigger, &rule.trigger_name),
+    ] {
+        if exists {
+            emit(out, &format!("-- trigger {} exists", t.quoted()))?;
+        }
+    }
+    if !(rule.backfill_due || create_seq_trigger || create_log_trigger) {
+        // Nothing to lock for; at most the counter to raise.
+        if let (Some(next), Some(ai)) = (rule.raise_auto_inc, &rule.auto_inc) {
+            emit(out, &format!("{};", raise_auto_inc_sql(&rule.ring, next)))?;
             if apply {
-                run_all(conn, name, &["SET autocommit = 0", &lock]).await?;
-                let done = async {
-                    // Under the locks: is the backfill (still) due?
-                    let due = table_has_rows(conn, &rule.logical).await?
-                        && !table_has_rows(conn, &rule.ring).await?
-                        && !table_has_rows(conn, &rule.seq).await?;
-                    let counts = match (&rule.backfill, due) {
-                        (Some([ring_sql, seq_sql]), true) => {
-                            Some(run_all(conn, name, &[ring_sql, seq_sql]).await?)
-                        }
-                        (None, true) => {
-                            return Err(Error::new(
-                                Source::Rules,
-                                format!(
-                                    "ring '{name}': {} has rows but neither order_by nor a primary key says which are the latest; set order_by",
-                                    rule.logical.quoted()
-                                ),
-                            ))
-                        }
-                        (_, false) => None,
-                    };
-                    // CREATE TRIGGER commits the backfill.
-                    run_all(conn, name, &[ddl, "COMMIT"]).await?;
-                    Ok::<_, Error>(counts)
-                }
-                .await;
-                if done.is_err() {
-                    let _ = conn.query_drop("ROLLBACK").await;
-                }
-                let _ = conn.query_drop("UNLOCK TABLES").await;
-                let _ = conn.query_drop("SET autocommit = 1").await;
-                if let Some(counts) = done? {
+                let next = next_id(conn, &rule.logical, ai).await?;
+                if next > next_id(conn, &rule.ring, ai).await? {
+                    run_sql(conn, name, &raise_auto_inc_sql(&rule.ring, next)).await?;
                     emit(
                         out,
                         &format!(
-                            "-- applied: backfilled {} ring rows and {} sequence rows",
-                            counts[0], counts[1]
+                            "-- applied: AUTO_INCREMENT of {} raised to {next}",
+                            rule.ring.quoted()
                         ),
                     )?;
                 }
-                emit(out, "-- applied: created trigger")?;
             }
         }
-        TriggerPlan::Exists | TriggerPlan::NotNeeded => {
+        return emit(out, "");
+    }
+
+    // The log stays locked from the backfill until both triggers exist, so every row
+    // appended to it is either backfilled or mirrored.
+    let lock = format!(
+        "LOCK TABLES {} WRITE, {} WRITE, {} WRITE",
+        rule.logical.quoted(),
+        rule.ring.quoted(),
+        rule.seq.quoted()
+    );
+    if create_seq_trigger {
+        emit(
+            out,
+            &format!(
+                "-- trigger {}: numbers every row inserted into {} (the key's next sequence number and its slot)",
+                rule.seq_trigger_name.quoted(),
+                rule.ring.quoted()
+            ),
+        )?;
+    } else if backfill.is_some() {
+        emit(
+            out,
+            &format!(
+                "-- trigger {}: dropped for the backfill (it would renumber the copied rows) and created again",
+                rule.seq_trigger_name.quoted()
+            ),
+        )?;
+    }
+    if create_log_trigger {
+        emit(
+            out,
+            &format!(
+                "-- trigger {}: rows appended to {} directly (by clients not yet going through heatsink) are mirrored into the ring",
+                rule.trigger_name.quoted(),
+                rule.logical.quoted()
+            ),
+        )?;
+    }
+    emit(out, "SET autocommit = 0;")?;
+    emit(out, &format!("{lock};"))?;
+    if let Some([ring_sql, seq_sql]) = backfill {
+        if !create_seq_trigger {
             emit(
                 out,
-                &format!("-- trigger {} exists", rule.trigger_name.quoted()),
+                &format!("DROP TRIGGER IF EXISTS {};", rule.seq_trigger_name.quoted()),
             )?;
-            if let Some([ring_sql, seq_sql]) = backfill {
-                emit(out, &backfill_note)?;
-                emit(out, "START TRANSACTION;")?;
-                emit(out, &format!("{ring_sql};"))?;
-                emit(out, &format!("{seq_sql};"))?;
-                emit(out, "COMMIT;")?;
-                if apply {
-                    run_sql(conn, name, "START TRANSACTION").await?;
-                    match run_all(conn, name, &[ring_sql, seq_sql, "COMMIT"]).await {
-                        Ok(counts) => emit(
-                            out,
-                            &format!(
-                                "-- applied: backfilled {} ring rows and {} sequence rows",
-                                counts[0], counts[1]
-                            ),
-                        )?,
-                        Err(e) => {
-                            let _ = conn.query_drop("ROLLBACK").await;
-                            return Err(e);
-                        }
-                    }
-                }
-            }
+        }
+        emit(
+            out,
+            &format!(
+                "-- backfill: the latest {} rows of each key of {} with their ids, numbered by their position in the key's history",
+                rule.spec.size,
+                rule.logical.quoted()
+            ),
+        )?;
+        emit(out, &format!("{ring_sql};"))?;
+        emit(out, &format!("{seq_sql};"))?;
+    }
+    if let Some(next) = rule.raise_auto_inc {
+        emit(
+            out,
+            "-- ids continue the log's (applied with the log's counter under the locks)",
+        )?;
+        emit(out, &format!("{};", raise_auto_inc_sql(&rule.ring, next)))?;
+    }
+    emit(out, "DELIMITER ;;")?;
+    if create_seq_trigger || backfill.is_some() {
+        emit(out, &format!("{};;", rule.create_seq_trigger))?;
+    }
+    if let TriggerPlan::Create(ddl) = &rule.trigger {
+        emit(out, &format!("{ddl};;"))?;
+    }
+    emit(out, "DELIMITER ;")?;
+    emit(out, "COMMIT;")?;
+    emit(out, "UNLOCK TABLES;")?;
+    emit(out, "SET autocommit = 1;")?;
+    if apply {
+        run_all(conn, name, &["SET autocommit = 0", &lock]).await?;
+        let done = apply_ring_locked(conn, rule).await;
+        if done.is_err() {
+            let _ = conn.query_drop("ROLLBACK").await;
+        }
+        let _ = conn.query_drop("UNLOCK TABLES").await;
+        let _ = conn.query_drop("SET autocommit = 1").await;
+        let done = done?;
+        if let Some(counts) = done.backfilled {
+            emit(
+                out,
+                &format!(
+                    "-- applied: backfilled {} ring rows and {} sequence rows",
+                    counts[0], counts[1]
+                ),
+            )?;
+        }
+        if let Some(next) = done.raised {
+            emit(
+                out,
+                &format!(
+                    "-- applied: AUTO_INCREMENT of {} raised to {next}",
+                    rule.ring.quoted()
+                ),
+            )?;
+        }
+        for t in done.created {
+            emit(out, &format!("-- applied: created trigger {t}"))?;
         }
     }
     emit(out, "")
@@ -1985,10 +2169,13 @@ mod tests {
     }
 
     #[test]
-    fn ring_columns_copy_the_log_but_not_auto_increment() {
+    fn ring_columns_copy_the_log_with_auto_increment() {
         let mut id = col("id", "int(11)", false, None);
         id.extra = "auto_increment".into();
-        assert_eq!(ring_column_sql(&id, false), "  `id` int(11) NOT NULL");
+        assert_eq!(
+            ring_column_sql(&id, false),
+            "  `id` int(11) NOT NULL AUTO_INCREMENT"
+        );
         let mut ts = col("ts", "timestamp(3)", false, Some("current_timestamp(3)"));
         ts.extra = "on update current_timestamp(3)".into();
         assert_eq!(
@@ -2009,14 +2196,15 @@ mod tests {
         assert_eq!(slot_type(65_535), "SMALLINT UNSIGNED");
         assert_eq!(slot_type(65_536), "INT UNSIGNED");
         assert_eq!(suffixed_name("r", RING_TRIGGER_SUFFIX), "r_hs_log");
-        assert_eq!(
-            suffixed_name(&"r".repeat(64), RING_TRIGGER_SUFFIX).len(),
-            64
-        );
+        assert_eq!(suffixed_name("r", SEQ_TRIGGER_SUFFIX), "r_hs_seq");
+        for suffix in [RING_TRIGGER_SUFFIX, SEQ_TRIGGER_SUFFIX] {
+            let long = suffixed_name(&"r".repeat(64), suffix);
+            assert_eq!(long.len(), 64);
+            assert!(long.ends_with(suffix));
+        }
     }
 
-    #[test]
-    fn ring_trigger_mirrors_the_rule_statements() {
+    fn ring_fixture() -> (crate::rules::spec::RuleFile, Table, Column) {
         let spec: crate::rules::spec::RuleFile = toml::from_str(
             "[[ring]]\nname = \"v\"\ntable = \"log\"\nkey = [\"uid\"]\nsize = 5\nring_table = \"r\"\n",
         )
@@ -2033,22 +2221,54 @@ mod tests {
             primary: Some(vec!["id".into()]),
             unique: Vec::new(),
         };
-        let body = ring_trigger_body(
-            &spec.ring[0],
-            &TableName::parse("d.r").unwrap(),
-            &TableName::parse("d.r_seq").unwrap(),
-            &table,
-            &[uid],
-            Some("id"),
+        (spec, table, uid)
+    }
+
+    #[test]
+    fn ring_table_keeps_auto_increment_with_a_key() {
+        let (spec, table, _) = ring_fixture();
+        assert_eq!(
+            create_ring_sql(
+                &spec.ring[0],
+                &TableName::parse("d.r").unwrap(),
+                &table,
+                &["uid".into()]
+            ),
+            "CREATE TABLE IF NOT EXISTS `d`.`r` (\n  `id` int(11) NOT NULL AUTO_INCREMENT,\n  `uid` int(11) NOT NULL,\n  \
+             `v` int(11) NOT NULL,\n  `slot` SMALLINT UNSIGNED NOT NULL,\n  `seq` BIGINT UNSIGNED NOT NULL,\n  \
+             PRIMARY KEY (`uid`, `slot`),\n  KEY (`id`)\n) ENGINE=InnoDB"
+        );
+    }
+
+    #[test]
+    fn ring_triggers_number_and_mirror_rows() {
+        let (spec, table, uid) = ring_fixture();
+        let seq = TableName::parse("d.r_seq").unwrap();
+        assert_eq!(
+            seq_trigger_body(&spec.ring[0], &seq, std::slice::from_ref(&uid)),
+            "BEGIN INSERT INTO `d`.`r_seq` (`uid`, `seq`) VALUES (NEW.`uid`, LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE `seq` = LAST_INSERT_ID(`seq` + 1); \
+             SET NEW.`seq` = LAST_INSERT_ID(); SET NEW.`slot` = NEW.`seq` % 5; END"
         );
         assert_eq!(
-            body,
-            "BEGIN DECLARE heatsink_seq_ BIGINT UNSIGNED; IF NEW.`uid` IS NOT NULL THEN \
-             INSERT INTO `d`.`r_seq` (`uid`, `seq`) VALUES (NEW.`uid`, 1) ON DUPLICATE KEY UPDATE `seq` = `seq` + 1; \
-             SELECT `seq` INTO heatsink_seq_ FROM `d`.`r_seq` WHERE `uid` = NEW.`uid`; \
-             INSERT INTO `d`.`r` (`id`, `uid`, `v`, `slot`, `seq`) VALUES (heatsink_seq_, NEW.`uid`, NEW.`v`, heatsink_seq_ % 5, heatsink_seq_) \
+            seq_trigger_body(&spec.ring[0], &seq, &[]),
+            "BEGIN INSERT INTO `d`.`r_seq` (`seq`) VALUES (LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE `seq` = LAST_INSERT_ID(`seq` + 1); \
+             SET NEW.`seq` = LAST_INSERT_ID(); SET NEW.`slot` = NEW.`seq` % 5; END"
+        );
+        let ring = TableName::parse("d.r").unwrap();
+        let upsert = "INSERT INTO `d`.`r` (`id`, `uid`, `v`, `slot`, `seq`) VALUES (NEW.`id`, NEW.`uid`, NEW.`v`, NULL, NULL) \
              ON DUPLICATE KEY UPDATE `id` = IF(VALUES(`seq`) > `seq`, VALUES(`id`), `id`), `v` = IF(VALUES(`seq`) > `seq`, VALUES(`v`), `v`), \
-             `seq` = IF(VALUES(`seq`) > `seq`, VALUES(`seq`), `seq`); END IF; END"
+             `seq` = IF(VALUES(`seq`) > `seq`, VALUES(`seq`), `seq`)";
+        assert_eq!(
+            ring_trigger_body(&spec.ring[0], &ring, &table, std::slice::from_ref(&uid)),
+            format!("BEGIN IF NEW.`uid` IS NOT NULL THEN {upsert}; END IF; END")
+        );
+        let mut not_null = uid;
+        not_null.nullable = false;
+        assert_eq!(
+            ring_trigger_body(&spec.ring[0], &ring, &table, &[not_null]),
+            upsert
         );
     }
 

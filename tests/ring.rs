@@ -3,10 +3,13 @@
 //! (`profile_visits_ref`, the logical schema, no rule) that receives the same rows
 //! directly and is trimmed to the latest 5 per key by the test itself.
 //!
-//! What the client sees of the logical table's `AUTO_INCREMENT` column: through the
-//! rule, `id` holds the row's sequence number within its key (1, 2, 3, … per `uid`),
-//! and an INSERT's last_insert_id is the sequence number of its first row. The
-//! comparisons therefore map the reference table's ids to per-key sequence numbers.
+//! The logical table's `AUTO_INCREMENT` column stays `AUTO_INCREMENT` in the ring, so
+//! ids and last_insert_id behave as in the log: globally increasing, one per inserted
+//! row. Log and reference start from the same counter and get the same inserts, so the
+//! ids through the rule must equal the reference's, and so must every INSERT's
+//! last_insert_id, except for a known difference: a multi-row INSERT whose first row
+//! replaces an older row of its ring reports another of its rows' ids (see
+//! [`multi_row_insert_reports_the_first_rows_id`]).
 //!
 //! Every test has its own database (`ring_<name>`) and its own proxy. The load tests
 //! take a lock so that they do not run at the same time (2 cores). `RING_PROXY_LOG=debug`
@@ -259,6 +262,24 @@ fn table_exists(db: &str, table: &str) -> bool {
         == Some("1")
 }
 
+/// (name, timing, table) of every INSERT trigger in `db`, by name.
+fn triggers(db: &str) -> Vec<(String, String, String)> {
+    mariadb()
+        .query_strings(&format!(
+            "SELECT TRIGGER_NAME, ACTION_TIMING, EVENT_OBJECT_TABLE FROM information_schema.TRIGGERS \
+             WHERE TRIGGER_SCHEMA = '{db}' AND EVENT_MANIPULATION = 'INSERT' ORDER BY TRIGGER_NAME"
+        ))
+        .iter()
+        .map(|r| {
+            (
+                r[0].clone().unwrap_or_default(),
+                r[1].clone().unwrap_or_default(),
+                r[2].clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
 fn strs(rows: &[Vec<Option<String>>]) -> Vec<Vec<String>> {
     rows.iter()
         .map(|r| {
@@ -270,7 +291,8 @@ fn strs(rows: &[Vec<Option<String>>]) -> Vec<Vec<String>> {
 }
 
 /// Without --apply: the DDL and nothing else. With it: both tables, exact column
-/// copies, no AUTO_INCREMENT, no log keys. Again: a no-op that says so.
+/// copies (AUTO_INCREMENT included, with a secondary key), no log keys, the numbering
+/// trigger on the ring. Again: a no-op that says so.
 #[test]
 fn migrate_prints_then_applies_then_is_a_no_op() {
     let db = "ring_mig_apply";
@@ -301,6 +323,12 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
         printed.contains(&format!("CREATE TABLE IF NOT EXISTS `{db}`.`{SEQ}`")),
         "{printed}"
     );
+    assert!(
+        printed.contains(&format!(
+            "CREATE TRIGGER IF NOT EXISTS `{db}`.`{RING}_hs_seq` BEFORE INSERT ON `{db}`.`{RING}`"
+        )),
+        "{printed}"
+    );
     assert!(!printed.contains("applied"), "{printed}");
     assert!(!printed.contains("backfill"), "empty log: {printed}");
 
@@ -314,28 +342,40 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
     let ring_cols = strs(&columns_of(db, RING));
     assert_eq!(ring_cols.len(), log_cols.len() + 2, "{ring_cols:?}");
     for (l, r) in log_cols.iter().zip(&ring_cols) {
-        // name, type, nullability, default, charset, collation copied; no
-        // AUTO_INCREMENT and no key of the log.
+        // name, type, nullability, default, EXTRA (AUTO_INCREMENT, ON UPDATE),
+        // charset, collation copied; no key of the log but a secondary one on `id`.
         assert_eq!(
-            (&l[0], &l[1], &l[2], &l[3], &l[6], &l[7]),
-            (&r[0], &r[1], &r[2], &r[3], &r[6], &r[7])
+            (&l[0], &l[1], &l[2], &l[3], &l[4], &l[6], &l[7]),
+            (&r[0], &r[1], &r[2], &r[3], &r[4], &r[6], &r[7])
         );
-        let want_extra = l[4].replace("auto_increment", "");
-        assert_eq!(r[4].trim(), want_extra.trim(), "EXTRA of {}", l[0]);
-        let want_key = if l[0] == "uid" { "PRI" } else { "" };
+        let want_key = match l[0].as_str() {
+            "uid" => "PRI",
+            "id" => "MUL",
+            _ => "",
+        };
         assert_eq!(r[5], want_key, "key of {}", l[0]);
     }
+    assert!(ring_cols[0][4].contains("auto_increment"), "{ring_cols:?}");
+    // Slot and sequence: NOT NULL without a default (the trigger assigns them).
     assert_eq!(
-        ring_cols[log_cols.len()][..3],
+        ring_cols[log_cols.len()][..5],
         [
             "slot".to_string(),
             "smallint(5) unsigned".into(),
-            "NO".into()
+            "NO".into(),
+            "<NULL>".into(),
+            "".into()
         ]
     );
     assert_eq!(
-        ring_cols[log_cols.len() + 1][..3],
-        ["seq".to_string(), "bigint(20) unsigned".into(), "NO".into()]
+        ring_cols[log_cols.len() + 1][..5],
+        [
+            "seq".to_string(),
+            "bigint(20) unsigned".into(),
+            "NO".into(),
+            "<NULL>".into(),
+            "".into()
+        ]
     );
     assert_eq!(ring_cols[log_cols.len()][5], "PRI");
     let seq_cols = strs(&columns_of(db, SEQ));
@@ -352,11 +392,23 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
     let create = &mariadb().query_strings(&format!("SHOW CREATE TABLE {db}.{RING}"))[0][1];
     let create = create.as_deref().unwrap();
     assert!(create.contains("PRIMARY KEY (`uid`,`slot`)"), "{create}");
+    assert!(create.contains("KEY `id` (`id`)"), "{create}");
     assert!(
         !create.contains("UNIQUE") && !create.contains("KEY `uid`"),
         "{create}"
     );
     assert!(create.contains("DEFAULT CHARSET=latin1"), "{create}");
+    assert_eq!(
+        triggers(db),
+        [
+            (
+                format!("{RING}_hs_log"),
+                "AFTER".to_string(),
+                LOG.to_string()
+            ),
+            (format!("{RING}_hs_seq"), "BEFORE".into(), RING.into()),
+        ]
+    );
 
     let again = migrate_ok(rules.path(), db, true);
     assert!(
@@ -366,9 +418,10 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
     assert!(!again.contains("CREATE TABLE"), "{again}");
 }
 
-/// The log's latest 5 rows per key (by order_by, then id) become the ring, numbered by
-/// position in the key's history; the sequence table holds each key's row count, and
-/// inserts through the proxy continue after it.
+/// The log's latest 5 rows per key (by order_by, then id) become the ring with their
+/// ids, numbered by position in the key's history; the sequence table holds each key's
+/// row count, and inserts through the proxy continue after it, with the ids the log
+/// would have given.
 #[test]
 fn migrate_backfills_the_latest_rows_of_each_key() {
     let db = "ring_mig_backfill";
@@ -432,9 +485,9 @@ fn migrate_backfills_the_latest_rows_of_each_key() {
             .iter()
             .enumerate()
             .skip(n.saturating_sub(SIZE))
-            .map(|(i, (visitor, _))| {
+            .map(|(i, (visitor, id))| {
                 let seq = i as i64 + 1;
-                [seq % SIZE as i64, seq, seq, *visitor]
+                [seq % SIZE as i64, seq, *id, *visitor]
             })
             .collect();
         assert_eq!(
@@ -456,7 +509,23 @@ fn migrate_backfills_the_latest_rows_of_each_key() {
     assert!(!again.contains("applied"), "{again}");
     assert!(again.contains("no backfill"), "{again}");
 
-    // Inserts continue after the history.
+    // Inserts continue after the history, with the log's next id (after a gap left
+    // by a deleted row, as the log would).
+    mariadb().exec(&format!(
+        "USE {db}; DROP TRIGGER {RING}_hs_log; INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (9, 9, NOW()); \
+         DELETE FROM {LOG} WHERE uid = 9"
+    ));
+    assert_eq!(
+        mariadb().query_strings(&format!("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{LOG}'")),
+        [[Some("18".to_string())]]
+    );
+    let again = migrate_ok(rules.path(), db, true);
+    assert!(
+        again.contains(&format!(
+            "-- applied: AUTO_INCREMENT of `{db}`.`{RING}` raised to 18"
+        )),
+        "{again}"
+    );
     let proxy = start_proxy(rules.path());
     run(Duration::from_secs(20), async {
         let mut c = connect(&proxy.url(db)).await;
@@ -465,7 +534,7 @@ fn migrate_backfills_the_latest_rows_of_each_key() {
         ))
         .await
         .unwrap();
-        assert_eq!(c.last_insert_id(), Some(9));
+        assert_eq!(c.last_insert_id(), Some(18));
         let visitors: Vec<i64> = c
             .query(format!(
                 "SELECT visitor_uid FROM {LOG} WHERE uid = 1 ORDER BY last_update, id"
@@ -685,7 +754,8 @@ struct Outcome {
     affected_rows: u64,
     info: String,
     warnings: u16,
-    /// Not compared with the reference (see the module docs).
+    /// Compared with the reference too (see the module docs for the one known
+    /// difference).
     last_insert_id: Option<u64>,
 }
 
@@ -732,46 +802,28 @@ fn fill(template: &str, table: &str, db: &str) -> String {
     template.replace("{t}", table).replace("{db}", db)
 }
 
-/// The reference side's ids as the per-key sequence numbers the ring reports.
+/// The reference table's rows by id, to trim it to the latest `SIZE` per key.
 #[derive(Debug, Default, Clone)]
 struct IdMap {
-    /// Reference id → (uid, sequence number within the uid).
-    ids: HashMap<i64, (i64, i64)>,
-    /// Rows inserted per uid so far.
+    /// Reference id → uid.
+    ids: HashMap<i64, i64>,
+    /// Rows inserted per uid so far (the sequence numbers handed out).
     per_key: BTreeMap<i64, i64>,
 }
 
 impl IdMap {
-    /// Records the rows of one reference INSERT (ids `first..`), returning their
-    /// sequence numbers.
-    fn record(&mut self, first: i64, uids: &[i64]) -> Vec<i64> {
-        uids.iter()
-            .enumerate()
-            .map(|(i, uid)| {
-                let n = self.per_key.entry(*uid).or_default();
-                *n += 1;
-                self.ids.insert(first + i as i64, (*uid, *n));
-                *n
-            })
-            .collect()
-    }
-
-    /// Next sequence numbers the given uids would get (without recording them).
-    fn peek(&self, uids: &[i64]) -> Vec<i64> {
-        let mut per = self.per_key.clone();
-        uids.iter()
-            .map(|u| {
-                let n = per.entry(*u).or_default();
-                *n += 1;
-                *n
-            })
-            .collect()
+    /// Records the rows of one reference INSERT (ids `first..`).
+    fn record(&mut self, first: i64, uids: &[i64]) {
+        for (i, uid) in uids.iter().enumerate() {
+            *self.per_key.entry(*uid).or_default() += 1;
+            self.ids.insert(first + i as i64, *uid);
+        }
     }
 
     /// Reference ids not among the latest `SIZE` of their uid.
     fn trimmed(&self) -> Vec<i64> {
         let mut by_key: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-        for (id, (uid, _)) in &self.ids {
+        for (id, uid) in &self.ids {
             by_key.entry(*uid).or_default().push(*id);
         }
         let mut out = Vec::new();
@@ -781,13 +833,6 @@ impl IdMap {
             out.extend(ids.iter().take(n.saturating_sub(SIZE)));
         }
         out
-    }
-
-    fn seq_of(&self, id: i64) -> i64 {
-        self.ids
-            .get(&id)
-            .unwrap_or_else(|| panic!("reference id {id} was never inserted"))
-            .1
     }
 
     /// Deletes the rows beyond the latest `SIZE` per key from the reference table.
@@ -802,16 +847,9 @@ impl IdMap {
         }
     }
 
-    /// The reference outcome as the logical table through the rule would show it:
-    /// table names renamed, `id` cells as sequence numbers.
+    /// The reference outcome as the logical table through the rule shows it: table
+    /// names renamed.
     fn show(&self, mut o: Outcome) -> Outcome {
-        let id_cols: Vec<usize> = o
-            .columns
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.org_name == "id" && c.org_table == REF)
-            .map(|(i, _)| i)
-            .collect();
         for c in &mut o.columns {
             for t in [&mut c.table, &mut c.org_table] {
                 if t == REF {
@@ -819,22 +857,24 @@ impl IdMap {
                 }
             }
         }
-        for row in &mut o.rows {
-            for &i in &id_cols {
-                row[i] = match &row[i] {
-                    Value::Bytes(b) => {
-                        let id: i64 = String::from_utf8_lossy(b).parse().unwrap();
-                        Value::Bytes(self.seq_of(id).to_string().into_bytes())
-                    }
-                    Value::Int(id) => Value::Int(self.seq_of(*id)),
-                    Value::UInt(id) => Value::UInt(self.seq_of(*id as i64) as u64),
-                    other => other.clone(),
-                };
-            }
-        }
-        o.last_insert_id = None;
         o
     }
+}
+
+/// The known difference of multi-row INSERTs: when the first row replaces an older
+/// row of its ring, the OK packet reports the id of the first row that took a new
+/// slot, or of the last replaced row, instead of the first row's. `Some(note)` when
+/// `proxy` differs from `reference` only that way.
+fn multi_row_id_difference(
+    sql: &str,
+    rows: usize,
+    proxy: Option<u64>,
+    reference: Option<u64>,
+) -> Option<String> {
+    let (p, r) = (proxy?, reference?);
+    (rows > 1 && p > r && p < r + rows as u64).then(|| {
+        format!("known difference (multi-row INSERT replacing rows): last_insert_id {p}, the table reports {r}: {sql}")
+    })
 }
 
 /// Sorts rows (for statements without ORDER BY).
@@ -995,21 +1035,20 @@ async fn insert_scenario(env: &Env, p: &mut Conn, d: &mut Conn, ids: &mut IdMap)
     for (template, uids) in scenario_inserts() {
         let ps = fill(&template, LOG, &env.db);
         let ds = fill(&template, REF, &env.db);
-        let want_seqs = ids.peek(&uids);
-        let po = run_text(p, &ps)
+        let mut po = run_text(p, &ps)
             .await
             .unwrap_or_else(|e| panic!("through the proxy: {ps}\n  failed: {e}\n{}", env.tail()));
         let dout = run_text(d, &ds)
             .await
             .unwrap_or_else(|e| panic!("reference: {ds}\n  failed: {e}"));
         ids.record(dout.last_insert_id.unwrap() as i64, &uids);
-        if po.last_insert_id != Some(want_seqs[0] as u64) {
-            diffs.push(format!(
-                "{ps}\n  last_insert_id {:?}, want the first row's sequence number {}",
-                po.last_insert_id, want_seqs[0]
-            ));
+        if let Some(note) =
+            multi_row_id_difference(&ps, uids.len(), po.last_insert_id, dout.last_insert_id)
+        {
+            eprintln!("{note}");
+            po.last_insert_id = dout.last_insert_id;
         }
-        let (po, dout) = (ids.show(po), ids.show(dout));
+        let dout = ids.show(dout);
         if po != dout {
             diffs.push(format!(
                 "differs from the reference: {ps}\n  proxy:     {po:?}\n  reference: {dout:?}"
@@ -1038,8 +1077,6 @@ async fn read_scenario(env: &Env, p: &mut Conn, d: &mut Conn, ids: &IdMap) -> Ve
                 .await
                 .unwrap_or_else(|e| panic!("reference: {ds}\n  failed: {e}")),
         );
-        let mut po = po;
-        po.last_insert_id = None;
         let (po, dout) = if *unordered {
             (sorted(po), sorted(dout))
         } else {
@@ -1101,10 +1138,17 @@ fn text_protocol_matches_reference_table() {
         let diffs = read_scenario(&env, &mut p, &mut d, &ids).await;
         assert_no_diffs(&env, "reads", &diffs);
 
-        // Physically: at most 5 rows per key, slot = seq % 5, id = seq, and the
-        // sequence table counts every insert; the log itself stays empty.
+        // Physically: at most 5 rows per key, the latest by sequence, slot = seq % 5,
+        // the reference's ids in insertion order, and the sequence table counts every
+        // insert; the log itself stays empty.
         let ring = ring_rows(&env.db);
         let seqs = seq_values(&env.db);
+        let mut ref_ids: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+        for r in env.backend_rows(&format!(
+            "SELECT uid, id FROM {{db}}.{REF} ORDER BY uid, id"
+        )) {
+            ref_ids.entry(int(&r[0])).or_default().push(int(&r[1]));
+        }
         for (uid, n) in &ids.per_key {
             assert_eq!(seqs.get(uid), Some(n), "sequence of uid {uid}");
             let want: Vec<i64> = ((n - SIZE as i64 + 1).max(1)..=*n).collect();
@@ -1112,8 +1156,12 @@ fn text_protocol_matches_reference_table() {
             assert_eq!(rows.iter().map(|r| r[1]).collect::<Vec<_>>(), want);
             for r in rows {
                 assert_eq!(r[0], r[1] % SIZE as i64);
-                assert_eq!(r[2], r[1]);
             }
+            assert_eq!(
+                rows.iter().map(|r| r[2]).collect::<Vec<_>>(),
+                ref_ids[uid],
+                "ids of uid {uid} by sequence"
+            );
         }
         assert_eq!(
             env.backend_scalar(&format!("SELECT COUNT(*) FROM {{db}}.{LOG}")),
@@ -1164,16 +1212,12 @@ fn pymysql(
     lines
 }
 
-/// A PyMySQL entry of the reference table as the logical table would show it.
-fn py_show(ids: &IdMap, mut e: serde_json::Value, unordered: bool) -> serde_json::Value {
+/// A PyMySQL entry of the reference table as the logical table would show it (table
+/// names renamed); rows sorted when `unordered`.
+fn py_show(mut e: serde_json::Value, unordered: bool) -> serde_json::Value {
     use serde_json::Value as J;
-    e["lastrowid"] = J::Null;
-    let mut id_cols = Vec::new();
     if let Some(J::Array(fields)) = e.get_mut("fields") {
-        for (i, f) in fields.iter_mut().enumerate() {
-            if f["org_name"] == "id" && f["org_table"] == REF {
-                id_cols.push(i);
-            }
+        for f in fields.iter_mut() {
             for k in ["table", "org_table"] {
                 if f[k] == REF {
                     f[k] = J::from(LOG);
@@ -1182,13 +1226,6 @@ fn py_show(ids: &IdMap, mut e: serde_json::Value, unordered: bool) -> serde_json
         }
     }
     if let Some(J::Array(rows)) = e.get_mut("rows") {
-        for row in rows.iter_mut() {
-            for &i in &id_cols {
-                if let Some(id) = row[i].as_i64() {
-                    row[i] = J::from(ids.seq_of(id));
-                }
-            }
-        }
         if unordered {
             rows.sort_by_key(|r| r.to_string());
         }
@@ -1208,18 +1245,21 @@ fn pymysql_matches_reference_table() {
         let proxied = pymysql(env.proxy.port(), &env.db, LOG, autocommit, &templates);
         let direct = pymysql(mariadb().port(), &env.db, REF, autocommit, &templates);
         let mut ids = IdMap::default();
-        for ((p, d), (sql, uids)) in proxied.into_iter().zip(direct).zip(&inserts) {
+        for ((mut p, d), (sql, uids)) in proxied.into_iter().zip(direct).zip(&inserts) {
             let first = d["lastrowid"]
                 .as_i64()
                 .unwrap_or_else(|| panic!("reference {sql}: {d}"));
-            let seqs = ids.record(first, uids);
-            if p["lastrowid"].as_i64() != Some(seqs[0]) {
-                diffs.push(format!(
-                    "{sql}: lastrowid {}, want {}",
-                    p["lastrowid"], seqs[0]
-                ));
+            ids.record(first, uids);
+            if let Some(note) = multi_row_id_difference(
+                sql,
+                uids.len(),
+                p["lastrowid"].as_u64(),
+                d["lastrowid"].as_u64(),
+            ) {
+                eprintln!("PyMySQL: {note}");
+                p["lastrowid"] = d["lastrowid"].clone();
             }
-            let (p, d) = (py_show(&ids, p, false), py_show(&ids, d, false));
+            let (p, d) = (py_show(p, false), py_show(d, false));
             if p != d {
                 diffs.push(format!("{sql}\n  proxy:     {p}\n  reference: {d}"));
             }
@@ -1229,7 +1269,7 @@ fn pymysql_matches_reference_table() {
         let proxied = pymysql(env.proxy.port(), &env.db, LOG, autocommit, &reads);
         let direct = pymysql(mariadb().port(), &env.db, REF, autocommit, &reads);
         for ((p, d), (sql, unordered)) in proxied.into_iter().zip(direct).zip(READS) {
-            let (p, d) = (py_show(&ids, p, *unordered), py_show(&ids, d, *unordered));
+            let (p, d) = (py_show(p, *unordered), py_show(d, *unordered));
             if p != d {
                 diffs.push(format!("{sql}\n  proxy:     {p}\n  reference: {d}"));
             }
@@ -1310,10 +1350,9 @@ fn deletes_keyed_updates_and_rejections() {
         ] {
             let ps = fill(template, LOG, &env.db);
             let ds = fill(template, REF, &env.db);
-            let mut po = run_text(&mut p, &ps)
+            let po = run_text(&mut p, &ps)
                 .await
                 .unwrap_or_else(|e| panic!("{ps}: {e}\n{}", env.tail()));
-            po.last_insert_id = None;
             let dout = ids.show(run_text(&mut d, &ds).await.unwrap());
             if po != dout {
                 diffs.push(format!(
@@ -1322,18 +1361,18 @@ fn deletes_keyed_updates_and_rejections() {
             }
         }
         assert_no_diffs(&env, "updates and deletes", &diffs);
-        // The deleted ring is gone physically; its sequence continues.
+        // The deleted ring is gone physically; its sequence continues, ids continue
+        // as in the table.
         assert!(!ring_rows(&env.db).contains_key(&5));
         assert_eq!(seq_values(&env.db)[&5], 7);
-        p.query_drop(format!(
-            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (5, 508, NOW(6))"
-        ))
-        .await
-        .unwrap();
-        assert_eq!(p.last_insert_id(), Some(8), "sequence after DELETE");
+        let ins = "INSERT INTO {t} (uid, visitor_uid, last_update) VALUES (5, 508, NOW(6))";
+        p.query_drop(fill(ins, LOG, &env.db)).await.unwrap();
+        d.query_drop(fill(ins, REF, &env.db)).await.unwrap();
+        let id = d.last_insert_id().unwrap();
+        assert_eq!(p.last_insert_id(), Some(id), "id after DELETE");
         assert_eq!(
             ring_rows(&env.db)[&5],
-            vec![[3, 8, 8, 508]],
+            vec![[3, 8, id as i64, 508]],
             "[slot, seq, id, visitor]"
         );
 
@@ -1397,7 +1436,8 @@ fn transactions_roll_back_and_commit_ring_inserts() {
             p.query_drop(ins(1, v)).await.unwrap();
         }
         p.query_drop(ins(2, 20)).await.unwrap();
-        assert_eq!(p.last_insert_id(), Some(1));
+        // Ids as in the table: 3 rows before, 7 + 1 in the transaction.
+        assert_eq!(p.last_insert_id(), Some(11));
         let inside: Vec<i64> = p
             .query(format!(
                 "SELECT visitor_uid FROM {LOG} WHERE uid = 1 ORDER BY id"
@@ -1431,16 +1471,17 @@ fn transactions_roll_back_and_commit_ring_inserts() {
             Some("0".into())
         );
 
-        // COMMIT: visible, sequence advanced.
+        // COMMIT: visible, sequence advanced. Like the table's, the AUTO_INCREMENT
+        // counter does not roll back: ids continue after the rolled-back ones.
         p.query_drop("START TRANSACTION").await.unwrap();
         p.query_drop(ins(1, 30)).await.unwrap();
-        assert_eq!(p.last_insert_id(), Some(4));
+        assert_eq!(p.last_insert_id(), Some(12));
         p.query_drop(format!(
             "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 31, NOW(6)), (2, 32, NOW(6))"
         ))
         .await
         .unwrap();
-        assert_eq!(p.last_insert_id(), Some(5));
+        assert_eq!(p.last_insert_id(), Some(13));
         p.query_drop("COMMIT").await.unwrap();
         let seen: Vec<(i64, i64)> = other
             .query(format!(
@@ -1487,7 +1528,6 @@ fn prepared_inserts_and_reads() {
         for i in 0..7i64 {
             let uid = 1 + i % 2;
             let params = (uid, 100 + i, format!("2024-01-01 00:00:{i:02}.5"));
-            let want = ids.peek(&[uid])[0];
             let po = run_exec(&mut p, &fill(insert, LOG, &env.db), params.clone())
                 .await
                 .unwrap_or_else(|e| panic!("prepared insert: {e}\n{}", env.tail()));
@@ -1495,8 +1535,7 @@ fn prepared_inserts_and_reads() {
                 .await
                 .unwrap();
             ids.record(dout.last_insert_id.unwrap() as i64, &[uid]);
-            assert_eq!(po.last_insert_id, Some(want as u64));
-            assert_eq!(ids.show(po), ids.show(dout));
+            assert_eq!(po, ids.show(dout));
         }
         ids.trim_reference(&env.db);
         for (sql, params) in [
@@ -1507,10 +1546,9 @@ fn prepared_inserts_and_reads() {
             ),
             ("SELECT COUNT(*) FROM {t} WHERE uid = ?", Params::from((1,))),
         ] {
-            let mut po = run_exec(&mut p, &fill(sql, LOG, &env.db), params.clone())
+            let po = run_exec(&mut p, &fill(sql, LOG, &env.db), params.clone())
                 .await
                 .unwrap_or_else(|e| panic!("prepared read {sql}: {e}"));
-            po.last_insert_id = None;
             let dout = ids.show(
                 run_exec(&mut d, &fill(sql, REF, &env.db), params)
                     .await
@@ -1534,7 +1572,7 @@ const COLD_BASE: i64 = 1001;
 /// What one load client did.
 #[derive(Debug, Default)]
 struct WorkerResult {
-    /// Acknowledged inserts: (uid, last_insert_id = sequence number, visitor_uid).
+    /// Acknowledged inserts: (uid, last_insert_id = the row's id, visitor_uid).
     acks: Vec<(i64, u64, i64)>,
     /// Errors by kind (`1213`, `1205`, `timeout`, …).
     errors: BTreeMap<String, u64>,
@@ -1683,16 +1721,21 @@ async fn load(
     total
 }
 
-/// Checks every key's ring against the acknowledged inserts. `exact`: every insert
-/// was acknowledged (no client error), so the sequence equals the acknowledged count.
-/// Returns the problems found (at most 20) and a summary line.
+/// Checks every key's ring against the acknowledged inserts (uid, id, visitor). The
+/// ring's trigger takes a key's sequence number under the key's sequence row lock,
+/// before the row's id is generated, so within a key sequence order is id order.
+/// `exact`: every insert was acknowledged (no client error), so the sequence equals
+/// the acknowledged count and the insert with the key's k-th smallest id holds
+/// sequence number k. Returns the problems found (at most 20) and a summary line.
 fn verify_rings(db: &str, acks: &[(i64, u64, i64)], exact: bool) -> (Vec<String>, String) {
     let mut by_key: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
-    for (uid, seq, visitor) in acks {
-        by_key
-            .entry(*uid)
-            .or_default()
-            .push((*seq as i64, *visitor));
+    let mut ids = BTreeSet::new();
+    let mut duplicate_ids = 0;
+    for (uid, id, visitor) in acks {
+        if !ids.insert(*id) {
+            duplicate_ids += 1;
+        }
+        by_key.entry(*uid).or_default().push((*id as i64, *visitor));
     }
     let ring = ring_rows(db);
     let seqs = seq_values(db);
@@ -1704,36 +1747,28 @@ fn verify_rings(db: &str, acks: &[(i64, u64, i64)], exact: bool) -> (Vec<String>
             problems.push(p);
         }
     };
+    if duplicate_ids > 0 {
+        push(format!(
+            "{duplicate_ids} acknowledged inserts got an id another one got too"
+        ));
+    }
     for (uid, list) in &mut by_key {
         list.sort();
         let n = list.len() as i64;
-        let distinct: BTreeSet<i64> = list.iter().map(|x| x.0).collect();
-        if distinct.len() != list.len() {
-            push(format!(
-                "uid {uid}: two acknowledged inserts got the same sequence number"
-            ));
-        }
-        if exact && list.iter().map(|x| x.0).ne(1..=n) {
-            push(format!(
-                "uid {uid}: acknowledged sequence numbers are not 1..={n}: {:?}",
-                list.iter().map(|x| x.0).collect::<Vec<_>>()
-            ));
-        }
         let Some(&s) = seqs.get(uid) else {
             push(format!(
                 "uid {uid}: {n} acknowledged inserts but no sequence row"
             ));
             continue;
         };
-        let max_acked = list.last().map_or(0, |x| x.0);
         if exact && s != n {
             push(format!(
                 "uid {uid}: sequence {s} != {n} acknowledged inserts"
             ));
         }
-        if s < max_acked || s < n {
+        if s < n {
             push(format!(
-                "uid {uid}: sequence {s} below the acknowledged inserts ({n}, max {max_acked})"
+                "uid {uid}: sequence {s} below the {n} acknowledged inserts"
             ));
         }
         if s > n {
@@ -1749,19 +1784,43 @@ fn verify_rings(db: &str, acks: &[(i64, u64, i64)], exact: bool) -> (Vec<String>
                 "uid {uid}: ring holds seqs {got:?}, want {want:?} (sequence {s})"
             ));
         }
+        if rows.windows(2).any(|w| w[0][2] >= w[1][2]) {
+            push(format!(
+                "uid {uid}: ids do not increase with the sequence: {rows:?}"
+            ));
+        }
         for r in &rows {
             let [slot, seq, id, visitor] = *r;
-            if slot != seq % SIZE as i64 || id != seq {
+            if slot != seq % SIZE as i64 {
                 push(format!("uid {uid}: row slot {slot}, seq {seq}, id {id}"));
             }
-            if let Some(v) = acked.get(&seq) {
-                if *v != visitor {
-                    push(format!(
-                        "uid {uid}: seq {seq} holds visitor {visitor}, but that insert was {v}"
-                    ));
-                }
-            } else if exact {
-                push(format!("uid {uid}: seq {seq} was never acknowledged"));
+            match acked.get(&id) {
+                Some(v) if *v != visitor => push(format!(
+                    "uid {uid}: id {id} holds visitor {visitor}, but that insert was {v}"
+                )),
+                Some(_) => {}
+                None if exact => push(format!(
+                    "uid {uid}: seq {seq} holds id {id}, which was never acknowledged"
+                )),
+                None => {}
+            }
+            if exact && list.get(seq as usize - 1) != Some(&(id, visitor)) {
+                push(format!(
+                    "uid {uid}: seq {seq} holds (id {id}, visitor {visitor}), want the acknowledged insert {:?}",
+                    list.get(seq as usize - 1)
+                ));
+            }
+        }
+        // No acknowledged insert newer than the ring's oldest row is missing.
+        if let Some(oldest) = rows.iter().map(|r| r[2]).min() {
+            let held: BTreeSet<i64> = rows.iter().map(|r| r[2]).collect();
+            if let Some((id, _)) = list
+                .iter()
+                .find(|(id, _)| *id > oldest && !held.contains(id))
+            {
+                push(format!(
+                    "uid {uid}: acknowledged insert id {id} is newer than the ring's oldest row (id {oldest}) but not in the ring"
+                ));
             }
         }
     }
@@ -1893,9 +1952,10 @@ fn kill9_mid_load_leaves_rings_consistent() {
         "rings inconsistent after kill -9:\n{}",
         problems.join("\n")
     );
-    // A new proxy continues every key's sequence.
+    // A new proxy continues every key's sequence, with ids above every id given so far.
     let proxy = start_proxy(env.rules.path());
     let seqs = seq_values(&db);
+    let max_id = r.acks.iter().map(|a| a.1).max().unwrap_or(0);
     rt.block_on(async {
         let mut c = connect(&proxy.url(&db)).await;
         for uid in 1..=3 {
@@ -1904,7 +1964,16 @@ fn kill9_mid_load_leaves_rings_consistent() {
             ))
             .await
             .unwrap();
-            assert_eq!(c.last_insert_id(), Some(seqs[&uid] as u64 + 1));
+            let id = c.last_insert_id().unwrap();
+            assert!(id > max_id, "id {id} after {max_id}");
+            let rows = ring_rows(&db)[&uid].clone();
+            let newest = rows.last().unwrap();
+            assert_eq!(newest[1], seqs[&uid] + 1, "uid {uid}: {rows:?}");
+            assert_eq!(
+                (newest[2], newest[3]),
+                (id as i64, 1),
+                "uid {uid}: {rows:?}"
+            );
         }
         c.disconnect().await.unwrap();
     });
@@ -2016,12 +2085,16 @@ fn switching_the_rule_on_while_inserting() {
     assert!(errors.is_empty(), "client errors:\n{}", errors.join("\n"));
 
     // Per key: the log's rows (every append through the plain proxy), the inserts
-    // through the rule, the ring.
-    let mut log: BTreeMap<i64, BTreeSet<i64>> = BTreeMap::new(); // uid → visitors
-    for r in mariadb().query_strings(&format!("SELECT uid, visitor_uid FROM {db}.{LOG}")) {
-        log.entry(int(&r[0])).or_default().insert(int(&r[1]));
+    // through the rule, the ring. Rows are told apart by visitor (unique per insert):
+    // while both are in use, the log's and the ring's AUTO_INCREMENT counters may hand
+    // out the same id.
+    let mut log: BTreeMap<i64, HashMap<i64, i64>> = BTreeMap::new(); // uid → visitor → id
+    for r in mariadb().query_strings(&format!("SELECT uid, visitor_uid, id FROM {db}.{LOG}")) {
+        log.entry(int(&r[0]))
+            .or_default()
+            .insert(int(&r[1]), int(&r[2]));
     }
-    let mut live: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new(); // uid → (seq, visitor)
+    let mut live: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new(); // uid → (id, visitor)
     for (phase, uid, id, visitor) in &acks {
         if *phase == 1 {
             live.entry(*uid).or_default().push((*id as i64, *visitor));
@@ -2033,7 +2106,8 @@ fn switching_the_rule_on_while_inserting() {
     let (mut phase_a, mut phase_b, mut from_log) = (0, 0, 0);
     for uid in 1..=KEYS {
         let hist = log.remove(&uid).unwrap_or_default();
-        let lv = live.remove(&uid).unwrap_or_default();
+        let mut lv = live.remove(&uid).unwrap_or_default();
+        lv.sort();
         phase_a += hist.len();
         phase_b += lv.len();
         let (c, l) = (hist.len() as i64, lv.len() as i64);
@@ -2051,25 +2125,46 @@ fn switching_the_rule_on_while_inserting() {
                 rows.iter().map(|r| r[1]).collect::<Vec<_>>()
             ));
         }
-        let live_by_seq: HashMap<i64, i64> = lv.iter().copied().collect();
+        let live_by_visitor: HashMap<i64, i64> = lv.iter().map(|(id, v)| (*v, *id)).collect();
         let visitors: BTreeSet<i64> = rows.iter().map(|r| r[3]).collect();
         if visitors.len() != rows.len() {
             problems.push(format!("uid {uid}: a row is in the ring twice: {rows:?}"));
         }
+        let mut live_ids_in_ring = Vec::new();
         for [slot, seq, id, visitor] in &rows {
-            if *slot != seq % SIZE as i64 || id != seq {
+            if *slot != seq % SIZE as i64 {
                 problems.push(format!("uid {uid}: slot {slot}, seq {seq}, id {id}"));
             }
-            let ok = match live_by_seq.get(seq) {
-                Some(v) => v == visitor,
+            let want_id = match live_by_visitor.get(visitor) {
+                Some(acked) => {
+                    live_ids_in_ring.push(*id);
+                    Some(acked)
+                }
                 None => {
                     from_log += 1;
-                    hist.contains(visitor)
+                    hist.get(visitor)
                 }
             };
-            if !ok {
+            if want_id != Some(id) {
                 problems.push(format!(
-                    "uid {uid}: seq {seq} holds visitor {visitor}, not the row it stands for"
+                    "uid {uid}: seq {seq} holds visitor {visitor} with id {id}, which is not a row inserted ({want_id:?})"
+                ));
+            }
+        }
+        // Inserts through the rule: sequence order is id order, and none newer than
+        // the ring's oldest of them is missing.
+        if live_ids_in_ring.windows(2).any(|w| w[0] >= w[1]) {
+            problems.push(format!(
+                "uid {uid}: ids through the rule do not increase with the sequence: {rows:?}"
+            ));
+        }
+        if let Some(oldest) = live_ids_in_ring.iter().min() {
+            if let Some((id, _)) = lv
+                .iter()
+                .find(|(id, _)| id > oldest && !live_ids_in_ring.contains(id))
+            {
+                problems.push(format!(
+                    "uid {uid}: insert id {id} through the rule is newer than one in the ring but missing: {rows:?}"
                 ));
             }
         }
@@ -2085,9 +2180,10 @@ fn switching_the_rule_on_while_inserting() {
     );
 }
 
-/// The trigger migrate installs on the log mirrors rows appended to it directly: same
-/// sequence, latest rows kept, the appending client's last_insert_id untouched, rows
-/// with a NULL key left out (the ring cannot hold them).
+/// The trigger migrate installs on the log mirrors rows appended to it directly: with
+/// the log's ids, numbered by the ring's trigger, latest rows kept, the appending
+/// client's last_insert_id untouched, rows with a NULL key left out (the ring cannot
+/// hold them).
 #[test]
 fn migrate_trigger_mirrors_direct_appends() {
     let db = "ring_mig_trigger";
@@ -2130,15 +2226,20 @@ fn migrate_trigger_mirrors_direct_appends() {
     assert_eq!(
         ring_rows(db),
         BTreeMap::from([
-            (1, (4..=8).map(|s| [s % 5, s, s, s + 1]).collect::<Vec<_>>()),
-            (2, vec![[1, 1, 1, 11]]),
+            (
+                1,
+                (4..=8)
+                    .map(|s| [s % 5, s, s + 1, s + 1])
+                    .collect::<Vec<_>>()
+            ),
+            (2, vec![[1, 1, 11, 11]]),
         ])
     );
     assert_eq!(seq_values(db), BTreeMap::from([(1, 8), (2, 1)]));
 }
 
 /// INSERT without a column list (`id` given as NULL or 0, as applications do for an
-/// AUTO_INCREMENT column) takes the next sequence number like an omitted `id`.
+/// AUTO_INCREMENT column) gets the id the table would generate.
 #[test]
 fn insert_without_column_list_numbers_the_row() {
     let env = Env::new("nocols");
@@ -2155,7 +2256,6 @@ fn insert_without_column_list_numbers_the_row() {
                 vec![1, 2],
             ),
         ] {
-            let want = ids.peek(&uids)[0];
             let ps = fill(template, LOG, &env.db);
             let po = match run_text(&mut p, &ps).await {
                 Ok(o) => o,
@@ -2166,10 +2266,7 @@ fn insert_without_column_list_numbers_the_row() {
             };
             let dout = run_text(&mut d, &fill(template, REF, &env.db)).await.unwrap();
             ids.record(dout.last_insert_id.unwrap() as i64, &uids);
-            if po.last_insert_id != Some(want as u64) {
-                diffs.push(format!("{ps}: last_insert_id {:?}, want {want}", po.last_insert_id));
-            }
-            let (po, dout) = (ids.show(po), ids.show(dout));
+            let dout = ids.show(dout);
             if po != dout {
                 diffs.push(format!("{ps}\n  proxy:     {po:?}\n  reference: {dout:?}"));
             }
@@ -2177,5 +2274,80 @@ fn insert_without_column_list_numbers_the_row() {
         assert_no_diffs(&env, "inserts without a column list", &diffs);
         let diffs = read_scenario(&env, &mut p, &mut d, &ids).await;
         assert_no_diffs(&env, "reads", &diffs);
+    });
+}
+
+/// Without the ring's numbering trigger an insert through the rule fails (1048, the
+/// NULL slot) instead of writing slot 0, and writes nothing.
+#[test]
+fn ring_insert_without_the_trigger_fails() {
+    let env = Env::new("no_trigger");
+    run(Duration::from_secs(30), async {
+        let mut p = env.proxied().await;
+        let ins =
+            format!("INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 1, NOW(6))");
+        p.query_drop(&ins).await.unwrap();
+        mariadb().exec(&format!("DROP TRIGGER {}.{RING}_hs_seq", env.db));
+        let before = env.snapshot();
+        for sql in [
+            ins.clone(),
+            format!(
+                "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 2, NOW(6)), (2, 3, NOW(6))"
+            ),
+        ] {
+            match p.query_drop(&sql).await {
+                Err(mysql_async::Error::Server(e)) => {
+                    assert_eq!(e.code, 1048, "{sql}: {e:?}");
+                    assert!(e.message.contains("slot"), "{sql}: {e:?}");
+                }
+                other => panic!("{sql}: expected ERROR 1048, got {other:?}"),
+            }
+        }
+        assert_eq!(env.snapshot(), before, "a failed insert wrote something");
+        // migrate puts the trigger back; inserts work again.
+        migrate_ok(env.rules.path(), &env.db, true);
+        p.query_drop(&ins).await.unwrap();
+        assert_eq!(
+            ring_rows(&env.db)[&1]
+                .iter()
+                .map(|r| [r[0], r[1], r[3]])
+                .collect::<Vec<_>>(),
+            [[1, 1, 1], [2, 2, 1]]
+        );
+        p.disconnect().await.unwrap();
+    });
+}
+
+/// A multi-row INSERT whose first row replaces an older row of its ring reports, as
+/// last_insert_id, the id of its first row that took a new slot, or of its last
+/// replaced row, where the table reports its first row's id: MariaDB's OK packet
+/// prefers an id generated by an inserted row over `LAST_INSERT_ID(expr)`, and the
+/// latter keeps the last row's value.
+#[test]
+#[ignore = "known limitation (rules/README.md): a multi-row INSERT whose first row replaces an older row reports another of its rows' ids"]
+fn multi_row_insert_reports_the_first_rows_id() {
+    let env = Env::new("multi_id");
+    run(Duration::from_secs(30), async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut diffs = Vec::new();
+        for template in [
+            "INSERT INTO {t} (uid, visitor_uid, last_update) VALUES (1, 1, NOW(6)), (1, 2, NOW(6)), (1, 3, NOW(6)), (1, 4, NOW(6)), (1, 5, NOW(6))",
+            // Every row replaces one.
+            "INSERT INTO {t} (uid, visitor_uid, last_update) VALUES (1, 6, NOW(6)), (1, 7, NOW(6))",
+            // The first row replaces one, the second takes a new ring.
+            "INSERT INTO {t} (uid, visitor_uid, last_update) VALUES (1, 8, NOW(6)), (2, 9, NOW(6))",
+        ] {
+            let ps = fill(template, LOG, &env.db);
+            let po = run_text(&mut p, &ps).await.unwrap();
+            let dout = run_text(&mut d, &fill(template, REF, &env.db)).await.unwrap();
+            if po.last_insert_id != dout.last_insert_id {
+                diffs.push(format!(
+                    "{ps}: last_insert_id {:?}, the table reports {:?}",
+                    po.last_insert_id, dout.last_insert_id
+                ));
+            }
+        }
+        assert_no_diffs(&env, "multi-row last_insert_id", &diffs);
     });
 }

@@ -8,15 +8,19 @@
 //!
 //! | statement | becomes |
 //! |---|---|
-//! | `INSERT INTO log (k, …) VALUES (v, …)[, (…)]` (also `INSERT … SET`, `REPLACE`, `IGNORE`) | per row: `INSERT INTO seq (k, seq) VALUES (v, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID(seq + 1)` then `INSERT INTO ring (k, …, slot, seq) VALUES (v, …, LAST_INSERT_ID() % N, LAST_INSERT_ID()) ON DUPLICATE KEY UPDATE c = IF(VALUES(seq) > seq, VALUES(c), c), …, seq = IF(…)`; all in one transaction |
+//! | `INSERT INTO log (k, …) VALUES (v, …)[, (…)]` (also `INSERT … SET`, `REPLACE`, `IGNORE`) | one statement: `INSERT INTO ring (k, …, slot, seq) VALUES (v, …, NULL, NULL)[, …] ON DUPLICATE KEY UPDATE c = IF(VALUES(seq) > seq, VALUES(c), c), …, seq = IF(…)`; the ring table's BEFORE INSERT trigger takes the key's next sequence number and sets `seq` and `slot = seq % N` |
 //! | any read of `log` | `log` replaced by `(SELECT <logical columns> FROM ring)`: at most N rows per key, the latest, logical columns only, logical metadata |
 //! | `DELETE FROM log WHERE …` | `DELETE FROM ring WHERE …` |
 //! | `UPDATE log SET payload … WHERE k = v …` | `UPDATE ring …` |
 //! | updates by a non-key condition, of key columns, `INSERT … SELECT`, `ON DUPLICATE KEY UPDATE`, DDL | ERR 1105 naming the rule |
 //!
-//! The sequence upsert's `LAST_INSERT_ID(1)` on a key's first insert is deliberate:
-//! `VALUES (k, 1) … seq = LAST_INSERT_ID(seq + 1)` leaves a stale LAST_INSERT_ID() on a
-//! key's first insert and puts the row in the wrong slot. The guard `VALUES(seq) >
+//! The trigger (created by `heatsink migrate`) runs `INSERT INTO seq (k, seq) VALUES
+//! (NEW.k, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE seq = LAST_INSERT_ID(seq + 1)`
+//! and reads LAST_INSERT_ID() back: `LAST_INSERT_ID(1)` on a key's first insert is
+//! deliberate (`VALUES (k, 1)` leaves a stale value), and MariaDB restores the
+//! session's LAST_INSERT_ID() when a trigger ends, so the application's value is
+//! untouched. One statement in autocommit mode is atomic, holds the key's sequence
+//! row only for that statement, and costs one round trip. The guard `VALUES(seq) >
 //! seq` (assigned last, since MySQL applies ON DUPLICATE KEY UPDATE assignments left to
 //! right) keeps an older sequence from overwriting a newer row.
 
@@ -46,12 +50,8 @@ pub struct RingRule {
     tables: Vec<TableName>,
     /// Ring table as written in the rule.
     ring_table: SpecTable,
-    /// Sequence table as written in the rule (or defaulted).
-    seq_table: SpecTable,
     /// Key columns.
     key: Vec<String>,
-    /// Rows kept per key.
-    size: u32,
     /// Slot column of the ring table.
     slot_column: String,
     /// Sequence column of the ring and sequence tables.
@@ -72,9 +72,7 @@ impl RingRule {
             name: spec.name.clone(),
             tables: vec![logical.clone()],
             ring_table: SpecTable::parse(&spec.ring_table)?,
-            seq_table: SpecTable::parse(&spec.seq_table_name())?,
             key: spec.key.clone(),
-            size: spec.size,
             slot_column: spec.slot_column.clone(),
             seq_column: spec.seq_column.clone(),
             shadow: spec.mode == crate::rules::spec::Mode::Shadow,
@@ -185,49 +183,36 @@ impl RingRule {
                 return Err(format!("table {} has no column `{c}`", self.tables[0]));
             }
         }
+        // The log's AUTO_INCREMENT column stays AUTO_INCREMENT in the ring, so ids
+        // and last_insert_id behave as in the log: generated when left out or given
+        // NULL/0, globally increasing, also when a row replaces an older one.
         let ai_column = meta
             .iter()
             .find(|d| d.flags & AUTO_INCREMENT_FLAG != 0)
             .map(column_def_name);
-        // The AUTO_INCREMENT column takes the sequence number when the insert leaves
-        // it out, or gives NULL, 0 or DEFAULT for it (as the table would generate one).
-        let ai_position = ai_column
-            .as_ref()
-            .and_then(|c| cols.iter().position(|x| eq(x, c)));
-        let auto_inc = ai_column.filter(|_| ai_position.is_none());
-        let generated = |v: &Expr| match v {
-            Expr::Value(v) if matches!(v.value, sqlparser::ast::Value::Null) => true,
-            Expr::Identifier(i) => i.value.eq_ignore_ascii_case("DEFAULT"),
-            other => ctx.literal(other).and_then(|l| l.as_i64()) == Some(0),
-        };
-        let mut reports_id = auto_inc.is_some();
-        let seq_sql = self.physical(&self.seq_table, name);
         let ring_sql = self.physical(&self.ring_table, name);
         let (slot, seq) = (quote(&self.slot_column), quote(&self.seq_column));
         let mut ring_cols: Vec<String> = cols.iter().map(|c| quote(c)).collect();
-        ring_cols.extend(auto_inc.iter().map(|c| quote(c)));
-        ring_cols.push(slot.clone());
+        ring_cols.push(slot);
         ring_cols.push(seq.clone());
-        let mut update: Vec<String> = meta
-            .iter()
-            .map(column_def_name)
-            .filter(|c| !self.is_key(c))
-            .map(|c| {
-                format!(
-                    "{0} = IF(VALUES({seq}) > {seq}, VALUES({0}), {0})",
-                    quote(&c)
-                )
-            })
-            .collect();
-        update.push(format!(
-            "{seq} = IF(VALUES({seq}) > {seq}, VALUES({seq}), {seq})"
-        ));
-        let mut statements = Vec::with_capacity(2 * rows.len());
+        let guarded = |c: &str| format!("IF(VALUES({seq}) > {seq}, VALUES({c}), {c})");
+        let mut update: Vec<String> = Vec::with_capacity(meta.len() + 1);
+        for c in meta.iter().map(column_def_name).filter(|c| !self.is_key(c)) {
+            let q = quote(&c);
+            if ai_column.as_deref().is_some_and(|ai| eq(ai, &c)) {
+                update.push(format!("{q} = LAST_INSERT_ID({})", guarded(&q)));
+            } else {
+                update.push(format!("{q} = {}", guarded(&q)));
+            }
+        }
+        // Sequence last: MySQL applies the assignments left to right, and the guards
+        // above must compare with the row's old sequence number.
+        update.push(format!("{seq} = {}", guarded(&seq)));
+        let mut values = Vec::with_capacity(rows.len());
         for row in &rows {
             if row.len() != cols.len() {
                 return Err("the column list and the VALUES list differ in length".into());
             }
-            let mut key_vals = Vec::with_capacity(self.key.len());
             for k in &self.key {
                 let v = cols
                     .iter()
@@ -237,44 +222,30 @@ impl RingRule {
                 if !is_value(v) {
                     return Err(format!("the key column `{k}` must be given a value"));
                 }
-                key_vals.push(v.to_string());
             }
-            let mut key_cols: Vec<String> = self.key.iter().map(|k| quote(k)).collect();
-            key_cols.push(seq.clone());
-            key_vals.push("LAST_INSERT_ID(1)".into());
-            statements.extend(parse(&format!(
-                "INSERT INTO {seq_sql} ({}) VALUES ({}) ON DUPLICATE KEY UPDATE {seq} = LAST_INSERT_ID({seq} + 1)",
-                key_cols.join(", "),
-                key_vals.join(", ")
-            ))?);
+            // Slot and sequence are assigned by the ring table's BEFORE INSERT
+            // trigger (heatsink migrate); NULL makes a missing trigger fail loudly
+            // (1048) instead of filling slot 0.
             let mut vals: Vec<String> = row.iter().map(ToString::to_string).collect();
-            if let Some(i) = ai_position {
-                if generated(&row[i]) {
-                    vals[i] = "LAST_INSERT_ID()".into();
-                    reports_id = true;
-                }
-            }
-            if auto_inc.is_some() {
-                vals.push("LAST_INSERT_ID()".into());
-            }
-            vals.push(format!("LAST_INSERT_ID() % {}", self.size));
-            vals.push("LAST_INSERT_ID()".into());
-            statements.extend(parse(&format!(
-                "INSERT INTO {ring_sql} ({}) VALUES ({}) ON DUPLICATE KEY UPDATE {}",
-                ring_cols.join(", "),
-                vals.join(", "),
-                update.join(", ")
-            ))?);
+            vals.push("NULL".into());
+            vals.push("NULL".into());
+            values.push(format!("({})", vals.join(", ")));
         }
+        let statements = parse(&format!(
+            "INSERT INTO {ring_sql} ({}) VALUES {} ON DUPLICATE KEY UPDATE {}",
+            ring_cols.join(", "),
+            values.join(", "),
+            update.join(", ")
+        ))?;
         let n = rows.len() as u64;
         Ok(Some(Plan {
             statements,
             reply: Reply::Ok {
                 affected_rows: Affected::Fixed(n),
                 info: (n > 1).then(|| format!("Records: {n}  Duplicates: 0  Warnings: 0")),
-                last_insert_id: reports_id.then_some(0),
+                last_insert_id: ai_column.is_some().then_some(0),
             },
-            atomic: true,
+            atomic: false,
             ..Default::default()
         }))
     }

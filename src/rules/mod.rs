@@ -116,6 +116,8 @@ pub fn parse_file(
 /// Loads and validates every rule file under `path` and builds an engine.
 pub fn load(path: &Path, cache_capacity: u64) -> Result<Engine, Error> {
     let mut rules = Vec::new();
+    // Rule names seen so far, with where they were defined.
+    let mut seen: Vec<(String, (PathBuf, Option<usize>))> = Vec::new();
     for file in rule_files(path)? {
         let text = std::fs::read_to_string(&file).map_err(|e| {
             Error::with_cause(
@@ -126,7 +128,31 @@ pub fn load(path: &Path, cache_capacity: u64) -> Result<Engine, Error> {
         })?;
         let parsed = parse_file(&text, &file)
             .map_err(|e| Error::with_cause(Source::Rules, "invalid rule file", e))?;
-        rules.extend(parsed);
+        for rule in parsed {
+            let line = text
+                .find(&format!("\"{}\"", rule.name()))
+                .map(|at| line_of(&text, at));
+            if let Some((other, other_line)) = seen
+                .iter()
+                .find(|(name, _)| name.as_str() == rule.name())
+                .map(|(_, place)| place)
+            {
+                let reason = format!(
+                    "rule name '{}' is already used at {}:{}",
+                    rule.name(),
+                    other.display(),
+                    other_line.map_or_else(|| "?".to_string(), |l| l.to_string())
+                );
+                let e = RuleError {
+                    file: file.clone(),
+                    line,
+                    reason,
+                };
+                return Err(Error::with_cause(Source::Rules, "invalid rule file", e));
+            }
+            seen.push((rule.name().to_string(), (file.clone(), line)));
+            rules.push(rule);
+        }
     }
     if rules.is_empty() {
         return Ok(Engine::empty());
@@ -200,6 +226,18 @@ mod tests {
             blocks += 1;
         }
         assert!(blocks > 0);
+    }
+
+    #[test]
+    fn duplicate_names_across_files_name_both_places() {
+        let d = tempfile::tempdir().unwrap();
+        let rule = "[[counter]]\nname = \"hits\"\ntable = \"t1\"\ncolumns = [\"c\"]\nslots = 2\nslot_table = \"s1\"\n";
+        std::fs::write(d.path().join("a.toml"), rule).unwrap();
+        let other = format!("\n\n{}", rule.replace("t1", "t2").replace("s1", "s2"));
+        std::fs::write(d.path().join("b.toml"), other).unwrap();
+        let e = load(d.path(), 10).unwrap_err().to_string();
+        assert!(e.contains("b.toml:4"), "{e}");
+        assert!(e.contains("a.toml:2"), "{e}");
     }
 
     #[test]

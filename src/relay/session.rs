@@ -308,13 +308,7 @@ impl Session {
         let mut client_extra = 0u8;
         if h.ssl_request {
             let Some(acceptor) = &tls.acceptor else {
-                let msg = "Bad handshake: SSL was not offered by this proxy";
-                let _ = self
-                    .client
-                    .write_packet(
-                        hello.last_seq.wrapping_add(1),
-                        &err_of(errors::BAD_HANDSHAKE, msg),
-                    )
+                self.refuse_handshake(hello.last_seq, "SSL was not offered by this proxy")
                     .await;
                 return Err(Error::client(
                     "client requested TLS, which is not configured",
@@ -323,13 +317,7 @@ impl Session {
             tls::accept(acceptor, &mut self.client).await?;
             (hello, h) = self.read_client_hello(&info).await?;
             if h.ssl_request {
-                let msg = "Bad handshake: SSLRequest over TLS";
-                let _ = self
-                    .client
-                    .write_packet(
-                        hello.last_seq.wrapping_add(1),
-                        &err_of(errors::BAD_HANDSHAKE, msg),
-                    )
+                self.refuse_handshake(hello.last_seq, "SSLRequest over TLS")
                     .await;
                 return Err(Error::client("second SSLRequest"));
             }
@@ -416,14 +404,7 @@ impl Session {
         ) {
             Ok(h) => Ok((hello, h)),
             Err(e) => {
-                let msg = format!("Bad handshake: {e}");
-                let _ = self
-                    .client
-                    .write_packet(
-                        hello.last_seq.wrapping_add(1),
-                        &err_of(errors::BAD_HANDSHAKE, &msg),
-                    )
-                    .await;
+                self.refuse_handshake(hello.last_seq, &e.to_string()).await;
                 Err(Error::with_cause(
                     Source::Client,
                     "reading handshake response",
@@ -431,6 +412,19 @@ impl Session {
                 ))
             }
         }
+    }
+
+    /// Answers a handshake response the proxy cannot accept with ERR 1043 ("Bad
+    /// handshake: …"), best effort: the session ends either way.
+    async fn refuse_handshake(&mut self, hello_seq: u8, why: &str) {
+        let msg = format!("Bad handshake: {why}");
+        let _ = self
+            .client
+            .write_packet(
+                hello_seq.wrapping_add(1),
+                &err_of(errors::BAD_HANDSHAKE, &msg),
+            )
+            .await;
     }
 
     /// Pumps authentication packets both ways until the backend sends OK or ERR.

@@ -76,6 +76,13 @@ pub fn line_of(text: &str, at: usize) -> usize {
         + 1
 }
 
+/// The line where the rule called `name` is defined (where its quoted name first
+/// appears), for error messages.
+fn rule_line(text: &str, name: &str) -> Option<usize> {
+    text.find(&format!("\"{name}\""))
+        .map(|at| line_of(text, at))
+}
+
 /// Parses one rule file's text; `file` names it in errors.
 pub fn parse_file(
     text: &str,
@@ -94,18 +101,13 @@ pub fn parse_file(
     })?;
     let mut rules: Vec<Arc<dyn crate::rewrite::Rule>> = Vec::new();
     for c in &parsed.counter {
-        // Locate the rule by its name for error lines.
-        let line = text
-            .find(&format!("\"{}\"", c.name))
-            .map(|at| line_of(text, at));
+        let line = rule_line(text, &c.name);
         let rule = crate::rewrite::counter::CounterRule::new(c)
             .map_err(|reason| err(line, format!("counter '{}': {reason}", c.name)))?;
         rules.push(Arc::new(rule));
     }
     for r in &parsed.ring {
-        let line = text
-            .find(&format!("\"{}\"", r.name))
-            .map(|at| line_of(text, at));
+        let line = rule_line(text, &r.name);
         let rule = crate::rewrite::ring::RingRule::new(r)
             .map_err(|reason| err(line, format!("ring '{}': {reason}", r.name)))?;
         rules.push(Arc::new(rule));
@@ -129,9 +131,7 @@ pub fn load(path: &Path, cache_capacity: u64) -> Result<Engine, Error> {
         let parsed = parse_file(&text, &file)
             .map_err(|e| Error::with_cause(Source::Rules, "invalid rule file", e))?;
         for rule in parsed {
-            let line = text
-                .find(&format!("\"{}\"", rule.name()))
-                .map(|at| line_of(&text, at));
+            let line = rule_line(&text, rule.name());
             if let Some((other, other_line)) = seen
                 .iter()
                 .find(|(name, _)| name.as_str() == rule.name())

@@ -56,15 +56,21 @@ pub fn render(shared: &Shared) -> String {
     );
     counter(
         "heatsink_coalesced_writes_total",
-        "Merged counter writes (group commit) holding more than one increment.",
+        "Merged writes (group commit) holding more than one statement.",
         "counter",
         s.coalesced_writes.load(Relaxed),
     );
     counter(
         "heatsink_coalesced_increments_total",
-        "Increments written as part of a merged write.",
+        "Counter increments written as part of a merged write.",
         "counter",
         s.coalesced_increments.load(Relaxed),
+    );
+    counter(
+        "heatsink_coalesced_rows_total",
+        "Ring rows written as part of a merged write.",
+        "counter",
+        s.coalesced_rows.load(Relaxed),
     );
     let _ = writeln!(
         out,

@@ -13,14 +13,13 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{free_port, mariadb, Proxy};
+use common::{free_port, mariadb, metrics, Proxy};
 use mysql_async::prelude::*;
 use mysql_async::Conn;
 
@@ -183,27 +182,6 @@ fn run<F: std::future::Future<Output = ()>>(limit: Duration, f: F) {
                 .await
                 .unwrap_or_else(|_| panic!("test timed out after {limit:?}"))
         })
-}
-
-/// GETs `/metrics` and returns every unlabelled sample.
-fn metrics(addr: SocketAddr) -> HashMap<String, u64> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .unwrap_or_else(|e| panic!("connect to metrics {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body)
-        .unwrap_or_else(|e| panic!("read metrics: {e}"));
-    assert!(body.starts_with("HTTP/1.1 200"), "metrics answer: {body}");
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (name, v) = l.split_once(' ')?;
-            Some((name.to_string(), v.trim().parse().ok()?))
-        })
-        .collect()
 }
 
 /// `heatsink_coalesced_writes_total` and `heatsink_coalesced_increments_total`.

@@ -18,13 +18,14 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{mariadb, Proxy, PASSWORD, USER};
+use common::{free_port, mariadb, metrics, Proxy, PASSWORD, USER};
 use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::prelude::*;
 use mysql_async::{Column, Conn, Params, Row, Value};
@@ -52,6 +53,15 @@ fn load_lock() -> std::sync::MutexGuard<'static, ()> {
 
 /// The rule of these tests (`size = 5`, `order_by = "last_update"`).
 fn ring_rule() -> String {
+    rule_toml(false)
+}
+
+/// The rule with `coalesce = true`: concurrent inserts are merged into one write.
+fn coalesced_rule() -> String {
+    rule_toml(true)
+}
+
+fn rule_toml(coalesce: bool) -> String {
     format!(
         r#"[[ring]]
 name = "{RULE}"
@@ -61,6 +71,7 @@ size = {SIZE}
 ring_table = "{RING}"
 seq_table = "{SEQ}"
 order_by = "last_update"
+coalesce = {coalesce}
 "#
     )
 }
@@ -148,6 +159,8 @@ struct Env {
     db: String,
     /// Proxy with the ring rule.
     proxy: Proxy,
+    /// The proxy's `--metrics` address.
+    metrics: SocketAddr,
     /// The rules directory (kept alive while the proxy runs).
     rules: tempfile::TempDir,
 }
@@ -156,12 +169,35 @@ impl Env {
     /// Database `ring_<name>` with the tables, the ring tables created by
     /// `heatsink migrate --apply`, and a proxy with the rule.
     fn new(name: &str) -> Env {
+        Env::with_rule(name, &ring_rule())
+    }
+
+    /// As [`Env::new`], with `coalesce = true`.
+    fn coalesced(name: &str) -> Env {
+        Env::with_rule(name, &coalesced_rule())
+    }
+
+    fn with_rule(name: &str, toml: &str) -> Env {
         let db = format!("ring_{name}");
         create_db(&db);
-        let rules = rules_dir(&ring_rule());
+        let rules = rules_dir(toml);
         migrate_ok(rules.path(), &db, true);
-        let proxy = start_proxy(rules.path());
-        Env { db, proxy, rules }
+        let (proxy, metrics) = start_proxy_with_metrics(rules.path());
+        Env {
+            db,
+            proxy,
+            metrics,
+            rules,
+        }
+    }
+
+    /// `heatsink_coalesced_writes_total` and `heatsink_coalesced_rows_total`.
+    fn merged(&self) -> (u64, u64) {
+        let m = metrics(self.metrics);
+        (
+            m["heatsink_coalesced_writes_total"],
+            m["heatsink_coalesced_rows_total"],
+        )
     }
 
     async fn proxied(&self) -> Conn {
@@ -200,11 +236,25 @@ impl Env {
 }
 
 fn start_proxy(rules: &Path) -> Proxy {
+    proxy_builder(rules).start()
+}
+
+/// A proxy with a `--metrics` endpoint, and that endpoint's address.
+fn start_proxy_with_metrics(rules: &Path) -> (Proxy, SocketAddr) {
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let proxy = proxy_builder(rules)
+        .arg("--metrics")
+        .arg(addr.to_string())
+        .start();
+    (proxy, addr)
+}
+
+fn proxy_builder(rules: &Path) -> common::ProxyBuilder {
     let mut builder = Proxy::builder().rules_dir(rules);
     if let Ok(level) = std::env::var("RING_PROXY_LOG") {
         builder = builder.arg("--log-level").arg(level);
     }
-    builder.start()
+    builder
 }
 
 async fn connect(url: &str) -> Conn {
@@ -1128,7 +1178,18 @@ fn seq_values(db: &str) -> BTreeMap<i64, i64> {
 
 #[test]
 fn text_protocol_matches_reference_table() {
-    let env = Env::new("text");
+    text_protocol_scenario(Env::new("text"));
+}
+
+/// The same through the merged-write path (`coalesce = true`): with one client every
+/// insert is a merged write of one member, answered from `RETURNING`.
+#[test]
+fn coalesced_text_protocol_matches_reference_table() {
+    let env = Env::coalesced("text_co");
+    text_protocol_scenario(env);
+}
+
+fn text_protocol_scenario(env: Env) {
     run(Duration::from_secs(40), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -1237,8 +1298,12 @@ fn py_show(mut e: serde_json::Value, unordered: bool) -> serde_json::Value {
 /// off (PyMySQL's default; the script commits at the end).
 #[test]
 fn pymysql_matches_reference_table() {
-    for autocommit in [true, false] {
-        let env = Env::new(if autocommit { "py_ac" } else { "py_noac" });
+    for (autocommit, coalesce) in [(true, false), (false, false), (true, true)] {
+        let env = match (autocommit, coalesce) {
+            (true, false) => Env::new("py_ac"),
+            (false, _) => Env::new("py_noac"),
+            (true, true) => Env::coalesced("py_co"),
+        };
         let mut diffs = Vec::new();
         let inserts = scenario_inserts();
         let templates: Vec<String> = inserts.iter().map(|(s, _)| s.clone()).collect();
@@ -1274,7 +1339,11 @@ fn pymysql_matches_reference_table() {
                 diffs.push(format!("{sql}\n  proxy:     {p}\n  reference: {d}"));
             }
         }
-        assert_no_diffs(&env, &format!("PyMySQL autocommit={autocommit}"), &diffs);
+        assert_no_diffs(
+            &env,
+            &format!("PyMySQL autocommit={autocommit} coalesce={coalesce}"),
+            &diffs,
+        );
     }
 }
 
@@ -1727,7 +1796,12 @@ async fn load(
 /// `exact`: every insert was acknowledged (no client error), so the sequence equals
 /// the acknowledged count and the insert with the key's k-th smallest id holds
 /// sequence number k. Returns the problems found (at most 20) and a summary line.
-fn verify_rings(db: &str, acks: &[(i64, u64, i64)], exact: bool) -> (Vec<String>, String) {
+fn verify_rings(
+    db: &str,
+    acks: &[(i64, u64, i64)],
+    exact: bool,
+    ids_follow_sequence: bool,
+) -> (Vec<String>, String) {
     let mut by_key: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
     let mut ids = BTreeSet::new();
     let mut duplicate_ids = 0;
@@ -1784,7 +1858,7 @@ fn verify_rings(db: &str, acks: &[(i64, u64, i64)], exact: bool) -> (Vec<String>
                 "uid {uid}: ring holds seqs {got:?}, want {want:?} (sequence {s})"
             ));
         }
-        if rows.windows(2).any(|w| w[0][2] >= w[1][2]) {
+        if ids_follow_sequence && rows.windows(2).any(|w| w[0][2] >= w[1][2]) {
             push(format!(
                 "uid {uid}: ids do not increase with the sequence: {rows:?}"
             ));
@@ -1804,7 +1878,7 @@ fn verify_rings(db: &str, acks: &[(i64, u64, i64)], exact: bool) -> (Vec<String>
                 )),
                 None => {}
             }
-            if exact && list.get(seq as usize - 1) != Some(&(id, visitor)) {
+            if exact && ids_follow_sequence && list.get(seq as usize - 1) != Some(&(id, visitor)) {
                 push(format!(
                     "uid {uid}: seq {seq} holds (id {id}, visitor {visitor}), want the acknowledged insert {:?}",
                     list.get(seq as usize - 1)
@@ -1812,7 +1886,12 @@ fn verify_rings(db: &str, acks: &[(i64, u64, i64)], exact: bool) -> (Vec<String>
             }
         }
         // No acknowledged insert newer than the ring's oldest row is missing.
-        if let Some(oldest) = rows.iter().map(|r| r[2]).min() {
+        if let Some(oldest) = rows
+            .iter()
+            .map(|r| r[2])
+            .min()
+            .filter(|_| ids_follow_sequence)
+        {
             let held: BTreeSet<i64> = rows.iter().map(|r| r[2]).collect();
             if let Some((id, _)) = list
                 .iter()
@@ -1839,7 +1918,7 @@ fn verify_rings(db: &str, acks: &[(i64, u64, i64)], exact: bool) -> (Vec<String>
     (problems, summary)
 }
 
-fn assert_load_ok(env: &Env, what: &str, r: &LoadResult, secs: f64) {
+fn assert_load_ok(env: &Env, what: &str, r: &LoadResult, secs: f64, ids_follow_sequence: bool) {
     eprintln!(
         "{what}: {} inserts acknowledged in {secs} s ({:.0}/s), errors {:?}",
         r.acks.len(),
@@ -1853,7 +1932,7 @@ fn assert_load_ok(env: &Env, what: &str, r: &LoadResult, secs: f64) {
         r.samples.join("\n"),
         env.tail()
     );
-    let (problems, summary) = verify_rings(&env.db, &r.acks, true);
+    let (problems, summary) = verify_rings(&env.db, &r.acks, true, ids_follow_sequence);
     eprintln!("{what}: {summary}");
     assert!(
         problems.is_empty(),
@@ -1871,7 +1950,7 @@ fn concurrent_inserts_keep_the_latest_rows() {
     run(Duration::from_secs(60), async {
         let secs = 10.0;
         let r = load(&[env.proxy.url(&env.db)], 64, secs, 50, 10_000, false).await;
-        assert_load_ok(&env, "64 clients, hot and cold keys", &r, secs);
+        assert_load_ok(&env, "64 clients, hot and cold keys", &r, secs, true);
         assert!(r.acks.len() > 1000, "only {} inserts", r.acks.len());
         // Through the proxy, each hot key shows its latest 5 rows.
         let mut c = env.proxied().await;
@@ -1896,8 +1975,181 @@ fn two_proxies_share_the_sequences() {
         let secs = 5.0;
         let urls = [env.proxy.url(&env.db), second.url(&env.db)];
         let r = load(&urls, 32, secs, 100, 0, false).await;
-        assert_load_ok(&env, "two proxies × 32 clients, hot keys", &r, secs);
+        assert_load_ok(&env, "two proxies × 32 clients, hot keys", &r, secs, true);
         assert!(r.acks.len() > 500, "only {} inserts", r.acks.len());
+    });
+}
+
+/// `coalesce = true`, 64 clients for 6 s on hot and cold keys: inserts are merged
+/// (the metrics say so), no client sees an error, every key holds exactly its latest
+/// inserts, and each acknowledged insert's last_insert_id is its own row's id.
+#[test]
+fn coalesced_inserts_keep_the_latest_rows() {
+    let _serial = load_lock();
+    let env = Env::coalesced("load_co");
+    run(Duration::from_secs(60), async {
+        let secs = 6.0;
+        let r = load(&[env.proxy.url(&env.db)], 64, secs, 50, 10_000, false).await;
+        assert_load_ok(
+            &env,
+            "coalesce, 64 clients, hot and cold keys",
+            &r,
+            secs,
+            true,
+        );
+        let (writes, rows) = env.merged();
+        eprintln!("{writes} merged writes held {rows} rows");
+        assert!(
+            writes > 0 && rows > writes,
+            "no insert was merged: {writes} writes, {rows} rows"
+        );
+    });
+}
+
+/// Two proxies with `coalesce = true` on one database, 32 clients each, hot keys:
+/// the sequences stay exact. Each merged writer takes the keys' sequence rows in key
+/// order, but reserves its AUTO_INCREMENT ids when its first row is written, so
+/// across two writers a key's ids need not follow its sequence; the rows kept are
+/// still the latest by sequence.
+#[test]
+fn coalesced_inserts_through_two_proxies() {
+    let _serial = load_lock();
+    let env = Env::coalesced("two_co");
+    let (second, second_metrics) = start_proxy_with_metrics(env.rules.path());
+    run(Duration::from_secs(60), async {
+        let secs = 4.0;
+        let urls = [env.proxy.url(&env.db), second.url(&env.db)];
+        let r = load(&urls, 32, secs, 100, 0, false).await;
+        assert_load_ok(
+            &env,
+            "coalesce, two proxies × 32 clients, hot keys",
+            &r,
+            secs,
+            false,
+        );
+        let first = env.merged().0;
+        let second = metrics(second_metrics)["heatsink_coalesced_writes_total"];
+        assert!(
+            first > 0 && second > 0,
+            "merged writes: {first} and {second}"
+        );
+    });
+}
+
+/// What one client of [`coalesced_inserts_answer_each_client`] saw.
+#[derive(Default)]
+struct Answers {
+    /// (visitor, id reported) of acknowledged rows.
+    rows: Vec<(i64, u64)>,
+    /// Inserts refused, as expected, with error 1366.
+    refused: usize,
+    /// Everything that was not as the client's own insert would have been.
+    problems: Vec<String>,
+}
+
+async fn answers_worker(url: String, w: i64) -> Answers {
+    let mut a = Answers::default();
+    let mut c = connect(&url).await;
+    for i in 0..40i64 {
+        // A fresh key per insert: no row is pushed out of its ring.
+        let uid = 100_000 + w * 100 + i;
+        let visitor = w * 1000 + i;
+        if w % 6 == 5 && i % 2 == 1 {
+            // Not an integer: strict mode refuses the row, and a merged write holding
+            // it fails as a whole; every member then runs alone.
+            let sql = format!(
+                "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, 'x{visitor}', NOW(6))"
+            );
+            match c.query_drop(sql).await {
+                Err(mysql_async::Error::Server(e)) if e.code == 1366 => a.refused += 1,
+                other => a.problems.push(format!("bad value {visitor}: {other:?}")),
+            }
+            continue;
+        }
+        let two = i % 5 == 0;
+        let sql = if two {
+            format!(
+                "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {visitor}, NOW(6)), ({uid}, {}, NOW(6))",
+                visitor + 500
+            )
+        } else {
+            format!("INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {visitor}, NOW(6))")
+        };
+        if let Err(e) = c.query_drop(sql).await {
+            a.problems.push(format!("insert {visitor}: {e}"));
+            continue;
+        }
+        let (affected, info) = (c.affected_rows(), c.info().into_owned());
+        let want = if two {
+            (2, "Records: 2  Duplicates: 0  Warnings: 0".to_string())
+        } else {
+            (1, String::new())
+        };
+        if (affected, info.clone()) != want {
+            a.problems.push(format!(
+                "insert {visitor}: affected {affected}, info {info:?}"
+            ));
+        }
+        let Some(id) = c.last_insert_id() else {
+            a.problems
+                .push(format!("insert {visitor}: no last_insert_id"));
+            continue;
+        };
+        a.rows.push((visitor, id));
+        if two {
+            a.rows.push((visitor + 500, id + 1));
+        }
+        let lii: Option<u64> = c.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
+        if lii != Some(id) {
+            a.problems.push(format!(
+                "insert {visitor}: last_insert_id {id} but LAST_INSERT_ID() = {lii:?}"
+            ));
+        }
+    }
+    let _ = c.disconnect().await;
+    a
+}
+
+/// Merged inserts answer each client as its own insert would have: affected rows,
+/// info and last_insert_id of its own rows, `LAST_INSERT_ID()` on its own session;
+/// a member whose values fail gets its own error and the others' rows are written.
+#[test]
+fn coalesced_inserts_answer_each_client() {
+    let _serial = load_lock();
+    let env = Env::coalesced("answers");
+    run(Duration::from_secs(60), async {
+        let tasks: Vec<_> = (0..24)
+            .map(|w| tokio::spawn(answers_worker(env.proxy.url(&env.db), w)))
+            .collect();
+        let mut rows = Vec::new();
+        let mut problems = Vec::new();
+        let mut refused = 0;
+        for t in tasks {
+            let a = t.await.unwrap();
+            rows.extend(a.rows);
+            problems.extend(a.problems);
+            refused += a.refused;
+        }
+        assert!(
+            problems.is_empty(),
+            "{}\n{}",
+            problems.join("\n"),
+            env.tail()
+        );
+        assert_eq!(refused, 4 * 20, "refused inserts");
+        let stored: HashMap<i64, u64> = env
+            .backend_rows(&format!(
+                "SELECT visitor_uid, id FROM {{db}}.{RING} WHERE uid >= 100000"
+            ))
+            .iter()
+            .map(|r| (int(&r[0]), int(&r[1]) as u64))
+            .collect();
+        assert_eq!(stored.len(), rows.len(), "rows written");
+        for (visitor, id) in &rows {
+            assert_eq!(stored.get(visitor), Some(id), "id of visitor {visitor}");
+        }
+        let (writes, merged) = env.merged();
+        assert!(writes > 0, "no insert was merged ({merged} rows)");
     });
 }
 
@@ -1945,7 +2197,7 @@ fn kill9_mid_load_leaves_rings_consistent() {
         r.acks.len()
     );
     assert!(r.error_count() > 0, "no client noticed the kill");
-    let (problems, summary) = verify_rings(&db, &r.acks, false);
+    let (problems, summary) = verify_rings(&db, &r.acks, false, true);
     eprintln!("kill -9: {summary}");
     assert!(
         problems.is_empty(),

@@ -1,17 +1,23 @@
-//! Group commit for counter increments (`coalesce = true`).
+//! Group commit: concurrent autocommit writes to one target merged into one write.
 //!
-//! Concurrent autocommit increments of the same counter are merged into one slot
-//! upsert of +Σn. Per counter at most one merged write is in flight: the session
-//! that finds the counter idle becomes the *leader* and writes its own increment at
-//! once (no added latency when there is no contention); increments arriving while
-//! that write is in flight join the *pending* batch. When the write completes, every
-//! member of the finished batch gets its OK — only now, after the write committed,
-//! so an OK still means durable — and the pending batch is handed to one of its
-//! members, which becomes the next leader and writes the batch on its own backend
+//! Two kinds of writes merge:
+//! - counter increments (`coalesce = true` on a `[[counter]]`): concurrent
+//!   increments of the same counter become one slot upsert of +Σn;
+//! - ring inserts (`coalesce = true` on a `[[ring]]`): concurrent inserts into the
+//!   same ring become one multi-row upsert, rows ordered by key so that every
+//!   writer takes the keys' locks in the same order.
+//!
+//! Per target at most one merged write is in flight: the session that finds the
+//! target idle becomes the *leader* and writes its own part at once (no added
+//! latency when there is no contention); parts arriving while that write is in
+//! flight join the *pending* batch. When the write completes, every member of the
+//! finished batch gets its answer — only now, after the write committed, so an OK
+//! still means durable — and the pending batch is handed to one of its members,
+//! which becomes the next leader and writes the batch on its own backend
 //! connection.
 //!
 //! Nothing is kept in proxy memory longer than one write: a crash of the proxy loses
-//! only increments whose clients have not been answered.
+//! only writes whose clients have not been answered.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,115 +26,199 @@ use tokio::sync::oneshot;
 
 use crate::wire::packets::OkSummary;
 
-/// The outcome of a merged write: its OK summary, or the ERR payload every member
-/// receives.
+/// The outcome of a merged write for one member: its OK summary, or the ERR payload
+/// it receives.
 pub type Outcome = Result<OkSummary, Vec<u8>>;
 
-/// Increments merged into one write.
+/// Rows of ring inserts merged into one statement at most (the statement must stay
+/// well below max_allowed_packet, and one write should not hold many locks).
+pub const MAX_ROWS: u64 = 512;
+/// Bytes of VALUES text merged into one statement at most.
+pub const MAX_VALUES_BYTES: usize = 512 * 1024;
+
+/// One member's contribution to a merged write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    /// A counter increment: one delta per counter column.
+    Deltas(Vec<i64>),
+    /// Ring rows: the rendered VALUES tuples (`(…), (…)`), how many rows they are,
+    /// and the rendered key of the first row, by which parts are ordered.
+    Rows {
+        /// `(…), (…)` as rendered from the member's statement.
+        values: Vec<u8>,
+        /// Number of rows in `values`.
+        rows: u64,
+        /// The key values of the first row, as rendered.
+        order: Vec<u8>,
+    },
+}
+
+/// Writes merged into one.
 #[derive(Debug)]
 pub struct Batch {
-    /// Summed deltas, one per counter column.
+    /// The members' parts in arrival order: member `i` contributed `parts[i]`.
+    pub parts: Vec<Part>,
+    /// Member `i`'s channel; `None` for the member holding the batch (and for one
+    /// whose session went away).
+    waiters: Vec<Option<oneshot::Sender<Signal>>>,
+    /// Summed deltas of the counter parts, one per counter column.
     pub sums: Vec<i64>,
-    /// Members other than the one holding the batch, waiting for the outcome.
-    waiters: Vec<oneshot::Sender<Signal>>,
+    /// Rows of the ring parts.
+    rows: u64,
+    /// VALUES bytes of the ring parts.
+    bytes: usize,
 }
 
 impl Batch {
-    /// A batch holding one increment.
-    pub fn new(deltas: &[i64]) -> Self {
-        Batch {
-            sums: deltas.to_vec(),
+    /// A batch holding one part, of the member holding it.
+    pub fn new(part: Part) -> Self {
+        let mut b = Batch {
+            parts: Vec::new(),
             waiters: Vec::new(),
+            sums: Vec::new(),
+            rows: 0,
+            bytes: 0,
+        };
+        if let Part::Deltas(d) = &part {
+            b.sums = vec![0; d.len()];
         }
+        b.push(part, None);
+        b
     }
 
-    /// How many increments the batch merges.
+    /// Adds a part unless the batch cannot take it (a counter sum would overflow,
+    /// the column count differs, a ring batch is full); the part is returned then.
+    fn try_add(&mut self, part: Part, waiter: oneshot::Sender<Signal>) -> Result<(), Part> {
+        match &part {
+            Part::Deltas(d) => {
+                if d.len() != self.sums.len() {
+                    return Err(part);
+                }
+                let sums: Option<Vec<i64>> = self
+                    .sums
+                    .iter()
+                    .zip(d)
+                    .map(|(a, b)| a.checked_add(*b))
+                    .collect();
+                if sums.is_none() {
+                    return Err(part);
+                }
+            }
+            Part::Rows { values, rows, .. } => {
+                if self.rows + rows > MAX_ROWS || self.bytes + values.len() > MAX_VALUES_BYTES {
+                    return Err(part);
+                }
+            }
+        }
+        self.push(part, Some(waiter));
+        Ok(())
+    }
+
+    fn push(&mut self, part: Part, waiter: Option<oneshot::Sender<Signal>>) {
+        match &part {
+            Part::Deltas(d) => {
+                for (s, v) in self.sums.iter_mut().zip(d) {
+                    *s = s.saturating_add(*v);
+                }
+            }
+            Part::Rows { values, rows, .. } => {
+                self.rows += rows;
+                self.bytes += values.len();
+            }
+        }
+        self.parts.push(part);
+        self.waiters.push(waiter);
+    }
+
+    /// How many writes the batch merges.
     pub fn members(&self) -> usize {
-        self.waiters.len() + 1
+        self.parts.len()
+    }
+
+    /// Rows of the ring parts.
+    pub fn rows(&self) -> u64 {
+        self.rows
     }
 }
 
 /// What a waiting member is told.
 #[derive(Debug)]
 pub enum Signal {
-    /// The write containing your increment finished.
+    /// The write containing your part finished.
     Done(Outcome),
-    /// Your batch is next: write it (your own increment is included).
-    Lead(Batch),
+    /// The merged write failed in a way that may be one member's doing (a bad
+    /// value): nothing was written; run your own statement alone.
+    Alone,
+    /// Your batch is next: write it. You are member `.1` of it.
+    Lead(Batch, usize),
 }
 
-/// What a session joining a counter's group must do.
+/// What a session joining a target's group must do.
 #[derive(Debug)]
 pub enum Role {
-    /// Write this batch now.
-    Lead(Batch),
+    /// Write this batch now; you are member `.1` of it.
+    Lead(Batch, usize),
     /// Wait for a signal.
     Wait(oneshot::Receiver<Signal>),
 }
 
 #[derive(Debug, Default)]
 struct Group {
-    /// A merged write of this counter is in flight.
+    /// A merged write of this target is in flight.
     in_flight: bool,
-    /// Increments waiting for the next write.
+    /// Parts waiting for the next write.
     pending: Option<Batch>,
 }
 
 /// The per-server group-commit coordinator.
 #[derive(Debug, Default)]
 pub struct Coalescer {
-    /// Counters with a write in flight, by group key.
+    /// Targets with a write in flight, by group key.
     groups: Mutex<HashMap<Vec<u8>, Group>>,
 }
 
 impl Coalescer {
-    /// Joins the group of counter `key` with an increment. `None` when the increment
-    /// cannot be merged (its sum would overflow): the caller writes it alone.
-    pub fn join(&self, key: &[u8], deltas: &[i64]) -> Option<Role> {
+    /// Joins the group of target `key` with a part. `None` when the part cannot be
+    /// merged (a counter sum would overflow, the pending batch is full): the caller
+    /// writes it alone.
+    pub fn join(&self, key: &[u8], part: Part) -> Option<Role> {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         let g = groups.entry(key.to_vec()).or_default();
         if !g.in_flight {
             g.in_flight = true;
-            return Some(Role::Lead(Batch::new(deltas)));
+            return Some(Role::Lead(Batch::new(part), 0));
         }
-        let batch = g.pending.get_or_insert_with(|| Batch {
-            sums: vec![0; deltas.len()],
-            waiters: Vec::new(),
-        });
-        if batch.sums.len() != deltas.len() {
-            return None;
-        }
-        let sums: Option<Vec<i64>> = batch
-            .sums
-            .iter()
-            .zip(deltas)
-            .map(|(a, b)| a.checked_add(*b))
-            .collect();
-        batch.sums = sums?;
         let (tx, rx) = oneshot::channel();
-        batch.waiters.push(tx);
+        match &mut g.pending {
+            Some(batch) => batch.try_add(part, tx).ok()?,
+            None => {
+                let mut batch = Batch::new(part);
+                batch.waiters[0] = Some(tx);
+                g.pending = Some(batch);
+            }
+        }
         Some(Role::Wait(rx))
     }
 
     /// Ends the write of a leader: hands the pending batch to one of its members,
-    /// or marks the counter idle.
+    /// or marks the target idle.
     fn finish(&self, key: &[u8]) {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         let Some(g) = groups.get_mut(key) else {
             return;
         };
         while let Some(mut batch) = g.pending.take() {
-            if batch.waiters.is_empty() {
-                // Every member joined with a delta of its own but was a waiter; an
-                // empty batch cannot exist. Be safe: nothing to write.
+            let Some(i) = batch.waiters.iter().position(Option::is_some) else {
                 break;
-            }
-            let next = batch.waiters.remove(0);
-            match next.send(Signal::Lead(batch)) {
+            };
+            let Some(next) = batch.waiters[i].take() else {
+                break;
+            };
+            match next.send(Signal::Lead(batch, i)) {
                 Ok(()) => return,
-                // That member's session is gone (its task was cancelled); its
-                // increment was never acknowledged. Hand the batch to the next one.
-                Err(Signal::Lead(b)) if !b.waiters.is_empty() => g.pending = Some(b),
+                // That member's session is gone (its task was cancelled); its part
+                // was never acknowledged. Hand the batch to the next one.
+                Err(Signal::Lead(b, _)) => g.pending = Some(b),
                 Err(_) => {}
             }
         }
@@ -147,7 +237,7 @@ pub struct LeaderGuard {
 }
 
 impl LeaderGuard {
-    /// Guards `batch` of counter `key`.
+    /// Guards `batch` of target `key`.
     pub fn new(coalescer: Arc<Coalescer>, key: Vec<u8>, batch: Batch) -> Self {
         LeaderGuard {
             coalescer,
@@ -161,11 +251,24 @@ impl LeaderGuard {
         self.batch.as_ref().map_or(&[], |b| &b.sums)
     }
 
-    /// Reports the write's outcome to every member and hands over the next batch.
-    pub fn resolve(mut self, outcome: Outcome) {
+    /// The parts being written.
+    pub fn parts(&self) -> &[Part] {
+        self.batch.as_ref().map_or(&[], |b| &b.parts)
+    }
+
+    /// Reports the same outcome to every member and hands over the next batch.
+    pub fn resolve(self, outcome: Outcome) {
+        self.resolve_each(|_| Signal::Done(outcome.clone()));
+    }
+
+    /// Tells member `i` what `signal(i)` says (called for the waiting members only)
+    /// and hands over the next batch.
+    pub fn resolve_each(mut self, mut signal: impl FnMut(usize) -> Signal) {
         if let Some(b) = self.batch.take() {
-            for w in b.waiters {
-                let _ = w.send(Signal::Done(outcome.clone()));
+            for (i, w) in b.waiters.into_iter().enumerate() {
+                if let Some(w) = w {
+                    let _ = w.send(signal(i));
+                }
             }
         }
         // Drop runs finish().
@@ -177,9 +280,9 @@ impl Drop for LeaderGuard {
         if let Some(b) = self.batch.take() {
             let lost = crate::wire::packets::err_of(
                 crate::wire::packets::errors::SERVER_LOST,
-                "heatsink: the connection writing this increment failed; it may or may not have been applied",
+                "heatsink: the connection performing this merged write failed; it may or may not have been applied",
             );
-            for w in b.waiters {
+            for w in b.waiters.into_iter().flatten() {
                 let _ = w.send(Signal::Done(Err(lost.clone())));
             }
         }
@@ -219,6 +322,10 @@ pub fn parse_delta(text: &[u8]) -> Option<i64> {
 mod tests {
     use super::*;
 
+    fn d(v: i64) -> Part {
+        Part::Deltas(vec![v])
+    }
+
     #[test]
     fn deltas() {
         assert_eq!(parse_delta(b"5"), Some(5));
@@ -235,22 +342,22 @@ mod tests {
     #[tokio::test]
     async fn batches_form_while_a_write_is_in_flight() {
         let c = Arc::new(Coalescer::default());
-        let Some(Role::Lead(first)) = c.join(b"k", &[1]) else {
+        let Some(Role::Lead(first, 0)) = c.join(b"k", d(1)) else {
             panic!()
         };
-        let Some(Role::Wait(w1)) = c.join(b"k", &[2]) else {
+        let Some(Role::Wait(w1)) = c.join(b"k", d(2)) else {
             panic!()
         };
-        let Some(Role::Wait(w2)) = c.join(b"k", &[3]) else {
+        let Some(Role::Wait(w2)) = c.join(b"k", d(3)) else {
             panic!()
         };
         // Another counter is independent.
-        assert!(matches!(c.join(b"other", &[1]), Some(Role::Lead(_))));
+        assert!(matches!(c.join(b"other", d(1)), Some(Role::Lead(..))));
         let g = LeaderGuard::new(c.clone(), b"k".to_vec(), first);
         assert_eq!(g.sums(), &[1]);
         g.resolve(Ok(OkSummary::default()));
         // w1 leads the pending batch holding 2 + 3.
-        let Signal::Lead(next) = w1.await.unwrap() else {
+        let Signal::Lead(next, 0) = w1.await.unwrap() else {
             panic!()
         };
         assert_eq!(next.sums, vec![5]);
@@ -259,28 +366,62 @@ mod tests {
         g.resolve(Ok(OkSummary::default()));
         assert!(matches!(w2.await.unwrap(), Signal::Done(Ok(_))));
         // The counter is idle again.
-        assert!(matches!(c.join(b"k", &[1]), Some(Role::Lead(_))));
+        assert!(matches!(c.join(b"k", d(1)), Some(Role::Lead(..))));
     }
 
     #[tokio::test]
     async fn a_failed_leader_reports_and_hands_over() {
         let c = Arc::new(Coalescer::default());
-        let Some(Role::Lead(first)) = c.join(b"k", &[1]) else {
+        let Some(Role::Lead(first, 0)) = c.join(b"k", d(1)) else {
             panic!()
         };
         let g = LeaderGuard::new(c.clone(), b"k".to_vec(), first);
-        let Some(Role::Wait(w1)) = c.join(b"k", &[2]) else {
+        let Some(Role::Wait(w1)) = c.join(b"k", d(2)) else {
             panic!()
         };
         drop(g);
-        assert!(matches!(w1.await.unwrap(), Signal::Lead(_)));
+        assert!(matches!(w1.await.unwrap(), Signal::Lead(_, 0)));
     }
 
     #[test]
     fn overflow_is_not_merged() {
         let c = Coalescer::default();
-        let _lead = c.join(b"k", &[1]);
-        assert!(c.join(b"k", &[i64::MAX]).is_some());
-        assert!(c.join(b"k", &[1]).is_none());
+        let _lead = c.join(b"k", d(1));
+        assert!(c.join(b"k", d(i64::MAX)).is_some());
+        assert!(c.join(b"k", d(1)).is_none());
+    }
+
+    fn rows(n: u64, order: &str) -> Part {
+        Part::Rows {
+            values: b"(1)".repeat(n as usize),
+            rows: n,
+            order: order.as_bytes().to_vec(),
+        }
+    }
+
+    #[tokio::test]
+    async fn ring_batches_are_bounded_and_answered_per_member() {
+        let c = Arc::new(Coalescer::default());
+        let Some(Role::Lead(first, 0)) = c.join(b"r", rows(1, "1")) else {
+            panic!()
+        };
+        let Some(Role::Wait(w1)) = c.join(b"r", rows(MAX_ROWS - 1, "2")) else {
+            panic!()
+        };
+        let Some(Role::Wait(w2)) = c.join(b"r", rows(1, "3")) else {
+            panic!()
+        };
+        // The pending batch is full.
+        assert!(c.join(b"r", rows(1, "4")).is_none());
+        LeaderGuard::new(c.clone(), b"r".to_vec(), first).resolve(Ok(OkSummary::default()));
+        let Signal::Lead(next, 0) = w1.await.unwrap() else {
+            panic!()
+        };
+        assert_eq!((next.members(), next.rows()), (2, MAX_ROWS));
+        LeaderGuard::new(c.clone(), b"r".to_vec(), next).resolve_each(|i| {
+            assert_eq!(i, 1);
+            Signal::Alone
+        });
+        assert!(matches!(w2.await.unwrap(), Signal::Alone));
     }
 }

@@ -4,11 +4,14 @@
 //!
 //! - [`response`]: where a response ends (pure state machine, unit-tested).
 //! - [`session`]: the per-connection task (handshake, auth, command loop).
-//! - [`coalesce`]: group commit of concurrent counter increments.
+//! - [`coalesce`]: group commit: who writes a merged batch, who waits.
 //! - `splice`: running rewritten statements on the client's connection and shaping
 //!   the reply the original statement would have produced.
+//! - `merge`: writing a merged batch (counter increments, ring inserts) and
+//!   answering each member.
 
 pub mod coalesce;
+mod merge;
 pub mod response;
 pub mod session;
 mod splice;

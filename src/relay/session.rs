@@ -56,10 +56,12 @@ pub struct Stats {
     pub rewritten: AtomicU64,
     /// Statements rejected by a rule.
     pub rejected: AtomicU64,
-    /// Merged counter writes (group commit).
+    /// Merged writes (group commit) holding more than one statement.
     pub coalesced_writes: AtomicU64,
-    /// Increments that were part of a merged write.
+    /// Counter increments that were part of a merged write.
     pub coalesced_increments: AtomicU64,
+    /// Ring rows that were part of a merged write.
+    pub coalesced_rows: AtomicU64,
     /// Backend responses that were ERR packets, and backend connections lost while a
     /// statement was in flight.
     pub backend_errors: AtomicU64,
@@ -168,6 +170,9 @@ pub async fn serve_client(
         backend_id: 0,
         identity: Vec::new(),
         pristine: true,
+        session_sets: Vec::new(),
+        returning: false,
+        pending_insert_id: None,
         prepared: HashMap::new(),
     };
     let outcome = async {
@@ -238,10 +243,22 @@ pub(super) struct Session {
     /// The authenticated user and the handshake character set: sessions may share a
     /// merged write (group commit) only if both are equal.
     pub(super) identity: Vec<u8>,
-    /// The session still has its connection-default state (no `SET`, `CALL` or
-    /// COM_CHANGE_USER yet). Only such sessions take part in group commit: a merged
-    /// write runs with the leading session's privileges and settings.
+    /// The session's state follows from its connection defaults and the `SET`
+    /// statements in `session_sets` (no `CALL`, COM_CHANGE_USER or prepared `SET`
+    /// yet). Only such sessions take part in group commit, and only with sessions
+    /// of the same user, character set and SET history: a merged write runs with
+    /// the leading session's privileges and settings.
     pub(super) pristine: bool,
+    /// The `SET` statements the session ran, in order, each prefixed by its length
+    /// (bounded by `MAX_SESSION_SETS`; a longer history ends `pristine`).
+    pub(super) session_sets: Vec<u8>,
+    /// The backend is MariaDB ≥ 10.5, which has `INSERT … RETURNING` (merged ring
+    /// inserts learn each row's AUTO_INCREMENT id from it).
+    pub(super) returning: bool,
+    /// The value the session's `LAST_INSERT_ID()` must have after a merged ring
+    /// insert that ran on another connection; set on the backend before the next
+    /// statement that could read it.
+    pub(super) pending_insert_id: Option<u64>,
 }
 
 /// How a relayed response went.
@@ -278,6 +295,7 @@ impl Session {
             .map_err(|e| Error::with_cause(Source::Backend, "reading greeting", e))?;
         self.backend_id = info.connection_id;
         self.info.set_backend_id(info.connection_id);
+        self.returning = has_returning(&info.server_version);
         let backend_tls = match &tls.backend {
             Some(b) if info.backend_capabilities & caps::SSL != 0 => Some(b),
             Some(b) if b.required => {
@@ -488,6 +506,16 @@ impl Session {
         let Some(code) = c.first_byte() else {
             return Err(Error::client("empty command packet"));
         };
+        if self.pending_insert_id.is_some() {
+            match code {
+                // Both start the session afresh.
+                cmd::CHANGE_USER | cmd::RESET_CONNECTION => self.pending_insert_id = None,
+                // Restored once the statement is known (a merged ring insert sets it
+                // anew); the others cannot read it.
+                cmd::QUERY | cmd::QUIT | cmd::PING => {}
+                _ => self.restore_insert_id().await?,
+            }
+        }
         let kind = match code {
             cmd::QUERY => return self.query(c).await.map(|_| true),
             cmd::STMT_PREPARE => return self.prepare(c).await.map(|_| true),
@@ -593,6 +621,8 @@ impl Session {
         let r = self.relay_response(kind, 0, c.last_seq).await?;
         if code == cmd::RESET_CONNECTION && !r.parser.errored {
             self.prepared.clear();
+            // Settings are back to the connection defaults.
+            self.session_sets.clear();
         }
         if code == cmd::INIT_DB && !r.parser.errored {
             self.set_current_db(Some(
@@ -684,8 +714,20 @@ impl Session {
     ) -> Result<Option<Decision>> {
         let sql = c.payload();
         let sql = &sql[1..];
-        if self.pristine && changes_session_state(sql) {
-            self.pristine = false;
+        if self.pristine {
+            match session_statement(sql) {
+                // Sessions that ran the same SETs in the same order have the same
+                // settings: they may still share merged writes.
+                Some(SessionStatement::Set)
+                    if !prepared && self.session_sets.len() + sql.len() <= MAX_SESSION_SETS =>
+                {
+                    self.session_sets
+                        .extend_from_slice(&(sql.len() as u32).to_le_bytes());
+                    self.session_sets.extend_from_slice(sql);
+                }
+                Some(_) => self.pristine = false,
+                None => {}
+            }
         }
         if !engine.has_rules() {
             return Ok(Some(Decision::Passthrough));
@@ -713,6 +755,7 @@ impl Session {
                 } else {
                     started
                 };
+                self.restore_insert_id().await?;
                 self.forward(&c).await?;
                 let r = self
                     .relay_response(ResponseKind::Generic, 0, c.last_seq)
@@ -1038,22 +1081,33 @@ fn statement_id(payload: &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
-/// Whether a statement may change session state (settings, privileges in effect):
-/// `SET …` (incl. `SET STATEMENT … FOR`) and `CALL` (a procedure may run `SET`).
-/// Leading whitespace and comments are skipped; conservative on purpose.
-fn changes_session_state(sql: &[u8]) -> bool {
+/// Statements that may change session state (settings, privileges in effect).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SessionStatement {
+    /// `SET …` (incl. `SET STATEMENT … FOR`): its effect follows from its text.
+    Set,
+    /// `CALL`: a procedure may run anything.
+    Call,
+}
+
+/// Longest SET history (bytes) a session may have and still share merged writes.
+const MAX_SESSION_SETS: usize = 4096;
+
+/// Whether a statement may change session state, and how. Leading whitespace and
+/// comments are skipped; conservative on purpose.
+fn session_statement(sql: &[u8]) -> Option<SessionStatement> {
     let mut s = sql;
     loop {
         s = s.trim_ascii_start();
         if let Some(rest) = s.strip_prefix(b"/*") {
             match rest.windows(2).position(|w| w == b"*/") {
                 Some(end) => s = &rest[end + 2..],
-                None => return false,
+                None => return None,
             }
         } else if s.starts_with(b"#") || s.starts_with(b"-- ") {
             match s.iter().position(|&b| b == b'\n') {
                 Some(end) => s = &s[end + 1..],
-                None => return false,
+                None => return None,
             }
         } else {
             break;
@@ -1065,7 +1119,28 @@ fn changes_session_state(sql: &[u8]) -> bool {
             && s.get(w.len())
                 .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
     };
-    word_is(b"set") || word_is(b"call")
+    if word_is(b"set") {
+        Some(SessionStatement::Set)
+    } else if word_is(b"call") {
+        Some(SessionStatement::Call)
+    } else {
+        None
+    }
+}
+
+/// Whether a server of this version has `INSERT … RETURNING` (MariaDB ≥ 10.5; old
+/// MariaDB servers prefix their version with `5.5.5-`).
+fn has_returning(version: &str) -> bool {
+    if !version.contains("MariaDB") {
+        return false;
+    }
+    let v = version.strip_prefix("5.5.5-").unwrap_or(version);
+    let mut nums = v
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = nums.next().unwrap_or(0);
+    let minor = nums.next().unwrap_or(0);
+    (major, minor) >= (10, 5)
 }
 
 /// The database named by a successful `USE db` statement, if this is one.
@@ -1116,7 +1191,7 @@ mod tests {
             b"-- c\nset autocommit=0",
         ] {
             assert!(
-                changes_session_state(sql),
+                session_statement(sql).is_some(),
                 "{}",
                 String::from_utf8_lossy(sql)
             );
@@ -1129,11 +1204,16 @@ mod tests {
             b"",
         ] {
             assert!(
-                !changes_session_state(sql),
+                session_statement(sql).is_none(),
                 "{}",
                 String::from_utf8_lossy(sql)
             );
         }
+        assert_eq!(session_statement(b"CALL p()"), Some(SessionStatement::Call));
+        assert_eq!(
+            session_statement(b"SET NAMES utf8mb4"),
+            Some(SessionStatement::Set)
+        );
     }
 
     #[test]

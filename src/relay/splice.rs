@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 
-use super::coalesce::{parse_delta, Batch, LeaderGuard, Outcome, Role, Signal};
 use super::response::{ResponseKind, ResponseParser};
 use super::session::Session;
 use crate::error::{Error, Result, Source};
@@ -28,9 +27,9 @@ use crate::wire::{cmd, status, MAX_PAYLOAD};
 
 /// MySQL errors a retry of the whole rewrite resolves: ER_LOCK_DEADLOCK and
 /// ER_LOCK_WAIT_TIMEOUT.
-const RETRYABLE: [u16; 2] = [1213, 1205];
+pub(super) const RETRYABLE: [u16; 2] = [1213, 1205];
 /// Attempts of a rewrite before a lock conflict reaches the client.
-const MAX_ATTEMPTS: u32 = 8;
+pub(super) const MAX_ATTEMPTS: u32 = 8;
 
 /// A prepared statement whose text was rewritten.
 #[derive(Debug)]
@@ -55,26 +54,26 @@ pub struct PreparedRewrite {
 }
 
 /// One statement's response, read whole.
-struct Collected {
-    parser: ResponseParser,
-    packets: Vec<Packet>,
+pub(super) struct Collected {
+    pub(super) parser: ResponseParser,
+    pub(super) packets: Vec<Packet>,
 }
 
 impl Collected {
-    fn err(&self) -> Option<&Packet> {
+    pub(super) fn err(&self) -> Option<&Packet> {
         self.packets
             .iter()
             .find(|p| p.payload.first() == Some(&packets::ERR))
             .filter(|_| self.parser.errored)
     }
 
-    fn err_code(&self) -> Option<u16> {
+    pub(super) fn err_code(&self) -> Option<u16> {
         let p = self.err()?;
         let b = p.payload.get(1..3)?;
         Some(u16::from_le_bytes([b[0], b[1]]))
     }
 
-    fn ok(&self) -> Option<OkSummary> {
+    pub(super) fn ok(&self) -> Option<OkSummary> {
         let p = self.packets.first()?;
         (p.payload.first() == Some(&packets::OK))
             .then(|| packets::parse_ok(&p.payload))
@@ -153,7 +152,7 @@ impl Session {
     }
 
     /// Sends one packet to the client as the answer to the command with `cmd_seq`.
-    async fn reply(&mut self, cmd_seq: u8, payload: &[u8]) -> Result<()> {
+    pub(super) async fn reply(&mut self, cmd_seq: u8, payload: &[u8]) -> Result<()> {
         self.client
             .write_packet(cmd_seq.wrapping_add(1), payload)
             .await?;
@@ -169,7 +168,7 @@ impl Session {
     }
 
     /// Runs one text statement on the backend and reads its whole response.
-    async fn run_collect(&mut self, sql: &[u8]) -> Result<Collected> {
+    pub(super) async fn run_collect(&mut self, sql: &[u8]) -> Result<Collected> {
         self.run_command(&query_payload(sql)).await
     }
 
@@ -178,39 +177,19 @@ impl Session {
         self.status & status::IN_TRANS == 0 && (wrapped || statements == 1)
     }
 
-    /// Executes a rewritten text statement and answers the client.
+    /// Executes a rewritten text statement and answers the client: merged with
+    /// concurrent executions when the rewrite allows it (see `relay::merge`), else
+    /// on its own.
     pub(super) async fn run_rewrite(&mut self, rw: Rewritten, cmd_seq: u8) -> Result<()> {
-        if rw.coalesce
-            && self.pristine
-            && self.status & status::IN_TRANS == 0
-            && self.status & status::AUTOCOMMIT != 0
-            && rw.aux.len() > 4
-        {
-            let deltas: Option<Vec<i64>> = rw.aux[4..].iter().map(|d| parse_delta(d)).collect();
-            if let Some(deltas) = deltas {
-                let mut key = Vec::with_capacity(64);
-                for part in [
-                    rw.rule.as_bytes(),
-                    &self.identity,
-                    self.current_db.as_deref().unwrap_or("").as_bytes(),
-                    &rw.aux[0],
-                    &rw.aux[1],
-                ] {
-                    key.extend_from_slice(&(part.len() as u32).to_le_bytes());
-                    key.extend_from_slice(part);
-                }
-                let coalescer = self.shared.coalescer.clone();
-                match coalescer.join(&key, &deltas) {
-                    Some(Role::Lead(batch)) => {
-                        return self
-                            .lead(LeaderGuard::new(coalescer, key, batch), &rw, cmd_seq)
-                            .await
-                    }
-                    Some(Role::Wait(rx)) => return self.follow(rx, key, &rw, cmd_seq).await,
-                    None => {}
-                }
-            }
+        if let Some((key, part)) = self.merge_part(&rw) {
+            return self.run_merged(key, part, &rw, cmd_seq).await;
         }
+        self.run_alone(&rw, cmd_seq).await
+    }
+
+    /// Executes a rewritten text statement on this connection only.
+    pub(super) async fn run_alone(&mut self, rw: &Rewritten, cmd_seq: u8) -> Result<()> {
+        self.restore_insert_id().await?;
         let n = rw.statements.len();
         if let (1, Reply::Last | Reply::Patched(_)) = (n, &rw.reply) {
             // A single statement whose response is relayed: stream it.
@@ -313,104 +292,6 @@ impl Session {
         }
         self.answer(reply, &results, cmd_seq).await?;
         Ok(Attempt::Answered)
-    }
-
-    /// Writes a merged batch of increments on this connection, reports the outcome
-    /// to every member and answers this session's client.
-    async fn lead(&mut self, guard: LeaderGuard, rw: &Rewritten, cmd_seq: u8) -> Result<()> {
-        let members = guard.batch.as_ref().map_or(1, Batch::members) as u64;
-        let mut sql = Vec::with_capacity(256);
-        sql.extend_from_slice(&rw.aux[0]);
-        if !rw.aux[1].is_empty() {
-            sql.extend_from_slice(&rw.aux[1]);
-            sql.extend_from_slice(b", ");
-        }
-        sql.extend_from_slice(&rw.aux[3]);
-        for s in guard.sums() {
-            sql.extend_from_slice(format!(", {s}").as_bytes());
-        }
-        sql.extend_from_slice(&rw.aux[2]);
-        let mut attempt = 1;
-        let outcome = loop {
-            let c = self.run_collect(&sql).await?;
-            match c.err() {
-                None => break Ok(c.ok().unwrap_or_default()),
-                Some(e) => {
-                    let conflict = c.err_code().is_some_and(|code| RETRYABLE.contains(&code));
-                    if conflict && attempt < MAX_ATTEMPTS {
-                        attempt += 1;
-                        tokio::time::sleep(Duration::from_millis(rand::random_range(
-                            1..=(2u64 << attempt),
-                        )))
-                        .await;
-                        continue;
-                    }
-                    break Err(e.payload.to_vec());
-                }
-            }
-        };
-        if members > 1 {
-            self.shared
-                .stats
-                .coalesced_writes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.shared
-                .stats
-                .coalesced_increments
-                .fetch_add(members, std::sync::atomic::Ordering::Relaxed);
-        }
-        guard.resolve(outcome.clone());
-        self.answer_increment(outcome, rw, cmd_seq).await
-    }
-
-    /// Waits for the merged write holding this session's increment.
-    async fn follow(
-        &mut self,
-        rx: tokio::sync::oneshot::Receiver<Signal>,
-        key: Vec<u8>,
-        rw: &Rewritten,
-        cmd_seq: u8,
-    ) -> Result<()> {
-        match rx.await {
-            Ok(Signal::Done(outcome)) => self.answer_increment(outcome, rw, cmd_seq).await,
-            Ok(Signal::Lead(batch)) => {
-                let guard = LeaderGuard::new(self.shared.coalescer.clone(), key, batch);
-                Box::pin(self.lead(guard, rw, cmd_seq)).await
-            }
-            Err(_) => {
-                let msg = "heatsink: the group commit of this increment was interrupted; it may or may not have been applied";
-                self.reply(cmd_seq, &err_of(errors::SERVER_LOST, msg)).await
-            }
-        }
-    }
-
-    /// Answers one member of a merged write as its own UPDATE would have been.
-    async fn answer_increment(
-        &mut self,
-        outcome: Outcome,
-        rw: &Rewritten,
-        cmd_seq: u8,
-    ) -> Result<()> {
-        match outcome {
-            Ok(o) => {
-                let info = match &rw.reply {
-                    Reply::Ok { info, .. } => info.clone(),
-                    _ => None,
-                };
-                let ok = OkSummary {
-                    affected_rows: 1,
-                    last_insert_id: 0,
-                    status: self.status,
-                    warnings: o.warnings,
-                };
-                self.reply(
-                    cmd_seq,
-                    &packets::ok_payload(&ok, info.as_deref().map(str::as_bytes)),
-                )
-                .await
-            }
-            Err(payload) => self.reply(cmd_seq, &payload).await,
-        }
     }
 
     /// Builds the client's answer from the collected responses of a rewrite.

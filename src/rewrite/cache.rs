@@ -38,8 +38,8 @@ pub struct Template {
     pub reply: crate::rewrite::Reply,
     /// The statements commit together.
     pub atomic: bool,
-    /// Concurrent executions may be merged (see [`crate::rewrite::Plan::coalesce`]).
-    pub coalesce: bool,
+    /// Concurrent executions may be merged (see [`crate::rewrite::Plan::merge`]).
+    pub merge: crate::rewrite::Merge,
 }
 
 impl Template {
@@ -102,7 +102,7 @@ impl Template {
             aux: Vec::new(),
             reply: crate::rewrite::Reply::Last,
             atomic: false,
-            coalesce: false,
+            merge: crate::rewrite::Merge::No,
         })
     }
 
@@ -132,7 +132,7 @@ impl Template {
             reply: self.reply.clone(),
             atomic: self.atomic,
             aux,
-            coalesce: self.coalesce,
+            merge: self.merge,
         })
     }
 }

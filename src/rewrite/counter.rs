@@ -34,7 +34,7 @@ use super::shape::{
     column_name, ddl_rejection, eq, is_table_ddl, is_value, key_equalities, last_ident,
     mentions_column, parse, replace_reads, requalify, ColumnsByDb,
 };
-use super::{Affected, ColumnPatch, Plan, PlanContext, Reply, Rule, TableName};
+use super::{Affected, ColumnPatch, Merge, Plan, PlanContext, Reply, Rule, TableName};
 use crate::rules::spec::{quote, CounterSpec};
 use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
 
@@ -264,10 +264,13 @@ impl CounterRule {
             // Group commit: merged executions rebuild the upsert from these pieces
             // with the summed deltas (text protocol only: parameters have no value
             // at plan time).
-            let (aux, coalesce) = if self.coalesce && !ctx.prepared {
-                (self.merge_pieces(name, &keys, &slot, &increments), true)
+            let (aux, merge) = if self.coalesce && !ctx.prepared {
+                (
+                    self.merge_pieces(name, &keys, &slot, &increments),
+                    Merge::Increment,
+                )
             } else {
-                (Vec::new(), false)
+                (Vec::new(), Merge::No)
             };
             return Ok(Some(Plan {
                 statements: parse(&sql)?,
@@ -278,7 +281,7 @@ impl CounterRule {
                 },
                 atomic: false,
                 aux,
-                coalesce,
+                merge,
             }));
         }
         // Absolute set: the base takes the value, the slots are cleared.
@@ -692,25 +695,11 @@ fn same_value(a: &Expr, b: &Expr, ctx: &PlanContext<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rewrite::{parse_statements, Decision, Engine, Rewritten, StatementContext};
+    use crate::rewrite::testutil::{assert_sql, decide, reject, rewrite};
+    use crate::rewrite::{Decision, Engine, StatementContext};
 
     fn col(name: &str, t: u8, flags: u16) -> ColumnDef {
-        ColumnDef {
-            catalog: b"def".to_vec(),
-            schema: b"shop".to_vec(),
-            table: b"hits".to_vec(),
-            org_table: b"hits".to_vec(),
-            name: name.into(),
-            org_name: name.into(),
-            extended: None,
-            charset: if t == 0xfd { 45 } else { 63 },
-            length: 11,
-            column_type: t,
-            flags,
-            decimals: 0,
-            fixed_len: 0x0c,
-            tail: vec![0, 0],
-        }
+        super::super::testutil::col("hits", name, t, flags)
     }
 
     /// An engine with one counter rule on `hits(slug, cnt, note)`; one slot so the
@@ -732,45 +721,6 @@ mod tests {
             ],
         );
         e
-    }
-
-    fn decide(e: &Engine, sql: &str) -> Decision {
-        e.decide(
-            sql.as_bytes(),
-            &StatementContext {
-                prepared: false,
-                in_transaction: false,
-                current_db: Some("shop"),
-            },
-        )
-    }
-
-    fn rewrite(e: &Engine, sql: &str) -> Rewritten {
-        match decide(e, sql) {
-            Decision::Rewrite(r) => r,
-            other => panic!("{sql}: expected a rewrite, got {other:?}"),
-        }
-    }
-
-    fn reject(e: &Engine, sql: &str) -> String {
-        match decide(e, sql) {
-            Decision::Reject(r) => r.message(),
-            other => panic!("{sql}: expected a rejection, got {other:?}"),
-        }
-    }
-
-    #[track_caller]
-    fn assert_sql(r: &Rewritten, expected: &[&str]) {
-        let actual: Vec<Statement> = r
-            .statements
-            .iter()
-            .flat_map(|s| parse_statements(std::str::from_utf8(s).unwrap()).unwrap())
-            .collect();
-        let expected: Vec<Statement> = expected
-            .iter()
-            .flat_map(|s| parse_statements(s).unwrap())
-            .collect();
-        assert_eq!(actual, expected);
     }
 
     const DERIVED: &str = "(SELECT `hs_h`.`slug`, CAST(`hs_h`.`cnt` + COALESCE((SELECT SUM(`hs_s`.`cnt`) FROM `hits_slots` AS `hs_s` WHERE `hs_s`.`slug` = `hs_h`.`slug`), 0) AS SIGNED) AS `cnt`, `hs_h`.`note` FROM hits AS `hs_h`)";

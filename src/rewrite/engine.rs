@@ -563,7 +563,7 @@ impl Engine {
                 template.aux = aux;
                 template.reply = plan.reply;
                 template.atomic = plan.atomic;
-                template.coalesce = plan.coalesce;
+                template.merge = plan.merge;
                 Cached::Rewrite { rule, template }
             }
             Err(e) => Cached::Reject(Rejection {

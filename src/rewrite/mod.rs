@@ -71,6 +71,8 @@ pub mod prefilter;
 pub mod ring;
 pub mod shape;
 pub mod sqltok;
+#[cfg(test)]
+mod testutil;
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -194,9 +196,26 @@ pub struct Rewritten {
     pub atomic: bool,
     /// Rendered auxiliary texts of the plan (see [`Plan::aux`]).
     pub aux: Vec<Vec<u8>>,
-    /// Concurrent autocommit executions of this rewrite for the same target may be
-    /// merged into one write (see [`Plan::coalesce`]).
-    pub coalesce: bool,
+    /// Whether and how concurrent autocommit executions of this rewrite for the same
+    /// target may be merged into one write (see [`Plan::merge`]).
+    pub merge: Merge,
+}
+
+/// How concurrent autocommit executions of a rewrite may be merged into one write by
+/// the connection layer's group commit (`relay::coalesce`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Merge {
+    /// Never: every execution runs its own statements.
+    #[default]
+    No,
+    /// A counter increment; `aux` holds `[prefix, key values, suffix, slot,
+    /// delta…]`: merged increments become one upsert of the summed deltas.
+    Increment,
+    /// A ring insert; `aux` holds `[prefix, VALUES tuples, suffix, key values of
+    /// the first row, row count, AUTO_INCREMENT column (quoted) or empty]`: merged
+    /// inserts become one multi-row upsert, `prefix` + tuples ordered by key +
+    /// `suffix`.
+    RingInsert,
 }
 
 /// How the client's answer to a rewritten statement is built.
@@ -302,9 +321,8 @@ pub struct Plan {
     /// the parts of a mergeable increment.
     pub aux: Vec<String>,
     /// Executions may be merged by the connection layer's group commit; `aux` then
-    /// holds `[prefix, key values, suffix, delta…]` of a counter increment (see
-    /// `relay::coalesce`).
-    pub coalesce: bool,
+    /// holds the pieces [`Merge`] describes.
+    pub merge: Merge,
 }
 
 impl From<Vec<Statement>> for Plan {

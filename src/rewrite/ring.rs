@@ -27,15 +27,15 @@
 use std::sync::Arc;
 
 use sqlparser::ast::{
-    AssignmentTarget, Delete, Expr, FromTable, Insert, ObjectName, SetExpr, Statement, TableFactor,
-    TableObject, Update,
+    AssignmentTarget, Delete, Expr, FromTable, FunctionArg, FunctionArgExpr, FunctionArguments,
+    Insert, ObjectName, SetExpr, Statement, TableFactor, TableObject, Update,
 };
 
 use super::shape::{
     column_def_name, ddl_rejection, eq, is_table_ddl, is_value, key_equalities, last_ident,
     mentions_column, parse, replace_reads, requalify, ColumnsByDb,
 };
-use super::{Affected, ColumnPatch, Plan, PlanContext, Reply, Rule, TableName};
+use super::{Affected, ColumnPatch, Merge, Plan, PlanContext, Reply, Rule, TableName};
 use crate::rules::spec::{quote, RingSpec, TableName as SpecTable};
 use crate::wire::resultset::ColumnDef;
 
@@ -58,6 +58,8 @@ pub struct RingRule {
     seq_column: String,
     /// `mode = "shadow"`: decisions are only counted and logged.
     shadow: bool,
+    /// `coalesce = true`: concurrent autocommit inserts may be merged into one write.
+    coalesce: bool,
     /// The logical table's columns, learned once per database.
     meta: ColumnsByDb,
 }
@@ -76,6 +78,7 @@ impl RingRule {
             slot_column: spec.slot_column.clone(),
             seq_column: spec.seq_column.clone(),
             shadow: spec.mode == crate::rules::spec::Mode::Shadow,
+            coalesce: spec.coalesce,
             meta: ColumnsByDb::new(logical),
         })
     }
@@ -231,13 +234,42 @@ impl RingRule {
             vals.push("NULL".into());
             values.push(format!("({})", vals.join(", ")));
         }
-        let statements = parse(&format!(
-            "INSERT INTO {ring_sql} ({}) VALUES {} ON DUPLICATE KEY UPDATE {}",
-            ring_cols.join(", "),
-            values.join(", "),
-            update.join(", ")
-        ))?;
+        let prefix = format!("INSERT INTO {ring_sql} ({}) VALUES ", ring_cols.join(", "));
+        let suffix = format!(" ON DUPLICATE KEY UPDATE {}", update.join(", "));
+        let statements = parse(&format!("{prefix}{}{suffix}", values.join(", ")))?;
         let n = rows.len() as u64;
+        // Group commit (text protocol only: parameters have no value at plan time).
+        // Rows whose values could differ when evaluated on another session
+        // (LAST_INSERT_ID(), @variables, CONNECTION_ID(), …) or that give the
+        // AUTO_INCREMENT column a value of their own are never merged.
+        let mergeable = self.coalesce
+            && !ctx.prepared
+            && !ai_column
+                .as_deref()
+                .is_some_and(|ai| cols.iter().any(|c| eq(c, ai)))
+            && rows.iter().flatten().all(session_independent);
+        let (aux, merge) = if mergeable {
+            let first = &rows[0];
+            let order: Vec<String> = self
+                .key
+                .iter()
+                .filter_map(|k| cols.iter().position(|c| eq(c, k)))
+                .map(|i| first[i].to_string())
+                .collect();
+            (
+                vec![
+                    prefix,
+                    values.join(", "),
+                    suffix,
+                    order.join(", "),
+                    n.to_string(),
+                    ai_column.as_deref().map(quote).unwrap_or_default(),
+                ],
+                Merge::RingInsert,
+            )
+        } else {
+            (Vec::new(), Merge::No)
+        };
         Ok(Some(Plan {
             statements,
             reply: Reply::Ok {
@@ -246,7 +278,8 @@ impl RingRule {
                 last_insert_id: ai_column.is_some().then_some(0),
             },
             atomic: false,
-            ..Default::default()
+            aux,
+            merge,
         }))
     }
 
@@ -415,6 +448,41 @@ impl RingRule {
     }
 }
 
+/// A value that is the same whichever session evaluates it (at about the same time):
+/// a literal, or a clock function of literals. Only such rows may be merged into
+/// another session's write.
+fn session_independent(e: &Expr) -> bool {
+    const CLOCKS: &[&str] = &[
+        "NOW",
+        "CURRENT_TIMESTAMP",
+        "LOCALTIME",
+        "LOCALTIMESTAMP",
+        "SYSDATE",
+        "UTC_TIMESTAMP",
+        "CURDATE",
+        "CURRENT_DATE",
+        "UTC_DATE",
+        "CURTIME",
+        "CURRENT_TIME",
+        "UTC_TIME",
+        "UNIX_TIMESTAMP",
+    ];
+    match e {
+        Expr::Function(f) => {
+            let name = f.name.to_string();
+            CLOCKS.iter().any(|c| c.eq_ignore_ascii_case(&name)) && match &f.args {
+                FunctionArguments::None => true,
+                FunctionArguments::List(l) => l.args.iter().all(
+                    |a| matches!(a, FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) if is_value(e)),
+                ),
+                FunctionArguments::Subquery(_) => false,
+            }
+        }
+        Expr::Nested(inner) => session_independent(inner),
+        e => is_value(e),
+    }
+}
+
 impl Rule for RingRule {
     fn name(&self) -> &str {
         &self.name
@@ -461,5 +529,180 @@ impl Rule for RingRule {
             }
             _ => self.plan_read(stmt, ctx, &meta),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rewrite::testutil::{assert_sql, col, decide, parsed, reject, rewrite};
+    use crate::rewrite::{Decision, Engine, Rewritten};
+    use crate::wire::resultset::types;
+
+    /// An engine with one ring rule (size 5, key uid) on
+    /// `log(id AUTO_INCREMENT, uid, visitor_uid, last_update)`.
+    fn engine(coalesce: bool) -> Engine {
+        let spec: crate::rules::spec::RuleFile = toml::from_str(&format!(
+            "[[ring]]\nname = \"visits\"\ntable = \"log\"\nkey = [\"uid\"]\nsize = 5\nring_table = \"log_ring\"\nseq_table = \"log_seq\"\ncoalesce = {coalesce}\n"
+        ))
+        .unwrap();
+        let rule = RingRule::new(&spec.ring[0]).unwrap();
+        let e = Engine::new(vec![Arc::new(rule)], 1000).unwrap();
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[
+                col("log", "id", types::LONGLONG, 0x4203 | AUTO_INCREMENT_FLAG),
+                col("log", "uid", types::LONG, 0x1009),
+                col("log", "visitor_uid", types::LONG, 0x1001),
+                col("log", "last_update", types::DATETIME, 0x1081),
+            ],
+        );
+        e
+    }
+
+    const GUARDS: &str = "ON DUPLICATE KEY UPDATE `id` = LAST_INSERT_ID(IF(VALUES(`seq`) > `seq`, VALUES(`id`), `id`)), `visitor_uid` = IF(VALUES(`seq`) > `seq`, VALUES(`visitor_uid`), `visitor_uid`), `last_update` = IF(VALUES(`seq`) > `seq`, VALUES(`last_update`), `last_update`), `seq` = IF(VALUES(`seq`) > `seq`, VALUES(`seq`), `seq`)";
+
+    fn upsert(values: &str) -> String {
+        format!("INSERT INTO `log_ring` (`uid`, `visitor_uid`, `last_update`, `slot`, `seq`) VALUES {values} {GUARDS}")
+    }
+
+    #[test]
+    fn an_insert_becomes_one_guarded_upsert() {
+        let e = engine(false);
+        let r = rewrite(
+            &e,
+            "INSERT INTO log (uid, visitor_uid, last_update) VALUES (5, 7, NOW(6))",
+        );
+        assert_sql(&r, &[&upsert("(5, 7, NOW(6), NULL, NULL)")]);
+        assert_eq!(
+            r.reply,
+            Reply::Ok {
+                affected_rows: Affected::Fixed(1),
+                info: None,
+                last_insert_id: Some(0),
+            }
+        );
+        assert_eq!(r.merge, Merge::No);
+        // INSERT … SET, REPLACE, IGNORE and a qualified name: the same upsert.
+        for sql in [
+            "INSERT INTO log SET uid = 5, visitor_uid = 7, last_update = NOW(6)",
+            "REPLACE INTO log (uid, visitor_uid, last_update) VALUES (5, 7, NOW(6))",
+            "INSERT IGNORE INTO log (uid, visitor_uid, last_update) VALUES (5, 7, NOW(6))",
+        ] {
+            assert_sql(&rewrite(&e, sql), &[&upsert("(5, 7, NOW(6), NULL, NULL)")]);
+        }
+        assert_sql(
+            &rewrite(
+                &e,
+                "INSERT INTO shop.log (uid, visitor_uid, last_update) VALUES (5, 7, '2026-01-01')",
+            ),
+            &[
+                &upsert("(5, 7, '2026-01-01', NULL, NULL)")
+                    .replace("`log_ring`", "shop.`log_ring`"),
+            ],
+        );
+    }
+
+    #[test]
+    fn multi_row_inserts_report_their_rows() {
+        let e = engine(false);
+        let r = rewrite(
+            &e,
+            "INSERT INTO log (uid, visitor_uid, last_update) VALUES (5, 7, NOW()), (6, 8, NOW())",
+        );
+        assert_sql(
+            &r,
+            &[&upsert(
+                "(5, 7, NOW(), NULL, NULL), (6, 8, NOW(), NULL, NULL)",
+            )],
+        );
+        assert_eq!(
+            r.reply,
+            Reply::Ok {
+                affected_rows: Affected::Fixed(2),
+                info: Some("Records: 2  Duplicates: 0  Warnings: 0".into()),
+                last_insert_id: Some(0),
+            }
+        );
+    }
+
+    #[test]
+    fn reads_deletes_and_keyed_updates_go_to_the_ring() {
+        let e = engine(false);
+        let r = rewrite(&e, "SELECT * FROM log WHERE uid = 5 ORDER BY id DESC");
+        assert_sql(
+            &r,
+            &["SELECT * FROM (SELECT `id`, `uid`, `visitor_uid`, `last_update` FROM `log_ring`) AS log WHERE uid = 5 ORDER BY id DESC"],
+        );
+        assert!(matches!(r.reply, Reply::Patched(_)));
+        assert_sql(
+            &rewrite(&e, "DELETE FROM log WHERE uid = 5"),
+            &["DELETE FROM `log_ring` WHERE uid = 5"],
+        );
+        assert_sql(
+            &rewrite(&e, "UPDATE log SET visitor_uid = 1 WHERE uid = 5"),
+            &["UPDATE `log_ring` SET `visitor_uid` = 1 WHERE uid = 5"],
+        );
+    }
+
+    #[test]
+    fn unfaithful_shapes_are_rejected_naming_the_rule() {
+        let e = engine(false);
+        for (sql, why) in [
+            ("UPDATE log SET visitor_uid = 1 WHERE visitor_uid = 3", "must select its key"),
+            ("UPDATE log SET uid = 1 WHERE uid = 5", "key column `uid`"),
+            ("INSERT INTO log (uid, visitor_uid, last_update) SELECT 1, 2, NOW()", "INSERT … SELECT"),
+            ("INSERT INTO log (uid, visitor_uid, last_update) VALUES (1, 2, NOW()) ON DUPLICATE KEY UPDATE visitor_uid = 3", "ON DUPLICATE KEY UPDATE"),
+            ("INSERT INTO log (visitor_uid, last_update) VALUES (2, NOW())", "key column `uid`"),
+            ("INSERT INTO log (uid, nope) VALUES (1, 2)", "no column `nope`"),
+            ("ALTER TABLE log ADD COLUMN x INT", "visits"),
+            ("DELETE l FROM log l JOIN log m ON l.uid = m.uid", "multi-table DELETE"),
+        ] {
+            let msg = reject(&e, sql);
+            assert!(msg.starts_with("heatsink rule 'visits': "), "{sql}: {msg}");
+            assert!(msg.contains(why), "{sql}: {msg}");
+        }
+    }
+
+    #[test]
+    fn coalesced_inserts_carry_their_merge_pieces() {
+        let e = engine(true);
+        let r = rewrite(
+            &e,
+            "INSERT INTO log (visitor_uid, uid, last_update) VALUES (7, 5, NOW(6)), (8, 6, NOW(6))",
+        );
+        assert_eq!(r.merge, Merge::RingInsert);
+        let aux: Vec<String> = r
+            .aux
+            .iter()
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        // prefix + tuples + suffix is the statement itself.
+        assert_eq!(
+            parsed(&[format!("{}{}{}", aux[0], aux[1], aux[2])]),
+            parsed(&r.statements)
+        );
+        assert_eq!(&aux[3..], ["5", "2", "`id`"]);
+        // Values a leader's session could evaluate differently, or an id of the
+        // row's own: never merged.
+        for sql in [
+            "INSERT INTO log (uid, visitor_uid, last_update) VALUES (5, LAST_INSERT_ID(), NOW())",
+            "INSERT INTO log (uid, visitor_uid, last_update) VALUES (5, @v, NOW())",
+            "INSERT INTO log (uid, visitor_uid, last_update) VALUES (5, CONNECTION_ID(), NOW())",
+            "INSERT INTO log (id, uid, visitor_uid, last_update) VALUES (NULL, 5, 7, NOW())",
+        ] {
+            assert_eq!(rewrite(&e, sql).merge, Merge::No, "{sql}");
+        }
+        assert!(matches!(
+            decide(
+                &e,
+                "INSERT INTO log (uid, visitor_uid, last_update) VALUES (5, 1, UTC_TIMESTAMP())"
+            ),
+            Decision::Rewrite(Rewritten {
+                merge: Merge::RingInsert,
+                ..
+            })
+        ));
     }
 }

@@ -217,6 +217,10 @@ pub struct RingSpec {
     /// `on` (default) or `shadow`.
     #[serde(default)]
     pub mode: Mode,
+    /// Group commit: concurrent autocommit inserts into the ring are merged into
+    /// one multi-row write; each client is answered after that write committed.
+    #[serde(default)]
+    pub coalesce: bool,
 }
 
 fn default_seq_column() -> String {

@@ -46,7 +46,7 @@ pub use mariadb::{
     mariadb, mariadb_tls, MariaDb, TestCerts, ADMIN_USER, ED_PASSWORD, ED_USER, PASSWORD, TEST_DB,
     USER,
 };
-pub use proxy::{Proxy, ProxyBuilder};
+pub use proxy::{metrics, Proxy, ProxyBuilder};
 
 use std::net::TcpListener;
 use std::path::PathBuf;

@@ -7,8 +7,10 @@
 //!
 //! Drop sends SIGTERM, waits up to 5 s, then SIGKILLs.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -263,4 +265,25 @@ fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// GETs `/metrics` and returns every unlabelled sample.
+pub fn metrics(addr: SocketAddr) -> HashMap<String, u64> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("connect to metrics {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body)
+        .unwrap_or_else(|e| panic!("read metrics: {e}"));
+    assert!(body.starts_with("HTTP/1.1 200"), "metrics answer: {body}");
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name, v) = l.split_once(' ')?;
+            Some((name.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
 }

@@ -1,0 +1,389 @@
+//! Executing merged writes (group commit, see `relay::coalesce`) on a session's
+//! backend connection, and answering each member as its own statement would have
+//! been answered.
+//!
+//! - Counter increments: the leader writes one slot upsert of the summed deltas;
+//!   every member gets "1 row affected".
+//! - Ring inserts: the leader writes one multi-row upsert into the ring, the parts
+//!   ordered by their key so that every writer takes the keys' sequence and ring
+//!   rows in the same order. With an AUTO_INCREMENT column the statement ends in
+//!   `RETURNING <id>` (MariaDB ≥ 10.5): MariaDB returns one id per row in VALUES
+//!   order, so each member learns the id of its own first row — its
+//!   last_insert_id — and the session's `LAST_INSERT_ID()` is set to it before
+//!   the member's next statement that is not itself a merged ring insert.
+//! - A merged write that fails with a lock conflict is retried; one that fails
+//!   otherwise wrote nothing (one statement in autocommit mode) and may have failed
+//!   because of one member's values, so every member then runs its own statement
+//!   alone and gets its own answer.
+
+use std::time::Duration;
+
+use super::coalesce::{parse_delta, LeaderGuard, Outcome, Part, Role, Signal};
+use super::session::Session;
+use super::splice::{Collected, MAX_ATTEMPTS, RETRYABLE};
+use crate::error::Result;
+use crate::rewrite::{Merge, Reply, Rewritten};
+use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
+use crate::wire::status;
+
+/// Index of the AUTO_INCREMENT column's name in a ring insert's `aux`.
+const RING_AI: usize = 5;
+
+impl Session {
+    /// The group a rewrite may be merged into (group key, this execution's part), or
+    /// `None` when it must run alone: not mergeable, or the session is not in
+    /// autocommit mode outside a transaction, or its state no longer follows from
+    /// its SET history. A merged write runs with the leader's privileges and
+    /// settings, so the group key holds the user, character set and SET history.
+    pub(super) fn merge_part(&self, rw: &Rewritten) -> Option<(Vec<u8>, Part)> {
+        if rw.merge == Merge::No
+            || !self.pristine
+            || self.status & status::IN_TRANS != 0
+            || self.status & status::AUTOCOMMIT == 0
+        {
+            return None;
+        }
+        let (target, part) = match rw.merge {
+            Merge::Increment if rw.aux.len() > 4 => {
+                let deltas: Option<Vec<i64>> = rw.aux[4..].iter().map(|d| parse_delta(d)).collect();
+                ([&rw.aux[0], &rw.aux[1]], Part::Deltas(deltas?))
+            }
+            Merge::RingInsert if rw.aux.len() == RING_AI + 1 => {
+                // Per-row ids come back only through RETURNING.
+                if !rw.aux[RING_AI].is_empty() && !self.returning {
+                    return None;
+                }
+                let rows = std::str::from_utf8(&rw.aux[4]).ok()?.parse().ok()?;
+                (
+                    [&rw.aux[0], &rw.aux[2]],
+                    Part::Rows {
+                        values: rw.aux[1].clone(),
+                        rows,
+                        order: rw.aux[3].clone(),
+                    },
+                )
+            }
+            _ => return None,
+        };
+        let mut key = Vec::with_capacity(128);
+        for piece in [
+            rw.rule.as_bytes(),
+            &self.identity,
+            &self.session_sets,
+            self.current_db.as_deref().unwrap_or("").as_bytes(),
+            target[0],
+            target[1],
+        ] {
+            key.extend_from_slice(&(piece.len() as u32).to_le_bytes());
+            key.extend_from_slice(piece);
+        }
+        Some((key, part))
+    }
+
+    /// Joins the group of `key` with `part`: writes the batch as its leader, or
+    /// waits for the write holding it; runs alone when the group cannot take it.
+    pub(super) async fn run_merged(
+        &mut self,
+        key: Vec<u8>,
+        part: Part,
+        rw: &Rewritten,
+        cmd_seq: u8,
+    ) -> Result<()> {
+        let coalescer = self.shared.coalescer.clone();
+        match coalescer.join(&key, part) {
+            Some(Role::Lead(batch, me)) => {
+                self.lead(LeaderGuard::new(coalescer, key, batch), me, rw, cmd_seq)
+                    .await
+            }
+            Some(Role::Wait(rx)) => self.follow(rx, key, rw, cmd_seq).await,
+            None => self.run_alone(rw, cmd_seq).await,
+        }
+    }
+
+    /// Writes a merged batch on this connection, tells every member its outcome and
+    /// answers this session's client (member `me`).
+    async fn lead(
+        &mut self,
+        guard: LeaderGuard,
+        me: usize,
+        rw: &Rewritten,
+        cmd_seq: u8,
+    ) -> Result<()> {
+        let mine = match rw.merge {
+            Merge::RingInsert => self.write_ring_rows(guard, me, rw).await?,
+            _ => self.write_increments(guard, rw).await?,
+        };
+        self.answer_member(mine, rw, cmd_seq).await
+    }
+
+    /// Waits for the merged write holding this session's part.
+    async fn follow(
+        &mut self,
+        rx: tokio::sync::oneshot::Receiver<Signal>,
+        key: Vec<u8>,
+        rw: &Rewritten,
+        cmd_seq: u8,
+    ) -> Result<()> {
+        match rx.await {
+            Ok(Signal::Lead(batch, me)) => {
+                let guard = LeaderGuard::new(self.shared.coalescer.clone(), key, batch);
+                Box::pin(self.lead(guard, me, rw, cmd_seq)).await
+            }
+            Ok(signal) => self.answer_member(signal, rw, cmd_seq).await,
+            Err(_) => {
+                let msg = "heatsink: the group commit of this statement was interrupted; it may or may not have been applied";
+                self.reply(cmd_seq, &err_of(errors::SERVER_LOST, msg)).await
+            }
+        }
+    }
+
+    /// Runs `sql`, retrying lock conflicts. `Err` carries the last ERR payload.
+    async fn run_retrying(
+        &mut self,
+        sql: &[u8],
+    ) -> Result<std::result::Result<Collected, Vec<u8>>> {
+        let mut attempt = 1;
+        loop {
+            let c = self.run_collect(sql).await?;
+            let Some(e) = c.err() else {
+                return Ok(Ok(c));
+            };
+            let conflict = c.err_code().is_some_and(|code| RETRYABLE.contains(&code));
+            if !conflict || attempt >= MAX_ATTEMPTS {
+                return Ok(Err(e.payload.to_vec()));
+            }
+            attempt += 1;
+            tokio::time::sleep(Duration::from_millis(rand::random_range(
+                1..=(2u64 << attempt),
+            )))
+            .await;
+        }
+    }
+
+    /// Writes the summed increments; every member gets the same outcome.
+    async fn write_increments(&mut self, guard: LeaderGuard, rw: &Rewritten) -> Result<Signal> {
+        let members = guard.batch.as_ref().map_or(1, |b| b.members()) as u64;
+        let mut sql = Vec::with_capacity(256);
+        sql.extend_from_slice(&rw.aux[0]);
+        if !rw.aux[1].is_empty() {
+            sql.extend_from_slice(&rw.aux[1]);
+            sql.extend_from_slice(b", ");
+        }
+        sql.extend_from_slice(&rw.aux[3]);
+        for s in guard.sums() {
+            sql.extend_from_slice(format!(", {s}").as_bytes());
+        }
+        sql.extend_from_slice(&rw.aux[2]);
+        let outcome: Outcome = self.run_retrying(&sql).await?.map(|c| {
+            let o = c.ok().unwrap_or_default();
+            OkSummary {
+                affected_rows: 1,
+                last_insert_id: 0,
+                status: 0,
+                warnings: o.warnings,
+            }
+        });
+        if members > 1 {
+            let stats = &self.shared.stats;
+            stats
+                .coalesced_writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            stats
+                .coalesced_increments
+                .fetch_add(members, std::sync::atomic::Ordering::Relaxed);
+        }
+        guard.resolve(outcome.clone());
+        Ok(Signal::Done(outcome))
+    }
+
+    /// Writes the rows of every part as one statement, parts ordered by key.
+    async fn write_ring_rows(
+        &mut self,
+        guard: LeaderGuard,
+        me: usize,
+        rw: &Rewritten,
+    ) -> Result<Signal> {
+        let parts: Vec<(&[u8], u64, &[u8])> = guard
+            .parts()
+            .iter()
+            .map(|p| match p {
+                Part::Rows {
+                    values,
+                    rows,
+                    order,
+                } => (values.as_slice(), *rows, order.as_slice()),
+                Part::Deltas(_) => (&[][..], 0, &[][..]),
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..parts.len()).collect();
+        order.sort_by(|a, b| parts[*a].2.cmp(parts[*b].2));
+        let ai = &rw.aux[RING_AI];
+        let bytes: usize = parts.iter().map(|p| p.0.len() + 2).sum();
+        let mut sql = Vec::with_capacity(rw.aux[0].len() + bytes + rw.aux[2].len() + 32);
+        sql.extend_from_slice(&rw.aux[0]);
+        // The first row of each part, counted in statement order.
+        let mut first_row = vec![0u64; parts.len()];
+        let mut total = 0u64;
+        for (n, &i) in order.iter().enumerate() {
+            if n > 0 {
+                sql.extend_from_slice(b", ");
+            }
+            sql.extend_from_slice(parts[i].0);
+            first_row[i] = total;
+            total += parts[i].1;
+        }
+        sql.extend_from_slice(&rw.aux[2]);
+        if !ai.is_empty() {
+            sql.extend_from_slice(b" RETURNING ");
+            sql.extend_from_slice(ai);
+        }
+        let written = match self.run_retrying(&sql).await? {
+            Ok(c) if ai.is_empty() => c.ok().map(|o| (Vec::new(), o.warnings)),
+            Ok(c) => returned_ids(&c.packets, self.deprecate_eof)
+                .filter(|(ids, _)| ids.len() as u64 == total),
+            // Nothing was written: each member runs its own statement.
+            Err(_) => {
+                guard.resolve_each(|_| Signal::Alone);
+                return Ok(Signal::Alone);
+            }
+        };
+        let rows_of: Vec<u64> = parts.iter().map(|p| p.1).collect();
+        let signal = |i: usize| -> Signal {
+            match &written {
+                Some((ids, warnings)) => Signal::Done(Ok(OkSummary {
+                    affected_rows: rows_of[i],
+                    last_insert_id: ids.get(first_row[i] as usize).copied().unwrap_or(0),
+                    status: 0,
+                    warnings: *warnings,
+                })),
+                None => Signal::Done(Err(err_of(
+                    errors::UNKNOWN,
+                    "heatsink: a merged ring insert was written but its response was not understood",
+                ))),
+            }
+        };
+        let mine = signal(me);
+        if parts.len() > 1 {
+            let stats = &self.shared.stats;
+            stats
+                .coalesced_writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            stats
+                .coalesced_rows
+                .fetch_add(total, std::sync::atomic::Ordering::Relaxed);
+        }
+        guard.resolve_each(signal);
+        Ok(mine)
+    }
+
+    /// Answers one member of a merged write as its own statement would have been.
+    async fn answer_member(&mut self, signal: Signal, rw: &Rewritten, cmd_seq: u8) -> Result<()> {
+        match signal {
+            Signal::Done(Ok(o)) => {
+                let info = match &rw.reply {
+                    Reply::Ok { info, .. } => info.clone(),
+                    _ => None,
+                };
+                if rw.merge == Merge::RingInsert && !rw.aux[RING_AI].is_empty() {
+                    // The write ran on the leader's connection: this session's
+                    // LAST_INSERT_ID() still has its old value.
+                    self.pending_insert_id = Some(o.last_insert_id);
+                }
+                let ok = OkSummary {
+                    status: self.status,
+                    ..o
+                };
+                self.reply(
+                    cmd_seq,
+                    &packets::ok_payload(&ok, info.as_deref().map(str::as_bytes)),
+                )
+                .await
+            }
+            Signal::Done(Err(payload)) => self.reply(cmd_seq, &payload).await,
+            Signal::Alone | Signal::Lead(..) => self.run_alone(rw, cmd_seq).await,
+        }
+    }
+
+    /// Sets the session's `LAST_INSERT_ID()` to what the last merged ring insert
+    /// would have left, before a statement that might read it.
+    pub(super) async fn restore_insert_id(&mut self) -> Result<()> {
+        if let Some(id) = self.pending_insert_id.take() {
+            let c = self
+                .run_collect(format!("DO LAST_INSERT_ID({id})").as_bytes())
+                .await?;
+            if let Some(e) = c.err() {
+                tracing::warn!(
+                    id = self.backend_id,
+                    error = ?packets::parse_err(&e.payload),
+                    "could not restore LAST_INSERT_ID() after a merged ring insert"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The ids of a `… RETURNING id` result set (one column), and its warning count.
+fn returned_ids(pkts: &[crate::wire::io::Packet], deprecate_eof: bool) -> Option<(Vec<u64>, u16)> {
+    let first = pkts.first()?;
+    if first.payload.first() == Some(&packets::OK) {
+        return None;
+    }
+    let (columns, _) = lenenc_int(&first.payload)?;
+    if columns != 1 {
+        return None;
+    }
+    let skip = 2 + usize::from(!deprecate_eof);
+    let (last, rows) = pkts.get(skip..)?.split_last()?;
+    if last.payload.first() != Some(&packets::EOF) {
+        return None;
+    }
+    let warnings = if deprecate_eof && last.payload.len() > 5 {
+        packets::parse_ok(&last.payload)?.warnings
+    } else {
+        let b = last.payload.get(1..3)?;
+        u16::from_le_bytes([b[0], b[1]])
+    };
+    let mut ids = Vec::with_capacity(rows.len());
+    for r in rows {
+        let (len, used) = lenenc_int(&r.payload)?;
+        let text = r.payload.get(used..used + usize::try_from(len).ok()?)?;
+        ids.push(std::str::from_utf8(text).ok()?.parse().ok()?);
+    }
+    Some((ids, warnings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::io::Packet;
+
+    fn pkt(b: &[u8]) -> Packet {
+        Packet {
+            seq: 0,
+            payload: bytes::BytesMut::from(b),
+        }
+    }
+
+    #[test]
+    fn ids_from_a_returning_result_set() {
+        let def = pkt(
+            b"\x03def\x00\x00\x00\x02id\x00\x0c\x3f\x00\x14\x00\x00\x00\x08\x23\x42\x00\x00\x00",
+        );
+        let rows = [pkt(b"\x0217"), pkt(b"\x0218")];
+        let eof = pkt(b"\xfe\x02\x00\x02\x00");
+        let ok_eof = pkt(b"\xfe\x00\x00\x02\x00\x01\x00");
+        let mut with_eof = vec![pkt(b"\x01"), def.clone(), eof.clone()];
+        with_eof.extend(rows.iter().cloned());
+        with_eof.push(eof);
+        assert_eq!(returned_ids(&with_eof, false), Some((vec![17, 18], 2)));
+        let mut deprecated = vec![pkt(b"\x01"), def];
+        deprecated.extend(rows.iter().cloned());
+        deprecated.push(ok_eof);
+        assert_eq!(returned_ids(&deprecated, true), Some((vec![17, 18], 1)));
+        assert_eq!(
+            returned_ids(&[pkt(b"\x00\x01\x00\x02\x00\x00\x00")], true),
+            None
+        );
+    }
+}

@@ -1,0 +1,72 @@
+//! Helpers shared by the rule kinds' unit tests: column definitions, decisions, and
+//! comparing rewrites as parsed statements (never as raw strings).
+
+use sqlparser::ast::Statement;
+
+use super::{parse_statements, Decision, Engine, Rewritten, StatementContext};
+use crate::wire::resultset::ColumnDef;
+
+/// A column definition of `shop.<table>` as the backend sends it.
+pub fn col(table: &str, name: &str, t: u8, flags: u16) -> ColumnDef {
+    ColumnDef {
+        catalog: b"def".to_vec(),
+        schema: b"shop".to_vec(),
+        table: table.into(),
+        org_table: table.into(),
+        name: name.into(),
+        org_name: name.into(),
+        extended: None,
+        charset: if t == 0xfd { 45 } else { 63 },
+        length: 11,
+        column_type: t,
+        flags,
+        decimals: 0,
+        fixed_len: 0x0c,
+        tail: vec![0, 0],
+    }
+}
+
+/// The engine's decision for a text statement in database `shop`.
+pub fn decide(e: &Engine, sql: &str) -> Decision {
+    e.decide(
+        sql.as_bytes(),
+        &StatementContext {
+            prepared: false,
+            in_transaction: false,
+            current_db: Some("shop"),
+        },
+    )
+}
+
+/// The rewrite of `sql`; panics on any other decision.
+#[track_caller]
+pub fn rewrite(e: &Engine, sql: &str) -> Rewritten {
+    match decide(e, sql) {
+        Decision::Rewrite(r) => r,
+        other => panic!("{sql}: expected a rewrite, got {other:?}"),
+    }
+}
+
+/// The rejection message for `sql`; panics on any other decision.
+#[track_caller]
+pub fn reject(e: &Engine, sql: &str) -> String {
+    match decide(e, sql) {
+        Decision::Reject(r) => r.message(),
+        other => panic!("{sql}: expected a rejection, got {other:?}"),
+    }
+}
+
+/// Parses every statement of `texts`.
+#[track_caller]
+pub fn parsed<S: AsRef<[u8]>>(texts: &[S]) -> Vec<Statement> {
+    texts
+        .iter()
+        .flat_map(|s| parse_statements(std::str::from_utf8(s.as_ref()).unwrap()).unwrap())
+        .collect()
+}
+
+/// The rewrite's statements equal `expected`, compared as parsed statements.
+#[track_caller]
+pub fn assert_sql(r: &Rewritten, expected: &[&str]) {
+    assert_eq!(parsed(&r.statements), parsed(expected));
+}

@@ -16,6 +16,7 @@
 //!   because of one member's values, so every member then runs its own statement
 //!   alone and gets its own answer.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::coalesce::{parse_delta, LeaderGuard, Outcome, Part, Role, Signal};
@@ -183,15 +184,13 @@ impl Session {
                 warnings: o.warnings,
             }
         });
-        if members > 1 {
-            let stats = &self.shared.stats;
-            stats
-                .coalesced_writes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            stats
-                .coalesced_increments
-                .fetch_add(members, std::sync::atomic::Ordering::Relaxed);
-        }
+        let stats = &self.shared.stats;
+        count_merged(
+            members,
+            &stats.coalesced_writes,
+            &stats.coalesced_increments,
+            members,
+        );
         guard.resolve(outcome.clone());
         Ok(Signal::Done(outcome))
     }
@@ -263,15 +262,14 @@ impl Session {
             }
         };
         let mine = signal(me);
-        if parts.len() > 1 {
-            let stats = &self.shared.stats;
-            stats
-                .coalesced_writes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            stats
-                .coalesced_rows
-                .fetch_add(total, std::sync::atomic::Ordering::Relaxed);
-        }
+        let stats = &self.shared.stats;
+        let members = parts.len() as u64;
+        count_merged(
+            members,
+            &stats.coalesced_writes,
+            &stats.coalesced_rows,
+            total,
+        );
         guard.resolve_each(signal);
         Ok(mine)
     }
@@ -320,6 +318,14 @@ impl Session {
             }
         }
         Ok(())
+    }
+}
+
+/// Counts a merged write of `members` members that wrote `items` increments or rows.
+fn count_merged(members: u64, writes: &AtomicU64, of_kind: &AtomicU64, items: u64) {
+    if members > 1 {
+        writes.fetch_add(1, Ordering::Relaxed);
+        of_kind.fetch_add(items, Ordering::Relaxed);
     }
 }
 

@@ -15,16 +15,16 @@
 # Every pattern has its own database with the same `log` table, so the statement text
 # is identical in every leg. After the ring legs: every key holds at most 5 ring rows,
 # exactly min(5, its sequence) when no insert failed.
-# Then the table size per pattern after SIZE_INSERTS inserts (default 400000) at 16
-# connections on emptied tables, measured at half and at the end, and extrapolated
-# linearly from those two points to 1M inserts (SIZE_INSERTS=1000000 measures 1M
-# directly). Writes bench/results/ring.md.
+# Then the table size per pattern after SIZE_INSERTS inserts (default 1000000) at 16
+# connections on emptied tables, measured at half and at the end (a smaller
+# SIZE_INSERTS, for a quicker run, extrapolates linearly from those two points to 1M
+# inserts). Writes bench/results/ring.md. The recorded run: ROUNDS=3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 ROUNDS=${ROUNDS:-1}
 CONNS=${CONNS:-"1 16 64"}
-SIZE_INSERTS=${SIZE_INSERTS:-400000}
+SIZE_INSERTS=${SIZE_INSERTS:-1000000}
 SIZE_CONNS=${SIZE_CONNS:-16}
 OUT=${OUT:-bench/results/ring.md}
 LOADGEN=${LOADGEN:-target/release/examples/loadgen}

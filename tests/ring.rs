@@ -2047,7 +2047,11 @@ struct Answers {
     problems: Vec<String>,
 }
 
-async fn answers_worker(url: String, w: i64) -> Answers {
+/// Inserts of one client of [`coalesced_inserts_answer_each_client`], as text
+/// statements or prepared (`prepared`: values as parameters, some of them strings).
+async fn answers_worker(url: String, w: i64, prepared: bool) -> Answers {
+    const ONE: &str = "(uid, visitor_uid, last_update) VALUES (?, ?, NOW(6))";
+    const TWO: &str = "(uid, visitor_uid, last_update) VALUES (?, ?, NOW(6)), (?, ?, NOW(6))";
     let mut a = Answers::default();
     let mut c = connect(&url).await;
     for i in 0..40i64 {
@@ -2055,27 +2059,54 @@ async fn answers_worker(url: String, w: i64) -> Answers {
         let uid = 100_000 + w * 100 + i;
         let visitor = w * 1000 + i;
         if w % 6 == 5 && i % 2 == 1 {
-            // Not an integer: strict mode refuses the row, and a merged write holding
-            // it fails as a whole; every member then runs alone.
-            let sql = format!(
-                "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, 'x{visitor}', NOW(6))"
-            );
-            match c.query_drop(sql).await {
-                Err(mysql_async::Error::Server(e)) if e.code == 1366 => a.refused += 1,
+            // A value MariaDB refuses (not an integer in strict mode; NULL for a NOT
+            // NULL column): a merged write holding it fails as a whole, and every
+            // member then runs alone.
+            let (r, code) = if prepared {
+                let sql = format!("INSERT INTO {LOG} {ONE}");
+                (c.exec_drop(sql, (uid, Value::NULL)).await, 1048)
+            } else {
+                let sql = format!(
+                    "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, 'x{visitor}', NOW(6))"
+                );
+                (c.query_drop(sql).await, 1366)
+            };
+            match r {
+                Err(mysql_async::Error::Server(e)) if e.code == code => a.refused += 1,
                 other => a.problems.push(format!("bad value {visitor}: {other:?}")),
             }
             continue;
         }
         let two = i % 5 == 0;
-        let sql = if two {
-            format!(
-                "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {visitor}, NOW(6)), ({uid}, {}, NOW(6))",
-                visitor + 500
-            )
-        } else {
-            format!("INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {visitor}, NOW(6))")
+        let r = match (prepared, two) {
+            (false, true) => {
+                c.query_drop(format!(
+                    "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {visitor}, NOW(6)), ({uid}, {}, NOW(6))",
+                    visitor + 500
+                ))
+                .await
+            }
+            (false, false) => {
+                c.query_drop(format!(
+                    "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {visitor}, NOW(6))"
+                ))
+                .await
+            }
+            (true, true) => {
+                let params = (uid, visitor, uid, visitor + 500);
+                c.exec_drop(format!("INSERT INTO {LOG} {TWO}"), params).await
+            }
+            // Every third value as a string: the column converts it.
+            (true, false) if i % 3 == 0 => {
+                let params = (uid.to_string(), visitor.to_string());
+                c.exec_drop(format!("INSERT INTO {LOG} {ONE}"), params).await
+            }
+            (true, false) => {
+                let params = (uid, visitor);
+                c.exec_drop(format!("INSERT INTO {LOG} {ONE}"), params).await
+            }
         };
-        if let Err(e) = c.query_drop(sql).await {
+        if let Err(e) = r {
             a.problems.push(format!("insert {visitor}: {e}"));
             continue;
         }
@@ -2116,10 +2147,21 @@ async fn answers_worker(url: String, w: i64) -> Answers {
 #[test]
 fn coalesced_inserts_answer_each_client() {
     let _serial = load_lock();
-    let env = Env::coalesced("answers");
+    answers_scenario(Env::coalesced("answers"), false);
+}
+
+/// The same with prepared statements: each execute's parameter values join the
+/// merged write as literals (strings with their character set's introducer).
+#[test]
+fn coalesced_prepared_inserts_answer_each_client() {
+    let _serial = load_lock();
+    answers_scenario(Env::coalesced("answers_prep"), true);
+}
+
+fn answers_scenario(env: Env, prepared: bool) {
     run(Duration::from_secs(60), async {
         let tasks: Vec<_> = (0..24)
-            .map(|w| tokio::spawn(answers_worker(env.proxy.url(&env.db), w)))
+            .map(|w| tokio::spawn(answers_worker(env.proxy.url(&env.db), w, prepared)))
             .collect();
         let mut rows = Vec::new();
         let mut problems = Vec::new();

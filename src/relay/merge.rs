@@ -11,6 +11,10 @@
 //!   order, so each member learns the id of its own first row — its
 //!   last_insert_id — and the session's `LAST_INSERT_ID()` is set to it before
 //!   the member's next statement that is not itself a merged ring insert.
+//! - Prepared ring inserts merge too: each execute's parameter values are written as
+//!   literals into the rewrite's pieces (`wire::literal`; values without an exact
+//!   literal, such as temporal ones, keep the execute a prepared statement of its
+//!   own). The OK of an INSERT is the same in both protocols.
 //! - A merged write that fails with a lock conflict is retried; one that fails
 //!   otherwise wrote nothing (one statement in autocommit mode) and may have failed
 //!   because of one member's values, so every member then runs its own statement
@@ -21,11 +25,11 @@ use std::time::Duration;
 
 use super::coalesce::{parse_delta, LeaderGuard, Outcome, Part, Role, Signal};
 use super::session::Session;
-use super::splice::{Collected, MAX_ATTEMPTS, RETRYABLE};
+use super::splice::{execute_params, Collected, MAX_ATTEMPTS, RETRYABLE};
 use crate::error::Result;
 use crate::rewrite::{Merge, Reply, Rewritten};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
-use crate::wire::status;
+use crate::wire::{literal, status};
 
 /// Index of the AUTO_INCREMENT column's name in a ring insert's `aux`.
 const RING_AI: usize = 5;
@@ -79,6 +83,53 @@ impl Session {
             key.extend_from_slice(piece);
         }
         Some((key, part))
+    }
+
+    /// A prepared ring insert's execute as the text rewrite a merged write takes, each
+    /// parameter written as a literal (`wire::literal`). `None` when the statement
+    /// does not merge, a value has no exact literal, or the session's character set
+    /// is unknown or was changed by a `SET` (string parameters are sent in it).
+    pub(super) fn merged_execute(&mut self, id: u32, payload: &[u8]) -> Option<Rewritten> {
+        if !self.pristine
+            || self.status & status::IN_TRANS != 0
+            || self.status & status::AUTOCOMMIT == 0
+            || sets_charset(&self.session_sets)
+        {
+            return None;
+        }
+        let charset = literal::charset_name(*self.identity.last()?)?;
+        let p = self.prepared.get_mut(&id)?;
+        let m = p.merge.clone()?;
+        let values = execute_params(payload, p).ok()?;
+        let types = p.types.as_deref().unwrap_or_default();
+        let mut aux = Vec::with_capacity(m.aux.len());
+        for (text, holes) in m.aux.iter().zip(&m.holes) {
+            let mut out = Vec::with_capacity(text.len() + 16 * holes.len());
+            let mut at = 0;
+            for &(offset, j) in holes {
+                out.extend_from_slice(text.get(at..offset)?);
+                let t = [*types.get(2 * j)?, *types.get(2 * j + 1)?];
+                out.extend_from_slice(
+                    literal::sql_literal(t, *values.get(j)?, charset)?.as_bytes(),
+                );
+                at = offset + 1;
+            }
+            out.extend_from_slice(text.get(at..)?);
+            aux.push(out);
+        }
+        let mut sql = aux.first()?.clone();
+        sql.extend_from_slice(aux.get(1)?);
+        sql.extend_from_slice(aux.get(2)?);
+        Some(Rewritten {
+            rule: p.rule.clone(),
+            statements: vec![sql],
+            param_map: None,
+            reply: p.reply.clone(),
+            atomic: false,
+            aux,
+            aux_holes: Vec::new(),
+            merge: m.kind,
+        })
     }
 
     /// Joins the group of `key` with `part`: writes the batch as its leader, or
@@ -319,6 +370,14 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Whether a session's `SET` history may have changed its character set.
+fn sets_charset(sets: &[u8]) -> bool {
+    let s = String::from_utf8_lossy(sets).to_ascii_lowercase();
+    ["names", "character", "charset", "collation"]
+        .iter()
+        .any(|w| s.contains(w))
 }
 
 /// Counts a merged write of `members` members that wrote `items` increments or rows.

@@ -19,7 +19,7 @@ use bytes::BytesMut;
 use super::response::{ResponseKind, ResponseParser};
 use super::session::Session;
 use crate::error::{Error, Result, Source};
-use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, Reply, Rewritten};
+use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, Merge, Reply, Rewritten};
 use crate::wire::io::{frame_into, Packet};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
 use crate::wire::resultset::{binary_value_len, ColumnDef, RowRecode, UNSIGNED_FLAG};
@@ -51,6 +51,20 @@ pub struct PreparedRewrite {
     /// The client sent COM_STMT_SEND_LONG_DATA, which rewritten statements do not
     /// support; the next execute fails with a clear error.
     pub long_data: bool,
+    /// Executes may be merged (a ring insert): the plan's merge pieces, with holes
+    /// for the parameters (see [`Rewritten::aux_holes`]).
+    pub merge: Option<PreparedMerge>,
+}
+
+/// The merge pieces of a prepared rewrite.
+#[derive(Debug, Clone)]
+pub struct PreparedMerge {
+    /// How executes merge.
+    pub kind: Merge,
+    /// `aux` of the rewrite, `?` where parameters go.
+    pub aux: Vec<Vec<u8>>,
+    /// Per `aux` text: (byte offset of a `?`, client parameter index).
+    pub holes: Vec<Vec<(usize, usize)>>,
 }
 
 /// One statement's response, read whole.
@@ -544,6 +558,13 @@ impl Session {
                 reply: rw.reply.clone(),
                 atomic: rw.atomic,
                 long_data: false,
+                merge: (rw.merge == Merge::RingInsert && rw.aux_holes.len() == rw.aux.len()).then(
+                    || PreparedMerge {
+                        kind: rw.merge,
+                        aux: rw.aux.clone(),
+                        holes: rw.aux_holes.clone(),
+                    },
+                ),
             },
         );
         self.client.write_all(&out).await
@@ -587,6 +608,14 @@ impl Session {
             );
             return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
         }
+        if let Some(rw) = self.merged_execute(id, &payload) {
+            if let Some((key, part)) = self.merge_part(&rw) {
+                return self.run_merged(key, part, &rw, cmd_seq).await;
+            }
+        }
+        let Some(p) = self.prepared.get_mut(&id) else {
+            return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
+        };
         let commands = match remap_execute(&payload, p) {
             Ok(b) => b,
             Err(reason) => {
@@ -663,35 +692,9 @@ fn remap_execute(
     payload: &[u8],
     p: &mut PreparedRewrite,
 ) -> std::result::Result<Vec<Vec<u8>>, String> {
-    let n = p.client_params;
     // Flags (1 byte) and iteration count (4 bytes) after the statement id.
     let flags_iter = payload.get(5..10).ok_or("short COM_STMT_EXECUTE")?;
-    let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(n);
-    if n > 0 {
-        let bitmap_len = n.div_ceil(8);
-        let bitmap = payload
-            .get(10..10 + bitmap_len)
-            .ok_or("short COM_STMT_EXECUTE")?;
-        let bound = *payload
-            .get(10 + bitmap_len)
-            .ok_or("short COM_STMT_EXECUTE")?;
-        let mut rest = &payload[11 + bitmap_len..];
-        if bound == 1 {
-            let t = rest.get(..2 * n).ok_or("short parameter types")?;
-            p.types = Some(t.to_vec());
-            rest = &rest[2 * n..];
-        }
-        let types = p.types.as_deref().ok_or("parameters were never bound")?;
-        for j in 0..n {
-            if bitmap[j / 8] & (1 << (j % 8)) != 0 {
-                values.push(None);
-                continue;
-            }
-            let len = binary_value_len(types[2 * j], rest).ok_or("malformed parameter value")?;
-            values.push(Some(&rest[..len]));
-            rest = &rest[len..];
-        }
-    }
+    let values = execute_params(payload, p)?;
     let mut out = Vec::with_capacity(p.stmts.len());
     for (id, map) in &p.stmts {
         let mut cmd = Vec::with_capacity(payload.len() + 16);
@@ -723,6 +726,43 @@ fn remap_execute(
     Ok(out)
 }
 
+/// The client's parameter values of a COM_STMT_EXECUTE (`None`: NULL), sliced by
+/// type, never decoded; remembers the types when the execute binds them.
+pub(super) fn execute_params<'a>(
+    payload: &'a [u8],
+    p: &mut PreparedRewrite,
+) -> std::result::Result<Vec<Option<&'a [u8]>>, String> {
+    let n = p.client_params;
+    payload.get(5..10).ok_or("short COM_STMT_EXECUTE")?;
+    let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(n);
+    if n > 0 {
+        let bitmap_len = n.div_ceil(8);
+        let bitmap = payload
+            .get(10..10 + bitmap_len)
+            .ok_or("short COM_STMT_EXECUTE")?;
+        let bound = *payload
+            .get(10 + bitmap_len)
+            .ok_or("short COM_STMT_EXECUTE")?;
+        let mut rest = &payload[11 + bitmap_len..];
+        if bound == 1 {
+            let t = rest.get(..2 * n).ok_or("short parameter types")?;
+            p.types = Some(t.to_vec());
+            rest = &rest[2 * n..];
+        }
+        let types = p.types.as_deref().ok_or("parameters were never bound")?;
+        for j in 0..n {
+            if bitmap[j / 8] & (1 << (j % 8)) != 0 {
+                values.push(None);
+                continue;
+            }
+            let len = binary_value_len(types[2 * j], rest).ok_or("malformed parameter value")?;
+            values.push(Some(&rest[..len]));
+            rest = &rest[len..];
+        }
+    }
+    Ok(values)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -736,6 +776,7 @@ mod tests {
             reply: Reply::Last,
             atomic: false,
             long_data: false,
+            merge: None,
         }
     }
 

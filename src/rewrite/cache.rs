@@ -119,11 +119,18 @@ impl Template {
         let mut params = Vec::new();
         let mut statements = Vec::with_capacity(self.statements.len());
         for segs in &self.statements {
-            statements.push(render_segments(segs, sql, literals, &mut params)?);
+            let mut holes = Vec::new();
+            statements.push(render_segments(segs, sql, literals, &mut holes)?);
+            params.extend(holes.into_iter().map(|(_, j)| j));
         }
         let mut aux = Vec::with_capacity(self.aux.len());
+        let mut aux_holes = Vec::new();
         for segs in &self.aux {
-            aux.push(render_segments(segs, sql, literals, &mut Vec::new())?);
+            let mut holes = Vec::new();
+            aux.push(render_segments(segs, sql, literals, &mut holes)?);
+            if prepared {
+                aux_holes.push(holes);
+            }
         }
         Ok(Rewritten {
             rule: rule.clone(),
@@ -132,18 +139,20 @@ impl Template {
             reply: self.reply.clone(),
             atomic: self.atomic,
             aux,
+            aux_holes,
             merge: self.merge,
         })
     }
 }
 
-/// Renders one templated text: literal bytes from `sql`, parameters as `?` (their
-/// original indices appended to `params`), dynamic values chosen now.
+/// Renders one templated text: literal bytes from `sql`, parameters as `?` (each one's
+/// byte offset in the text and original index appended to `holes`), dynamic values
+/// chosen now.
 fn render_segments(
     segs: &[Segment],
     sql: &[u8],
     literals: &[Token],
-    params: &mut Vec<usize>,
+    holes: &mut Vec<(usize, usize)>,
 ) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(sql.len() + 64);
     for seg in segs {
@@ -156,8 +165,8 @@ fn render_segments(
                 out.extend_from_slice(&sql[t.start..t.end]);
             }
             Segment::Param(j) => {
+                holes.push((out.len(), *j));
                 out.push(b'?');
-                params.push(*j);
             }
             Segment::Dynamic(Dynamic::RandomBelow(n)) => {
                 let v: u32 = rand::random_range(0..(*n).max(1));

@@ -196,6 +196,10 @@ pub struct Rewritten {
     pub atomic: bool,
     /// Rendered auxiliary texts of the plan (see [`Plan::aux`]).
     pub aux: Vec<Vec<u8>>,
+    /// Only for prepared statements: for each text of `aux`, where its `?`s are
+    /// (byte offset) and which original parameter each takes. Empty for text
+    /// statements.
+    pub aux_holes: Vec<Vec<(usize, usize)>>,
     /// Whether and how concurrent autocommit executions of this rewrite for the same
     /// target may be merged into one write (see [`Plan::merge`]).
     pub merge: Merge,

@@ -238,12 +238,11 @@ impl RingRule {
         let suffix = format!(" ON DUPLICATE KEY UPDATE {}", update.join(", "));
         let statements = parse(&format!("{prefix}{}{suffix}", values.join(", ")))?;
         let n = rows.len() as u64;
-        // Group commit (text protocol only: parameters have no value at plan time).
-        // Rows whose values could differ when evaluated on another session
-        // (LAST_INSERT_ID(), @variables, CONNECTION_ID(), …) or that give the
-        // AUTO_INCREMENT column a value of their own are never merged.
+        // Group commit. Rows whose values could differ when evaluated on another
+        // session (LAST_INSERT_ID(), @variables, CONNECTION_ID(), …) or that give the
+        // AUTO_INCREMENT column a value of their own are never merged. Prepared
+        // statements keep `?` in the pieces; each execute fills in its values.
         let mergeable = self.coalesce
-            && !ctx.prepared
             && !ai_column
                 .as_deref()
                 .is_some_and(|ai| cols.iter().any(|c| eq(c, ai)))
@@ -704,5 +703,23 @@ mod tests {
                 ..
             })
         ));
+        // Prepared: the pieces keep `?`, and say where each parameter goes.
+        let r = match e.decide(
+            b"INSERT INTO log (visitor_uid, uid, last_update) VALUES (?, ?, NOW(6))",
+            &crate::rewrite::StatementContext {
+                prepared: true,
+                in_transaction: false,
+                current_db: Some("shop"),
+            },
+        ) {
+            Decision::Rewrite(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(r.merge, Merge::RingInsert);
+        assert_eq!(r.aux[1], b"(?, ?, NOW(6), NULL, NULL)");
+        assert_eq!(r.aux[3], b"?");
+        assert_eq!(r.aux_holes[1], vec![(1, 0), (4, 1)]);
+        assert_eq!(r.aux_holes[3], vec![(0, 1)]);
+        assert!(r.aux_holes[0].is_empty() && r.aux_holes[2].is_empty());
     }
 }

@@ -4,11 +4,13 @@
 //! - [`handshake`]: reading and patching the greeting and the client's handshake response.
 //! - [`packets`]: the few packets the proxy reads or writes itself (OK, ERR, EOF).
 //! - [`resultset`]: column definitions and binary rows, for patching rewritten reads.
+//! - [`literal`]: binary-protocol parameter values as SQL literals (merged writes).
 //!
 //! Everything else is relayed as bytes and never decoded.
 
 pub mod handshake;
 pub mod io;
+pub mod literal;
 pub mod packets;
 pub mod resultset;
 

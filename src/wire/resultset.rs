@@ -146,7 +146,7 @@ pub fn binary_value_len(column_type: u8, b: &[u8]) -> Option<usize> {
 
 /// Reads an integer value of an integer `column_type` (little-endian, `unsigned` per
 /// the column flags) as i128.
-fn read_int(column_type: u8, unsigned: bool, v: &[u8]) -> Option<i128> {
+pub(crate) fn read_int(column_type: u8, unsigned: bool, v: &[u8]) -> Option<i128> {
     use types::*;
     let width = match column_type {
         TINY => 1,

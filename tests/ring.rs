@@ -2130,7 +2130,13 @@ async fn answers_worker(url: String, w: i64, prepared: bool) -> Answers {
         if two {
             a.rows.push((visitor + 500, id + 1));
         }
-        let lii: Option<u64> = c.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
+        // Read back as the client did its insert: a text query, or an execute of a
+        // (passed through) prepared statement.
+        let lii: Option<u64> = if prepared {
+            c.exec_first("SELECT LAST_INSERT_ID()", ()).await.unwrap()
+        } else {
+            c.query_first("SELECT LAST_INSERT_ID()").await.unwrap()
+        };
         if lii != Some(id) {
             a.problems.push(format!(
                 "insert {visitor}: last_insert_id {id} but LAST_INSERT_ID() = {lii:?}"

@@ -513,6 +513,10 @@ impl Session {
                 // Restored once the statement is known (a merged ring insert sets it
                 // anew); the others cannot read it.
                 cmd::QUERY | cmd::QUIT | cmd::PING => {}
+                cmd::STMT_EXECUTE
+                    if statement_id(&c.payload())
+                        .and_then(|id| self.prepared.get(&id))
+                        .is_some_and(|p| p.merge.is_some()) => {}
                 _ => self.restore_insert_id().await?,
             }
         }

@@ -613,6 +613,7 @@ impl Session {
                 return self.run_merged(key, part, &rw, cmd_seq).await;
             }
         }
+        self.restore_insert_id().await?;
         let Some(p) = self.prepared.get_mut(&id) else {
             return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
         };

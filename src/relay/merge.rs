@@ -353,6 +353,65 @@ impl Session {
         }
     }
 
+    /// The AUTO_INCREMENT column to return when a ring insert of several rows runs on
+    /// its own: the OK packet of its upsert reports the id of its first row that took
+    /// a new slot rather than its first row's, `RETURNING` gives every row's.
+    pub(super) fn returning_column(&self, rw: &Rewritten) -> Option<Vec<u8>> {
+        let ai = rw.aux.get(RING_AI).filter(|ai| !ai.is_empty())?;
+        let rows: u64 = std::str::from_utf8(rw.aux.get(4)?).ok()?.parse().ok()?;
+        (self.returning && rows > 1 && rw.statements.len() == 1 && rw.param_map.is_none())
+            .then(|| ai.clone())
+    }
+
+    /// Runs a ring insert's single statement with `RETURNING column` (lock conflicts
+    /// retried outside a client transaction, as any rewrite) and answers as the
+    /// plain insert would have: its rows, its first row's id.
+    pub(super) async fn run_returning(
+        &mut self,
+        rw: &Rewritten,
+        column: &[u8],
+        cmd_seq: u8,
+    ) -> Result<()> {
+        let mut sql = Vec::with_capacity(rw.statements[0].len() + 32);
+        sql.extend_from_slice(&rw.statements[0]);
+        sql.extend_from_slice(b" RETURNING ");
+        sql.extend_from_slice(column);
+        let c = if self.retry_safe(1, false) {
+            self.run_retrying(&sql).await?
+        } else {
+            let c = self.run_collect(&sql).await?;
+            match c.err() {
+                Some(e) => Err(e.payload.to_vec()),
+                None => Ok(c),
+            }
+        };
+        let c = match c {
+            Ok(c) => c,
+            Err(payload) => return self.reply(cmd_seq, &payload).await,
+        };
+        let Some((ids, warnings)) = returned_ids(&c.packets, self.deprecate_eof) else {
+            let msg = "heatsink: a ring insert was written but its response was not understood";
+            return self.reply(cmd_seq, &err_of(errors::UNKNOWN, msg)).await;
+        };
+        let first = ids.first().copied().unwrap_or(0);
+        self.pending_insert_id = Some(first);
+        let (affected, info) = match &rw.reply {
+            Reply::Ok { info, .. } => (ids.len() as u64, info.clone()),
+            _ => (ids.len() as u64, None),
+        };
+        let ok = OkSummary {
+            affected_rows: affected,
+            last_insert_id: first,
+            status: self.status,
+            warnings,
+        };
+        self.reply(
+            cmd_seq,
+            &packets::ok_payload(&ok, info.as_deref().map(str::as_bytes)),
+        )
+        .await
+    }
+
     /// Sets the session's `LAST_INSERT_ID()` to what the last merged ring insert
     /// would have left, before a statement that might read it.
     pub(super) async fn restore_insert_id(&mut self) -> Result<()> {

@@ -187,7 +187,7 @@ impl Session {
     }
 
     /// Whether a failed attempt left nothing behind, so that it can be retried.
-    fn retry_safe(&self, statements: usize, wrapped: bool) -> bool {
+    pub(super) fn retry_safe(&self, statements: usize, wrapped: bool) -> bool {
         self.status & status::IN_TRANS == 0 && (wrapped || statements == 1)
     }
 
@@ -204,6 +204,9 @@ impl Session {
     /// Executes a rewritten text statement on this connection only.
     pub(super) async fn run_alone(&mut self, rw: &Rewritten, cmd_seq: u8) -> Result<()> {
         self.restore_insert_id().await?;
+        if let Some(column) = self.returning_column(rw) {
+            return self.run_returning(rw, &column, cmd_seq).await;
+        }
         let n = rw.statements.len();
         if let (1, Reply::Last | Reply::Patched(_)) = (n, &rw.reply) {
             // A single statement whose response is relayed: stream it.

@@ -218,7 +218,7 @@ pub enum Merge {
     /// A ring insert; `aux` holds `[prefix, VALUES tuples, suffix, key values of
     /// the first row, row count, AUTO_INCREMENT column (quoted) or empty]`: merged
     /// inserts become one multi-row upsert, `prefix` + tuples ordered by key +
-    /// `suffix`.
+    /// `suffix`. (Ring inserts that do not merge carry the same `aux`.)
     RingInsert,
 }
 

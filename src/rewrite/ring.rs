@@ -247,27 +247,27 @@ impl RingRule {
                 .as_deref()
                 .is_some_and(|ai| cols.iter().any(|c| eq(c, ai)))
             && rows.iter().flatten().all(session_independent);
-        let (aux, merge) = if mergeable {
-            let first = &rows[0];
-            let order: Vec<String> = self
-                .key
-                .iter()
-                .filter_map(|k| cols.iter().position(|c| eq(c, k)))
-                .map(|i| first[i].to_string())
-                .collect();
-            (
-                vec![
-                    prefix,
-                    values.join(", "),
-                    suffix,
-                    order.join(", "),
-                    n.to_string(),
-                    ai_column.as_deref().map(quote).unwrap_or_default(),
-                ],
-                Merge::RingInsert,
-            )
+        // The pieces are kept also when the insert does not merge: a multi-row insert
+        // runs with `RETURNING id` to report its first row's id (see `relay::merge`).
+        let first = &rows[0];
+        let order: Vec<String> = self
+            .key
+            .iter()
+            .filter_map(|k| cols.iter().position(|c| eq(c, k)))
+            .map(|i| first[i].to_string())
+            .collect();
+        let aux = vec![
+            prefix,
+            values.join(", "),
+            suffix,
+            order.join(", "),
+            n.to_string(),
+            ai_column.as_deref().map(quote).unwrap_or_default(),
+        ];
+        let merge = if mergeable {
+            Merge::RingInsert
         } else {
-            (Vec::new(), Merge::No)
+            Merge::No
         };
         Ok(Some(Plan {
             statements,

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::client::{connect, rules_dir, run, tail};
 use common::{free_port, mariadb, metrics, Proxy};
 use mysql_async::prelude::*;
 use mysql_async::Conn;
@@ -52,16 +53,6 @@ coalesce = true
 /// The `hits` rule of most tests.
 fn hits_rule() -> String {
     coalesce_rule("hits", "slug", &["cnt"], "hits_slots")
-}
-
-/// Writes a rules directory holding one file.
-fn rules_dir(toml: &str) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("heatsink-coalesce-rules-")
-        .tempdir()
-        .expect("rules tempdir");
-    std::fs::write(dir.path().join("counter.toml"), toml).expect("write rules");
-    dir
 }
 
 /// Database `db` with the logical table `hits`, its slot table (counter column of
@@ -112,7 +103,7 @@ impl Env {
 
     /// A proxy with the rule `toml` for the existing database `db`.
     fn with_rule(db: String, toml: &str) -> Env {
-        let rules = rules_dir(toml);
+        let rules = rules_dir("counter.toml", toml);
         let (proxy, metrics) = start_proxy(rules.path());
         Env {
             db,
@@ -164,26 +155,6 @@ fn physical_value(db: &str, slug: &str) -> Option<i64> {
         .map(|v| v.parse().expect("numeric counter"))
 }
 
-async fn connect(url: &str) -> Conn {
-    Conn::from_url(url)
-        .await
-        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
-}
-
-/// Runs an async test body on a multi-threaded runtime with a time limit.
-fn run<F: std::future::Future<Output = ()>>(limit: Duration, f: F) {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-        .block_on(async {
-            tokio::time::timeout(limit, f)
-                .await
-                .unwrap_or_else(|_| panic!("test timed out after {limit:?}"))
-        })
-}
-
 /// `heatsink_coalesced_writes_total` and `heatsink_coalesced_increments_total`.
 fn coalesced(m: &HashMap<String, u64>) -> (u64, u64) {
     let get = |k: &str| {
@@ -209,11 +180,6 @@ fn inc_sql(slug: &str, d: i64) -> String {
 }
 
 const MATCHED_1: &str = "Rows matched: 1  Changed: 1  Warnings: 0";
-
-fn tail(s: &str, lines: usize) -> String {
-    let all: Vec<&str> = s.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
 
 // ---------------------------------------------------------------------------------------
 // Load
@@ -668,7 +634,7 @@ fn kill9_never_loses_an_acknowledged_increment() {
     let db = "coal_kill".to_string();
     create_hits_db(&db, "BIGINT");
     mariadb().exec(&format!("INSERT INTO {db}.hits VALUES ('hot0', 0, NULL)"));
-    let rules = rules_dir(&hits_rule());
+    let rules = rules_dir("counter.toml", &hits_rule());
     run(Duration::from_secs(60), async {
         for kill_after in [
             Duration::from_millis(500),

@@ -18,10 +18,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::client::{connect, rules_dir, run, run_exec, run_text, tail, Outcome};
 use common::{mariadb, Proxy, PASSWORD, USER};
-use mysql_async::consts::{ColumnFlags, ColumnType};
+use mysql_async::consts::ColumnType;
 use mysql_async::prelude::*;
-use mysql_async::{Column, Conn, Params, Row, ServerError, Value};
+use mysql_async::{Conn, Params, Row, ServerError, Value};
 
 // ---------------------------------------------------------------------------------------
 // Fixture
@@ -41,16 +42,6 @@ slots = 16
 slot_table = "hits_slots"
 "#
     )
-}
-
-/// Writes a rules directory holding one file.
-fn rules_dir(toml: &str) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("heatsink-counter-rules-")
-        .tempdir()
-        .expect("rules tempdir");
-    std::fs::write(dir.path().join("counter.toml"), toml).expect("write rules");
-    dir
 }
 
 /// The logical table, its reference twin, the slot table with its trigger, a table to
@@ -93,7 +84,7 @@ impl Env {
         } else {
             "hits".to_string()
         };
-        let rules = rules_dir(&hits_rule(&table));
+        let rules = rules_dir("counter.toml", &hits_rule(&table));
         let mut builder = Proxy::builder().rules_dir(rules.path());
         if let Ok(level) = std::env::var("CTR_PROXY_LOG") {
             builder = builder.arg("--log-level").arg(level);
@@ -138,120 +129,8 @@ impl Env {
     }
 }
 
-async fn connect(url: &str) -> Conn {
-    Conn::from_url(url)
-        .await
-        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
-}
-
-/// Runs an async test body on a multi-threaded runtime with a time limit.
-fn run<F: std::future::Future<Output = ()>>(limit: Duration, f: F) {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-        .block_on(async {
-            tokio::time::timeout(limit, f)
-                .await
-                .unwrap_or_else(|_| panic!("test timed out after {limit:?}"))
-        })
-}
-
 // ---------------------------------------------------------------------------------------
 // Capturing what a client sees
-
-/// One column definition as the client sees it.
-#[derive(Debug, Clone, PartialEq)]
-struct Meta {
-    schema: String,
-    table: String,
-    org_table: String,
-    name: String,
-    org_name: String,
-    column_type: ColumnType,
-    flags: ColumnFlags,
-    length: u32,
-    decimals: u8,
-    charset: u16,
-}
-
-impl Meta {
-    fn of(c: &Column) -> Meta {
-        Meta {
-            schema: c.schema_str().into_owned(),
-            table: c.table_str().into_owned(),
-            org_table: c.org_table_str().into_owned(),
-            name: c.name_str().into_owned(),
-            org_name: c.org_name_str().into_owned(),
-            column_type: c.column_type(),
-            flags: c.flags(),
-            length: c.column_length(),
-            decimals: c.decimals(),
-            charset: c.character_set(),
-        }
-    }
-}
-
-/// Everything a client sees of one statement's success.
-#[derive(Debug, Clone, PartialEq)]
-struct Outcome {
-    columns: Vec<Meta>,
-    rows: Vec<Vec<Value>>,
-    affected_rows: u64,
-    info: String,
-    warnings: u16,
-}
-
-impl Outcome {
-    /// The reference table's name shown as the logical table's.
-    fn renamed(mut self) -> Outcome {
-        for c in &mut self.columns {
-            for t in [&mut c.table, &mut c.org_table] {
-                if t == "hits_ref" {
-                    *t = "hits".into();
-                }
-            }
-        }
-        self
-    }
-}
-
-async fn run_text(conn: &mut Conn, sql: &str) -> Result<Outcome, mysql_async::Error> {
-    let r = conn.query_iter(sql).await?;
-    let columns = r
-        .columns()
-        .map(|c| c.iter().map(Meta::of).collect())
-        .unwrap_or_default();
-    let rows: Vec<Row> = r.collect_and_drop().await?;
-    Ok(Outcome {
-        columns,
-        rows: rows.into_iter().map(Row::unwrap).collect(),
-        affected_rows: conn.affected_rows(),
-        info: conn.info().into_owned(),
-        warnings: conn.get_warnings(),
-    })
-}
-
-async fn run_exec(
-    conn: &mut Conn,
-    sql: &str,
-    params: impl Into<Params>,
-) -> Result<Outcome, mysql_async::Error> {
-    let r = conn.exec_iter(sql, params).await?;
-    let columns = r
-        .columns()
-        .map(|c| c.iter().map(Meta::of).collect())
-        .unwrap_or_default();
-    let rows: Vec<Row> = r.collect_and_drop().await?;
-    Ok(Outcome {
-        columns,
-        rows: rows.into_iter().map(Row::unwrap).collect(),
-        affected_rows: conn.affected_rows(),
-        info: conn.info().into_owned(),
-        warnings: conn.get_warnings(),
-    })
-}
 
 /// `{t}` → table, `{db}` → database.
 fn fill(template: &str, table: &str, db: &str) -> String {
@@ -275,7 +154,7 @@ async fn compare_text(
     let dout = run_text(d, &ds)
         .await
         .map_err(|e| format!("reference: {ds}\n  failed: {e}"))?
-        .renamed();
+        .renamed("hits_ref", "hits");
     if po != dout {
         return Err(format!(
             "differs from the reference: {ps}\n  proxy:     {po:?}\n  reference: {dout:?}"
@@ -311,7 +190,7 @@ async fn compare_exec(
     let dout = run_exec(d, &ds, params.clone())
         .await
         .map_err(|e| format!("reference (prepared): {ds}\n  failed: {e}"))?
-        .renamed();
+        .renamed("hits_ref", "hits");
     if po != dout {
         return Err(format!(
             "prepared statement differs from the reference: {ps} {params:?}\n  proxy:     {po:?}\n  reference: {dout:?}"
@@ -359,7 +238,9 @@ async fn scenario_diffs_with_errors(
         let ps = fill(template, "hits", &env.db);
         let ds = fill(template, "hits_ref", &env.db);
         let po = outcome_or_error(p, &ps).await;
-        let dout = outcome_or_error(d, &ds).await.map(Outcome::renamed);
+        let dout = outcome_or_error(d, &ds)
+            .await
+            .map(|o| o.renamed("hits_ref", "hits"));
         if po != dout {
             diffs.push(format!(
                 "differs from the reference: {ps}\n  proxy:     {po:?}\n  reference: {dout:?}"
@@ -589,8 +470,10 @@ fn two_counter_columns() {
          INSERT INTO stats VALUES (1, 5, 1000, 'a'), (2, 0, 0, 'b');
          INSERT INTO stats_ref SELECT * FROM stats;"
     ));
-    let rules = rules_dir(&format!(
-        r#"[[counter]]
+    let rules = rules_dir(
+        "counter.toml",
+        &format!(
+            r#"[[counter]]
 name = "{RULE}"
 table = "stats"
 key = ["id"]
@@ -598,7 +481,8 @@ columns = ["views", "bytes"]
 slots = 8
 slot_table = "stats_slots"
 "#
-    ));
+        ),
+    );
     let proxy = Proxy::builder().rules_dir(rules.path()).start();
     run(Duration::from_secs(30), async {
         let mut p = connect(&proxy.url(db)).await;
@@ -642,9 +526,9 @@ fn tests_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
-/// Runs `counter_pymysql.py` with `statements` and returns its stdout.
+/// Runs `rule_pymysql.py` with `statements` and returns its stdout.
 fn pymysql(port: u16, db: &str, table: &str, autocommit: bool, statements: &[&str]) -> String {
-    let script = tests_dir().join("python").join("counter_pymysql.py");
+    let script = tests_dir().join("python").join("rule_pymysql.py");
     let mut child = Command::new("python3")
         .arg(&script)
         .arg("--host=127.0.0.1")
@@ -682,12 +566,12 @@ fn pymysql(port: u16, db: &str, table: &str, autocommit: bool, statements: &[&st
         Ok(out) => out.expect("python3 output"),
         Err(_) => {
             let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-            panic!("counter_pymysql.py did not finish within 60 s");
+            panic!("rule_pymysql.py did not finish within 60 s");
         }
     };
     assert!(
         out.status.success(),
-        "counter_pymysql.py failed ({}):\n{}",
+        "rule_pymysql.py failed ({}):\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -799,7 +683,10 @@ fn expressions_over_counters_keep_metadata() {
             let ps = fill(sql, "hits", &env.db);
             let ds = fill(sql, "hits_ref", &env.db);
             let po = run_text(&mut p, &ps).await.unwrap();
-            let dout = run_text(&mut d, &ds).await.unwrap().renamed();
+            let dout = run_text(&mut d, &ds)
+                .await
+                .unwrap()
+                .renamed("hits_ref", "hits");
             assert_eq!(po.rows, dout.rows, "values differ: {ps}");
             if po.columns != dout.columns {
                 failures.push(format!(
@@ -1761,8 +1648,10 @@ fn concurrent_global_counter() {
          INSERT INTO total VALUES (1, 100);
          INSERT INTO total_ref VALUES (1, 100);"
     ));
-    let rules = rules_dir(&format!(
-        r#"[[counter]]
+    let rules = rules_dir(
+        "counter.toml",
+        &format!(
+            r#"[[counter]]
 name = "{RULE}"
 table = "total"
 key = []
@@ -1770,7 +1659,8 @@ columns = ["n"]
 slots = 16
 slot_table = "total_slots"
 "#
-    ));
+        ),
+    );
     let proxy = Proxy::builder().rules_dir(rules.path()).start();
     run(Duration::from_secs(40), async {
         // Same shapes as a plain table first.
@@ -1989,7 +1879,10 @@ fn one_proxy_serves_the_rule_in_two_databases() {
             let ps = fill(sql, "hits", second);
             let ds = fill(sql, "hits_ref", second);
             let po = run_text(&mut p2, &ps).await.unwrap();
-            let dout = run_text(&mut d2, &ds).await.unwrap().renamed();
+            let dout = run_text(&mut d2, &ds)
+                .await
+                .unwrap()
+                .renamed("hits_ref", "hits");
             assert_eq!(po, dout, "{ps} (database {second})");
         }
     });
@@ -2018,9 +1911,4 @@ fn no_default_database() {
             Some("10".into())
         );
     });
-}
-
-fn tail(s: &str, lines: usize) -> String {
-    let all: Vec<&str> = s.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }

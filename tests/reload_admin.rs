@@ -11,7 +11,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::client::{connect, run};
 use common::{free_port, mariadb, Proxy};
+
+/// Time limit of each async test body.
+const LIMIT: Duration = Duration::from_secs(120);
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Row, Value};
 
@@ -190,12 +194,6 @@ fn admin_url(addr: SocketAddr, user: &str, password: &str, db: &str) -> String {
     format!("mysql://{user}:{password}@{addr}/{db}?prefer_socket=false")
 }
 
-async fn connect(url: &str) -> Conn {
-    Conn::from_url(url)
-        .await
-        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
-}
-
 fn cell(v: &Option<String>) -> String {
     v.clone().unwrap_or_default()
 }
@@ -248,20 +246,6 @@ fn metric(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn run<F: std::future::Future<Output = ()>>(f: F) {
-    let limit = Duration::from_secs(120);
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-        .block_on(async {
-            tokio::time::timeout(limit, f)
-                .await
-                .unwrap_or_else(|_| panic!("test timed out after {limit:?}"))
-        })
-}
-
 const INC: &str = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'";
 const OK_SERIES: &str = "heatsink_rule_reloads_total{result=\"ok\"}";
 const ERR_SERIES: &str = "heatsink_rule_reloads_total{result=\"error\"}";
@@ -269,7 +253,7 @@ const ERR_SERIES: &str = "heatsink_rule_reloads_total{result=\"error\"}";
 #[test]
 fn rules_reload_on_file_change_sighup_and_admin_command() {
     let env = Env::start("triggers", &[]);
-    run(async {
+    run(LIMIT, async {
         let mut admin = env.admin().await;
         let (_, rows) = admin_query(&mut admin, "SHOW RULES").await.unwrap();
         assert!(rows.is_empty(), "{rows:?}");
@@ -320,7 +304,7 @@ fn rules_reload_on_file_change_sighup_and_admin_command() {
 #[test]
 fn a_broken_rule_file_keeps_the_previous_rules() {
     let env = Env::start("broken", &[("hits.toml", &counter_rule(RULE))]);
-    run(async {
+    run(LIMIT, async {
         let mut c = env.client().await;
         c.query_drop(INC).await.unwrap();
         assert_eq!(env.slot_sum("home"), 1);
@@ -374,7 +358,7 @@ fn a_broken_rule_file_keeps_the_previous_rules() {
 #[test]
 fn prepared_statements_keep_the_plan_they_were_prepared_with() {
     let env = Env::start("prepared", &[("hits.toml", &counter_rule(RULE))]);
-    run(async {
+    run(LIMIT, async {
         let sql = "UPDATE hits SET cnt = cnt + ? WHERE slug = ?";
         let mut old = env.client().await;
         let stmt = old.prep(sql).await.unwrap();
@@ -428,7 +412,7 @@ fn prepared_statements_keep_the_plan_they_were_prepared_with() {
 #[test]
 fn admin_port_commands() {
     let env = Env::start("admin", &[("hits.toml", &counter_rule(RULE))]);
-    run(async {
+    run(LIMIT, async {
         // Credentials.
         for (user, pw) in [("admin", "wrong"), ("admin", ""), ("root", ADMIN_PW)] {
             let r = Conn::from_url(admin_url(env.admin, user, pw, "")).await;
@@ -614,7 +598,7 @@ fn admin_port_commands() {
 #[test]
 fn backend_errors_count_for_the_rule_and_the_backend() {
     let env = Env::start("errors", &[("hits.toml", &counter_rule(RULE))]);
-    run(async {
+    run(LIMIT, async {
         let mut c = env.client().await;
         c.query_drop(INC).await.unwrap();
         // The slot table disappears: the rewrite fails at the backend.
@@ -663,7 +647,7 @@ fn empty_admin_password_is_allowed_on_loopback_with_a_warning() {
         .arg("--admin-user")
         .arg("ops")
         .start();
-    run(async {
+    run(LIMIT, async {
         let mut conn = connect(&admin_url(admin, "ops", "", "")).await;
         let (_, rows) = admin_query(&mut conn, "SHOW RULES").await.unwrap();
         assert!(rows.is_empty());

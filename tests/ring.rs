@@ -25,10 +25,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::client::{connect, rules_dir, run, run_exec, run_text, tail, Outcome};
 use common::{free_port, mariadb, metrics, Proxy, PASSWORD, USER};
-use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::prelude::*;
-use mysql_async::{Column, Conn, Params, Row, Value};
+use mysql_async::{Conn, Params, Value};
 
 // ---------------------------------------------------------------------------------------
 // Fixture
@@ -74,16 +74,6 @@ order_by = "last_update"
 coalesce = {coalesce}
 "#
     )
-}
-
-/// A rules directory holding one file.
-fn rules_dir(toml: &str) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("heatsink-ring-rules-")
-        .tempdir()
-        .expect("rules tempdir");
-    std::fs::write(dir.path().join("ring.toml"), toml).expect("write rules");
-    dir
 }
 
 /// Runs a command with a time limit; kills it when the limit passes.
@@ -180,7 +170,7 @@ impl Env {
     fn with_rule(name: &str, toml: &str) -> Env {
         let db = format!("ring_{name}");
         create_db(&db);
-        let rules = rules_dir(toml);
+        let rules = rules_dir("ring.toml", toml);
         migrate_ok(rules.path(), &db, true);
         let (proxy, metrics) = start_proxy_with_metrics(rules.path());
         Env {
@@ -255,32 +245,6 @@ fn proxy_builder(rules: &Path) -> common::ProxyBuilder {
         builder = builder.arg("--log-level").arg(level);
     }
     builder
-}
-
-async fn connect(url: &str) -> Conn {
-    tokio::time::timeout(Duration::from_secs(10), Conn::from_url(url))
-        .await
-        .unwrap_or_else(|_| panic!("connect {url}: timed out"))
-        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
-}
-
-/// Runs an async test body on a multi-threaded runtime with a time limit.
-fn run<F: std::future::Future<Output = ()>>(limit: Duration, f: F) {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-        .block_on(async {
-            tokio::time::timeout(limit, f)
-                .await
-                .unwrap_or_else(|_| panic!("test timed out after {limit:?}"))
-        })
-}
-
-fn tail(s: &str, lines: usize) -> String {
-    let v: Vec<&str> = s.lines().collect();
-    v[v.len().saturating_sub(lines)..].join("\n")
 }
 
 fn int(v: &Option<String>) -> i64 {
@@ -358,7 +322,7 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
              touched TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
              KEY (uid), UNIQUE KEY (visitor_uid, last_update)) DEFAULT CHARSET=latin1;"
     ));
-    let rules = rules_dir(&ring_rule());
+    let rules = rules_dir("ring.toml", &ring_rule());
 
     let printed = migrate_ok(rules.path(), db, false);
     assert!(
@@ -510,7 +474,7 @@ fn migrate_backfills_the_latest_rows_of_each_key() {
             .or_default()
             .push((int(&r[1]), int(&r[2])));
     }
-    let rules = rules_dir(&ring_rule());
+    let rules = rules_dir("ring.toml", &ring_rule());
     let printed = migrate_ok(rules.path(), db, false);
     assert!(printed.contains("backfill"), "{printed}");
     assert!(!table_exists(db, RING), "{printed}");
@@ -612,7 +576,7 @@ fn migrate_backfill_without_order_by_uses_the_primary_key() {
         values.join(", ")
     ));
     let rule = ring_rule().replace("order_by = \"last_update\"\n", "");
-    let rules = rules_dir(&rule);
+    let rules = rules_dir("ring.toml", &rule);
     migrate_ok(rules.path(), db, true);
     assert_eq!(
         strs(&mariadb().query_strings(&format!(
@@ -633,7 +597,7 @@ fn migrate_honours_names_and_sizes() {
     let rule = format!(
         "[[ring]]\nname = \"big\"\ntable = \"{LOG}\"\nkey = [\"uid\", \"visitor_uid\"]\nsize = 70000\nring_table = \"big_ring\"\nslot_column = \"pos\"\nseq_column = \"n\"\n"
     );
-    let rules = rules_dir(&rule);
+    let rules = rules_dir("ring.toml", &rule);
     let out = migrate_ok(rules.path(), db, true);
     assert!(table_exists(db, "big_ring_seq"), "{out}");
     let ring = strs(&columns_of(db, "big_ring"));
@@ -696,7 +660,7 @@ fn migrate_refuses_rules_that_do_not_fit() {
         ),
     ];
     for (rule, want) in cases {
-        let rules = rules_dir(&rule);
+        let rules = rules_dir("ring.toml", &rule);
         let (code, out, err) = migrate(rules.path(), db, true);
         assert_ne!(code, 0, "{rule}\n{out}");
         assert!(err.contains(want), "{rule}\nwant `{want}` in:\n{err}");
@@ -719,7 +683,7 @@ fn migrate_keyless_ring() {
     let rule = format!(
         "[[ring]]\nname = \"all\"\ntable = \"{LOG}\"\nsize = 2\nring_table = \"all_ring\"\n"
     );
-    let rules = rules_dir(&rule);
+    let rules = rules_dir("ring.toml", &rule);
     migrate_ok(rules.path(), db, true);
     assert_eq!(
         strs(&mariadb().query_strings(&format!(
@@ -763,89 +727,6 @@ fn migrate_keyless_ring() {
 
 // ---------------------------------------------------------------------------------------
 // Capturing what a client sees
-
-/// One column definition as the client sees it.
-#[derive(Debug, Clone, PartialEq)]
-struct Meta {
-    schema: String,
-    table: String,
-    org_table: String,
-    name: String,
-    org_name: String,
-    column_type: ColumnType,
-    flags: ColumnFlags,
-    length: u32,
-    decimals: u8,
-    charset: u16,
-}
-
-impl Meta {
-    fn of(c: &Column) -> Meta {
-        Meta {
-            schema: c.schema_str().into_owned(),
-            table: c.table_str().into_owned(),
-            org_table: c.org_table_str().into_owned(),
-            name: c.name_str().into_owned(),
-            org_name: c.org_name_str().into_owned(),
-            column_type: c.column_type(),
-            flags: c.flags(),
-            length: c.column_length(),
-            decimals: c.decimals(),
-            charset: c.character_set(),
-        }
-    }
-}
-
-/// Everything a client sees of one statement's success.
-#[derive(Debug, Clone, PartialEq)]
-struct Outcome {
-    columns: Vec<Meta>,
-    rows: Vec<Vec<Value>>,
-    affected_rows: u64,
-    info: String,
-    warnings: u16,
-    /// Compared with the reference too (see the module docs for the one known
-    /// difference).
-    last_insert_id: Option<u64>,
-}
-
-async fn run_text(conn: &mut Conn, sql: &str) -> Result<Outcome, mysql_async::Error> {
-    let r = conn.query_iter(sql).await?;
-    let columns = r
-        .columns()
-        .map(|c| c.iter().map(Meta::of).collect())
-        .unwrap_or_default();
-    let rows: Vec<Row> = r.collect_and_drop().await?;
-    Ok(Outcome {
-        columns,
-        rows: rows.into_iter().map(Row::unwrap).collect(),
-        affected_rows: conn.affected_rows(),
-        info: conn.info().into_owned(),
-        warnings: conn.get_warnings(),
-        last_insert_id: conn.last_insert_id(),
-    })
-}
-
-async fn run_exec(
-    conn: &mut Conn,
-    sql: &str,
-    params: impl Into<Params>,
-) -> Result<Outcome, mysql_async::Error> {
-    let r = conn.exec_iter(sql, params).await?;
-    let columns = r
-        .columns()
-        .map(|c| c.iter().map(Meta::of).collect())
-        .unwrap_or_default();
-    let rows: Vec<Row> = r.collect_and_drop().await?;
-    Ok(Outcome {
-        columns,
-        rows: rows.into_iter().map(Row::unwrap).collect(),
-        affected_rows: conn.affected_rows(),
-        info: conn.info().into_owned(),
-        warnings: conn.get_warnings(),
-        last_insert_id: conn.last_insert_id(),
-    })
-}
 
 /// `{t}` → table, `{db}` → database.
 fn fill(template: &str, table: &str, db: &str) -> String {
@@ -1240,7 +1121,7 @@ fn tests_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
-/// Runs `ring_pymysql.py` with `statements`; one JSON object per statement.
+/// Runs `rule_pymysql.py` with `statements`; one JSON object per statement.
 fn pymysql(
     port: u16,
     db: &str,
@@ -1249,7 +1130,7 @@ fn pymysql(
     statements: &[String],
 ) -> Vec<serde_json::Value> {
     let mut cmd = Command::new("python3");
-    cmd.arg(tests_dir().join("python").join("ring_pymysql.py"))
+    cmd.arg(tests_dir().join("python").join("rule_pymysql.py"))
         .arg("--host=127.0.0.1")
         .arg(format!("--port={port}"))
         .arg(format!("--user={USER}"))
@@ -1261,7 +1142,7 @@ fn pymysql(
     let out = run_cmd(cmd, Some(input), Duration::from_secs(60));
     assert!(
         out.status.success(),
-        "ring_pymysql.py failed ({}):\n{}",
+        "rule_pymysql.py failed ({}):\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -2345,7 +2226,7 @@ fn switching_the_rule_on_while_inserting() {
     let db = "ring_switch".to_string();
     create_db(&db);
     const KEYS: i64 = 1000;
-    let rules = rules_dir(&ring_rule());
+    let rules = rules_dir("ring.toml", &ring_rule());
     let plain = Proxy::start();
     // The rule proxy may start early: no client uses it before the ring exists.
     let ruled = start_proxy(rules.path());
@@ -2505,7 +2386,7 @@ fn migrate_trigger_mirrors_direct_appends() {
              visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL);
          INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 1, NOW(6)), (NULL, 2, NOW(6));"
     ));
-    let rules = rules_dir(&ring_rule());
+    let rules = rules_dir("ring.toml", &ring_rule());
     let out = migrate_ok(rules.path(), db, true);
     assert!(out.contains("is nullable"), "{out}");
     assert!(out.contains("-- applied: created trigger"), "{out}");

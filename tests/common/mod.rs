@@ -25,9 +25,13 @@
 //!   code and serves as the oracle for byte-level comparisons.
 //! - [`packets`]: `Packet::ok()` / `err()` and `parse_ok` / `parse_err` / `parse_eof` /
 //!   `parse_column_def` / `parse_text_row`, `describe`, `hex_dump`, `status` flags.
+//! - [`client`]: `run(limit, async {..})`, `connect(url)`, `tail`, `rules_dir(file,
+//!   toml)`, and `run_text` / `run_exec` capturing an [`client::Outcome`] (column
+//!   definitions, rows, affected rows, info, warnings, last_insert_id).
 //! - [`free_port()`], [`target_dir()`].
 //!
 //! Layout:
+//! - `client.rs`: mysql_async helpers for the rule tests.
 //! - `mariadb.rs`: template data directory, server start, watchdog, admin SQL.
 //! - `proxy.rs`: proxy process builder and lifecycle.
 //! - `rawclient.rs`: raw protocol client.
@@ -36,6 +40,7 @@
 //!   with the proxy).
 #![allow(dead_code, unused_imports)]
 
+pub mod client;
 mod mariadb;
 pub mod packets;
 mod proxy;

@@ -2,10 +2,13 @@
 """Runs a list of SQL statements with PyMySQL and prints, for each, a canonical JSON
 line: affected rows, OK info text, warning count, last insert id, column metadata and
 rows, or the error. The statements (a JSON list on stdin) may contain `{t}` (replaced
-by --table) and `{db}` (replaced by --db).
+by --table) and `{db}` (replaced by --db). With --show-table, table names equal to
+--table in the column metadata are printed as --show-table, so that a run against a
+reference table and a run against the logical table through the proxy print
+identical transcripts.
 
-Usage: ring_pymysql.py --host H --port P --user U --password PW --db DB --table T
-       [--autocommit 0|1]
+Usage: rule_pymysql.py --host H --port P --user U --password PW --db DB
+       --table T [--show-table S] [--autocommit 0|1]
 """
 
 import argparse
@@ -37,6 +40,7 @@ def main():
     ap.add_argument("--password", required=True)
     ap.add_argument("--db", required=True)
     ap.add_argument("--table", required=True)
+    ap.add_argument("--show-table")
     ap.add_argument("--autocommit", type=int, default=1)
     args = ap.parse_args()
     statements = json.load(sys.stdin)
@@ -52,6 +56,7 @@ def main():
         read_timeout=30,
         write_timeout=30,
     )
+    rename = lambda name: args.show_table if args.show_table and name == args.table else name
     for template in statements:
         sql = template.replace("{t}", args.table).replace("{db}", args.db)
         entry = {"sql": template}
@@ -60,15 +65,16 @@ def main():
             cur.execute(sql)
             res = cur._result
             entry["rowcount"] = cur.rowcount
-            entry["lastrowid"] = cur.lastrowid
             entry["info"] = as_text(res.message) if res.message else ""
             entry["warnings"] = res.warning_count
+            entry["lastrowid"] = cur.lastrowid
             if getattr(res, "fields", None):
                 entry["fields"] = [
                     {
+                        "catalog": as_text(f.catalog),
                         "db": as_text(f.db),
-                        "table": f.table_name,
-                        "org_table": f.org_table,
+                        "table": rename(f.table_name),
+                        "org_table": rename(f.org_table),
                         "name": f.name,
                         "org_name": f.org_name,
                         "charsetnr": f.charsetnr,

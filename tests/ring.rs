@@ -7,9 +7,8 @@
 //! ids and last_insert_id behave as in the log: globally increasing, one per inserted
 //! row. Log and reference start from the same counter and get the same inserts, so the
 //! ids through the rule must equal the reference's, and so must every INSERT's
-//! last_insert_id, except for a known difference: a prepared multi-row INSERT whose
-//! first row replaces an older row of its ring reports another of its rows' ids (see
-//! [`prepared_multi_row_insert_reports_the_first_rows_id`]).
+//! last_insert_id (see [`multi_row_insert_reports_the_first_rows_id`] for the case the
+//! upsert's own OK packet would get wrong).
 //!
 //! Every test has its own database (`ring_<name>`) and its own proxy. The load tests
 //! take a lock so that they do not run at the same time (2 cores). `RING_PROXY_LOG=debug`
@@ -2520,10 +2519,9 @@ fn multi_row_insert_reports_the_first_rows_id() {
     multi_row_ids(Env::new("multi_id"), false);
 }
 
-/// The same as prepared statements: a prepared rewrite is executed as prepared, without
-/// `RETURNING`, so the OK packet's id is the upsert's.
+/// The same as prepared statements: such an execute runs as the text statement its
+/// parameters make, with `RETURNING`.
 #[test]
-#[ignore = "known limitation (rules/README.md): a prepared multi-row INSERT whose first row replaces an older row reports another of its rows' ids"]
 fn prepared_multi_row_insert_reports_the_first_rows_id() {
     multi_row_ids(Env::new("multi_id_prep"), true);
 }

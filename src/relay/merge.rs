@@ -85,21 +85,23 @@ impl Session {
         Some((key, part))
     }
 
-    /// A prepared ring insert's execute as the text rewrite a merged write takes, each
-    /// parameter written as a literal (`wire::literal`). `None` when the statement
-    /// does not merge, a value has no exact literal, or the session's character set
-    /// is unknown or was changed by a `SET` (string parameters are sent in it).
-    pub(super) fn merged_execute(&mut self, id: u32, payload: &[u8]) -> Option<Rewritten> {
-        if !self.pristine
-            || self.status & status::IN_TRANS != 0
-            || self.status & status::AUTOCOMMIT == 0
-            || sets_charset(&self.session_sets)
-        {
+    /// A prepared ring insert's execute as the text rewrite it makes, each parameter
+    /// written as a literal (`wire::literal`), for a merged write or a run with
+    /// `RETURNING`. `None` when the statement has no pieces, a value has no exact
+    /// literal, or the session's character set is unknown or was changed by a `SET`
+    /// (string parameters are sent in it).
+    pub(super) fn execute_as_text(&mut self, id: u32, payload: &[u8]) -> Option<Rewritten> {
+        if sets_charset(&self.session_sets) {
             return None;
         }
         let charset = literal::charset_name(*self.identity.last()?)?;
         let p = self.prepared.get_mut(&id)?;
-        let m = p.merge.clone()?;
+        let m = p.merge.as_ref()?;
+        // An unmerged single-row insert stays a prepared statement: its OK is exact.
+        if m.kind == Merge::No && m.aux.get(4).is_some_and(|rows| rows.as_slice() == b"1") {
+            return None;
+        }
+        let m = m.clone();
         let values = execute_params(payload, p).ok()?;
         let types = p.types.as_deref().unwrap_or_default();
         let mut aux = Vec::with_capacity(m.aux.len());

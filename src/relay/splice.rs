@@ -51,15 +51,16 @@ pub struct PreparedRewrite {
     /// The client sent COM_STMT_SEND_LONG_DATA, which rewritten statements do not
     /// support; the next execute fails with a clear error.
     pub long_data: bool,
-    /// Executes may be merged (a ring insert): the plan's merge pieces, with holes
-    /// for the parameters (see [`Rewritten::aux_holes`]).
+    /// A ring insert: the plan's pieces, with holes for the parameters (see
+    /// [`Rewritten::aux_holes`]), from which an execute becomes a text statement
+    /// when it merges or needs `RETURNING`.
     pub merge: Option<PreparedMerge>,
 }
 
 /// The merge pieces of a prepared rewrite.
 #[derive(Debug, Clone)]
 pub struct PreparedMerge {
-    /// How executes merge.
+    /// How executes merge (`Merge::No`: never, but the pieces still serve).
     pub kind: Merge,
     /// `aux` of the rewrite, `?` where parameters go.
     pub aux: Vec<Vec<u8>>,
@@ -561,13 +562,13 @@ impl Session {
                 reply: rw.reply.clone(),
                 atomic: rw.atomic,
                 long_data: false,
-                merge: (rw.merge == Merge::RingInsert && rw.aux_holes.len() == rw.aux.len()).then(
-                    || PreparedMerge {
+                merge: (!rw.aux.is_empty() && rw.aux_holes.len() == rw.aux.len()).then(|| {
+                    PreparedMerge {
                         kind: rw.merge,
                         aux: rw.aux.clone(),
                         holes: rw.aux_holes.clone(),
-                    },
-                ),
+                    }
+                }),
             },
         );
         self.client.write_all(&out).await
@@ -611,9 +612,14 @@ impl Session {
             );
             return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
         }
-        if let Some(rw) = self.merged_execute(id, &payload) {
+        // A ring insert that merges, or that needs RETURNING for its ids, runs as
+        // the text statement its parameters make.
+        if let Some(rw) = self.execute_as_text(id, &payload) {
             if let Some((key, part)) = self.merge_part(&rw) {
                 return self.run_merged(key, part, &rw, cmd_seq).await;
+            }
+            if self.returning_column(&rw).is_some() {
+                return self.run_alone(&rw, cmd_seq).await;
             }
         }
         self.restore_insert_id().await?;

@@ -604,18 +604,9 @@ async fn live_problems(
 ) -> Result<Vec<(Severity, String)>> {
     match spec {
         Spec::Counter(c) => {
-            let prefix = format!("counter '{}': ", c.name);
             let checked = match crate::migrate::check_rule(conn, c, default_db).await {
                 Ok(checked) => checked,
-                Err(e) if e.source == Source::Rules => {
-                    let reason = e
-                        .context
-                        .strip_prefix(&prefix)
-                        .unwrap_or(&e.context)
-                        .to_string();
-                    return Ok(vec![(Severity::Error, reason)]);
-                }
-                Err(e) => return Err(e),
+                Err(e) => return refusal(e, &format!("counter '{}': ", c.name)),
             };
             let mut out = Vec::new();
             if checked.create_table.is_some() {
@@ -644,11 +635,84 @@ async fn live_problems(
             out.extend(checked.notes.into_iter().map(|n| (Severity::Warning, n)));
             Ok(out)
         }
-        Spec::Ring(_) => Ok(vec![(
-            Severity::Warning,
-            "no live-schema check for ring rules yet".to_string(),
-        )]),
+        Spec::Ring(r) => {
+            let checked = match crate::migrate::check_ring(conn, r, default_db).await {
+                Ok(checked) => checked,
+                Err(e) => return refusal(e, &format!("ring '{}': ", r.name)),
+            };
+            let mut out = Vec::new();
+            let missing = "does not exist (`heatsink migrate` creates it)";
+            if checked.create_ring.is_some() {
+                out.push((
+                    Severity::Error,
+                    format!("ring table {} {missing}", checked.ring.quoted()),
+                ));
+            }
+            if checked.create_seq.is_some() {
+                out.push((
+                    Severity::Error,
+                    format!("sequence table {} {missing}", checked.seq.quoted()),
+                ));
+            }
+            if let TriggerPlan::Create(_) = checked.seq_trigger {
+                out.push((
+                    Severity::Error,
+                    format!(
+                        "trigger {} on {} is missing or differs from the rule's, so inserts would fail (1048) or be numbered wrongly (`heatsink migrate` creates it)",
+                        checked.seq_trigger_name.quoted(),
+                        checked.ring.quoted()
+                    ),
+                ));
+            }
+            if let TriggerPlan::Create(_) = checked.trigger {
+                out.push((
+                    Severity::Warning,
+                    format!(
+                        "trigger {} on {} is missing or differs, so rows appended to the log by writers that bypass heatsink would not reach the ring (`heatsink migrate` creates it)",
+                        checked.trigger_name.quoted(),
+                        checked.logical.quoted()
+                    ),
+                ));
+            }
+            if checked.backfill_due {
+                out.push((
+                    Severity::Warning,
+                    format!(
+                        "{} has rows but the ring is empty: reads would show nothing until `heatsink migrate --apply` backfills it",
+                        checked.logical.quoted()
+                    ),
+                ));
+            }
+            if r.coalesce && checked.auto_inc.is_some() && !has_returning(conn).await? {
+                out.push((
+                    Severity::Warning,
+                    "coalesce = true, but this server has no INSERT … RETURNING (MariaDB ≥ 10.5): inserts into a log with an AUTO_INCREMENT column will not be merged".to_string(),
+                ));
+            }
+            // migrate's notes describe what it would do (backfill, ids), not problems.
+            Ok(out)
+        }
     }
+}
+
+/// A refusal of `migrate`'s checks as a problem of the rule (its context without the
+/// `kind 'name': ` prefix); other errors (the backend failed) are passed on.
+fn refusal(e: Error, prefix: &str) -> Result<Vec<(Severity, String)>> {
+    if e.source != Source::Rules {
+        return Err(e);
+    }
+    let reason = e.context.strip_prefix(prefix).unwrap_or(&e.context);
+    Ok(vec![(Severity::Error, reason.to_string())])
+}
+
+/// Whether the server has `INSERT … RETURNING` (MariaDB ≥ 10.5).
+async fn has_returning(conn: &mut mysql_async::Conn) -> Result<bool> {
+    use mysql_async::prelude::Queryable;
+    let version: Option<String> = conn
+        .query_first("SELECT VERSION()")
+        .await
+        .map_err(|e| Error::with_cause(Source::Backend, "reading the server version", e))?;
+    Ok(version.is_some_and(|v| crate::wire::handshake::has_returning(&v)))
 }
 
 /// Judges one test case against what the proxy would do.

@@ -412,6 +412,68 @@ fn live_check_finds_a_missing_slot_table_and_passes_after_migrate() {
     assert!(out.contains("doesn't exist"), "{out}");
 }
 
+const RING: &str = r#"[[ring]]
+name = "visits"
+table = "visits_log"
+key = ["uid"]
+size = 5
+ring_table = "visits_ring"
+seq_table = "visits_seq"
+coalesce = true
+"#;
+
+/// Ring rules are checked against the live schema like counters: missing ring and
+/// sequence tables and triggers are reported, a log with rows and an empty ring is
+/// a warning, and after `heatsink migrate --apply` the check passes.
+#[test]
+fn live_check_of_a_ring_rule() {
+    let db = "hs_check_ring";
+    fresh_db(
+        db,
+        "CREATE TABLE visits_log (id INT AUTO_INCREMENT PRIMARY KEY, uid INT NOT NULL,
+             visitor_uid INT NOT NULL, KEY (uid));
+         INSERT INTO visits_log (uid, visitor_uid) VALUES (1, 2), (1, 3);",
+    );
+    let d = rules_dir(&[("r.toml", RING)]);
+    let url = mariadb().url(db);
+    let f = file(&d, "r.toml");
+
+    let (code, out, err) = heatsink(&["check", "--rules", path(&d), "--backend-url", &url]);
+    assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
+    for want in [
+        format!("{f}:2: rule 'visits': ring table `{db}`.`visits_ring` does not exist"),
+        format!("{f}:2: rule 'visits': sequence table `{db}`.`visits_seq` does not exist"),
+        format!("{f}:2: rule 'visits': trigger `{db}`.`visits_ring_hs_seq`"),
+        format!("{f}:2: rule 'visits': warning: trigger `{db}`.`visits_ring_hs_log`"),
+        format!(
+            "{f}:2: rule 'visits': warning: `{db}`.`visits_log` has rows but the ring is empty"
+        ),
+    ] {
+        assert!(out.lines().any(|l| l.starts_with(&want)), "{want}\n{out}");
+    }
+    // MariaDB has RETURNING: no warning about coalesce.
+    assert!(!out.contains("RETURNING"), "{out}");
+
+    let (code, out, err) = heatsink(&[
+        "migrate",
+        "--rules",
+        path(&d),
+        "--backend-url",
+        &url,
+        "--apply",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let (code, out, err) = heatsink(&["check", "--rules", path(&d), "--backend-url", &url]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(!out.contains("warning:"), "{out}");
+
+    // Without the numbering trigger inserts would fail: an error.
+    mariadb().exec(&format!("DROP TRIGGER {db}.visits_ring_hs_seq"));
+    let (code, out, _) = heatsink(&["check", "--rules", path(&d), "--backend-url", &url]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("would fail (1048)"), "{out}");
+}
+
 /// The rule reference's `[[test]]` example is a rule set whose cases all pass.
 #[test]
 fn reference_test_example_passes() {

@@ -295,7 +295,7 @@ impl Session {
             .map_err(|e| Error::with_cause(Source::Backend, "reading greeting", e))?;
         self.backend_id = info.connection_id;
         self.info.set_backend_id(info.connection_id);
-        self.returning = has_returning(&info.server_version);
+        self.returning = crate::wire::handshake::has_returning(&info.server_version);
         let backend_tls = match &tls.backend {
             Some(b) if info.backend_capabilities & caps::SSL != 0 => Some(b),
             Some(b) if b.required => {
@@ -1130,21 +1130,6 @@ fn session_statement(sql: &[u8]) -> Option<SessionStatement> {
     } else {
         None
     }
-}
-
-/// Whether a server of this version has `INSERT … RETURNING` (MariaDB ≥ 10.5; old
-/// MariaDB servers prefix their version with `5.5.5-`).
-fn has_returning(version: &str) -> bool {
-    if !version.contains("MariaDB") {
-        return false;
-    }
-    let v = version.strip_prefix("5.5.5-").unwrap_or(version);
-    let mut nums = v
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let major = nums.next().unwrap_or(0);
-    let minor = nums.next().unwrap_or(0);
-    (major, minor) >= (10, 5)
 }
 
 /// The database named by a successful `USE db` statement, if this is one.

@@ -209,6 +209,21 @@ pub fn patch_client_hello(
     })
 }
 
+/// Whether a server of this version has `INSERT … RETURNING` (MariaDB ≥ 10.5; old
+/// MariaDB servers prefix their version with `5.5.5-`).
+pub fn has_returning(version: &str) -> bool {
+    if !version.contains("MariaDB") {
+        return false;
+    }
+    let v = version.strip_prefix("5.5.5-").unwrap_or(version);
+    let mut nums = v
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = nums.next().unwrap_or(0);
+    let minor = nums.next().unwrap_or(0);
+    (major, minor) >= (10, 5)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +253,10 @@ mod tests {
         let info = patch_greeting(&mut g, caps::UNSUPPORTED | caps::SSL, 0).unwrap();
         assert_eq!(info.connection_id, 42);
         assert_eq!(info.server_version, "10.11.19-MariaDB");
+        assert!(has_returning(&info.server_version));
+        assert!(has_returning("5.5.5-10.5.2-MariaDB-log"));
+        assert!(!has_returning("10.4.31-MariaDB"));
+        assert!(!has_returning("8.0.36"));
         assert_eq!(
             info.capabilities,
             caps::PROTOCOL_41 | caps::SECURE_CONNECTION | caps::DEPRECATE_EOF | caps::PLUGIN_AUTH

@@ -33,8 +33,10 @@ pub type Outcome = Result<OkSummary, Vec<u8>>;
 /// Rows of ring inserts merged into one statement at most (the statement must stay
 /// well below max_allowed_packet, and one write should not hold many locks).
 pub const MAX_ROWS: u64 = 512;
-/// Bytes of VALUES text merged into one statement at most.
-pub const MAX_VALUES_BYTES: usize = 512 * 1024;
+/// Bytes of VALUES text merged into one statement at most (a part that alone is
+/// larger is written on its own): far below any max_allowed_packet a server is
+/// likely to run with, which would otherwise drop the connection.
+pub const MAX_VALUES_BYTES: usize = 64 * 1024;
 
 /// One member's contribution to a merged write.
 #[derive(Debug, Clone, PartialEq, Eq)]

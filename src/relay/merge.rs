@@ -91,18 +91,14 @@ impl Session {
     /// literal, or the session's character set is unknown or was changed by a `SET`
     /// (string parameters are sent in it).
     pub(super) fn execute_as_text(&mut self, id: u32, payload: &[u8]) -> Option<Rewritten> {
-        if sets_charset(&self.session_sets) {
+        if self.charset_changed {
             return None;
         }
         let charset = literal::charset_name(*self.identity.last()?)?;
         let p = self.prepared.get_mut(&id)?;
-        let m = p.merge.as_ref()?;
-        // An unmerged single-row insert stays a prepared statement: its OK is exact.
-        if m.kind == Merge::No && m.aux.get(4).is_some_and(|rows| rows.as_slice() == b"1") {
-            return None;
-        }
-        let m = m.clone();
+        p.merge.as_ref()?;
         let values = execute_params(payload, p).ok()?;
+        let m = p.merge.as_ref()?;
         let types = p.types.as_deref().unwrap_or_default();
         let mut aux = Vec::with_capacity(m.aux.len());
         for (text, holes) in m.aux.iter().zip(&m.holes) {
@@ -431,14 +427,6 @@ impl Session {
         }
         Ok(())
     }
-}
-
-/// Whether a session's `SET` history may have changed its character set.
-fn sets_charset(sets: &[u8]) -> bool {
-    let s = String::from_utf8_lossy(sets).to_ascii_lowercase();
-    ["names", "character", "charset", "collation"]
-        .iter()
-        .any(|w| s.contains(w))
 }
 
 /// Counts a merged write of `members` members that wrote `items` increments or rows.

@@ -171,6 +171,7 @@ pub async fn serve_client(
         identity: Vec::new(),
         pristine: true,
         session_sets: Vec::new(),
+        charset_changed: false,
         returning: false,
         pending_insert_id: None,
         prepared: HashMap::new(),
@@ -252,6 +253,10 @@ pub(super) struct Session {
     /// The `SET` statements the session ran, in order, each prefixed by its length
     /// (bounded by `MAX_SESSION_SETS`; a longer history ends `pristine`).
     pub(super) session_sets: Vec<u8>,
+    /// One of those `SET`s may have changed the connection's character set, or the
+    /// session left `pristine` (prepared string parameters are then not written as
+    /// literals).
+    pub(super) charset_changed: bool,
     /// The backend is MariaDB ≥ 10.5, which has `INSERT … RETURNING` (merged ring
     /// inserts learn each row's AUTO_INCREMENT id from it).
     pub(super) returning: bool,
@@ -573,7 +578,7 @@ impl Session {
                 self.prepared.clear();
                 self.backend.write_all(&c.raw).await?;
                 self.set_current_db(change_user_db(&c.payload()));
-                self.pristine = false;
+                self.leave_pristine();
                 if let Some(user) = change_user_name(&c.payload()) {
                     self.info.set_user(&user);
                 }
@@ -627,6 +632,9 @@ impl Session {
             self.prepared.clear();
             // Settings are back to the connection defaults.
             self.session_sets.clear();
+            // The handshake's character set again, unless COM_CHANGE_USER named
+            // another one (then the session stays out of group commit).
+            self.charset_changed = !self.pristine;
         }
         if code == cmd::INIT_DB && !r.parser.errored {
             self.set_current_db(Some(
@@ -707,6 +715,14 @@ impl Session {
         }
     }
 
+    /// The session's state no longer follows from its SET history (a `CALL`, a
+    /// prepared `SET`, COM_CHANGE_USER): no more merged writes, and its character set
+    /// is no longer known either.
+    fn leave_pristine(&mut self) {
+        self.pristine = false;
+        self.charset_changed = true;
+    }
+
     /// What to do with the text of a COM_QUERY or COM_STMT_PREPARE: tracks whether
     /// the session leaves its default state, answers rules' metadata questions, and
     /// counts shadow decisions. `None`: the client has been answered already.
@@ -728,8 +744,9 @@ impl Session {
                     self.session_sets
                         .extend_from_slice(&(sql.len() as u32).to_le_bytes());
                     self.session_sets.extend_from_slice(sql);
+                    self.charset_changed |= sets_charset(sql);
                 }
-                Some(_) => self.pristine = false,
+                Some(_) => self.leave_pristine(),
                 None => {}
             }
         }
@@ -1092,6 +1109,14 @@ enum SessionStatement {
     Set,
     /// `CALL`: a procedure may run anything.
     Call,
+}
+
+/// Whether a `SET` statement may change the connection's character set.
+fn sets_charset(sql: &[u8]) -> bool {
+    let s = String::from_utf8_lossy(sql).to_ascii_lowercase();
+    ["names", "character", "charset", "collation"]
+        .iter()
+        .any(|w| s.contains(w))
 }
 
 /// Longest SET history (bytes) a session may have and still share merged writes.

@@ -236,7 +236,8 @@ impl RingRule {
         }
         let prefix = format!("INSERT INTO {ring_sql} ({}) VALUES ", ring_cols.join(", "));
         let suffix = format!(" ON DUPLICATE KEY UPDATE {}", update.join(", "));
-        let statements = parse(&format!("{prefix}{}{suffix}", values.join(", ")))?;
+        let tuples = values.join(", ");
+        let statements = parse(&format!("{prefix}{tuples}{suffix}"))?;
         let n = rows.len() as u64;
         // Group commit. Rows whose values could differ when evaluated on another
         // session (LAST_INSERT_ID(), @variables, CONNECTION_ID(), …) or that give the
@@ -247,23 +248,29 @@ impl RingRule {
                 .as_deref()
                 .is_some_and(|ai| cols.iter().any(|c| eq(c, ai)))
             && rows.iter().flatten().all(session_independent);
-        // The pieces are kept also when the insert does not merge: a multi-row insert
-        // runs with `RETURNING id` to report its first row's id (see `relay::merge`).
-        let first = &rows[0];
-        let order: Vec<String> = self
-            .key
-            .iter()
-            .filter_map(|k| cols.iter().position(|c| eq(c, k)))
-            .map(|i| first[i].to_string())
-            .collect();
-        let aux = vec![
-            prefix,
-            values.join(", "),
-            suffix,
-            order.join(", "),
-            n.to_string(),
-            ai_column.as_deref().map(quote).unwrap_or_default(),
-        ];
+        // The pieces serve a merged write, and a multi-row insert into a log with an
+        // AUTO_INCREMENT column, which runs with `RETURNING id` to report its first
+        // row's id (see `relay::merge`). Other inserts render none.
+        let returning = n > 1 && ai_column.is_some();
+        let aux = if mergeable || returning {
+            let first = &rows[0];
+            let order: Vec<String> = self
+                .key
+                .iter()
+                .filter_map(|k| cols.iter().position(|c| eq(c, k)))
+                .map(|i| first[i].to_string())
+                .collect();
+            vec![
+                prefix,
+                tuples,
+                suffix,
+                order.join(", "),
+                n.to_string(),
+                ai_column.as_deref().map(quote).unwrap_or_default(),
+            ]
+        } else {
+            Vec::new()
+        };
         let merge = if mergeable {
             Merge::RingInsert
         } else {
@@ -583,6 +590,8 @@ mod tests {
             }
         );
         assert_eq!(r.merge, Merge::No);
+        // Nothing to merge or return: no pieces rendered per execution.
+        assert!(r.aux.is_empty());
         // INSERT … SET, REPLACE, IGNORE and a qualified name: the same upsert.
         for sql in [
             "INSERT INTO log SET uid = 5, visitor_uid = 7, last_update = NOW(6)",
@@ -624,6 +633,10 @@ mod tests {
                 last_insert_id: Some(0),
             }
         );
+        // Pieces for running it with `RETURNING id`, though it does not merge.
+        assert_eq!(r.merge, Merge::No);
+        assert_eq!(r.aux.len(), 6);
+        assert_eq!(r.aux[5], b"`id`");
     }
 
     #[test]

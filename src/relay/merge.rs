@@ -21,11 +21,10 @@
 //!   alone and gets its own answer.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use super::coalesce::{parse_delta, LeaderGuard, Outcome, Part, Role, Signal};
 use super::session::Session;
-use super::splice::{execute_params, Collected, MAX_ATTEMPTS, RETRYABLE};
+use super::splice::{backoff, execute_params, Collected, MAX_ATTEMPTS, RETRYABLE};
 use crate::error::Result;
 use crate::rewrite::{Merge, Reply, Rewritten};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
@@ -203,10 +202,7 @@ impl Session {
                 return Ok(Err(e.payload.to_vec()));
             }
             attempt += 1;
-            tokio::time::sleep(Duration::from_millis(rand::random_range(
-                1..=(2u64 << attempt),
-            )))
-            .await;
+            backoff(attempt).await;
         }
     }
 

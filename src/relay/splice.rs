@@ -109,6 +109,15 @@ enum Attempt {
     Conflict(Vec<u8>),
 }
 
+/// Waits before retry `attempt + 1` of a write that hit a lock conflict: a random
+/// 1..2^(attempt+1) ms, so that the writers that collided do not collide again.
+pub(super) async fn backoff(attempt: u32) {
+    tokio::time::sleep(Duration::from_millis(rand::random_range(
+        1..=(2u64 << attempt),
+    )))
+    .await;
+}
+
 /// A COM_QUERY payload.
 fn query_payload(sql: &[u8]) -> Vec<u8> {
     let mut payload = Vec::with_capacity(sql.len() + 1);
@@ -256,10 +265,7 @@ impl Session {
                         return self.reply(cmd_seq, &err).await;
                     }
                     tracing::debug!(rule, attempt, "lock conflict in rewrite: retrying");
-                    tokio::time::sleep(Duration::from_millis(rand::random_range(
-                        1..=(2u64 << attempt),
-                    )))
-                    .await;
+                    backoff(attempt).await;
                     attempt += 1;
                 }
             }

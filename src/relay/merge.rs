@@ -186,10 +186,12 @@ impl Session {
         }
     }
 
-    /// Runs `sql`, retrying lock conflicts. `Err` carries the last ERR payload.
+    /// Runs `sql`, retrying lock conflicts when `retry`. `Err` carries the last ERR
+    /// payload.
     async fn run_retrying(
         &mut self,
         sql: &[u8],
+        retry: bool,
     ) -> Result<std::result::Result<Collected, Vec<u8>>> {
         let mut attempt = 1;
         loop {
@@ -198,7 +200,7 @@ impl Session {
                 return Ok(Ok(c));
             };
             let conflict = c.err_code().is_some_and(|code| RETRYABLE.contains(&code));
-            if !conflict || attempt >= MAX_ATTEMPTS {
+            if !conflict || !retry || attempt >= MAX_ATTEMPTS {
                 return Ok(Err(e.payload.to_vec()));
             }
             attempt += 1;
@@ -220,7 +222,7 @@ impl Session {
             sql.extend_from_slice(format!(", {s}").as_bytes());
         }
         sql.extend_from_slice(&rw.aux[2]);
-        let outcome: Outcome = self.run_retrying(&sql).await?.map(|c| {
+        let outcome: Outcome = self.run_retrying(&sql, true).await?.map(|c| {
             let o = c.ok().unwrap_or_default();
             OkSummary {
                 affected_rows: 1,
@@ -281,7 +283,7 @@ impl Session {
             sql.extend_from_slice(b" RETURNING ");
             sql.extend_from_slice(ai);
         }
-        let written = match self.run_retrying(&sql).await? {
+        let written = match self.run_retrying(&sql, true).await? {
             Ok(c) if ai.is_empty() => c.ok().map(|o| (Vec::new(), o.warnings)),
             Ok(c) => returned_ids(&c.packets, self.deprecate_eof)
                 .filter(|(ids, _)| ids.len() as u64 == total),
@@ -370,16 +372,8 @@ impl Session {
         sql.extend_from_slice(&rw.statements[0]);
         sql.extend_from_slice(b" RETURNING ");
         sql.extend_from_slice(column);
-        let c = if self.retry_safe(1, false) {
-            self.run_retrying(&sql).await?
-        } else {
-            let c = self.run_collect(&sql).await?;
-            match c.err() {
-                Some(e) => Err(e.payload.to_vec()),
-                None => Ok(c),
-            }
-        };
-        let c = match c {
+        let retry = self.retry_safe(1, false);
+        let c = match self.run_retrying(&sql, retry).await? {
             Ok(c) => c,
             Err(payload) => return self.reply(cmd_seq, &payload).await,
         };

@@ -56,11 +56,66 @@ pub use proxy::{metrics, Proxy, ProxyBuilder};
 use std::net::TcpListener;
 use std::path::PathBuf;
 
-/// Returns a loopback port that was free a moment ago (bind to port 0, read it, close).
-/// Another process may take it before it is used; callers that start servers retry.
+/// Returns a loopback port that was free a moment ago, for a server a test starts.
+///
+/// Ports come from below the kernel's ephemeral range (`ip_local_port_range`), so the
+/// source port of an outgoing connection (a client, the proxy's backend connections) or
+/// another `bind(0)` can never take one between this probe and the server's bind; a port
+/// is handed out at most once per test process. Another program on the machine may still
+/// take it: callers that start servers retry on "address in use".
 pub fn free_port() -> u16 {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<(u16, HashSet<u16>)>> = Mutex::new(None);
+
+    let (low, high) = fixed_port_range();
+    let span = u32::from(high - low);
+    let mut guard = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let (next, given) = guard.get_or_insert_with(|| {
+        // Start at a place that depends on the process, so that two test binaries (or
+        // two checkouts) running at once mostly probe different ports.
+        let seed = std::process::id().wrapping_mul(2_654_435_761) ^ clock_nanos();
+        (low + (seed % span) as u16, HashSet::new())
+    });
+    for _ in 0..span {
+        let port = *next;
+        *next = if *next + 1 >= high { low } else { *next + 1 };
+        if given.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    // Everything below the ephemeral range is taken: fall back to the kernel's choice.
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local_addr").port()
+}
+
+/// The ports `free_port` hands out: from 10000 up to the start of the ephemeral range.
+fn fixed_port_range() -> (u16, u16) {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+        })
+        .unwrap_or(32768);
+    if ephemeral_low > 12_000 {
+        (10_000, ephemeral_low)
+    } else {
+        // An unusual kernel setting: use the top of the port space instead.
+        (61_000, 65_000)
+    }
+}
+
+fn clock_nanos() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
 }
 
 /// Cargo's target directory (the parent of the directory holding the `heatsink` binary).

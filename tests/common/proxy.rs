@@ -85,33 +85,50 @@ impl ProxyBuilder {
             }
         };
         let backend = self.backend.unwrap_or_else(|| mariadb().addr().to_string());
-        let port = self.port.unwrap_or_else(free_port);
-        let listen = SocketAddr::from(([127, 0, 0, 1], port));
         let log_path = dir.path().join("proxy.log");
-        let log = fs::File::create(&log_path).expect("create proxy log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_heatsink"));
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg(listen.to_string())
-            .arg("--backend")
-            .arg(&backend)
-            .arg("--rules")
-            .arg(&rules)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone log handle"))
-            .stderr(log);
-        for (k, v) in &self.envs {
-            cmd.env(k, v);
+        // A port chosen here can still be taken by another program before the proxy
+        // binds it; then start again on another one (unless the caller chose the port).
+        let attempts = if self.port.is_some() { 1 } else { 4 };
+        let mut proxy = None;
+        for attempt in 1..=attempts {
+            let port = self.port.unwrap_or_else(free_port);
+            let listen = SocketAddr::from(([127, 0, 0, 1], port));
+            let log = fs::File::create(&log_path).expect("create proxy log");
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_heatsink"));
+            cmd.arg("serve")
+                .arg("--listen")
+                .arg(listen.to_string())
+                .arg("--backend")
+                .arg(&backend)
+                .arg("--rules")
+                .arg(&rules)
+                .args(&self.args)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("clone log handle"))
+                .stderr(log);
+            for (k, v) in &self.envs {
+                cmd.env(k, v);
+            }
+            let child = cmd.spawn().expect("spawn heatsink");
+            let mut started = Proxy {
+                child: Some(child),
+                addr: listen,
+                log_path: log_path.clone(),
+                _dir: None,
+            };
+            match started.wait_listening() {
+                Ok(()) => {
+                    proxy = Some(started);
+                    break;
+                }
+                Err(log) if attempt < attempts && log.contains(&format!("binding {listen}")) => {
+                    eprintln!("proxy port {port} was taken before heatsink bound it; retrying");
+                }
+                Err(log) => panic!("{log}"),
+            }
         }
-        let child = cmd.spawn().expect("spawn heatsink");
-        let mut proxy = Proxy {
-            child: Some(child),
-            addr: listen,
-            log_path,
-            _dir: dir,
-        };
-        proxy.wait_listening();
+        let mut proxy = proxy.expect("the last attempt panics on failure");
+        proxy._dir = Some(dir);
         proxy
     }
 }
@@ -125,7 +142,7 @@ pub struct Proxy {
     /// stdout and stderr of the process.
     log_path: PathBuf,
     /// Holds the log and default rules directory until the proxy is dropped.
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Proxy {
@@ -204,27 +221,29 @@ impl Proxy {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
-    fn wait_listening(&mut self) {
+    /// Waits until the listen port accepts connections; `Err` carries a message with the
+    /// proxy's log when it exited first or did not listen within [`START_LIMIT`].
+    fn wait_listening(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + START_LIMIT;
         loop {
             if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
-                return;
+                return Ok(());
             }
             if let Some(status) = self.try_exit_status() {
                 self.child = None;
-                panic!(
+                return Err(format!(
                     "heatsink exited before listening on {} ({status}); log:\n{}",
                     self.addr,
                     self.log_text()
-                );
+                ));
             }
             if Instant::now() >= deadline {
                 self.kill9();
-                panic!(
+                return Err(format!(
                     "heatsink not listening on {} after {START_LIMIT:?}; log:\n{}",
                     self.addr,
                     self.log_text()
-                );
+                ));
             }
             std::thread::sleep(Duration::from_millis(25));
         }

@@ -1860,7 +1860,7 @@ fn two_proxies_share_the_sequences() {
     });
 }
 
-/// `coalesce = true`, 64 clients for 6 s on hot and cold keys: inserts are merged
+/// `coalesce = true`, 64 clients for 10 s on hot and cold keys: inserts are merged
 /// (the metrics say so), no client sees an error, every key holds exactly its latest
 /// inserts, and each acknowledged insert's last_insert_id is its own row's id.
 #[test]
@@ -1868,7 +1868,7 @@ fn coalesced_inserts_keep_the_latest_rows() {
     let _serial = load_lock();
     let env = Env::coalesced("load_co");
     run(Duration::from_secs(60), async {
-        let secs = 6.0;
+        let secs = 10.0;
         let r = load(&[env.proxy.url(&env.db)], 64, secs, 50, 10_000, false).await;
         assert_load_ok(
             &env,

@@ -434,13 +434,18 @@ impl Session {
         let mut recode = RowRecode {
             columns: Vec::with_capacity(count),
         };
+        let mut defs = Vec::with_capacity(count);
         for _ in 0..count {
             let p = self.backend.read_logical().await?;
-            let Some(mut def) = ColumnDef::parse(&p.payload(), self.extended_metadata) else {
+            let Some(def) = ColumnDef::parse(&p.payload(), self.extended_metadata) else {
                 return Err(Error::backend("malformed column definition"));
             };
+            defs.push(def);
+        }
+        let temporary = read_through_temporary_table(&defs, patch);
+        for mut def in defs {
             let arriving = (def.column_type, def.flags & UNSIGNED_FLAG != 0);
-            restore(&mut def, patch);
+            restore(&mut def, patch, temporary);
             recode.columns.push((
                 arriving.0,
                 arriving.1,
@@ -660,33 +665,58 @@ impl Session {
     }
 }
 
-/// Restores one column definition if it comes from a derived table the rewrite
-/// introduced (its `org_table` is the derived table's alias) and names a logical
-/// column: everything but the name and table alias the client gave is restored.
-fn restore(def: &mut ColumnDef, patch: &ColumnPatch) {
-    let is_alias = |t: &[u8]| {
-        let t = String::from_utf8_lossy(t);
-        patch.tables.iter().any(|a| a.eq_ignore_ascii_case(&t))
-    };
-    // Merged into a join, a computed column may lose its org_table and org_name;
-    // the table alias and the name still say where it comes from.
-    let derived = is_alias(&def.org_table) || (def.org_table.is_empty() && is_alias(&def.table));
-    if !derived {
-        return;
-    }
-    let name = if def.org_name.is_empty() {
+/// Column flags a temporary table does not carry: PRI_KEY, UNIQUE_KEY, MULTIPLE_KEY,
+/// AUTO_INCREMENT, PART_KEY.
+const KEY_FLAGS: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0200 | 0x4000;
+
+/// Whether the server answered a rewritten read through a temporary table: a column
+/// that carries key flags in its physical table arrived from it without any.
+fn read_through_temporary_table(defs: &[ColumnDef], patch: &ColumnPatch) -> bool {
+    defs.iter().any(|d| {
+        d.flags & KEY_FLAGS == 0
+            && names(&patch.materialized, &d.org_table)
+            && names(&patch.keyed, origin_name(d))
+    })
+}
+
+fn names(list: &[String], name: &[u8]) -> bool {
+    let name = String::from_utf8_lossy(name);
+    list.iter().any(|a| a.eq_ignore_ascii_case(&name))
+}
+
+/// The column's name in its table (its alias when the server gives no origin).
+fn origin_name(def: &ColumnDef) -> &[u8] {
+    if def.org_name.is_empty() {
         &def.name
     } else {
         &def.org_name
-    };
-    let name = String::from_utf8_lossy(name).to_ascii_lowercase();
+    }
+}
+
+/// Restores one column definition if it comes from a derived table the rewrite
+/// introduced (its `org_table` is the derived table's alias, or the physical table
+/// it reads) and names a logical column: everything but the name and table alias the
+/// client gave is restored; the flags too unless the read went through a `temporary`
+/// table.
+fn restore(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
+    let is_alias = |t: &[u8]| names(&patch.tables, t);
+    let materialized = names(&patch.materialized, &def.org_table);
+    // Merged into a join, a computed column may lose its org_table and org_name;
+    // the table alias and the name still say where it comes from.
+    let derived = materialized
+        || is_alias(&def.org_table)
+        || (def.org_table.is_empty() && is_alias(&def.table));
+    if !derived {
+        return;
+    }
+    let name = String::from_utf8_lossy(origin_name(def)).to_ascii_lowercase();
     let Some((_, logical)) = patch.columns.iter().find(|(n, _)| *n == name) else {
         return;
     };
     def.org_table = logical.org_table.clone();
     def.org_name = logical.org_name.clone();
     const NOT_NULL: u16 = 1;
-    if patch.flags_from_logical {
+    if patch.flags_from_logical && !(temporary && materialized) {
         def.flags = (logical.flags & !NOT_NULL) | (def.flags & NOT_NULL);
     }
     if def.schema.is_empty() {
@@ -879,20 +909,72 @@ mod tests {
             tables: vec!["hits".into()],
             columns: vec![("cnt".into(), logical.clone())],
             flags_from_logical: false,
+            materialized: Vec::new(),
+            keyed: Vec::new(),
         };
         let mut d = mk("", "hits", "cnt", 8);
         d.name = b"c".to_vec();
-        restore(&mut d, &patch);
+        restore(&mut d, &patch, false);
         assert_eq!(d.column_type, 3);
         assert_eq!(d.length, 11);
         assert_eq!(d.schema, b"shop");
         assert_eq!(d.name, b"c");
         let mut other = mk("", "other", "cnt", 8);
-        restore(&mut other, &patch);
+        restore(&mut other, &patch, false);
         assert_eq!(other.column_type, 8);
         let mut expr = mk("", "", "cnt", 8);
         expr.table = Vec::new();
-        restore(&mut expr, &patch);
+        restore(&mut expr, &patch, false);
         assert_eq!(expr.column_type, 8);
+    }
+
+    #[test]
+    fn keys_are_kept_only_when_read_through_a_temporary_table() {
+        let mk = |org_table: &str, name: &str, flags: u16| ColumnDef {
+            catalog: b"def".to_vec(),
+            schema: b"shop".to_vec(),
+            table: b"v".to_vec(),
+            org_table: org_table.into(),
+            name: name.into(),
+            org_name: name.into(),
+            extended: None,
+            charset: 63,
+            length: 11,
+            column_type: 3,
+            flags,
+            decimals: 0,
+            fixed_len: 0x0c,
+            tail: vec![0, 0],
+        };
+        // The log: KEY (uid); the ring: PRIMARY KEY (uid, slot).
+        let mut logical = mk("log", "uid", 1 | 0x0008 | 0x4000);
+        logical.table = b"log".to_vec();
+        let patch = ColumnPatch {
+            tables: vec!["v".into()],
+            columns: vec![("uid".into(), logical)],
+            flags_from_logical: true,
+            materialized: vec!["ring".into()],
+            keyed: vec!["uid".into()],
+        };
+        // Straight from the ring (merged derived table or an index read).
+        for org_table in ["v", "ring"] {
+            let defs = [mk(org_table, "uid", 1 | 0x0002 | 0x4000)];
+            let temporary = read_through_temporary_table(&defs, &patch);
+            assert!(!temporary, "{org_table}");
+            let mut d = defs[0].clone();
+            restore(&mut d, &patch, temporary);
+            assert_eq!(d.flags, 1 | 0x0008 | 0x4000, "{org_table}");
+            assert_eq!(d.org_table, b"log");
+        }
+        // Through a temporary table: no key flags, as the log's column would report.
+        let defs = [mk("ring", "uid", 1 | 0x1000)];
+        assert!(read_through_temporary_table(&defs, &patch));
+        let mut d = defs[0].clone();
+        restore(&mut d, &patch, true);
+        assert_eq!(d.flags, 1 | 0x1000);
+        assert_eq!(d.org_table, b"log");
+        // A column that has no key in the ring says nothing.
+        let defs = [mk("ring", "visitor", 1)];
+        assert!(!read_through_temporary_table(&defs, &patch));
     }
 }

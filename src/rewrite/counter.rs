@@ -166,6 +166,8 @@ impl CounterRule {
                 tables: aliases,
                 columns,
                 flags_from_logical: false,
+                materialized: Vec::new(),
+                keyed: Vec::new(),
             })),
             atomic: false,
             ..Default::default()

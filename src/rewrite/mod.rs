@@ -276,6 +276,16 @@ pub struct ColumnPatch {
     /// Restore the column flags too (but not nullability, which is the query's): the
     /// physical table declares keys and AUTO_INCREMENT differently from the logical one.
     pub flags_from_logical: bool,
+    /// Physical tables read inside the derived tables: columns read through a
+    /// temporary table (a join sorted by a column of a later table, GROUP BY, DISTINCT)
+    /// arrive with one of these as `org_table`, and so do some read straight from it.
+    pub materialized: Vec<String>,
+    /// Lower-cased columns that carry key flags in the physical table (its primary key,
+    /// an indexed AUTO_INCREMENT column). One of them arriving from a `materialized`
+    /// table without any key or AUTO_INCREMENT flag shows that the server read through a
+    /// temporary table; it then reports no key flags and no AUTO_INCREMENT for the
+    /// logical table's columns either, so the arriving flags are kept.
+    pub keyed: Vec<String>,
 }
 
 /// A table a rule is about.

@@ -112,7 +112,7 @@ impl RingRule {
     ) -> Result<Option<Plan>, String> {
         let cols: Vec<String> = meta.iter().map(|d| quote(&column_def_name(d))).collect();
         let mut stmt = stmt.clone();
-        let mut aliases = replace_reads(&mut stmt, &|n| self.names_ours(n, ctx), &|n| {
+        let aliases = replace_reads(&mut stmt, &|n| self.names_ours(n, ctx), &|n| {
             Ok(format!(
                 "SELECT {} FROM {}",
                 cols.join(", "),
@@ -122,9 +122,6 @@ impl RingRule {
         if aliases.is_empty() {
             return Ok(None);
         }
-        // Merged into the outer query, the derived table's columns report the ring
-        // table as their origin.
-        aliases.push(self.ring_table.name.clone());
         Ok(Some(Plan {
             statements: vec![stmt],
             reply: Reply::Patched(Arc::new(ColumnPatch {
@@ -134,6 +131,16 @@ impl RingRule {
                     .map(|d| (column_def_name(d).to_ascii_lowercase(), d.clone()))
                     .collect(),
                 flags_from_logical: true,
+                materialized: vec![self.ring_table.name.clone()],
+                // The ring's primary key is (key…, slot); its AUTO_INCREMENT column has
+                // a key of its own.
+                keyed: meta
+                    .iter()
+                    .filter(|d| {
+                        self.is_key(&column_def_name(d)) || d.flags & AUTO_INCREMENT_FLAG != 0
+                    })
+                    .map(|d| column_def_name(d).to_ascii_lowercase())
+                    .collect(),
             })),
             ..Default::default()
         }))

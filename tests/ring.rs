@@ -1957,6 +1957,8 @@ struct Answers {
     rows: Vec<(i64, u64)>,
     /// Inserts refused, as expected, with error 1366.
     refused: usize,
+    /// (visitor, last_update) of rows inserted with the time as a DATETIME parameter.
+    stamps: Vec<(i64, String)>,
     /// Everything that was not as the client's own insert would have been.
     problems: Vec<String>,
 }
@@ -2009,6 +2011,15 @@ async fn answers_worker(url: String, w: i64, prepared: bool) -> Answers {
             (true, true) => {
                 let params = (uid, visitor, uid, visitor + 500);
                 c.exec_drop(format!("INSERT INTO {LOG} {TWO}"), params).await
+            }
+            // The time as a DATETIME parameter (mysql_async binds MYSQL_TYPE_DATETIME).
+            (true, false) if i % 3 == 1 => {
+                let (s, us) = ((w + i) as u8 % 60, (w * 1000 + i) as u32);
+                let stamp = Value::Date(2026, 11, 21, 9, 5, s, us);
+                a.stamps.push((visitor, format!("2026-11-21 09:05:{s:02}.{us:06}")));
+                let sql =
+                    format!("INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (?, ?, ?)");
+                c.exec_drop(sql, (uid, visitor, stamp)).await
             }
             // Every third value as a string: the column converts it.
             (true, false) if i % 3 == 0 => {
@@ -2086,9 +2097,11 @@ fn answers_scenario(env: Env, prepared: bool) {
         let mut rows = Vec::new();
         let mut problems = Vec::new();
         let mut refused = 0;
+        let mut stamps = Vec::new();
         for t in tasks {
             let a = t.await.unwrap();
             rows.extend(a.rows);
+            stamps.extend(a.stamps);
             problems.extend(a.problems);
             refused += a.refused;
         }
@@ -2109,6 +2122,20 @@ fn answers_scenario(env: Env, prepared: bool) {
         assert_eq!(stored.len(), rows.len(), "rows written");
         for (visitor, id) in &rows {
             assert_eq!(stored.get(visitor), Some(id), "id of visitor {visitor}");
+        }
+        let stored: HashMap<i64, String> = env
+            .backend_rows(&format!(
+                "SELECT visitor_uid, CAST(last_update AS CHAR) FROM {{db}}.{RING} WHERE uid >= 100000"
+            ))
+            .iter()
+            .map(|r| (int(&r[0]), r[1].clone().unwrap_or_default()))
+            .collect();
+        for (visitor, stamp) in &stamps {
+            assert_eq!(
+                stored.get(visitor),
+                Some(stamp),
+                "last_update of visitor {visitor}"
+            );
         }
         let (writes, merged) = env.merged();
         assert!(writes > 0, "no insert was merged ({merged} rows)");

@@ -13,8 +13,8 @@
 //!   the member's next statement that is not itself a merged ring insert.
 //! - Prepared ring inserts merge too: each execute's parameter values are written as
 //!   literals into the rewrite's pieces (`wire::literal`; values without an exact
-//!   literal, such as temporal ones, keep the execute a prepared statement of its
-//!   own). The OK of an INSERT is the same in both protocols.
+//!   literal, such as BIT or MYSQL_TYPE_TIMESTAMP ones, keep the execute a prepared
+//!   statement of its own). The OK of an INSERT is the same in both protocols.
 //! - A merged write that fails with a lock conflict is retried; one that fails
 //!   otherwise wrote nothing (one statement in autocommit mode) and may have failed
 //!   because of one member's values, so every member then runs its own statement

@@ -3,8 +3,19 @@
 //! Merged writes (group commit) are text statements: a prepared ring insert can join
 //! one only if each of its parameter values can be written as a literal that the
 //! server reads back as the same value. Only types with an exact literal are
-//! rendered; everything else (temporal values, TIME, BIT, GEOMETRY, JSON) is `None`
-//! and the execute runs as a prepared statement of its own.
+//! rendered; everything else (BIT, GEOMETRY, JSON, and temporal values the server
+//! would itself refuse or zero) is `None` and the execute runs as a prepared
+//! statement of its own.
+//!
+//! Temporal parameters: the server makes a DATE, DATETIME or TIME parameter a
+//! temporal constant with 6 fractional digits when its microseconds are not zero and
+//! none otherwise; `DATE'…'`, `TIMESTAMP'…'` (a DATETIME literal) and `TIME'…'`
+//! literals with the same digits are the same constants (tests/literal.rs stores both
+//! into every column type and compares). A value the server would replace by a zero
+//! date with a warning (month 13, hour 24), a date the calendar does not have (which
+//! a literal refuses outright) and zero dates are not rendered. Nor are parameters
+//! bound as MYSQL_TYPE_TIMESTAMP: MariaDB turns one outside the TIMESTAMP range of
+//! the session's time zone into NULL, without a warning.
 
 use super::packets::lenenc_int;
 use super::resultset::{read_int, types};
@@ -51,6 +62,8 @@ pub fn sql_literal(type_: [u8; 2], value: Option<&[u8]>, charset: &str) -> Optio
                     .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'));
             ok.then(|| String::from_utf8_lossy(text).into_owned())
         }
+        types::DATE | types::DATETIME => date_time(type_[0], v),
+        types::TIME => time(v),
         // VARCHAR, ENUM, SET, the BLOB types, VAR_STRING, STRING: bytes in the
         // connection's character set, written as a hex literal with that set's
         // introducer (no escaping, whatever the bytes are).
@@ -67,6 +80,100 @@ pub fn sql_literal(type_: [u8; 2], value: Option<&[u8]>, charset: &str) -> Optio
             Some(s)
         }
         _ => None,
+    }
+}
+
+/// A DATE or DATETIME parameter (length byte, then year as two bytes,
+/// month, day, [hour, minute, second, [microseconds as four bytes]]).
+fn date_time(type_: u8, v: &[u8]) -> Option<String> {
+    let n = usize::from(*v.first()?);
+    let b = v.get(1..1 + n)?;
+    if !matches!(n, 4 | 7 | 11) {
+        return None; // 0: the zero date
+    }
+    let year = u16::from_le_bytes([b[0], b[1]]);
+    let (month, day) = (b[2], b[3]);
+    let (hour, minute, second) = if n >= 7 {
+        (b[4], b[5], b[6])
+    } else {
+        (0, 0, 0)
+    };
+    let micro = if n == 11 {
+        u32::from_le_bytes([b[7], b[8], b[9], b[10]])
+    } else {
+        0
+    };
+    let valid = (1..=9999).contains(&year)
+        && (1..=12).contains(&month)
+        && day >= 1
+        && day <= days_in_month(year, month)
+        && hour <= 23
+        && minute <= 59
+        && second <= 59
+        && micro <= 999_999;
+    if !valid {
+        return None;
+    }
+    // A DATE parameter is read as its date alone, whatever else was sent.
+    if type_ == types::DATE {
+        return Some(format!("DATE'{year:04}-{month:02}-{day:02}'"));
+    }
+    Some(format!(
+        "TIMESTAMP'{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02}{}'",
+        fraction(micro)
+    ))
+}
+
+/// A TIME parameter (length byte, then sign, days as four bytes, hour, minute,
+/// second, [microseconds as four bytes]).
+fn time(v: &[u8]) -> Option<String> {
+    let n = usize::from(*v.first()?);
+    let b = v.get(1..1 + n)?;
+    if n == 0 {
+        return Some("TIME'00:00:00'".into());
+    }
+    if !matches!(n, 8 | 12) {
+        return None;
+    }
+    let negative = b[0] != 0;
+    let days = u32::from_le_bytes([b[1], b[2], b[3], b[4]]);
+    let (hour, minute, second) = (b[5], b[6], b[7]);
+    let micro = if n == 12 {
+        u32::from_le_bytes([b[8], b[9], b[10], b[11]])
+    } else {
+        0
+    };
+    let hours = u64::from(days) * 24 + u64::from(hour);
+    // Beyond 838:00:00 the server clips to its TIME range with a warning.
+    let valid = hours < 838 && minute <= 59 && second <= 59 && micro <= 999_999;
+    let zero = hours == 0 && minute == 0 && second == 0 && micro == 0;
+    if !valid || (negative && zero) {
+        return None;
+    }
+    Some(format!(
+        "TIME'{}{hours:02}:{minute:02}:{second:02}{}'",
+        if negative { "-" } else { "" },
+        fraction(micro)
+    ))
+}
+
+/// Microseconds as the server's parameter has them: six digits, or none when zero.
+fn fraction(micro: u32) -> String {
+    if micro == 0 {
+        String::new()
+    } else {
+        format!(".{micro:06}")
+    }
+}
+
+fn days_in_month(year: u16, month: u8) -> u8 {
+    match month {
+        2 if year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400)) => {
+            29
+        }
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
     }
 }
 
@@ -121,11 +228,69 @@ mod tests {
             sql_literal([types::LONG, 0], None, "utf8mb4").as_deref(),
             Some("NULL")
         );
-        // Temporal values and short values are not rendered.
-        assert_eq!(lit(types::DATETIME, 0, b"\x04\xea\x07\x01\x02"), None);
+        // Short values are not rendered.
+        assert_eq!(lit(types::DATETIME, 0, b"\x04\xea\x07\x01"), None);
         assert_eq!(lit(types::LONGLONG, 0, b"\x01"), None);
         assert_eq!(lit(0xfd, 0, b"\x05ab"), None);
         assert_eq!(charset_name(45), Some("utf8mb4"));
         assert_eq!(charset_name(28), None);
+    }
+
+    #[test]
+    fn literals_of_temporal_parameters() {
+        let lit = |t: u8, v: &[u8]| sql_literal([t, 0], Some(v), "utf8mb4");
+        let y = 2024u16.to_le_bytes();
+        let dt = |len: u8, m: u8, d: u8, h: u8, us: u32| {
+            let mut v = vec![len, y[0], y[1], m, d, h, 30, 59];
+            v.extend_from_slice(&us.to_le_bytes());
+            v.truncate(1 + len as usize);
+            v
+        };
+        assert_eq!(
+            lit(types::DATETIME, &dt(11, 2, 29, 23, 7)).as_deref(),
+            Some("TIMESTAMP'2024-02-29 23:30:59.000007'")
+        );
+        assert_eq!(
+            lit(types::DATETIME, &dt(11, 12, 31, 0, 0)).as_deref(),
+            Some("TIMESTAMP'2024-12-31 00:30:59'")
+        );
+        // MYSQL_TYPE_TIMESTAMP parameters depend on the session's time zone.
+        assert_eq!(lit(types::TIMESTAMP, &dt(11, 12, 31, 0, 0)), None);
+        assert_eq!(
+            lit(types::DATETIME, &dt(4, 1, 2, 0, 0)).as_deref(),
+            Some("TIMESTAMP'2024-01-02 00:00:00'")
+        );
+        assert_eq!(
+            lit(types::DATE, &dt(11, 1, 2, 5, 9)).as_deref(),
+            Some("DATE'2024-01-02'")
+        );
+        // Zero dates, dates the calendar lacks, values the server would zero.
+        assert_eq!(lit(types::DATETIME, b"\x00"), None);
+        assert_eq!(lit(types::DATETIME, &dt(7, 2, 30, 1, 0)), None);
+        assert_eq!(lit(types::DATETIME, &dt(7, 13, 1, 1, 0)), None);
+        assert_eq!(lit(types::DATETIME, &dt(7, 1, 0, 1, 0)), None);
+        assert_eq!(lit(types::DATETIME, &dt(7, 1, 1, 24, 0)), None);
+        assert_eq!(lit(types::DATETIME, &dt(11, 1, 1, 1, 1_000_000)), None);
+        assert_eq!(lit(types::DATETIME, &dt(5, 1, 1, 1, 0)), None);
+
+        let t = |neg: u8, days: u32, h: u8, us: Option<u32>| {
+            let mut v = vec![if us.is_some() { 12 } else { 8 }, neg];
+            v.extend_from_slice(&days.to_le_bytes());
+            v.extend_from_slice(&[h, 5, 6]);
+            if let Some(us) = us {
+                v.extend_from_slice(&us.to_le_bytes());
+            }
+            v
+        };
+        assert_eq!(
+            lit(types::TIME, &t(0, 0, 1, None)).as_deref(),
+            Some("TIME'01:05:06'")
+        );
+        assert_eq!(
+            lit(types::TIME, &t(1, 2, 3, Some(120))).as_deref(),
+            Some("TIME'-51:05:06.000120'")
+        );
+        assert_eq!(lit(types::TIME, b"\x00").as_deref(), Some("TIME'00:00:00'"));
+        assert_eq!(lit(types::TIME, &t(0, 35, 0, None)), None);
     }
 }

@@ -98,10 +98,12 @@ pub mod cmd {
 pub mod types {
     pub const DOUBLE: u8 = 0x05;
     pub const NULL: u8 = 0x06;
+    pub const TIMESTAMP: u8 = 0x07;
     pub const LONGLONG: u8 = 0x08;
     pub const DATE: u8 = 0x0a;
     pub const TIME: u8 = 0x0b;
     pub const DATETIME: u8 = 0x0c;
+    pub const NEWDECIMAL: u8 = 0xf6;
     pub const BLOB: u8 = 0xfc;
     pub const VAR_STRING: u8 = 0xfd;
     pub const STRING: u8 = 0xfe;

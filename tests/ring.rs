@@ -2627,3 +2627,94 @@ fn multi_row_ids(env: Env, prepared: bool) {
         assert_no_diffs(&env, "multi-row last_insert_id", &diffs);
     });
 }
+
+/// Warnings and errors of ring inserts are those of the log: the warning count in the
+/// OK packet and in its info, SHOW WARNINGS (also after a prepared insert) and error
+/// messages, which name the log rather than the ring table.
+#[test]
+fn warnings_and_errors_name_the_log() {
+    let env = Env::new("diagnostics");
+    run(Duration::from_secs(30), async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let shown = |o: Result<Outcome, mysql_async::Error>| {
+            let text = match o {
+                Ok(o) => {
+                    // Values in full (their Debug form shortens long ones).
+                    let rows: Vec<Vec<String>> = o
+                        .rows
+                        .iter()
+                        .map(|r| {
+                            r.iter()
+                                .map(|v| match v {
+                                    Value::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+                                    v => format!("{v:?}"),
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    let o = Outcome {
+                        rows: Vec::new(),
+                        ..o.renamed(REF, LOG)
+                    };
+                    format!("{o:?} {rows:?}")
+                }
+                Err(e) => format!("{e:?}"),
+            };
+            text.replace(REF, LOG)
+        };
+        let mut diffs = Vec::new();
+        let bad = "INSERT INTO {t} (uid, visitor_uid, last_update) VALUES (1, 'x12', NOW())";
+        let steps: &[(&str, &str)] = &[
+            ("SET sql_mode = ''", ""),
+            (bad, ""),
+            ("SHOW WARNINGS", ""),
+            (
+                "INSERT INTO {t} (uid, visitor_uid, last_update) VALUES (1, 5, NOW()), (2, 'y', NOW()), (3, '7z', NOW())",
+                "",
+            ),
+            ("SHOW WARNINGS", ""),
+            ("SHOW WARNINGS LIMIT 1", ""),
+            ("SHOW COUNT(*) WARNINGS", ""),
+            ("SELECT 1", ""),
+            ("SHOW WARNINGS", ""),
+            (
+                "INSERT INTO {t} (uid, visitor_uid, last_update) VALUES (?, ?, NOW()), (?, ?, NOW())",
+                "prepared",
+            ),
+            ("SHOW WARNINGS", ""),
+            ("SET sql_mode = 'STRICT_ALL_TABLES'", ""),
+            (bad, ""),
+            ("SHOW ERRORS", ""),
+            (bad, "prepared"),
+        ];
+        for (template, how) in steps {
+            let (ps, ds) = (fill(template, LOG, &env.db), fill(template, REF, &env.db));
+            let (po, dout) = if *how == "prepared" {
+                let params = if ps.contains("?, ?, NOW()), (?") {
+                    vec![
+                        Value::from(4),
+                        Value::from("8q"),
+                        Value::from(5),
+                        Value::from("w"),
+                    ]
+                } else {
+                    Vec::new()
+                };
+                (
+                    run_exec(&mut p, &ps, params.clone()).await,
+                    run_exec(&mut d, &ds, params).await,
+                )
+            } else {
+                (run_text(&mut p, &ps).await, run_text(&mut d, &ds).await)
+            };
+            let (po, dout) = (shown(po), shown(dout));
+            if po != dout {
+                diffs.push(format!(
+                    "{template} ({how})\n  proxy:     {po}\n  reference: {dout}"
+                ));
+            }
+        }
+        assert_no_diffs(&env, "warnings and errors", &diffs);
+    });
+}

@@ -36,7 +36,7 @@ use crate::wire::handshake::{
     patch_client_hello, patch_greeting, set_client_ssl, ClientHello, Greeting,
 };
 use crate::wire::io::{header, shift_seq, Logical, Packet, PacketIo};
-use crate::wire::packets::{self, err_of, errors};
+use crate::wire::packets::{self, err_of, errors, Renames};
 use crate::wire::{caps, cmd, status, MAX_PAYLOAD};
 
 /// Counters shared by all sessions (read by metrics and the admin port).
@@ -174,6 +174,7 @@ pub async fn serve_client(
         charset_changed: false,
         returning: false,
         pending_insert_id: None,
+        rewrite_names: None,
         prepared: HashMap::new(),
     };
     let outcome = async {
@@ -264,6 +265,11 @@ pub(super) struct Session {
     /// insert that ran on another connection; set on the backend before the next
     /// statement that could read it.
     pub(super) pending_insert_id: Option<u64>,
+    /// Once the session ran a rewritten statement: the rules' physical table names
+    /// with the logical ones to show instead in the server's error messages and in
+    /// SHOW WARNINGS / SHOW ERRORS (see `Engine::message_names`). Kept, because the
+    /// server keeps a statement's warnings until a later statement that uses a table.
+    pub(super) rewrite_names: Option<Arc<Renames>>,
 }
 
 /// How a relayed response went.
@@ -561,6 +567,7 @@ impl Session {
                         let rule = p.rule.clone();
                         let started = Instant::now();
                         self.answered_error = false;
+                        self.rewrite_names = self.shared.engine.load().message_names();
                         let r = self.execute_rewrite(id, &c).await;
                         self.record_rewrite(&rule, started, r.is_err());
                         r?;
@@ -777,6 +784,15 @@ impl Session {
                     started
                 };
                 self.restore_insert_id().await?;
+                if let Some(names) = self
+                    .rewrite_names
+                    .clone()
+                    .filter(|_| shows_diagnostics(&c.payload()[1..]))
+                {
+                    // The warnings and errors of a rewritten statement, as they would
+                    // have named the logical table.
+                    return self.relay_renamed(&c, &names).await;
+                }
                 self.forward(&c).await?;
                 let r = self
                     .relay_response(ResponseKind::Generic, 0, c.last_seq)
@@ -806,6 +822,7 @@ impl Session {
                 }
                 let rule = rw.rule.clone();
                 self.answered_error = false;
+                self.rewrite_names = engine.message_names();
                 let r = self.run_rewrite(rw, c.last_seq).await;
                 self.record_rewrite(&rule, started, r.is_err());
                 r
@@ -1157,6 +1174,20 @@ fn session_statement(sql: &[u8]) -> Option<SessionStatement> {
     }
 }
 
+/// Whether a statement is `SHOW WARNINGS` or `SHOW ERRORS` (with or without LIMIT).
+fn shows_diagnostics(sql: &[u8]) -> bool {
+    let words: Vec<String> = String::from_utf8_lossy(sql)
+        .split(|c: char| c.is_ascii_whitespace() || c == ';')
+        .filter(|w| !w.is_empty())
+        .take(3)
+        .map(str::to_ascii_lowercase)
+        .collect();
+    matches!(
+        words.iter().map(String::as_str).collect::<Vec<_>>()[..],
+        ["show", "warnings" | "errors"] | ["show", "warnings" | "errors", "limit"]
+    )
+}
+
 /// The database named by a successful `USE db` statement, if this is one.
 fn use_statement_db(sql: &[u8]) -> Option<String> {
     let s = sql.trim_ascii_start();
@@ -1194,6 +1225,26 @@ fn change_user_db(payload: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn diagnostics_statements() {
+        for sql in [
+            "SHOW WARNINGS",
+            "show errors",
+            " SHOW  WARNINGS LIMIT 1;",
+            "SHOW WARNINGS;",
+        ] {
+            assert!(shows_diagnostics(sql.as_bytes()), "{sql}");
+        }
+        for sql in [
+            "SHOW COUNT(*) WARNINGS",
+            "SHOW TABLES",
+            "SELECT 1",
+            "SHOW WARNINGSX",
+        ] {
+            assert!(!shows_diagnostics(sql.as_bytes()), "{sql}");
+        }
+    }
 
     #[test]
     fn session_state_changes() {

@@ -20,8 +20,8 @@ use super::response::{ResponseKind, ResponseParser};
 use super::session::Session;
 use crate::error::{Error, Result, Source};
 use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, Merge, Reply, Rewritten};
-use crate::wire::io::{frame_into, Packet};
-use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
+use crate::wire::io::{frame_into, Logical, Packet};
+use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary, Renames};
 use crate::wire::resultset::{binary_value_len, ColumnDef, RowRecode, UNSIGNED_FLAG};
 use crate::wire::{cmd, status, MAX_PAYLOAD};
 
@@ -118,6 +118,40 @@ pub(super) async fn backoff(attempt: u32) {
     .await;
 }
 
+/// A text-protocol row with `names` applied to every value; `None` when nothing
+/// matched or the row does not parse.
+fn renamed_text_row(row: &[u8], names: &Renames) -> Option<Vec<u8>> {
+    let mut cells = Vec::new();
+    let mut at = 0;
+    while at < row.len() {
+        if row[at] == 0xFB {
+            cells.push(None);
+            at += 1;
+            continue;
+        }
+        let (n, used) = packets::lenenc_int(row.get(at..)?)?;
+        let start = at + used;
+        let end = start.checked_add(usize::try_from(n).ok()?)?;
+        cells.push(Some(row.get(start..end)?));
+        at = end;
+    }
+    let mut changed = false;
+    let mut out = Vec::with_capacity(row.len() + 16);
+    for cell in cells {
+        match cell {
+            None => out.push(0xFB),
+            Some(v) => {
+                let r = packets::renamed(v, names);
+                changed |= r.is_some();
+                let v = r.as_deref().unwrap_or(v);
+                packets::put_lenenc_int(&mut out, v.len() as u64);
+                out.extend_from_slice(v);
+            }
+        }
+    }
+    changed.then_some(out)
+}
+
 /// A COM_QUERY payload.
 fn query_payload(sql: &[u8]) -> Vec<u8> {
     let mut payload = Vec::with_capacity(sql.len() + 1);
@@ -177,10 +211,52 @@ impl Session {
 
     /// Sends one packet to the client as the answer to the command with `cmd_seq`.
     pub(super) async fn reply(&mut self, cmd_seq: u8, payload: &[u8]) -> Result<()> {
+        let renamed = self.renamed_err(payload);
         self.client
-            .write_packet(cmd_seq.wrapping_add(1), payload)
+            .write_packet(
+                cmd_seq.wrapping_add(1),
+                renamed.as_deref().unwrap_or(payload),
+            )
             .await?;
         Ok(())
+    }
+
+    /// An ERR of a rewritten statement as it would have named the logical table.
+    fn renamed_err(&self, payload: &[u8]) -> Option<Vec<u8>> {
+        packets::renamed_err(payload, self.rewrite_names.as_deref()?)
+    }
+
+    /// Relays the response to SHOW WARNINGS / SHOW ERRORS after a rewritten
+    /// statement with `names` applied to its rows.
+    pub(super) async fn relay_renamed(&mut self, c: &Logical, names: &Renames) -> Result<()> {
+        let collected = self.run_command(&c.payload()).await?;
+        let packets = &collected.packets;
+        let columns = packets
+            .first()
+            .filter(|p| !matches!(p.payload.first(), Some(&packets::OK) | Some(&packets::ERR)))
+            .and_then(|p| packets::lenenc_int(&p.payload))
+            .map_or(0, |(n, _)| n as usize);
+        // Rows follow the column count, the definitions and (without DEPRECATE_EOF)
+        // an EOF; the last packet ends the result.
+        let rows = 1 + columns + usize::from(!self.deprecate_eof);
+        let mut out = BytesMut::new();
+        let mut seq = c.last_seq.wrapping_add(1);
+        for (i, p) in packets.iter().enumerate() {
+            let row = columns > 0 && i >= rows && i + 1 < packets.len();
+            let renamed = if row {
+                renamed_text_row(&p.payload, names)
+            } else {
+                packets::renamed_err(&p.payload, names)
+            };
+            seq = frame_into(&mut out, seq, renamed.as_deref().unwrap_or(&p.payload));
+        }
+        if let Some(st) = packets
+            .last()
+            .and_then(|p| packets::terminator_status(&p.payload, self.deprecate_eof))
+        {
+            self.status = st;
+        }
+        self.client.write_all(&out).await
     }
 
     /// Sends one command (a COM_QUERY or COM_STMT_EXECUTE payload) to the backend
@@ -422,7 +498,8 @@ impl Session {
                 if let Some(o) = packets::parse_ok(&payload).filter(|_| payload[0] == packets::OK) {
                     self.status = o.status;
                 }
-                frame_into(&mut out, seq, &payload);
+                let renamed = self.renamed_err(&payload);
+                frame_into(&mut out, seq, renamed.as_deref().unwrap_or(&payload));
                 return self.client.write_all(&out).await;
             }
             Some(_) => match lenenc_int(&payload) {
@@ -477,7 +554,8 @@ impl Session {
                         self.status = st;
                     }
                 }
-                frame_into(&mut out, seq, &payload);
+                let renamed = self.renamed_err(&payload);
+                frame_into(&mut out, seq, renamed.as_deref().unwrap_or(&payload));
                 return self.client.write_all(&out).await;
             }
             match &recode {

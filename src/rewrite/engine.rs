@@ -1,5 +1,6 @@
 //! The engine: rules + scanner + plan cache, and the per-statement decision.
 
+use crate::wire::packets::Renames;
 use std::borrow::Cow;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -53,6 +54,8 @@ pub struct Engine {
     cache: PlanCache,
     /// Number of statements parsed (plan cache misses), for metrics and tests.
     parses: AtomicU64,
+    /// See [`Engine::message_names`].
+    message_names: Option<Arc<Renames>>,
 }
 
 impl fmt::Debug for Engine {
@@ -91,6 +94,7 @@ impl Engine {
             patterns: Vec::new(),
             cache: PlanCache::new(0),
             parses: AtomicU64::new(0),
+            message_names: None,
         }
     }
 
@@ -154,6 +158,17 @@ impl Engine {
         }
         let prefilter = Prefilter::new(patterns.iter().map(|p| &p.name))
             .map_err(|e| EngineError::Prefilter(e.to_string()))?;
+        // As the server quotes them in messages: `db`.`table`.`column`.
+        let message_names: Vec<(Vec<u8>, Vec<u8>)> = rules
+            .iter()
+            .flat_map(|r| r.physical_tables())
+            .map(|(physical, logical)| {
+                (
+                    format!("`.`{physical}`.`").into_bytes(),
+                    format!("`.`{logical}`.`").into_bytes(),
+                )
+            })
+            .collect();
         Ok(Engine {
             rules,
             names,
@@ -161,7 +176,15 @@ impl Engine {
             patterns,
             cache: PlanCache::new(cache_capacity),
             parses: AtomicU64::new(0),
+            message_names: (!message_names.is_empty()).then(|| Arc::from(message_names)),
         })
+    }
+
+    /// Names to replace in the server's messages about rewritten statements (errors,
+    /// SHOW WARNINGS): the rules' physical tables by their logical ones. `None` when
+    /// no rule has any.
+    pub fn message_names(&self) -> Option<Arc<Renames>> {
+        self.message_names.clone()
     }
 
     /// Whether any rule is loaded (if not, every statement passes through).

@@ -388,6 +388,14 @@ pub trait Rule: Send + Sync {
         false
     }
 
+    /// Physical tables the rule's rewrites run against, each with the logical table
+    /// the application named, as (physical, logical) table names: the server's
+    /// messages about a rewritten statement (``… for column `db`.`ring`.`c` …``) are
+    /// shown with the logical name.
+    fn physical_tables(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// Receives the column definitions of [`Rule::metadata_query`]'s result.
     fn provide_metadata(
         &self,

@@ -513,6 +513,13 @@ impl Rule for RingRule {
         self.meta.query(current_db)
     }
 
+    fn physical_tables(&self) -> Vec<(String, String)> {
+        vec![(
+            self.ring_table.name.clone(),
+            self.tables[0].name.to_string(),
+        )]
+    }
+
     fn provide_metadata(&self, current_db: Option<&str>, columns: &[ColumnDef]) {
         self.meta.provide(current_db, columns);
     }

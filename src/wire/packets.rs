@@ -86,7 +86,9 @@ pub fn ok_info(payload: &[u8]) -> Option<Vec<u8>> {
 pub const SESSION_STATE_CHANGED: u16 = 0x4000;
 
 /// Builds an OK packet payload (header 0x00). Session-state information is never
-/// included, so its status flag is cleared.
+/// included, so its status flag is cleared. An info string ending in `Warnings: N`
+/// (`Records: 3  Duplicates: 0  Warnings: 0`) gets the packet's warning count, as the
+/// server's own info does.
 pub fn ok_payload(o: &OkSummary, info: Option<&[u8]>) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + info.map_or(0, <[u8]>::len));
     out.push(OK);
@@ -95,10 +97,69 @@ pub fn ok_payload(o: &OkSummary, info: Option<&[u8]>) -> Vec<u8> {
     out.extend_from_slice(&(o.status & !SESSION_STATE_CHANGED).to_le_bytes());
     out.extend_from_slice(&o.warnings.to_le_bytes());
     if let Some(i) = info.filter(|i| !i.is_empty()) {
-        put_lenenc_int(&mut out, i.len() as u64);
-        out.extend_from_slice(i);
+        const WARNINGS: &[u8] = b"Warnings: ";
+        let counted = i
+            .windows(WARNINGS.len())
+            .rposition(|w| w == WARNINGS)
+            .map(|at| at + WARNINGS.len())
+            .filter(|&at| at < i.len() && i[at..].iter().all(u8::is_ascii_digit));
+        match counted {
+            Some(at) => {
+                let count = o.warnings.to_string();
+                put_lenenc_int(&mut out, (at + count.len()) as u64);
+                out.extend_from_slice(&i[..at]);
+                out.extend_from_slice(count.as_bytes());
+            }
+            None => {
+                put_lenenc_int(&mut out, i.len() as u64);
+                out.extend_from_slice(i);
+            }
+        }
     }
     out
+}
+
+/// Physical→logical name pairs for a rewritten statement's messages (see
+/// `Engine::message_names`): each `from` is replaced by its `to`.
+pub type Renames = [(Vec<u8>, Vec<u8>)];
+
+/// `text` with every `from` of `names` replaced by its `to`; `None` when nothing
+/// matched.
+pub fn renamed(text: &[u8], names: &Renames) -> Option<Vec<u8>> {
+    let mut out: Option<Vec<u8>> = None;
+    for (from, to) in names {
+        let src = out.as_deref().unwrap_or(text);
+        if from.is_empty() || !src.windows(from.len()).any(|w| w == from.as_slice()) {
+            continue;
+        }
+        let mut next = Vec::with_capacity(src.len() + to.len());
+        let mut at = 0;
+        while at < src.len() {
+            if src[at..].starts_with(from) {
+                next.extend_from_slice(to);
+                at += from.len();
+            } else {
+                next.push(src[at]);
+                at += 1;
+            }
+        }
+        out = Some(next);
+    }
+    out
+}
+
+/// An ERR payload with `names` applied to its message (the code and SQLSTATE stay);
+/// `None` when it is not an ERR or nothing matched.
+pub fn renamed_err(payload: &[u8], names: &Renames) -> Option<Vec<u8>> {
+    if payload.first() != Some(&ERR) {
+        return None;
+    }
+    // 0xFF, code (2), then '#' and a five-character SQLSTATE (protocol 4.1).
+    let head = if payload.get(3) == Some(&b'#') { 9 } else { 3 };
+    let message = renamed(payload.get(head..)?, names)?;
+    let mut out = payload[..head].to_vec();
+    out.extend_from_slice(&message);
+    Some(out)
 }
 
 /// Status flags of a result-set terminator: a 5-byte EOF packet or an OK packet with
@@ -238,5 +299,48 @@ mod tests {
         let mut v = Vec::new();
         put_lenenc_int(&mut v, 70000);
         assert_eq!(lenenc_int(&v), Some((70000, 4)));
+    }
+
+    #[test]
+    fn info_carries_the_warning_count() {
+        let o = OkSummary {
+            affected_rows: 3,
+            last_insert_id: 0,
+            status: 2,
+            warnings: 12,
+        };
+        let p = ok_payload(&o, Some(b"Records: 3  Duplicates: 0  Warnings: 0"));
+        assert_eq!(
+            ok_info(&p).as_deref(),
+            Some(&b"Records: 3  Duplicates: 0  Warnings: 12"[..])
+        );
+        let p = ok_payload(&o, Some(b"Rows matched: 1  Changed: 1"));
+        assert_eq!(
+            ok_info(&p).as_deref(),
+            Some(&b"Rows matched: 1  Changed: 1"[..])
+        );
+    }
+
+    #[test]
+    fn messages_name_the_logical_table() {
+        let names = vec![(b"`.`ring`.`".to_vec(), b"`.`log`.`".to_vec())];
+        let p = err_payload(
+            1366,
+            b"22007",
+            "Incorrect integer value: 'x' for column `db`.`ring`.`v` at row 1",
+        );
+        let e = parse_err(&renamed_err(&p, &names).unwrap()).unwrap();
+        assert_eq!(e.code, 1366);
+        assert_eq!(e.state, "22007");
+        assert_eq!(
+            e.message,
+            "Incorrect integer value: 'x' for column `db`.`log`.`v` at row 1"
+        );
+        let other = err_payload(1146, b"42S02", "Table 'db.ring' doesn't exist");
+        assert_eq!(renamed_err(&other, &names), None);
+        assert_eq!(
+            renamed(b"`.`ring`.`a, `.`ring`.`b", &names).unwrap(),
+            b"`.`log`.`a, `.`log`.`b"
+        );
     }
 }

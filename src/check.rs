@@ -689,6 +689,16 @@ async fn live_problems(
                     "coalesce = true, but this server has no INSERT … RETURNING (MariaDB ≥ 10.5): inserts into a log with an AUTO_INCREMENT column will not be merged".to_string(),
                 ));
             }
+            for (name, cols) in &checked.unenforced_unique {
+                out.push((
+                    Severity::Warning,
+                    format!(
+                        "unique key `{name}` ({}) of {} is not enforced by the ring: an insert that the log would refuse as a duplicate (1062) is kept",
+                        cols.join(", "),
+                        checked.logical.quoted()
+                    ),
+                ));
+            }
             // migrate's notes describe what it would do (backfill, ids), not problems.
             Ok(out)
         }

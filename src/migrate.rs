@@ -1067,6 +1067,9 @@ pub(crate) struct CheckedRing {
     pub backfill_due: bool,
     /// The log's `AUTO_INCREMENT` column, if any.
     pub auto_inc: Option<String>,
+    /// Unique keys of the log (name, columns) the ring does not enforce: all but a
+    /// key of the `AUTO_INCREMENT` column alone, whose generated ids are unique.
+    pub unenforced_unique: Vec<(String, Vec<String>)>,
     /// The log's next id when the ring's counter is below it (checked again when
     /// applying): the ring's `AUTO_INCREMENT` is raised to it.
     pub raise_auto_inc: Option<u64>,
@@ -1390,6 +1393,14 @@ pub(crate) async fn check_ring(
         }
     };
 
+    let unenforced_unique = table
+        .unique
+        .iter()
+        .filter(|(_, cols)| {
+            !matches!((cols.as_slice(), &auto_inc), ([c], Some(a)) if c.eq_ignore_ascii_case(a))
+        })
+        .cloned()
+        .collect();
     Ok(CheckedRing {
         spec: spec.clone(),
         logical,
@@ -1401,6 +1412,7 @@ pub(crate) async fn check_ring(
         backfill,
         backfill_due,
         auto_inc,
+        unenforced_unique,
         raise_auto_inc,
         seq_trigger_name,
         seq_trigger,

@@ -467,6 +467,18 @@ fn live_check_of_a_ring_rule() {
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(!out.contains("warning:"), "{out}");
 
+    // A unique key of the log other than its AUTO_INCREMENT key: the ring keeps
+    // duplicates the log would refuse.
+    mariadb().exec(&format!(
+        "ALTER TABLE {db}.visits_log ADD UNIQUE KEY uv (uid, visitor_uid)"
+    ));
+    let (code, out, _) = heatsink(&["check", "--rules", path(&d), "--backend-url", &url]);
+    assert_eq!(code, 0, "{out}");
+    let want = format!(
+        "{f}:2: rule 'visits': warning: unique key `uv` (uid, visitor_uid) of `{db}`.`visits_log` is not enforced by the ring"
+    );
+    assert!(out.lines().any(|l| l.starts_with(&want)), "{want}\n{out}");
+
     // Without the numbering trigger inserts would fail: an error.
     mariadb().exec(&format!("DROP TRIGGER {db}.visits_ring_hs_seq"));
     let (code, out, _) = heatsink(&["check", "--rules", path(&d), "--backend-url", &url]);

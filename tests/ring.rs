@@ -2142,6 +2142,73 @@ fn answers_scenario(env: Env, prepared: bool) {
     });
 }
 
+/// Merged inserts of sessions in non-strict mode, some with values MariaDB converts
+/// with a warning: each client's OK reports its own insert's warnings (also in the
+/// `Records: …  Warnings: N` info), not the merged write's.
+#[test]
+fn coalesced_inserts_count_their_own_warnings() {
+    let _serial = load_lock();
+    let env = Env::coalesced("own_warnings");
+    run(Duration::from_secs(60), async {
+        let worker = |w: i64| {
+            let url = env.proxy.url(&env.db);
+            tokio::spawn(async move {
+                let mut c = connect(&url).await;
+                c.query_drop("SET sql_mode = ''").await.unwrap();
+                let mut problems = Vec::new();
+                for i in 0..30i64 {
+                    let uid = 200_000 + w * 100 + i;
+                    let v = |bad: bool, n: i64| {
+                        if bad {
+                            format!("'x{n}'")
+                        } else {
+                            n.to_string()
+                        }
+                    };
+                    let (bad1, bad2) = ((w + i) % 4 == 0, (w + i) % 3 == 0);
+                    let two = i % 2 == 0;
+                    let sql = if two {
+                        format!(
+                            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {}, NOW(6)), ({uid}, {}, NOW(6))",
+                            v(bad1, i),
+                            v(bad2, i + 1)
+                        )
+                    } else {
+                        format!(
+                            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({uid}, {}, NOW(6))",
+                            v(bad1, i)
+                        )
+                    };
+                    c.query_drop(&sql).await.unwrap();
+                    let want = u16::from(bad1) + u16::from(two && bad2);
+                    let info = c.info().into_owned();
+                    let want_info = if two {
+                        format!("Records: 2  Duplicates: 0  Warnings: {want}")
+                    } else {
+                        String::new()
+                    };
+                    if (c.get_warnings(), info.clone()) != (want, want_info) {
+                        problems.push(format!(
+                            "{sql}: warnings {} info {info:?}, want {want}",
+                            c.get_warnings()
+                        ));
+                    }
+                }
+                let _ = c.disconnect().await;
+                problems
+            })
+        };
+        let tasks: Vec<_> = (0..16).map(worker).collect();
+        let mut problems = Vec::new();
+        for t in tasks {
+            problems.extend(t.await.unwrap());
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+        let (writes, rows) = env.merged();
+        assert!(writes > 0, "no insert was merged ({rows} rows)");
+    });
+}
+
 /// kill -9 of backend connections and then of the proxy itself in the middle of the
 /// load: every key's ring stays consistent with its sequence.
 #[test]

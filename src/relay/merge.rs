@@ -15,6 +15,9 @@
 //!   literals into the rewrite's pieces (`wire::literal`; values without an exact
 //!   literal, such as BIT or MYSQL_TYPE_TIMESTAMP ones, keep the execute a prepared
 //!   statement of its own). The OK of an INSERT is the same in both protocols.
+//! - A merged write that warned is followed by `SHOW WARNINGS` on the leader's
+//!   connection: a warning `at row N` counts for the member holding row N, one
+//!   without a row number for every member, so each OK carries its own count.
 //! - A merged write that fails with a lock conflict is retried; one that fails
 //!   otherwise wrote nothing (one statement in autocommit mode) and may have failed
 //!   because of one member's values, so every member then runs its own statement
@@ -24,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::coalesce::{parse_delta, LeaderGuard, Outcome, Part, Role, Signal};
 use super::session::Session;
-use super::splice::{backoff, execute_params, Collected, MAX_ATTEMPTS, RETRYABLE};
+use super::splice::{backoff, execute_params, text_cells, Collected, MAX_ATTEMPTS, RETRYABLE};
 use crate::error::Result;
 use crate::rewrite::{Merge, Reply, Rewritten};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
@@ -294,13 +297,19 @@ impl Session {
             }
         };
         let rows_of: Vec<u64> = parts.iter().map(|p| p.1).collect();
+        let own_warnings = match &written {
+            Some((_, w)) if *w > 0 && parts.len() > 1 => {
+                self.warnings_by_part(&first_row, &rows_of, *w).await?
+            }
+            _ => None,
+        };
         let signal = |i: usize| -> Signal {
             match &written {
                 Some((ids, warnings)) => Signal::Done(Ok(OkSummary {
                     affected_rows: rows_of[i],
                     last_insert_id: ids.get(first_row[i] as usize).copied().unwrap_or(0),
                     status: 0,
-                    warnings: *warnings,
+                    warnings: own_warnings.as_ref().map_or(*warnings, |w| w[i]),
                 })),
                 None => Signal::Done(Err(err_of(
                     errors::UNKNOWN,
@@ -319,6 +328,46 @@ impl Session {
         );
         guard.resolve_each(signal);
         Ok(mine)
+    }
+
+    /// Each part's own warning count after a merged ring write that warned, from
+    /// the write's `SHOW WARNINGS` on this connection: a warning `at row N` belongs
+    /// to the part holding row N (parts start at `first_row`, 0-based, and hold
+    /// `rows_of` rows), one without a row number to every part, as each part's own
+    /// statement would have had it too. `None` when the list is not complete (more
+    /// warnings than `max_error_count` keeps) or does not parse: then every part
+    /// reports the write's count.
+    async fn warnings_by_part(
+        &mut self,
+        first_row: &[u64],
+        rows_of: &[u64],
+        total: u16,
+    ) -> Result<Option<Vec<u16>>> {
+        let c = self.run_collect(b"SHOW WARNINGS").await?;
+        let rows = c.text_rows(self.deprecate_eof);
+        if rows.len() != usize::from(total) {
+            return Ok(None);
+        }
+        let mut counts = vec![0u16; first_row.len()];
+        for p in &c.packets[rows] {
+            let Some(message) =
+                text_cells(&p.payload).and_then(|cells| cells.get(2).copied().flatten())
+            else {
+                return Ok(None);
+            };
+            match warning_row(message) {
+                Some(row) => {
+                    let Some(i) = (0..first_row.len())
+                        .find(|&i| row > first_row[i] && row <= first_row[i] + rows_of[i])
+                    else {
+                        return Ok(None);
+                    };
+                    counts[i] += 1;
+                }
+                None => counts.iter_mut().for_each(|n| *n += 1),
+            }
+        }
+        Ok(Some(counts))
     }
 
     /// Answers one member of a merged write as its own statement would have been.
@@ -419,6 +468,17 @@ impl Session {
     }
 }
 
+/// The 1-based row number a warning message ends with (`… at row 12`).
+fn warning_row(message: &[u8]) -> Option<u64> {
+    const AT_ROW: &[u8] = b" at row ";
+    let at = message.windows(AT_ROW.len()).rposition(|w| w == AT_ROW)?;
+    let digits = &message[at + AT_ROW.len()..];
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
 /// Counts a merged write of `members` members that wrote `items` increments or rows.
 fn count_merged(members: u64, writes: &AtomicU64, of_kind: &AtomicU64, items: u64) {
     if members > 1 {
@@ -467,6 +527,18 @@ mod tests {
             seq: 0,
             payload: bytes::BytesMut::from(b),
         }
+    }
+
+    #[test]
+    fn row_numbers_of_warnings() {
+        let m = b"Incorrect integer value: 'x' for column `d`.`t`.`c` at row 12";
+        assert_eq!(warning_row(m), Some(12));
+        assert_eq!(
+            warning_row(b"Data truncated for column 'c' at row 1"),
+            Some(1)
+        );
+        assert_eq!(warning_row(b"'VALUES function' is deprecated"), None);
+        assert_eq!(warning_row(b"at row 3x"), None);
     }
 
     #[test]

@@ -98,6 +98,23 @@ impl Collected {
     fn info(&self) -> Option<Vec<u8>> {
         packets::ok_info(&self.packets.first()?.payload)
     }
+
+    /// Which packets of a result set are rows: those after the column count, the
+    /// definitions and (without DEPRECATE_EOF) an EOF, before the last packet. Empty
+    /// for an OK or ERR response.
+    pub(super) fn text_rows(&self, deprecate_eof: bool) -> std::ops::Range<usize> {
+        let columns = self
+            .packets
+            .first()
+            .filter(|p| !matches!(p.payload.first(), Some(&packets::OK) | Some(&packets::ERR)))
+            .and_then(|p| packets::lenenc_int(&p.payload))
+            .map_or(0, |(n, _)| n as usize);
+        if columns == 0 {
+            return 0..0;
+        }
+        let first = 1 + columns + usize::from(!deprecate_eof);
+        first..self.packets.len().saturating_sub(1).max(first)
+    }
 }
 
 /// What one attempt of a rewrite ended with.
@@ -121,20 +138,7 @@ pub(super) async fn backoff(attempt: u32) {
 /// A text-protocol row with `names` applied to every value; `None` when nothing
 /// matched or the row does not parse.
 fn renamed_text_row(row: &[u8], names: &Renames) -> Option<Vec<u8>> {
-    let mut cells = Vec::new();
-    let mut at = 0;
-    while at < row.len() {
-        if row[at] == 0xFB {
-            cells.push(None);
-            at += 1;
-            continue;
-        }
-        let (n, used) = packets::lenenc_int(row.get(at..)?)?;
-        let start = at + used;
-        let end = start.checked_add(usize::try_from(n).ok()?)?;
-        cells.push(Some(row.get(start..end)?));
-        at = end;
-    }
+    let cells = text_cells(row)?;
     let mut changed = false;
     let mut out = Vec::with_capacity(row.len() + 16);
     for cell in cells {
@@ -150,6 +154,25 @@ fn renamed_text_row(row: &[u8], names: &Renames) -> Option<Vec<u8>> {
         }
     }
     changed.then_some(out)
+}
+
+/// The values of a text-protocol row (`None`: NULL); `None` when it does not parse.
+pub(super) fn text_cells(row: &[u8]) -> Option<Vec<Option<&[u8]>>> {
+    let mut cells = Vec::new();
+    let mut at = 0;
+    while at < row.len() {
+        if row[at] == 0xFB {
+            cells.push(None);
+            at += 1;
+            continue;
+        }
+        let (n, used) = packets::lenenc_int(row.get(at..)?)?;
+        let start = at + used;
+        let end = start.checked_add(usize::try_from(n).ok()?)?;
+        cells.push(Some(row.get(start..end)?));
+        at = end;
+    }
+    Some(cells)
 }
 
 /// A COM_QUERY payload.
@@ -231,19 +254,11 @@ impl Session {
     pub(super) async fn relay_renamed(&mut self, c: &Logical, names: &Renames) -> Result<()> {
         let collected = self.run_command(&c.payload()).await?;
         let packets = &collected.packets;
-        let columns = packets
-            .first()
-            .filter(|p| !matches!(p.payload.first(), Some(&packets::OK) | Some(&packets::ERR)))
-            .and_then(|p| packets::lenenc_int(&p.payload))
-            .map_or(0, |(n, _)| n as usize);
-        // Rows follow the column count, the definitions and (without DEPRECATE_EOF)
-        // an EOF; the last packet ends the result.
-        let rows = 1 + columns + usize::from(!self.deprecate_eof);
+        let rows = collected.text_rows(self.deprecate_eof);
         let mut out = BytesMut::new();
         let mut seq = c.last_seq.wrapping_add(1);
         for (i, p) in packets.iter().enumerate() {
-            let row = columns > 0 && i >= rows && i + 1 < packets.len();
-            let renamed = if row {
+            let renamed = if rows.contains(&i) {
                 renamed_text_row(&p.payload, names)
             } else {
                 packets::renamed_err(&p.payload, names)

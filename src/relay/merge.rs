@@ -299,7 +299,15 @@ impl Session {
         let rows_of: Vec<u64> = parts.iter().map(|p| p.1).collect();
         let own_warnings = match &written {
             Some((_, w)) if *w > 0 && parts.len() > 1 => {
-                self.warnings_by_part(&first_row, &rows_of, *w).await?
+                // The rows are written: whatever happens here, every member gets its
+                // OK (with the write's count if need be).
+                match self.warnings_by_part(&first_row, &rows_of, *w).await {
+                    Ok(counts) => counts,
+                    Err(e) => {
+                        tracing::warn!(id = self.backend_id, error = %e, "could not read a merged write's warnings");
+                        None
+                    }
+                }
             }
             _ => None,
         };

@@ -112,8 +112,8 @@ impl Collected {
         if columns == 0 {
             return 0..0;
         }
-        let first = 1 + columns + usize::from(!deprecate_eof);
-        first..self.packets.len().saturating_sub(1).max(first)
+        let end = self.packets.len().saturating_sub(1);
+        (1 + columns + usize::from(!deprecate_eof)).min(end)..end
     }
 }
 

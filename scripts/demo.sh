@@ -40,5 +40,7 @@ heatsink listens on $listen with the rules in rules/. Try:
 
 Metrics: http://127.0.0.1:9633/metrics   Stop: Ctrl-C
 TXT
-target/release/heatsink serve --listen "$listen" --backend "127.0.0.1:$MARIADB_PORT" \
+# In the background while the script waits for it, so that Ctrl-C or a TERM to this
+# script stops heatsink and MariaDB by pid (hs_run).
+hs_run target/release/heatsink serve --listen "$listen" --backend "127.0.0.1:$MARIADB_PORT" \
   --rules rules/ --metrics 127.0.0.1:9633

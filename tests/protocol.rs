@@ -574,8 +574,10 @@ fn graceful_shutdown_does_not_wait_for_idle_clients() {
     let status = proxy.stop_graceful();
     let took = start.elapsed();
     assert!(status.success(), "exit status {status}");
+    // The drain waits up to 30 s for busy sessions; an idle one must not hold it
+    // (3 s leaves room for a loaded machine).
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(3),
         "idle client delayed exit: {took:?}"
     );
     let (bytes, _) = read_to_close(&mut stream, Duration::from_secs(2)).expect("closed");

@@ -1176,7 +1176,12 @@ fn session_statement(sql: &[u8]) -> Option<SessionStatement> {
 
 /// Whether a statement is `SHOW WARNINGS` or `SHOW ERRORS` (with or without LIMIT).
 fn shows_diagnostics(sql: &[u8]) -> bool {
-    let words: Vec<String> = String::from_utf8_lossy(sql)
+    // Asked of every statement a session sends after a rewrite: reject early.
+    let s = sql.trim_ascii_start();
+    if s.len() < 4 || !s[..4].eq_ignore_ascii_case(b"show") {
+        return false;
+    }
+    let words: Vec<String> = String::from_utf8_lossy(&s[..s.len().min(64)])
         .split(|c: char| c.is_ascii_whitespace() || c == ';')
         .filter(|w| !w.is_empty())
         .take(3)

@@ -2144,7 +2144,8 @@ fn answers_scenario(env: Env, prepared: bool) {
 
 /// Merged inserts of sessions in non-strict mode, some with values MariaDB converts
 /// with a warning: each client's OK reports its own insert's warnings (also in the
-/// `Records: …  Warnings: N` info), not the merged write's.
+/// `Records: …  Warnings: N` info), not the merged write's, and SHOW WARNINGS right
+/// after lists them (numbered within its statement, naming the log).
 #[test]
 fn coalesced_inserts_count_their_own_warnings() {
     let _serial = load_lock();
@@ -2152,6 +2153,7 @@ fn coalesced_inserts_count_their_own_warnings() {
     run(Duration::from_secs(60), async {
         let worker = |w: i64| {
             let url = env.proxy.url(&env.db);
+            let db = env.db.clone();
             tokio::spawn(async move {
                 let mut c = connect(&url).await;
                 c.query_drop("SET sql_mode = ''").await.unwrap();
@@ -2192,6 +2194,41 @@ fn coalesced_inserts_count_their_own_warnings() {
                             "{sql}: warnings {} info {info:?}, want {want}",
                             c.get_warnings()
                         ));
+                    }
+                    // SHOW WARNINGS lists this client's own, numbered within its
+                    // statement and naming the log.
+                    let mut listed: Vec<(String, u32, String)> =
+                        c.query("SHOW WARNINGS").await.unwrap();
+                    let column = format!("column `{db}`.`{LOG}`.`visitor_uid`");
+                    let expected: Vec<(String, u32, String)> =
+                        [(bad1, 1, i), (two && bad2, 2, i + 1)]
+                            .into_iter()
+                            .filter(|(bad, _, _)| *bad)
+                            .map(|(_, row, n)| {
+                                (
+                                    "Warning".to_string(),
+                                    1366,
+                                    format!(
+                                        "Incorrect integer value: 'x{n}' for {column} at row {row}"
+                                    ),
+                                )
+                            })
+                            .collect();
+                    if listed != expected {
+                        problems.push(format!(
+                            "{sql}: SHOW WARNINGS {listed:?}, want {expected:?}"
+                        ));
+                    }
+                    if two && i % 4 == 0 {
+                        listed = c.query("SHOW WARNINGS LIMIT 1, 1").await.unwrap();
+                        if listed[..] != expected[expected.len().min(1)..expected.len().min(2)] {
+                            problems.push(format!("{sql}: SHOW WARNINGS LIMIT 1, 1 {listed:?}"));
+                        }
+                        let errors: Vec<(String, u32, String)> =
+                            c.query("SHOW ERRORS").await.unwrap();
+                        if !errors.is_empty() {
+                            problems.push(format!("{sql}: SHOW ERRORS {errors:?}"));
+                        }
                     }
                 }
                 let _ = c.disconnect().await;

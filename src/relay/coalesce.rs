@@ -148,6 +148,9 @@ impl Batch {
 pub enum Signal {
     /// The write containing your part finished.
     Done(Outcome),
+    /// The write containing your part finished with warnings: your OK, and the
+    /// SHOW WARNINGS rows (text-protocol row payloads) of your own rows.
+    Warned(OkSummary, Vec<Vec<u8>>),
     /// The merged write failed in a way that may be one member's doing (a bad
     /// value): nothing was written; run your own statement alone.
     Alone,

@@ -16,8 +16,10 @@
 //!   literal, such as BIT or MYSQL_TYPE_TIMESTAMP ones, keep the execute a prepared
 //!   statement of its own). The OK of an INSERT is the same in both protocols.
 //! - A merged write that warned is followed by `SHOW WARNINGS` on the leader's
-//!   connection: a warning `at row N` counts for the member holding row N, one
-//!   without a row number for every member, so each OK carries its own count.
+//!   connection: a warning `at row N` goes to the member holding row N (renumbered
+//!   within its rows), one without a row number to every member, so each OK
+//!   carries its own count and a SHOW WARNINGS right after lists its own rows
+//!   (`Session::merged_warnings`; none when the write did not warn).
 //! - A merged write that fails with a lock conflict is retried; one that fails
 //!   otherwise wrote nothing (one statement in autocommit mode) and may have failed
 //!   because of one member's values, so every member then runs its own statement
@@ -27,7 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::coalesce::{parse_delta, LeaderGuard, Outcome, Part, Role, Signal};
 use super::session::Session;
-use super::splice::{backoff, execute_params, text_cells, Collected, MAX_ATTEMPTS, RETRYABLE};
+use super::splice::{
+    backoff, execute_params, text_cells, text_row, Collected, MAX_ATTEMPTS, RETRYABLE,
+};
 use crate::error::Result;
 use crate::rewrite::{Merge, Reply, Rewritten};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
@@ -298,7 +302,7 @@ impl Session {
         };
         let rows_of: Vec<u64> = parts.iter().map(|p| p.1).collect();
         let own_warnings = match &written {
-            Some((_, w)) if *w > 0 && parts.len() > 1 => {
+            Some((_, w)) if *w > 0 => {
                 // The rows are written: whatever happens here, every member gets its
                 // OK (with the write's count if need be).
                 match self.warnings_by_part(&first_row, &rows_of, *w).await {
@@ -313,12 +317,24 @@ impl Session {
         };
         let signal = |i: usize| -> Signal {
             match &written {
-                Some((ids, warnings)) => Signal::Done(Ok(OkSummary {
-                    affected_rows: rows_of[i],
-                    last_insert_id: ids.get(first_row[i] as usize).copied().unwrap_or(0),
-                    status: 0,
-                    warnings: own_warnings.as_ref().map_or(*warnings, |w| w[i]),
-                })),
+                Some((ids, warnings)) => {
+                    let ok = OkSummary {
+                        affected_rows: rows_of[i],
+                        last_insert_id: ids.get(first_row[i] as usize).copied().unwrap_or(0),
+                        status: 0,
+                        warnings: *warnings,
+                    };
+                    match &own_warnings {
+                        Some(rows) => Signal::Warned(
+                            OkSummary {
+                                warnings: rows[i].len().min(usize::from(u16::MAX)) as u16,
+                                ..ok
+                            },
+                            rows[i].clone(),
+                        ),
+                        None => Signal::Done(Ok(ok)),
+                    }
+                }
                 None => Signal::Done(Err(err_of(
                     errors::UNKNOWN,
                     "heatsink: a merged ring insert was written but its response was not understood",
@@ -338,48 +354,66 @@ impl Session {
         Ok(mine)
     }
 
-    /// Each part's own warning count after a merged ring write that warned, from
-    /// the write's `SHOW WARNINGS` on this connection: a warning `at row N` belongs
-    /// to the part holding row N (parts start at `first_row`, 0-based, and hold
-    /// `rows_of` rows), one without a row number to every part, as each part's own
-    /// statement would have had it too. `None` when the list is not complete (more
-    /// warnings than `max_error_count` keeps) or does not parse: then every part
-    /// reports the write's count.
+    /// Each part's own SHOW WARNINGS rows after a merged ring write that warned,
+    /// from the write's `SHOW WARNINGS` on this connection: a warning `at row N`
+    /// belongs to the part holding row N (parts start at `first_row`, 0-based, and
+    /// hold `rows_of` rows) and is renumbered within it, one without a row number
+    /// goes to every part, as each part's own statement would have had it too.
+    /// `None` when the list is not complete (more warnings than `max_error_count`
+    /// keeps) or does not parse: then every part reports the write's count.
     async fn warnings_by_part(
         &mut self,
         first_row: &[u64],
         rows_of: &[u64],
         total: u16,
-    ) -> Result<Option<Vec<u16>>> {
+    ) -> Result<Option<Vec<Vec<Vec<u8>>>>> {
         let c = self.run_collect(b"SHOW WARNINGS").await?;
         let rows = c.text_rows(self.deprecate_eof);
         if rows.len() != usize::from(total) {
             return Ok(None);
         }
-        let mut counts = vec![0u16; first_row.len()];
+        let mut own: Vec<Vec<Vec<u8>>> = vec![Vec::new(); first_row.len()];
         for p in &c.packets[rows] {
-            let Some(message) =
-                text_cells(&p.payload).and_then(|cells| cells.get(2).copied().flatten())
+            let Some(cells) = text_cells(&p.payload) else {
+                return Ok(None);
+            };
+            let Some(Some(message)) = cells.get(2).copied() else {
+                return Ok(None);
+            };
+            let Some((row, at)) = warning_row(message) else {
+                own.iter_mut()
+                    .for_each(|rows| rows.push(p.payload.to_vec()));
+                continue;
+            };
+            let Some(i) = (0..first_row.len())
+                .find(|&i| row > first_row[i] && row <= first_row[i] + rows_of[i])
             else {
                 return Ok(None);
             };
-            match warning_row(message) {
-                Some(row) => {
-                    let Some(i) = (0..first_row.len())
-                        .find(|&i| row > first_row[i] && row <= first_row[i] + rows_of[i])
-                    else {
-                        return Ok(None);
-                    };
-                    counts[i] += 1;
-                }
-                None => counts.iter_mut().for_each(|n| *n += 1),
-            }
+            let mut local = message[..at].to_vec();
+            local.extend_from_slice((row - first_row[i]).to_string().as_bytes());
+            let mut cells = cells;
+            cells[2] = Some(&local);
+            own[i].push(text_row(&cells));
         }
-        Ok(Some(counts))
+        Ok(Some(own))
     }
 
     /// Answers one member of a merged write as its own statement would have been.
     async fn answer_member(&mut self, signal: Signal, rw: &Rewritten, cmd_seq: u8) -> Result<()> {
+        let signal = match signal {
+            Signal::Warned(o, rows) => {
+                self.merged_warnings = Some(rows);
+                Signal::Done(Ok(o))
+            }
+            Signal::Done(Ok(o)) => {
+                // This session's backend did not run the statement (or ran everyone's):
+                // a SHOW WARNINGS right after must show its own, here none.
+                self.merged_warnings = (o.warnings == 0).then(Vec::new);
+                Signal::Done(Ok(o))
+            }
+            other => other,
+        };
         match signal {
             Signal::Done(Ok(o)) => {
                 let info = match &rw.reply {
@@ -402,7 +436,9 @@ impl Session {
                 .await
             }
             Signal::Done(Err(payload)) => self.reply(cmd_seq, &payload).await,
-            Signal::Alone | Signal::Lead(..) => self.run_alone(rw, cmd_seq).await,
+            Signal::Alone | Signal::Lead(..) | Signal::Warned(..) => {
+                self.run_alone(rw, cmd_seq).await
+            }
         }
     }
 
@@ -476,15 +512,16 @@ impl Session {
     }
 }
 
-/// The 1-based row number a warning message ends with (`… at row 12`).
-fn warning_row(message: &[u8]) -> Option<u64> {
+/// The 1-based row number a warning message ends with (`… at row 12`), and where
+/// its digits start.
+fn warning_row(message: &[u8]) -> Option<(u64, usize)> {
     const AT_ROW: &[u8] = b" at row ";
-    let at = message.windows(AT_ROW.len()).rposition(|w| w == AT_ROW)?;
-    let digits = &message[at + AT_ROW.len()..];
+    let at = message.windows(AT_ROW.len()).rposition(|w| w == AT_ROW)? + AT_ROW.len();
+    let digits = &message[at..];
     if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    std::str::from_utf8(digits).ok()?.parse().ok()
+    Some((std::str::from_utf8(digits).ok()?.parse().ok()?, at))
 }
 
 /// Counts a merged write of `members` members that wrote `items` increments or rows.
@@ -540,10 +577,10 @@ mod tests {
     #[test]
     fn row_numbers_of_warnings() {
         let m = b"Incorrect integer value: 'x' for column `d`.`t`.`c` at row 12";
-        assert_eq!(warning_row(m), Some(12));
+        assert_eq!(warning_row(m), Some((12, m.len() - 2)));
         assert_eq!(
             warning_row(b"Data truncated for column 'c' at row 1"),
-            Some(1)
+            Some((1, 37))
         );
         assert_eq!(warning_row(b"'VALUES function' is deprecated"), None);
         assert_eq!(warning_row(b"at row 3x"), None);

@@ -175,6 +175,7 @@ pub async fn serve_client(
         returning: false,
         pending_insert_id: None,
         rewrite_names: None,
+        merged_warnings: None,
         prepared: HashMap::new(),
     };
     let outcome = async {
@@ -270,6 +271,11 @@ pub(super) struct Session {
     /// SHOW WARNINGS / SHOW ERRORS (see `Engine::message_names`). Kept, because the
     /// server keeps a statement's warnings until a later statement that uses a table.
     pub(super) rewrite_names: Option<Arc<Renames>>,
+    /// The SHOW WARNINGS rows of the previous statement when it was answered from a
+    /// merged write (this session's backend did not run it, or ran everyone's
+    /// rows); a SHOW WARNINGS / SHOW ERRORS right after shows these instead of the
+    /// backend's. Any other command clears them.
+    pub(super) merged_warnings: Option<Vec<Vec<u8>>>,
 }
 
 /// How a relayed response went.
@@ -517,6 +523,7 @@ impl Session {
         let Some(code) = c.first_byte() else {
             return Err(Error::client("empty command packet"));
         };
+        let merged_warnings = self.merged_warnings.take();
         if self.pending_insert_id.is_some() {
             match code {
                 // Both start the session afresh.
@@ -532,7 +539,7 @@ impl Session {
             }
         }
         let kind = match code {
-            cmd::QUERY => return self.query(c).await.map(|_| true),
+            cmd::QUERY => return self.query(c, merged_warnings).await.map(|_| true),
             cmd::STMT_PREPARE => return self.prepare(c).await.map(|_| true),
             cmd::QUIT => {
                 self.backend.write_all(&c.raw).await?;
@@ -767,7 +774,8 @@ impl Session {
         Ok(decision)
     }
 
-    async fn query(&mut self, c: Logical) -> Result<()> {
+    /// A COM_QUERY; `merged_warnings`: see [`Session::merged_warnings`].
+    async fn query(&mut self, c: Logical, merged_warnings: Option<Vec<Vec<u8>>>) -> Result<()> {
         self.info.count_statement();
         let started = Instant::now();
         let engine = self.shared.engine.load_full();
@@ -784,14 +792,17 @@ impl Session {
                     started
                 };
                 self.restore_insert_id().await?;
-                if let Some(names) = self
-                    .rewrite_names
-                    .clone()
-                    .filter(|_| shows_diagnostics(&c.payload()[1..]))
-                {
-                    // The warnings and errors of a rewritten statement, as they would
-                    // have named the logical table.
-                    return self.relay_renamed(&c, &names).await;
+                if self.rewrite_names.is_some() || merged_warnings.is_some() {
+                    if let Some(d) = diagnostics_statement(&c.payload()[1..]) {
+                        // The warnings and errors of a rewritten statement, as they
+                        // would have named the logical table; after a merged write,
+                        // this session's own.
+                        let r = self
+                            .relay_diagnostics(&c, d, merged_warnings.as_deref())
+                            .await;
+                        self.merged_warnings = merged_warnings;
+                        return r;
+                    }
                 }
                 self.forward(&c).await?;
                 let r = self
@@ -1174,23 +1185,56 @@ fn session_statement(sql: &[u8]) -> Option<SessionStatement> {
     }
 }
 
-/// Whether a statement is `SHOW WARNINGS` or `SHOW ERRORS` (with or without LIMIT).
-fn shows_diagnostics(sql: &[u8]) -> bool {
+/// `SHOW WARNINGS` or `SHOW ERRORS`, with its LIMIT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Diagnostics {
+    /// SHOW ERRORS: only rows of level `Error`.
+    pub errors_only: bool,
+    /// LIMIT offset.
+    pub offset: usize,
+    /// LIMIT row count.
+    pub limit: Option<usize>,
+}
+
+/// Whether a statement is `SHOW WARNINGS` or `SHOW ERRORS` (`LIMIT [offset,] n`).
+fn diagnostics_statement(sql: &[u8]) -> Option<Diagnostics> {
     // Asked of every statement a session sends after a rewrite: reject early.
     let s = sql.trim_ascii_start();
-    if s.len() < 4 || !s[..4].eq_ignore_ascii_case(b"show") {
-        return false;
+    if s.len() < 4 || !s[..4].eq_ignore_ascii_case(b"show") || s.len() > 96 {
+        return None;
     }
-    let words: Vec<String> = String::from_utf8_lossy(&s[..s.len().min(64)])
-        .split(|c: char| c.is_ascii_whitespace() || c == ';')
-        .filter(|w| !w.is_empty())
-        .take(3)
-        .map(str::to_ascii_lowercase)
-        .collect();
-    matches!(
-        words.iter().map(String::as_str).collect::<Vec<_>>()[..],
-        ["show", "warnings" | "errors"] | ["show", "warnings" | "errors", "limit"]
-    )
+    let text = String::from_utf8_lossy(s).to_ascii_lowercase();
+    let text = text.trim_end().trim_end_matches(';');
+    let mut words = text.split_ascii_whitespace();
+    if words.next() != Some("show") {
+        return None;
+    }
+    let errors_only = match words.next() {
+        Some("warnings") => false,
+        Some("errors") => true,
+        _ => return None,
+    };
+    let mut d = Diagnostics {
+        errors_only,
+        offset: 0,
+        limit: None,
+    };
+    match words.next() {
+        None => return Some(d),
+        Some("limit") => {}
+        Some(_) => return None,
+    }
+    let rest: String = words.collect();
+    let numbers: Vec<usize> = rest
+        .split(',')
+        .map(|n| n.trim().parse().ok())
+        .collect::<Option<_>>()?;
+    match numbers[..] {
+        [n] => d.limit = Some(n),
+        [o, n] => (d.offset, d.limit) = (o, Some(n)),
+        _ => return None,
+    }
+    Some(d)
 }
 
 /// The database named by a successful `USE db` statement, if this is one.
@@ -1233,21 +1277,31 @@ mod tests {
 
     #[test]
     fn diagnostics_statements() {
-        for sql in [
-            "SHOW WARNINGS",
-            "show errors",
-            " SHOW  WARNINGS LIMIT 1;",
-            "SHOW WARNINGS;",
+        let d = |errors_only, offset, limit| {
+            Some(Diagnostics {
+                errors_only,
+                offset,
+                limit,
+            })
+        };
+        for (sql, want) in [
+            ("SHOW WARNINGS", d(false, 0, None)),
+            ("show errors", d(true, 0, None)),
+            (" SHOW  WARNINGS LIMIT 1;", d(false, 0, Some(1))),
+            ("SHOW WARNINGS LIMIT 2, 3", d(false, 2, Some(3))),
+            ("SHOW ERRORS limit 1,1", d(true, 1, Some(1))),
+            ("SHOW WARNINGS;", d(false, 0, None)),
         ] {
-            assert!(shows_diagnostics(sql.as_bytes()), "{sql}");
+            assert_eq!(diagnostics_statement(sql.as_bytes()), want, "{sql}");
         }
         for sql in [
             "SHOW COUNT(*) WARNINGS",
             "SHOW TABLES",
             "SELECT 1",
             "SHOW WARNINGSX",
+            "SHOW WARNINGS LIMIT x",
         ] {
-            assert!(!shows_diagnostics(sql.as_bytes()), "{sql}");
+            assert_eq!(diagnostics_statement(sql.as_bytes()), None, "{sql}");
         }
     }
 

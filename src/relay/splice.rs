@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 
 use super::response::{ResponseKind, ResponseParser};
-use super::session::Session;
+use super::session::{Diagnostics, Session};
 use crate::error::{Error, Result, Source};
 use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, Merge, Reply, Rewritten};
 use crate::wire::io::{frame_into, Logical, Packet};
@@ -139,21 +139,34 @@ pub(super) async fn backoff(attempt: u32) {
 /// matched or the row does not parse.
 fn renamed_text_row(row: &[u8], names: &Renames) -> Option<Vec<u8>> {
     let cells = text_cells(row)?;
-    let mut changed = false;
-    let mut out = Vec::with_capacity(row.len() + 16);
+    let renamed: Vec<Option<Vec<u8>>> = cells
+        .iter()
+        .map(|c| c.and_then(|v| packets::renamed(v, names)))
+        .collect();
+    if renamed.iter().all(Option::is_none) {
+        return None;
+    }
+    let cells: Vec<Option<&[u8]>> = cells
+        .iter()
+        .zip(&renamed)
+        .map(|(c, r)| r.as_deref().or(*c))
+        .collect();
+    Some(text_row(&cells))
+}
+
+/// A text-protocol row of these values (`None`: NULL).
+pub(super) fn text_row(cells: &[Option<&[u8]>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(cells.iter().map(|c| c.map_or(1, |v| v.len() + 9)).sum());
     for cell in cells {
         match cell {
             None => out.push(0xFB),
             Some(v) => {
-                let r = packets::renamed(v, names);
-                changed |= r.is_some();
-                let v = r.as_deref().unwrap_or(v);
                 packets::put_lenenc_int(&mut out, v.len() as u64);
                 out.extend_from_slice(v);
             }
         }
     }
-    changed.then_some(out)
+    out
 }
 
 /// The values of a text-protocol row (`None`: NULL); `None` when it does not parse.
@@ -249,19 +262,55 @@ impl Session {
         packets::renamed_err(payload, self.rewrite_names.as_deref()?)
     }
 
-    /// Relays the response to SHOW WARNINGS / SHOW ERRORS after a rewritten
-    /// statement with `names` applied to its rows.
-    pub(super) async fn relay_renamed(&mut self, c: &Logical, names: &Renames) -> Result<()> {
+    /// Relays the response to SHOW WARNINGS / SHOW ERRORS (`d`) after a rewritten
+    /// statement: the backend's rows, or `own` instead (the rows of an insert
+    /// answered from a merged write, with `d`'s level and LIMIT applied), with the
+    /// rules' physical table names replaced by the logical ones. The backend's own
+    /// answer supplies the column definitions and the end of the result, in this
+    /// client's format.
+    pub(super) async fn relay_diagnostics(
+        &mut self,
+        c: &Logical,
+        d: Diagnostics,
+        own: Option<&[Vec<u8>]>,
+    ) -> Result<()> {
         let collected = self.run_command(&c.payload()).await?;
         let packets = &collected.packets;
         let rows = collected.text_rows(self.deprecate_eof);
+        let names = self.rewrite_names.clone();
+        let rename = |row: &[u8]| names.as_deref().and_then(|n| renamed_text_row(row, n));
+        // Own rows go where the backend's rows were: before the last packet.
+        let own: Option<Vec<&[u8]>> = own.filter(|_| rows.end > 0).map(|own| {
+            own.iter()
+                .map(Vec::as_slice)
+                .filter(|r| {
+                    !d.errors_only
+                        || text_cells(r).is_some_and(|c| c.first() == Some(&Some(&b"Error"[..])))
+                })
+                .skip(d.offset)
+                .take(d.limit.unwrap_or(usize::MAX))
+                .collect()
+        });
         let mut out = BytesMut::new();
         let mut seq = c.last_seq.wrapping_add(1);
         for (i, p) in packets.iter().enumerate() {
+            if let Some(own) = &own {
+                if i == rows.end {
+                    for r in own {
+                        let renamed = rename(r);
+                        seq = frame_into(&mut out, seq, renamed.as_deref().unwrap_or(r));
+                    }
+                }
+                if rows.contains(&i) {
+                    continue;
+                }
+            }
             let renamed = if rows.contains(&i) {
-                renamed_text_row(&p.payload, names)
+                rename(&p.payload)
             } else {
-                packets::renamed_err(&p.payload, names)
+                names
+                    .as_deref()
+                    .and_then(|n| packets::renamed_err(&p.payload, n))
             };
             seq = frame_into(&mut out, seq, renamed.as_deref().unwrap_or(&p.payload));
         }

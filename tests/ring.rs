@@ -2181,7 +2181,16 @@ fn coalesced_inserts_count_their_own_warnings() {
                             v(bad1, i)
                         )
                     };
-                    c.query_drop(&sql).await.unwrap();
+                    if !two && i % 3 == 1 {
+                        // As a prepared statement: the value is a string parameter.
+                        let value = if bad1 { format!("x{i}") } else { i.to_string() };
+                        let prepared = format!(
+                            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (?, ?, NOW(6))"
+                        );
+                        c.exec_drop(prepared, (uid, value)).await.unwrap();
+                    } else {
+                        c.query_drop(&sql).await.unwrap();
+                    }
                     let want = u16::from(bad1) + u16::from(two && bad2);
                     let info = c.info().into_owned();
                     let want_info = if two {

@@ -523,7 +523,11 @@ impl Session {
         let Some(code) = c.first_byte() else {
             return Err(Error::client("empty command packet"));
         };
-        let merged_warnings = self.merged_warnings.take();
+        // Commands that leave the server's diagnostics alone keep them.
+        let merged_warnings = match code {
+            cmd::PING | cmd::STMT_CLOSE | cmd::STMT_RESET | cmd::STMT_SEND_LONG_DATA => None,
+            _ => self.merged_warnings.take(),
+        };
         if self.pending_insert_id.is_some() {
             match code {
                 // Both start the session afresh.

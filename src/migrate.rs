@@ -988,6 +988,40 @@ async fn existing_trigger(conn: &mut Conn, t: &TableName) -> Result<Option<Exist
     }))
 }
 
+/// What to do about `name`, a trigger of a ring rule that must be `<timing> INSERT
+/// ON <table>` (`on`) with `body`: create it with `create` when it is missing; keep
+/// one that exists (with a note when its body differs). `Err(reason)` when a trigger
+/// of that name does something else.
+async fn plan_insert_trigger(
+    conn: &mut Conn,
+    name: &TableName,
+    (on, timing): (&TableName, &str),
+    body: &str,
+    create: String,
+    notes: &mut Vec<String>,
+) -> Result<std::result::Result<TriggerPlan, String>> {
+    let Some(t) = existing_trigger(conn, name).await? else {
+        return Ok(Ok(TriggerPlan::Create(create)));
+    };
+    let fits = t.table.eq_ignore_ascii_case(&on.name)
+        && t.timing.eq_ignore_ascii_case(timing)
+        && t.event.eq_ignore_ascii_case("INSERT");
+    if !fits {
+        return Ok(Err(format!(
+            "trigger {} exists but is not `{timing} INSERT ON {}`; drop it or rename the ring table",
+            name.quoted(),
+            on.quoted()
+        )));
+    }
+    if normalize(&t.body) != normalize(body) {
+        notes.push(format!(
+            "trigger {} exists with another body; left as it is (drop it and run migrate again to replace it)",
+            name.quoted()
+        ));
+    }
+    Ok(Ok(TriggerPlan::Exists))
+}
+
 /// Collapses whitespace and case for comparing SQL text.
 fn normalize(sql: &str) -> String {
     sql.split_whitespace()
@@ -1338,60 +1372,37 @@ pub(crate) async fn check_ring(
         seq_trigger_name.quoted(),
         ring.quoted()
     );
-    let seq_trigger = match existing_trigger(conn, &seq_trigger_name).await? {
-        None => TriggerPlan::Create(create_seq_trigger.clone()),
-        Some(t) => {
-            let on_ring = t.table.eq_ignore_ascii_case(&ring.name)
-                && t.timing.eq_ignore_ascii_case("BEFORE")
-                && t.event.eq_ignore_ascii_case("INSERT");
-            if !on_ring {
-                return Err(refuse(format!(
-                    "trigger {} exists but is not `BEFORE INSERT ON {}`; drop it or rename the ring table",
-                    seq_trigger_name.quoted(),
-                    ring.quoted()
-                )));
-            }
-            if normalize(&t.body) != normalize(&seq_body) {
-                notes.push(format!(
-                    "trigger {} exists with another body; left as it is (drop it and run migrate again to replace it)",
-                    seq_trigger_name.quoted()
-                ));
-            }
-            TriggerPlan::Exists
-        }
-    };
+    let seq_trigger = plan_insert_trigger(
+        conn,
+        &seq_trigger_name,
+        (&ring, "BEFORE"),
+        &seq_body,
+        create_seq_trigger.clone(),
+        &mut notes,
+    )
+    .await?
+    .map_err(refuse)?;
 
     let trigger_name = TableName {
         db: logical.db.clone(),
         name: suffixed_name(&ring.name, RING_TRIGGER_SUFFIX),
     };
     let body = ring_trigger_body(spec, &ring, &table, &key_cols);
-    let trigger = match existing_trigger(conn, &trigger_name).await? {
-        None => TriggerPlan::Create(format!(
-            "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} FOR EACH ROW {body}",
-            trigger_name.quoted(),
-            logical.quoted()
-        )),
-        Some(t) => {
-            let on_log = t.table.eq_ignore_ascii_case(&logical.name)
-                && t.timing.eq_ignore_ascii_case("AFTER")
-                && t.event.eq_ignore_ascii_case("INSERT");
-            if !on_log {
-                return Err(refuse(format!(
-                    "trigger {} exists but is not `AFTER INSERT ON {}`; drop it or rename the ring table",
-                    trigger_name.quoted(),
-                    logical.quoted()
-                )));
-            }
-            if normalize(&t.body) != normalize(&body) {
-                notes.push(format!(
-                    "trigger {} exists with another body; left as it is (drop it and run migrate again to replace it)",
-                    trigger_name.quoted()
-                ));
-            }
-            TriggerPlan::Exists
-        }
-    };
+    let create = format!(
+        "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} FOR EACH ROW {body}",
+        trigger_name.quoted(),
+        logical.quoted()
+    );
+    let trigger = plan_insert_trigger(
+        conn,
+        &trigger_name,
+        (&logical, "AFTER"),
+        &body,
+        create,
+        &mut notes,
+    )
+    .await?
+    .map_err(refuse)?;
 
     let unenforced_unique = table
         .unique

@@ -421,6 +421,26 @@ pub(crate) struct Table {
 }
 
 impl Table {
+    /// Key column `k` of this (logical) table, `logical`: refused when it is missing
+    /// or TEXT/BLOB, which the primary key of `physical` ("a ring table") cannot hold.
+    fn key_column(
+        &self,
+        k: &str,
+        logical: &TableName,
+        physical: &str,
+    ) -> std::result::Result<&Column, String> {
+        let col = self
+            .column(k)
+            .ok_or_else(|| format!("key column `{k}` is not a column of {}", logical.quoted()))?;
+        if col.data_type.contains("blob") || col.data_type.contains("text") {
+            return Err(format!(
+                "key column `{}` is {}, which {physical}'s primary key cannot hold",
+                col.name, col.column_type
+            ));
+        }
+        Ok(col)
+    }
+
     pub(crate) fn column(&self, name: &str) -> Option<&Column> {
         self.columns
             .iter()
@@ -657,19 +677,12 @@ pub(crate) async fn check_rule(
     // Key columns: present, usable in a primary key, exactly a unique key.
     let mut key_cols: Vec<Column> = Vec::new();
     for k in &spec.key {
-        let col = table.column(k).ok_or_else(|| {
-            refuse(format!(
-                "key column `{k}` is not a column of {}",
-                logical.quoted()
-            ))
-        })?;
-        if col.data_type.contains("blob") || col.data_type.contains("text") {
-            return Err(refuse(format!(
-                "key column `{}` is {}, which a slot table's primary key cannot hold",
-                col.name, col.column_type
-            )));
-        }
-        key_cols.push(col.clone());
+        key_cols.push(
+            table
+                .key_column(k, &logical, "a slot table")
+                .map_err(refuse)?
+                .clone(),
+        );
     }
     let key: Vec<String> = key_cols.iter().map(|c| c.name.clone()).collect();
     if !key.is_empty() {
@@ -1197,18 +1210,9 @@ pub(crate) async fn check_ring(
 
     let mut key_cols: Vec<Column> = Vec::new();
     for k in &spec.key {
-        let col = table.column(k).ok_or_else(|| {
-            refuse(format!(
-                "key column `{k}` is not a column of {}",
-                logical.quoted()
-            ))
-        })?;
-        if col.data_type.contains("blob") || col.data_type.contains("text") {
-            return Err(refuse(format!(
-                "key column `{}` is {}, which a ring table's primary key cannot hold",
-                col.name, col.column_type
-            )));
-        }
+        let col = table
+            .key_column(k, &logical, "a ring table")
+            .map_err(refuse)?;
         if col.nullable {
             notes.push(format!(
                 "key column `{}` is nullable in the log but NOT NULL in the ring: rows whose key is NULL cannot be kept (the backfill skips them)",

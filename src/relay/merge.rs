@@ -29,12 +29,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::coalesce::{parse_delta, LeaderGuard, Outcome, Part, Role, Signal};
 use super::session::Session;
-use super::splice::{
-    backoff, execute_params, text_cells, text_row, Collected, MAX_ATTEMPTS, RETRYABLE,
-};
+use super::splice::{backoff, execute_params, Collected, MAX_ATTEMPTS, RETRYABLE};
 use crate::error::Result;
 use crate::rewrite::{Merge, Reply, Rewritten};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
+use crate::wire::resultset::{text_cells, text_row};
 use crate::wire::{literal, status};
 
 /// Index of the AUTO_INCREMENT column's name in a ring insert's `aux`.

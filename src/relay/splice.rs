@@ -22,7 +22,9 @@ use crate::error::{Error, Result, Source};
 use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, Merge, Reply, Rewritten};
 use crate::wire::io::{frame_into, Logical, Packet};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary, Renames};
-use crate::wire::resultset::{binary_value_len, ColumnDef, RowRecode, UNSIGNED_FLAG};
+use crate::wire::resultset::{
+    binary_value_len, text_cells, text_row, ColumnDef, RowRecode, UNSIGNED_FLAG,
+};
 use crate::wire::{cmd, status, MAX_PAYLOAD};
 
 /// MySQL errors a retry of the whole rewrite resolves: ER_LOCK_DEADLOCK and
@@ -152,40 +154,6 @@ fn renamed_text_row(row: &[u8], names: &Renames) -> Option<Vec<u8>> {
         .map(|(c, r)| r.as_deref().or(*c))
         .collect();
     Some(text_row(&cells))
-}
-
-/// A text-protocol row of these values (`None`: NULL).
-pub(super) fn text_row(cells: &[Option<&[u8]>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(cells.iter().map(|c| c.map_or(1, |v| v.len() + 9)).sum());
-    for cell in cells {
-        match cell {
-            None => out.push(0xFB),
-            Some(v) => {
-                packets::put_lenenc_int(&mut out, v.len() as u64);
-                out.extend_from_slice(v);
-            }
-        }
-    }
-    out
-}
-
-/// The values of a text-protocol row (`None`: NULL); `None` when it does not parse.
-pub(super) fn text_cells(row: &[u8]) -> Option<Vec<Option<&[u8]>>> {
-    let mut cells = Vec::new();
-    let mut at = 0;
-    while at < row.len() {
-        if row[at] == 0xFB {
-            cells.push(None);
-            at += 1;
-            continue;
-        }
-        let (n, used) = packets::lenenc_int(row.get(at..)?)?;
-        let start = at + used;
-        let end = start.checked_add(usize::try_from(n).ok()?)?;
-        cells.push(Some(row.get(start..end)?));
-        at = end;
-    }
-    Some(cells)
 }
 
 /// A COM_QUERY payload.

@@ -3,7 +3,8 @@
 //! - [`io`]: packet framing over a buffered socket (read, write, split ≥ 16 MiB payloads).
 //! - [`handshake`]: reading and patching the greeting and the client's handshake response.
 //! - [`packets`]: the few packets the proxy reads or writes itself (OK, ERR, EOF).
-//! - [`resultset`]: column definitions and binary rows, for patching rewritten reads.
+//! - [`resultset`]: column definitions, binary and text rows, for patching rewritten reads
+//!   and diagnostics.
 //! - [`literal`]: binary-protocol parameter values as SQL literals (merged writes).
 //!
 //! Everything else is relayed as bytes and never decoded.

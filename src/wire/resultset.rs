@@ -243,6 +243,40 @@ fn is_int(t: u8) -> bool {
     matches!(t, TINY | SHORT | YEAR | LONG | INT24 | LONGLONG)
 }
 
+/// A text-protocol row of these values (`None`: NULL).
+pub fn text_row(cells: &[Option<&[u8]>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(cells.iter().map(|c| c.map_or(1, |v| v.len() + 9)).sum());
+    for cell in cells {
+        match cell {
+            None => out.push(0xFB),
+            Some(v) => {
+                put_lenenc_int(&mut out, v.len() as u64);
+                out.extend_from_slice(v);
+            }
+        }
+    }
+    out
+}
+
+/// The values of a text-protocol row (`None`: NULL); `None` when it does not parse.
+pub fn text_cells(row: &[u8]) -> Option<Vec<Option<&[u8]>>> {
+    let mut cells = Vec::new();
+    let mut at = 0;
+    while at < row.len() {
+        if row[at] == 0xFB {
+            cells.push(None);
+            at += 1;
+            continue;
+        }
+        let (n, used) = lenenc_int(row.get(at..)?)?;
+        let start = at + used;
+        let end = start.checked_add(usize::try_from(n).ok()?)?;
+        cells.push(Some(row.get(start..end)?));
+        at = end;
+    }
+    Some(cells)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,5 +354,13 @@ mod tests {
         );
         assert_eq!(binary_value_len(types::NEWDECIMAL, b"\x0212"), Some(3));
         assert_eq!(binary_value_len(types::LONG, &[1, 2]), None);
+    }
+
+    #[test]
+    fn text_rows_round_trip() {
+        let cells: [Option<&[u8]>; 3] = [Some(b"Warning"), None, Some(&[b'x'; 300])];
+        let row = text_row(&cells);
+        assert_eq!(text_cells(&row).unwrap(), cells.to_vec());
+        assert_eq!(text_cells(&row[..row.len() - 1]), None);
     }
 }

@@ -992,6 +992,44 @@ mod tests {
         assert!(matches!(decide(&e, "SELECT 1"), Decision::Passthrough));
     }
 
+    /// Statements right at the engine's nesting bound are planned (or refused) on a
+    /// thread with tokio's default worker stack; past it they are refused unparsed.
+    #[test]
+    fn deep_statements_fit_a_worker_stack() {
+        let at = crate::rewrite::MAX_NESTING - 10;
+        let handle = std::thread::Builder::new()
+            .stack_size(crate::WORKER_STACK_BYTES)
+            .spawn(move || {
+                let e = engine(&["slug"]);
+                let shapes: [(&str, &str, &str); 6] = [
+                    ("SELECT cnt FROM hits WHERE slug = 'a'", " AND 1", ""),
+                    ("SELECT cnt FROM hits WHERE slug = 'a'", " OR 1", ""),
+                    ("UPDATE hits SET cnt = cnt + 1", " + 1", " WHERE slug = 'a'"),
+                    ("SELECT cnt FROM hits", " UNION SELECT 1", ""),
+                    ("SELECT cnt FROM hits WHERE slug = ", "CONCAT(", "'a'"),
+                    ("SELECT cnt FROM hits WHERE slug IN ", "(SELECT ", "'a'"),
+                ];
+                for (head, op, tail) in shapes {
+                    for n in [at / 2, at, 100_000] {
+                        let mut sql = String::from(head);
+                        for _ in 0..n {
+                            sql.push_str(op);
+                        }
+                        sql.push_str(tail);
+                        if op.contains('(') {
+                            sql.push_str(&")".repeat(n));
+                        }
+                        let d = decide(&e, &sql);
+                        let too_deep =
+                            matches!(&d, Decision::Reject(r) if r.reason.contains("deep"));
+                        assert_eq!(too_deep, n == 100_000, "{op} x {n}: {d:?}");
+                    }
+                }
+            })
+            .unwrap();
+        handle.join().unwrap();
+    }
+
     #[test]
     fn non_integer_counters_are_refused() {
         let spec: crate::rules::spec::RuleFile = toml::from_str(

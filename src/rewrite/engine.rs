@@ -27,6 +27,13 @@ pub fn parse_statements(text: &str) -> Result<Vec<Statement>, ParserError> {
         .parse_statements()
 }
 
+/// The deepest expression nesting ([`sqltok::nesting_bound`]) of a statement the
+/// engine parses. The parser, the AST visitors, the printer and the drop of the tree
+/// recurse along it; at this bound they use about half of the worker threads' stack
+/// in a debug build ([`crate::WORKER_STACK_BYTES`]; measured by the counter rule's
+/// `deep_statements_fit_a_worker_stack`), a fraction of it in a release build.
+pub const MAX_NESTING: usize = 500;
+
 /// All tables of one (lowercased) name that rules are about.
 #[derive(Debug)]
 struct Pattern {
@@ -268,6 +275,15 @@ impl Engine {
         let Some((rules, table)) = self.named_rules(sql, &tokens, hits, ctx.current_db) else {
             return Decision::Passthrough;
         };
+        let depth = sqltok::nesting_bound(sql, &tokens);
+        if depth > MAX_NESTING {
+            return Decision::Reject(Rejection {
+                rule: self.names[rules[0]].clone(),
+                reason: format!(
+                    "the statement names table '{table}' but nests up to {depth} operators or parentheses deep; rules read statements up to {MAX_NESTING} deep"
+                ),
+            });
+        }
         for &ri in &rules {
             if let Some(sql) = self.rules[ri].metadata_query(ctx.current_db) {
                 return Decision::NeedMetadata(crate::rewrite::MetadataRequest { rule: ri, sql });

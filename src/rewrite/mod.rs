@@ -81,7 +81,7 @@ use std::sync::Arc;
 
 use sqlparser::ast::{Expr, ObjectName, Statement, Value};
 
-pub use engine::{parse_statements, Engine};
+pub use engine::{parse_statements, Engine, MAX_NESTING};
 pub use sqltok::{LiteralKind, Slot};
 
 /// A statement's fingerprint: literals replaced by `?`, parameters by `?p`,

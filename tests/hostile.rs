@@ -11,7 +11,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::client::{connect, rules_dir, run};
+use common::client::{connect, rules_dir, run, run_text};
 use common::packets::{parse_err, text_rows, Packet};
 use common::rawclient::{ConnectOpts, RawClient, RawParam};
 use common::{free_port, mariadb, Proxy, PASSWORD, USER};
@@ -39,7 +39,8 @@ impl Env {
                  cnt BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));
              CREATE TRIGGER hits_slots_hs_ai AFTER INSERT ON hits_slots FOR EACH ROW
                  INSERT IGNORE INTO hits (slug) VALUES (NEW.slug);
-             INSERT INTO hits VALUES ('a', 1), ('home', 10), ('z', 26);"
+             INSERT INTO hits VALUES ('a', 1), ('home', 10), ('z', 26);
+             CREATE TABLE hits_ref LIKE hits; INSERT INTO hits_ref SELECT * FROM hits;"
         ));
         let rules = rules_dir(
             "counter.toml",
@@ -279,4 +280,78 @@ fn a_failed_rewritten_read_leaves_the_connection_in_step() {
         .query("SELECT slug, cnt FROM hits ORDER BY slug")
         .unwrap();
     assert_eq!(text_rows(&rows).len(), 3);
+}
+
+/// The logical table as the proxy shows it and the reference table, as text rows.
+async fn both_tables(proxied: &mut Conn, direct: &mut Conn) -> (Vec<String>, Vec<String>) {
+    let rows = |rows: Vec<(String, i64)>| {
+        rows.into_iter()
+            .map(|(s, c)| format!("{s}={c}"))
+            .collect::<Vec<_>>()
+    };
+    let p: Vec<(String, i64)> = proxied
+        .query("SELECT slug, cnt FROM hits ORDER BY slug")
+        .await
+        .unwrap();
+    let d: Vec<(String, i64)> = direct
+        .query("SELECT slug, cnt FROM hits_ref ORDER BY slug")
+        .await
+        .unwrap();
+    (rows(p), rows(d))
+}
+
+/// Increments whose meaning the slot upsert cannot keep are refused and change
+/// nothing; the others answer exactly what the plain table answers.
+#[test]
+fn increments_keep_mariadb_meaning_or_are_refused() {
+    let env = Env::start("exact");
+    run(Duration::from_secs(120), async {
+        for mode in ["STRICT_TRANS_TABLES", ""] {
+            let mut p = env.client().await;
+            let mut d = connect(&mariadb().url(&env.db)).await;
+            for c in [&mut p, &mut d] {
+                c.query_drop(format!("SET SESSION sql_mode = '{mode}'"))
+                    .await
+                    .unwrap();
+            }
+            // Same answer as the plain table.
+            for sql in [
+                "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home' LIMIT 0",
+                "UPDATE hits SET cnt = cnt + 1 WHERE slug = NULL",
+                "UPDATE hits SET cnt = cnt + 1, cnt = cnt + 1 WHERE slug = 'home'",
+                "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home' LIMIT 1",
+            ] {
+                let got = run_text(&mut p, sql).await.unwrap();
+                let want = run_text(&mut d, &sql.replace("hits", "hits_ref"))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    (got.affected_rows, &got.info, got.warnings),
+                    (want.affected_rows, &want.info, want.warnings),
+                    "[{mode}] {sql}"
+                );
+                let (a, b) = both_tables(&mut p, &mut d).await;
+                assert_eq!(a, b, "[{mode}] {sql}");
+            }
+            // Refused, and nothing changes (MariaDB would compare numerically and
+            // touch other rows, convert the key, or answer a syntax error).
+            for sql in [
+                "UPDATE hits SET cnt = cnt + 1 WHERE slug = 0",
+                "UPDATE hits SET cnt = cnt + 1 WHERE slug = 1e0",
+                "UPDATE hits SET cnt = cnt + 1 WHERE slug = TRUE",
+                "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home' RETURNING cnt",
+                "UPDATE hits SET cnt = cnt + NULL WHERE slug = 'home'",
+                "UPDATE hits SET cnt = cnt + 1.5 WHERE slug = 'home'",
+            ] {
+                let before = both_tables(&mut p, &mut d).await.0;
+                let e = p.query_drop(sql).await.expect_err(sql);
+                assert!(e.to_string().contains("1105"), "[{mode}] {sql}: {e}");
+                assert_eq!(
+                    both_tables(&mut p, &mut d).await.0,
+                    before,
+                    "[{mode}] {sql}"
+                );
+            }
+        }
+    });
 }

@@ -82,7 +82,7 @@ use std::sync::Arc;
 use sqlparser::ast::{Expr, ObjectName, Statement, Value};
 
 pub use engine::{parse_statements, Engine, MAX_NESTING};
-pub use sqltok::{LiteralKind, Slot};
+pub use sqltok::{LiteralClass, LiteralKind, Slot};
 
 /// A statement's fingerprint: literals replaced by `?`, parameters by `?p`,
 /// comments dropped, whitespace and reserved words normalised. Used in logs, where a
@@ -545,6 +545,46 @@ impl<'a> PlanContext<'a> {
             kind,
             text: Cow::Owned(text.into_bytes()),
         })
+    }
+
+    /// The class of the literal `expr` stands for (a marker for an original
+    /// literal, or a plain literal value; also under a charset introducer). Unlike
+    /// [`PlanContext::literal`] this does not make the plan depend on the value:
+    /// classes are part of the cache key. `None` for parameters, `NULL`, `TRUE` and
+    /// anything else.
+    pub fn literal_class(&self, expr: &Expr) -> Option<LiteralClass> {
+        if let Some(slot) = self.slot(expr) {
+            let Slot::Literal(i) = slot else {
+                return None;
+            };
+            let tok = self.literals.get(i)?;
+            let sqltok::TokenKind::Literal(kind) = tok.kind else {
+                return None;
+            };
+            return Some(LiteralClass::of(kind, &self.sql[tok.start..tok.end]));
+        }
+        match expr {
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => Some(LiteralClass::of(LiteralKind::Number, n.as_bytes())),
+                Value::HexStringLiteral(_) => Some(LiteralClass::Hex),
+                Value::SingleQuotedString(_)
+                | Value::DoubleQuotedString(_)
+                | Value::NationalStringLiteral(_) => Some(LiteralClass::of(
+                    LiteralKind::String,
+                    v.value.to_string().as_bytes(),
+                )),
+                _ => None,
+            },
+            Expr::Prefixed { prefix, value } if prefix.value.starts_with('_') => {
+                match self.literal_class(value)? {
+                    LiteralClass::String { bytes } => Some(LiteralClass::String {
+                        bytes: bytes.saturating_add(prefix.value.len().min(255) as u16 + 1),
+                    }),
+                    other => Some(other),
+                }
+            }
+            _ => None,
+        }
     }
 
     /// An expression that renders as a random integer in `0..n`, chosen by the proxy

@@ -768,6 +768,74 @@ fn unquote(text: &[u8], q: u8) -> std::borrow::Cow<'_, [u8]> {
     std::borrow::Cow::Owned(v)
 }
 
+/// What a literal is, finely enough for a rule to check it against a column's type
+/// without reading its value. The engine makes every literal's class part of the
+/// plan cache key ([`class_signature`]), so a plan may depend on classes freely.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LiteralClass {
+    /// A quoted string, with or without introducer or `N` prefix. `bytes`: the
+    /// length of its source text, quotes and all (capped at 65535), an upper bound on
+    /// its length in characters plus two.
+    String { bytes: u16 },
+    /// A decimal integer: digits only. `digits` counts them without leading zeros
+    /// (capped at 255), enough to tell which integer types surely hold it.
+    Integer { digits: u8 },
+    /// A number with a decimal point or an exponent (`1.5`, `1e0`).
+    Decimal,
+    /// A hex literal (`0x1F`, `x'1F'`).
+    Hex,
+    /// A bit literal (`0b101`, `b'101'`).
+    Bit,
+}
+
+impl LiteralClass {
+    /// The class of a literal of `kind` whose source text is `text`.
+    pub fn of(kind: LiteralKind, text: &[u8]) -> LiteralClass {
+        match kind {
+            LiteralKind::String => LiteralClass::String {
+                bytes: text.len().min(usize::from(u16::MAX)) as u16,
+            },
+            LiteralKind::Hex => LiteralClass::Hex,
+            LiteralKind::Bit => LiteralClass::Bit,
+            LiteralKind::Number if text.iter().all(u8::is_ascii_digit) => {
+                let significant = text.iter().skip_while(|&&b| b == b'0').count();
+                LiteralClass::Integer {
+                    digits: significant.min(255) as u8,
+                }
+            }
+            LiteralKind::Number => LiteralClass::Decimal,
+        }
+    }
+
+    /// A few bytes for the cache key.
+    fn key_bytes(self, out: &mut Vec<u8>) {
+        match self {
+            LiteralClass::String { bytes } => {
+                out.push(b's');
+                out.extend_from_slice(&bytes.to_le_bytes());
+            }
+            LiteralClass::Integer { digits } => {
+                out.push(b'i');
+                out.push(digits);
+            }
+            LiteralClass::Decimal => out.push(b'd'),
+            LiteralClass::Hex => out.push(b'x'),
+            LiteralClass::Bit => out.push(b'b'),
+        }
+    }
+}
+
+/// Appends the class of every literal of the statement, in text order: with the
+/// fingerprint (where every literal is `?`) it makes the plan cache key.
+pub fn class_signature(sql: &[u8], toks: &[Token], out: &mut Vec<u8>) {
+    out.push(0);
+    for t in toks {
+        if let TokenKind::Literal(kind) = t.kind {
+            LiteralClass::of(kind, &sql[t.start..t.end]).key_bytes(out);
+        }
+    }
+}
+
 /// An upper bound on how deep the parsed statement's expression tree can be, read
 /// from the tokens alone: within one parenthesis level, every operator (symbol or
 /// keyword such as `AND`, `OR`, `LIKE`, `UNION`) since the last comma may nest the

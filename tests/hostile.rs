@@ -355,3 +355,47 @@ fn increments_keep_mariadb_meaning_or_are_refused() {
         }
     });
 }
+
+/// A prepared increment is planned before any value is known: each execute's
+/// values must be what a literal must be (an integer delta, a string key), or the
+/// execute is refused and changes nothing.
+#[test]
+fn prepared_increments_check_each_execute() {
+    let env = Env::start("params");
+    let mut raw = env.raw();
+    let (id, _) = raw
+        .prepare("UPDATE hits SET cnt = cnt + ? WHERE slug = ?")
+        .unwrap();
+    let home = || RawParam::str("home");
+    let refused: Vec<Vec<RawParam>> = vec![
+        vec![RawParam::Int(1), RawParam::Int(0)],
+        vec![RawParam::Int(1), RawParam::Double(0.0)],
+        vec![RawParam::Null, home()],
+        vec![RawParam::Double(1.5), home()],
+        vec![RawParam::str("1.5"), home()],
+        vec![RawParam::Int(1), RawParam::Null],
+        vec![RawParam::Int(1), RawParam::str(&"x".repeat(300))],
+    ];
+    for params in &refused {
+        let packets = raw.execute(id, params).unwrap();
+        let err = packets
+            .first()
+            .and_then(|p| parse_err(&p.payload))
+            .unwrap_or_else(|| panic!("{params:?}: expected 1105, got {packets:?}"));
+        assert_eq!(err.code, 1105, "{params:?}: {err}");
+        assert_eq!(env.cnt("home"), 10, "{params:?}");
+    }
+    for (params, total) in [
+        (vec![RawParam::Int(1), home()], 11),
+        (vec![RawParam::str("2"), home()], 13),
+        (vec![RawParam::Int(-3), home()], 10),
+    ] {
+        let packets = raw.execute(id, &params).unwrap();
+        assert!(packets[0].is_ok(), "{params:?}: {packets:?}");
+        assert_eq!(env.cnt("home"), total, "{params:?}");
+    }
+    // No key '0' appeared, no other row changed.
+    assert_eq!(env.cnt("a"), 1);
+    let keys = mariadb().query_strings(&format!("SELECT COUNT(*) FROM {}.hits", env.db));
+    assert_eq!(keys[0][0].as_deref(), Some("3"));
+}

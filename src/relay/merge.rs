@@ -131,6 +131,7 @@ impl Session {
             atomic: false,
             aux,
             aux_holes: Vec::new(),
+            param_checks: Vec::new(),
             merge: m.kind,
         })
     }

@@ -53,6 +53,8 @@ pub struct PreparedRewrite {
     /// The client sent COM_STMT_SEND_LONG_DATA, which rewritten statements do not
     /// support; the next execute fails with a clear error.
     pub long_data: bool,
+    /// Checks of each execute's parameter values (see [`Rewritten::param_checks`]).
+    pub checks: Vec<(usize, crate::rewrite::ParamCheck)>,
     /// A ring insert: the plan's pieces, with holes for the parameters (see
     /// [`Rewritten::aux_holes`]), from which an execute becomes a text statement
     /// when it merges or needs `RETURNING`.
@@ -712,6 +714,7 @@ impl Session {
                 reply: rw.reply.clone(),
                 atomic: rw.atomic,
                 long_data: false,
+                checks: rw.param_checks.clone(),
                 merge: (!rw.aux.is_empty() && rw.aux_holes.len() == rw.aux.len()).then(|| {
                     PreparedMerge {
                         kind: rw.merge,
@@ -758,6 +761,13 @@ impl Session {
             p.long_data = false;
             let msg = format!(
                 "heatsink rule '{}': COM_STMT_SEND_LONG_DATA is not supported for rewritten statements",
+                p.rule
+            );
+            return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
+        }
+        if let Some(why) = param_violation(&payload, p) {
+            let msg = format!(
+                "heatsink rule '{}': {why} cannot be rewritten with MariaDB's meaning",
                 p.rule
             );
             return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
@@ -870,6 +880,20 @@ fn restore(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
     }
 }
 
+/// Why an execute's parameter values fail the rewrite's checks, if they do. A
+/// malformed execute passes here and is refused where it is sliced.
+fn param_violation(payload: &[u8], p: &mut PreparedRewrite) -> Option<String> {
+    if p.checks.is_empty() {
+        return None;
+    }
+    let values = execute_params(payload, p).ok()?;
+    let types = p.types.as_deref()?;
+    p.checks.iter().find_map(|&(j, check)| {
+        let ty = [*types.get(2 * j)?, *types.get(2 * j + 1)?];
+        check.violation(ty, *values.get(j)?)
+    })
+}
+
 /// COM_STMT_EXECUTE flag bits asking for a cursor: READ_ONLY, FOR_UPDATE, SCROLLABLE.
 const CURSOR_TYPE_MASK: u8 = 0x07;
 
@@ -969,6 +993,7 @@ mod tests {
             reply: Reply::Last,
             atomic: false,
             long_data: false,
+            checks: Vec::new(),
             merge: None,
         }
     }

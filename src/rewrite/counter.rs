@@ -35,7 +35,8 @@ use super::shape::{
     mentions_column, parse, replace_reads, requalify, unsupported_clauses, ColumnsByDb,
 };
 use super::{
-    Affected, ColumnPatch, LiteralClass, Merge, Plan, PlanContext, Reply, Rule, Slot, TableName,
+    Affected, ColumnPatch, LiteralClass, Merge, ParamCheck, Plan, PlanContext, Reply, Rule, Slot,
+    TableName,
 };
 use crate::rules::spec::{quote, CounterSpec};
 use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
@@ -264,8 +265,9 @@ impl CounterRule {
                 return Err("ORDER BY in a counter increment cannot be rewritten".into());
             }
             let increments = combine_increments(increments);
+            let mut param_checks = Vec::new();
             for (col, delta) in &increments {
-                check_delta(col, delta, ctx)?;
+                check_delta(col, delta, ctx, &mut param_checks)?;
             }
             let keys = self.key_values(u.selection.as_ref())?;
             let limit_zero = match &u.limit {
@@ -281,7 +283,9 @@ impl CounterRule {
                 },
             };
             let meta = self.meta(ctx)?;
-            if self.check_keys(&keys, &meta, ctx)? == Keys::MatchNothing || limit_zero {
+            if self.check_keys(&keys, &meta, ctx, &mut param_checks)? == Keys::MatchNothing
+                || limit_zero
+            {
                 // MariaDB matches no row: the statement itself changes nothing on
                 // the logical table and gives the UPDATE's own answer.
                 return Ok(Some(Plan {
@@ -313,6 +317,7 @@ impl CounterRule {
                 atomic: false,
                 aux,
                 merge,
+                param_checks,
             }));
         }
         // Absolute set: the base takes the value, the slots are cleared.
@@ -345,6 +350,7 @@ impl CounterRule {
         keys: &[Expr],
         meta: &[ColumnDef],
         ctx: &PlanContext<'_>,
+        param_checks: &mut Vec<(usize, ParamCheck)>,
     ) -> Result<Keys, String> {
         let mut out = Keys::Exact;
         for (k, v) in self.key.iter().zip(keys) {
@@ -371,7 +377,28 @@ impl CounterRule {
                 out = Keys::MatchNothing;
                 continue;
             }
-            if matches!(ctx.slot(e), Some(Slot::Param(_))) {
+            if let Some(Slot::Param(j)) = ctx.slot(e) {
+                // Checked at each execute: the value must be what a literal must be.
+                let check = match key_type(def) {
+                    KeyType::String { max_chars } => ParamCheck::String {
+                        max_bytes: max_chars,
+                    },
+                    // `key = -?`: the parameter is the key's negation.
+                    KeyType::Integer { unsigned, max } if negative => ParamCheck::Integer {
+                        min: -(max as i128),
+                        max: if unsigned { 0 } else { max as i128 + 1 },
+                    },
+                    KeyType::Integer { unsigned, max } => ParamCheck::Integer {
+                        min: if unsigned { 0 } else { -(max as i128) - 1 },
+                        max: max as i128,
+                    },
+                    KeyType::Other => {
+                        return Err(format!(
+                            "key column `{k}` has a type for which increments are not rewritten (only integer and string keys are)"
+                        ))
+                    }
+                };
+                param_checks.push((j, check));
                 continue;
             }
             let class = ctx.literal_class(e);
@@ -850,10 +877,21 @@ fn combine_increments(increments: Vec<(String, Expr)>) -> Vec<(String, Expr)> {
     out
 }
 
+/// Digits of the largest delta literal: any sum of a few such deltas fits a BIGINT
+/// slot.
+const MAX_DELTA_DIGITS: u8 = 18;
+/// The largest delta parameter value.
+const MAX_DELTA: i128 = 999_999_999_999_999_999;
+
 /// An increment's delta is an integer literal or a parameter: anything else
 /// (`NULL`, which sets the counter to NULL or 0; `1.5` or `'1'`, which MariaDB
 /// rounds or converts against the whole value, not the delta) is refused.
-fn check_delta(col: &str, delta: &Expr, ctx: &PlanContext<'_>) -> Result<(), String> {
+fn check_delta(
+    col: &str,
+    delta: &Expr,
+    ctx: &PlanContext<'_>,
+    param_checks: &mut Vec<(usize, ParamCheck)>,
+) -> Result<(), String> {
     // Sums of combined increments, signs and parentheses around each term.
     let mut stack = vec![delta];
     while let Some(e) = stack.pop() {
@@ -871,9 +909,15 @@ fn check_delta(col: &str, delta: &Expr, ctx: &PlanContext<'_>) -> Result<(), Str
                 stack.push(left);
                 stack.push(right);
             }
-            _ if matches!(ctx.slot(e), Some(Slot::Param(_))) => {}
-            _ => match ctx.literal_class(e) {
-                Some(LiteralClass::Integer { digits }) if digits <= 18 => {}
+            _ => match (ctx.slot(e), ctx.literal_class(e)) {
+                (Some(Slot::Param(j)), _) => param_checks.push((
+                    j,
+                    ParamCheck::Integer {
+                        min: -MAX_DELTA,
+                        max: MAX_DELTA,
+                    },
+                )),
+                (_, Some(LiteralClass::Integer { digits })) if digits <= MAX_DELTA_DIGITS => {}
                 _ => {
                     return Err(format!(
                         "SET {col} = {col} + {e} cannot be rewritten exactly: a counter is incremented by integer literals or parameters"
@@ -1321,6 +1365,41 @@ mod tests {
                 "{sql}: {msg}"
             );
         }
+    }
+
+    #[test]
+    fn prepared_increments_check_their_parameters() {
+        let e = engine(&["slug"]);
+        let d = e.decide(
+            b"UPDATE hits SET cnt = cnt + ? WHERE slug = ?",
+            &StatementContext {
+                prepared: true,
+                in_transaction: false,
+                current_db: Some("shop"),
+            },
+        );
+        let Decision::Rewrite(r) = d else {
+            panic!("{d:?}")
+        };
+        assert_eq!(
+            r.param_checks,
+            vec![
+                (
+                    0,
+                    ParamCheck::Integer {
+                        min: -MAX_DELTA,
+                        max: MAX_DELTA
+                    }
+                ),
+                (1, ParamCheck::String { max_bytes: 64 }),
+            ]
+        );
+        // Text statements carry none.
+        assert!(
+            rewrite(&e, "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'")
+                .param_checks
+                .is_empty()
+        );
     }
 
     #[test]

@@ -604,6 +604,7 @@ impl Engine {
                 template.reply = plan.reply;
                 template.atomic = plan.atomic;
                 template.merge = plan.merge;
+                template.param_checks = plan.param_checks;
                 Cached::Rewrite { rule, template }
             }
             Err(e) => Cached::Reject(Rejection {

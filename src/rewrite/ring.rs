@@ -294,6 +294,7 @@ impl RingRule {
             atomic: false,
             aux,
             merge,
+            param_checks: Vec::new(),
         }))
     }
 

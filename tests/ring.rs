@@ -1320,7 +1320,6 @@ fn deletes_keyed_updates_and_rejections() {
             "UPDATE {t} SET visitor_uid = 7 WHERE uid = 99",
             "SELECT * FROM {t} ORDER BY uid, last_update",
             "DELETE FROM {t} WHERE uid = 5",
-            "DELETE FROM {t} WHERE uid = 1 AND visitor_uid = 1105",
             "DELETE FROM {t} WHERE uid = 98",
             "SELECT * FROM {t} ORDER BY uid, last_update",
             "SELECT COUNT(*) FROM {t} WHERE uid = 5",

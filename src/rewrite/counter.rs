@@ -31,8 +31,9 @@ use sqlparser::ast::{
 };
 
 use super::shape::{
-    column_name, ddl_rejection, eq, is_table_ddl, is_value, key_equalities, last_ident,
-    mentions_column, parse, replace_reads, requalify, unsupported_clauses, ColumnsByDb,
+    check_qualifiers, check_update_qualifiers, column_name, ddl_rejection, eq, is_table_ddl,
+    is_value, key_equalities, last_ident, mentions_column, parse, replace_reads, requalify,
+    target_qualifier, unsupported_clauses, ColumnsByDb,
 };
 use super::{
     Affected, ColumnPatch, LiteralClass, Merge, ParamCheck, Plan, PlanContext, Reply, Rule, Slot,
@@ -218,6 +219,7 @@ impl CounterRule {
                 self.tables[0]
             ));
         }
+        check_update_qualifiers(u)?;
         let mut increments = Vec::new();
         let mut sets = 0usize;
         let mut others = 0usize;
@@ -720,6 +722,9 @@ impl CounterRule {
         let TableFactor::Table { name, .. } = &from[0].relation else {
             return Err("unexpected DELETE target".into());
         };
+        if let Some((q, alias)) = target_qualifier(&from[0].relation) {
+            check_qualifiers(d.selection.iter(), &q, alias)?;
+        }
         if d.limit.is_some() || !d.order_by.is_empty() {
             return Err(
                 "DELETE with ORDER BY or LIMIT from a counter table cannot be rewritten".into(),

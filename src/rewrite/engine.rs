@@ -275,6 +275,19 @@ impl Engine {
         let Some((rules, table)) = self.named_rules(sql, &tokens, hits, ctx.current_db) else {
             return Decision::Passthrough;
         };
+        if !ctx.prepared && tokens.iter().any(|t| t.kind == TokenKind::Param) {
+            // `?` is a syntax error in a text statement: the server answers it, and
+            // the rewrite must not turn it into something else.
+            return Decision::Passthrough;
+        }
+        if let Some(what) = misread_modifier(sql, &tokens) {
+            return Decision::Reject(Rejection {
+                rule: self.names[rules[0]].clone(),
+                reason: format!(
+                    "the statement names table '{table}' but `{what}` cannot be rewritten (the parser would read the modifier as the table)"
+                ),
+            });
+        }
         let depth = sqltok::nesting_bound(sql, &tokens);
         if depth > MAX_NESTING {
             return Decision::Reject(Rejection {
@@ -666,6 +679,37 @@ fn exact_key(st: &Named<'_, '_>) -> Vec<u8> {
     cache::key_header(&mut key, KeyKind::Exact, st.ctx.prepared, st.ctx.current_db);
     key.extend_from_slice(st.sql);
     key
+}
+
+/// `UPDATE LOW_PRIORITY t`, `UPDATE IGNORE t`, `DELETE QUICK FROM t` …: sqlparser
+/// reads the modifier as the table name and the table as its alias, so a rule would
+/// not see its table written. Returns the verb and modifier.
+fn misread_modifier(sql: &[u8], tokens: &[Token]) -> Option<String> {
+    let word = |i: usize| {
+        tokens
+            .get(i)
+            .filter(|t| t.kind == TokenKind::Word)
+            .map(|t| &sql[t.start..t.end])
+    };
+    let verb = word(0)?;
+    let modifiers: &[&[u8]] = if verb.eq_ignore_ascii_case(b"UPDATE") {
+        &[b"LOW_PRIORITY", b"IGNORE"]
+    } else if verb.eq_ignore_ascii_case(b"DELETE") {
+        &[b"LOW_PRIORITY", b"QUICK", b"IGNORE"]
+    } else {
+        return None;
+    };
+    let next = word(1)?;
+    modifiers
+        .iter()
+        .any(|m| m.eq_ignore_ascii_case(next))
+        .then(|| {
+            format!(
+                "{} {}",
+                verb.to_ascii_uppercase().escape_ascii(),
+                next.to_ascii_uppercase().escape_ascii()
+            )
+        })
 }
 
 /// Whether printing `stmt` shows every marker of `slots` exactly once (the parser

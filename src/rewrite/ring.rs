@@ -32,8 +32,9 @@ use sqlparser::ast::{
 };
 
 use super::shape::{
-    column_def_name, ddl_rejection, eq, is_table_ddl, is_value, key_equalities, last_ident,
-    mentions_column, parse, replace_reads, requalify, unsupported_clauses, ColumnsByDb,
+    check_qualifiers, check_update_qualifiers, column_def_name, ddl_rejection, eq, is_table_ddl,
+    is_value, key_equalities, last_ident, mentions_column, parse, replace_reads, requalify,
+    target_qualifier, unsupported_clauses, ColumnsByDb,
 };
 use super::{Affected, ColumnPatch, Merge, Plan, PlanContext, Reply, Rule, TableName};
 use crate::rules::spec::{quote, RingSpec, TableName as SpecTable};
@@ -233,6 +234,11 @@ impl RingRule {
                 if !is_value(v) {
                     return Err(format!("the key column `{k}` must be given a value"));
                 }
+                if matches!(v, Expr::Value(x) if x.value == sqlparser::ast::Value::Null) {
+                    // The ring's primary key cannot hold it, and the log's errors for
+                    // it (1048, or a conversion error first) cannot be reproduced.
+                    return Err(format!("a NULL key (`{k}`) cannot be stored in the ring"));
+                }
             }
             // Slot and sequence are assigned by the ring table's BEFORE INSERT
             // trigger (heatsink migrate); NULL makes a missing trigger fail loudly
@@ -242,7 +248,13 @@ impl RingRule {
             vals.push("NULL".into());
             values.push(format!("({})", vals.join(", ")));
         }
-        let prefix = format!("INSERT INTO {ring_sql} ({}) VALUES ", ring_cols.join(", "));
+        // IGNORE keeps its meaning in the upsert: values the column cannot hold are
+        // converted with a warning instead of failing the statement.
+        let prefix = format!(
+            "INSERT {}INTO {ring_sql} ({}) VALUES ",
+            if ins.ignore { "IGNORE " } else { "" },
+            ring_cols.join(", ")
+        );
         let suffix = format!(" ON DUPLICATE KEY UPDATE {}", update.join(", "));
         let tuples = values.join(", ");
         let statements = parse(&format!("{prefix}{tuples}{suffix}"))?;
@@ -331,6 +343,28 @@ impl RingRule {
         let TableFactor::Table { name, .. } = &from[0].relation else {
             return Err("unexpected DELETE target".into());
         };
+        if let Some((q, alias)) = target_qualifier(&from[0].relation) {
+            check_qualifiers(d.selection.iter(), &q, alias)?;
+        }
+        // A ring refills its slots in sequence order: deleting some of a key's rows
+        // leaves a hole the next insert does not fill (it replaces the oldest live
+        // row), where the table would keep that row. Whole keys and whole tables
+        // can be deleted exactly.
+        let whole = match &d.selection {
+            None => true,
+            Some(w) => !self.key.is_empty() && key_equalities(&self.key, Some(w)).is_some(),
+        };
+        if !whole || d.limit.is_some() {
+            return Err(format!(
+                "deleting some of a key's rows from ring table {} cannot be rewritten (later inserts would replace a row the table keeps); delete whole keys with `{}`",
+                self.tables[0],
+                self.key
+                    .iter()
+                    .map(|k| format!("{k} = value"))
+                    .collect::<Vec<_>>()
+                    .join(" AND ")
+            ));
+        }
         let mut sql = format!("DELETE FROM {}", self.physical(&self.ring_table, name));
         let is_column = |c: &str| meta.iter().any(|d| eq(&column_def_name(d), c));
         if let Some(w) = &d.selection {
@@ -401,6 +435,7 @@ impl RingRule {
                 self.tables[0]
             ));
         }
+        check_update_qualifiers(u)?;
         let is_column = |c: &str| meta.iter().any(|d| eq(&column_def_name(d), c));
         let mut sets = Vec::new();
         for a in &u.assignments {
@@ -610,14 +645,21 @@ mod tests {
         assert_eq!(r.merge, Merge::No);
         // Nothing to merge or return: no pieces rendered per execution.
         assert!(r.aux.is_empty());
-        // INSERT … SET, REPLACE, IGNORE and a qualified name: the same upsert.
+        // INSERT … SET, REPLACE and a qualified name: the same upsert.
         for sql in [
             "INSERT INTO log SET uid = 5, visitor_uid = 7, last_update = NOW(6)",
             "REPLACE INTO log (uid, visitor_uid, last_update) VALUES (5, 7, NOW(6))",
-            "INSERT IGNORE INTO log (uid, visitor_uid, last_update) VALUES (5, 7, NOW(6))",
         ] {
             assert_sql(&rewrite(&e, sql), &[&upsert("(5, 7, NOW(6), NULL, NULL)")]);
         }
+        // IGNORE stays: it turns conversion errors into warnings.
+        assert_sql(
+            &rewrite(
+                &e,
+                "INSERT IGNORE INTO log (uid, visitor_uid, last_update) VALUES (5, 7, NOW(6))",
+            ),
+            &[&upsert("(5, 7, NOW(6), NULL, NULL)").replacen("INSERT", "INSERT IGNORE", 1)],
+        );
         assert_sql(
             &rewrite(
                 &e,

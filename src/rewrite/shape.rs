@@ -214,6 +214,79 @@ pub fn mentions_column(e: &Expr, pred: impl Fn(&str) -> bool) -> bool {
     found
 }
 
+/// Refuses columns qualified by anything but `name` (the alias of a single-table
+/// UPDATE or DELETE target when `alias`, or its table name) in `exprs`: MariaDB
+/// answers `UPDATE hits AS h SET hits.cnt = …` with 1054, and rewrites that drop
+/// qualifiers would run it.
+pub fn check_qualifiers<'e>(
+    exprs: impl IntoIterator<Item = &'e Expr>,
+    name: &str,
+    alias: bool,
+) -> Result<(), String> {
+    let mut bad = None;
+    for e in exprs {
+        let _ = sqlparser::ast::visit_expressions(e, |x| {
+            if let Expr::CompoundIdentifier(parts) = x {
+                if let Some(q) = parts.len().checked_sub(2).map(|i| &parts[i]) {
+                    // Aliases compare case-insensitively, table names exactly.
+                    if q.value != name && !(alias && eq(&q.value, name)) {
+                        bad = Some(x.to_string());
+                        return ControlFlow::Break(());
+                    }
+                }
+            }
+            ControlFlow::Continue(())
+        });
+        if let Some(col) = bad {
+            return Err(format!(
+                "column {col} is qualified by another name than the table's `{name}`"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// [`check_qualifiers`] for a single-table UPDATE: its assignments' targets and
+/// values, WHERE and ORDER BY.
+pub fn check_update_qualifiers(u: &sqlparser::ast::Update) -> Result<(), String> {
+    let Some((q, alias)) = target_qualifier(&u.table.relation) else {
+        return Ok(());
+    };
+    for a in &u.assignments {
+        if let sqlparser::ast::AssignmentTarget::ColumnName(col) = &a.target {
+            let parts = &col.0;
+            if let Some(sqlparser::ast::ObjectNamePart::Identifier(id)) =
+                parts.len().checked_sub(2).and_then(|i| parts.get(i))
+            {
+                if id.value != q && !(alias && eq(&id.value, &q)) {
+                    return Err(format!(
+                        "column {col} is qualified by another name than the table's `{q}`"
+                    ));
+                }
+            }
+        }
+    }
+    check_qualifiers(
+        u.assignments
+            .iter()
+            .map(|a| &a.value)
+            .chain(u.selection.iter())
+            .chain(u.order_by.iter().map(|o| &o.expr)),
+        &q,
+        alias,
+    )
+}
+
+/// The name columns of a single-table UPDATE or DELETE target are qualified with:
+/// its alias (`true`), or its table name.
+pub fn target_qualifier(relation: &TableFactor) -> Option<(String, bool)> {
+    match relation {
+        TableFactor::Table { alias: Some(a), .. } => Some((a.name.value.clone(), true)),
+        TableFactor::Table { name, .. } => Some((last_ident(name), false)),
+        _ => None,
+    }
+}
+
 /// The condition with qualified columns (`t.c`) made unqualified (`c`), so it can be
 /// applied to another table with the same column names. Refuses subqueries, and
 /// columns for which `allowed` is false (named in the error).

@@ -953,6 +953,7 @@ mod tests {
                 prepared: true,
                 in_transaction: false,
                 current_db: Some("shop"),
+                lexing: Some(crate::rewrite::Lexing::STANDARD),
             },
         );
         let Decision::Rewrite(r) = d else {

@@ -120,8 +120,7 @@ slot_table = "hits_slots"
     }
 
     fn slot_rows(&self) -> usize {
-        mariadb()
-            .query_strings(&format!("SELECT COUNT(*) FROM {}.hits_slots", self.db))[0][0]
+        mariadb().query_strings(&format!("SELECT COUNT(*) FROM {}.hits_slots", self.db))[0][0]
             .as_deref()
             .unwrap_or("0")
             .parse()

@@ -47,6 +47,13 @@
 //! in literals: the parser only sees markers, and the bytes are copied into the
 //! rewrite verbatim.
 //!
+//! The lexer reads a statement under the session's character set and `sql_mode`
+//! ([`StatementContext::lexing`], learned from the server through
+//! [`Decision::NeedSessionState`]); under a character set it cannot read exactly,
+//! every mention of a ruled table is refused, and a rewritten statement's string
+//! literals must be well-formed in their character set. See `docs/design.md`, "The
+//! lexer's contract".
+//!
 //! # Writing a rule kind
 //!
 //! - Match the statement shapes you can rewrite faithfully; return `Err(reason)` for
@@ -303,11 +310,63 @@ const LEXING_WORDS: &[&str] = &[
 
 /// Whether a statement (a COM_QUERY or COM_STMT_PREPARE text, possibly several
 /// statements) may change what [`Lexing`] describes, so that the session must learn
-/// it again before its next statement on a ruled table. Conservative: any of
-/// [`LEXING_WORDS`] as a word anywhere in the bytes (strings and comments included,
-/// so no reading of the statement is trusted; `character…` and `collation…` also as
-/// the start of a word). A scan of the bytes, ≈ tens of ns on a short statement.
+/// it again before its next statement on a ruled table. Conservative:
+///
+/// - a statement starting with `CALL` or `EXECUTE` (they run statements the proxy
+///   does not see): yes;
+/// - one starting with `SET`, or text with a `;` that something follows (several
+///   statements): yes if any of [`LEXING_WORDS`] appears as a word anywhere in the
+///   bytes (strings and comments included, so no reading of the statement is
+///   trusted; `character…` and `collation…` also as the start of a word);
+/// - anything else: no.
+///
+/// Leading whitespace, comments and executable-comment openers (`/*!40101 SET …`)
+/// are skipped. Cost on a statement that is neither: a look at its first word and a
+/// search for `;`.
 pub fn may_change_lexing(sql: &[u8]) -> bool {
+    let first = first_word(sql);
+    let is = |w: &[u8]| first.eq_ignore_ascii_case(w);
+    if is(b"call") || is(b"execute") {
+        return true;
+    }
+    // `contains` is a memchr; most statements hold no `;` at all.
+    let several = || {
+        sql.contains(&b';')
+            && sql
+                .iter()
+                .position(|&b| b == b';')
+                .is_some_and(|p| !sql[p + 1..].trim_ascii().is_empty())
+    };
+    (is(b"set") || several()) && names_lexing_word(sql)
+}
+
+/// The first word of a statement, after whitespace, comments and the openers of
+/// executable comments; empty when it does not start with a word.
+fn first_word(sql: &[u8]) -> &[u8] {
+    let mut s = sql;
+    loop {
+        s = s.trim_ascii_start();
+        if let Some(rest) = s.strip_prefix(b"/*!").or_else(|| s.strip_prefix(b"/*M!")) {
+            s = &rest[rest.iter().take_while(|b| b.is_ascii_digit()).count()..];
+        } else if let Some(rest) = s.strip_prefix(b"/*") {
+            match rest.windows(2).position(|w| w == b"*/") {
+                Some(end) => s = &rest[end + 2..],
+                None => return &[],
+            }
+        } else if s.starts_with(b"#") || s.starts_with(b"--") {
+            match s.iter().position(|&b| b == b'\n') {
+                Some(end) => s = &s[end + 1..],
+                None => return &[],
+            }
+        } else {
+            let n = s.iter().take_while(|&&b| sqltok::is_ident_byte(b)).count();
+            return &s[..n];
+        }
+    }
+}
+
+/// Whether one of [`LEXING_WORDS`] appears as a word in the bytes.
+fn names_lexing_word(sql: &[u8]) -> bool {
     static WORDS: std::sync::LazyLock<Option<aho_corasick::AhoCorasick>> =
         std::sync::LazyLock::new(|| {
             aho_corasick::AhoCorasick::builder()
@@ -604,7 +663,7 @@ impl From<Vec<Statement>> for Plan {
 /// Rules are pure: the outcome of [`Rule::plan`] may depend only on the statement, on
 /// the [`PlanContext`] fields and on the literal values the rule reads through
 /// [`PlanContext::literal`]. It is cached and reused for every statement with the
-/// same fingerprint, current database and protocol.
+/// same fingerprint, current database, protocol and lexer mode.
 pub trait Rule: Send + Sync {
     /// The rule's name, as written in the rules file; shown in errors.
     fn name(&self) -> &str;
@@ -898,6 +957,10 @@ mod lexing_tests {
             b"EXECUTE s",
             b"EXECUTE IMMEDIATE @q",
             b"SET autocommit = 1, NAMES gbk",
+            b"  -- c\n/* c */ # c\n set names gbk",
+            b"/*M!100100 SET sql_mode = '' */",
+            b"call p",
+            b"SELECT 1 ; /*! SET NAMES gbk */",
         ] {
             assert!(may_change_lexing(sql), "{}", String::from_utf8_lossy(sql));
         }
@@ -906,6 +969,10 @@ mod lexing_tests {
             b"SET autocommit = 1",
             b"SELECT surnames, recall, callback FROM t",
             b"SELECT _names FROM t",
+            b"SELECT names, charset FROM t;",
+            b"UPDATE t SET names = 1 WHERE charset = 2",
+            b"SELECT 'SET NAMES gbk'",
+            b"",
         ] {
             assert!(!may_change_lexing(sql), "{}", String::from_utf8_lossy(sql));
         }

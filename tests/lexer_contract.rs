@@ -346,6 +346,13 @@ fn latin1_sessions_rewrite_and_charset_changes_are_followed() {
     ok(&c.execute(id, &[]).unwrap());
     refused_or_same(&c.query(injection(b"\xbf")).unwrap(), Some(1064), "gbk");
     assert_eq!(env.value("home"), Some(11));
+    // A statement that mentions the table (so the settings are learned just before
+    // it) and changes them after.
+    let mut c = env.client();
+    let p = c.query("SELECT 'hits'; SET NAMES gbk").unwrap();
+    assert!(!p.iter().any(|p| p.is_err()), "{p:?}");
+    refused_or_same(&c.query(injection(b"\xbf")).unwrap(), Some(1064), "gbk");
+    assert_eq!(env.value("home"), Some(11));
 }
 
 #[test]

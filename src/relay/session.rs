@@ -791,24 +791,20 @@ impl Session {
                 None => {}
             }
         }
-        // Checked before the statement runs, applied after it was decided on: the
-        // statement itself is read under the settings in force before it.
-        let changes_lexing = if prepared {
-            !self.lexing_prepared && crate::rewrite::may_change_lexing(sql)
-        } else {
-            self.lexing.is_some() && crate::rewrite::may_change_lexing(sql)
-        };
         let decision = if engine.has_rules() {
             self.decide(engine, sql, prepared, c.last_seq).await?
         } else {
             Some(Decision::Passthrough)
         };
-        if changes_lexing {
-            if prepared {
+        // After the decision, which read the statement under the settings in force
+        // before it (and may just have learned them): it runs under those, and may
+        // change them for the statements after it.
+        if prepared {
+            if !self.lexing_prepared && crate::rewrite::may_change_lexing(sql) {
                 self.lexing_prepared = true;
-            } else {
-                self.lexing = None;
             }
+        } else if self.lexing.is_some() && crate::rewrite::may_change_lexing(sql) {
+            self.lexing = None;
         }
         if let Some(Decision::Shadow(would)) = &decision {
             self.shadowed(would);

@@ -13,7 +13,7 @@ use std::sync::RwLock;
 
 use common::client::rules_dir;
 use common::packets::Packet;
-use common::rawclient::{ConnectOpts, RawClient};
+use common::rawclient::{ConnectOpts, RawClient, RawParam};
 use common::{mariadb, Proxy, PASSWORD, USER};
 
 /// Held for writing while a test changes the server's global `sql_mode`, which every
@@ -249,6 +249,13 @@ fn no_backslash_escapes_injection_is_refused() {
     assert_eq!(env.value("a\\b"), Some(1));
     let read = c.query("SELECT cnt FROM hits WHERE slug = 'a\\b'").unwrap();
     assert_eq!(first_cell(&read).as_deref(), Some(&b"1"[..]), "{read:?}");
+    // Prepared statements are read under the mode too.
+    let (id, p) = c
+        .prepare("UPDATE hits SET cnt = cnt + ? WHERE slug = 'p\\'")
+        .unwrap();
+    assert!(id != 0, "{p:?}");
+    ok(&c.execute(id, &[RawParam::Int(3)]).unwrap());
+    assert_eq!(env.value("p\\"), Some(3));
     // And back.
     ok(&c.query("SET sql_mode = DEFAULT").unwrap());
     ok(&c
@@ -426,4 +433,50 @@ fn invalid_utf8_keys_are_refused_and_valid_keys_do_not_collide() {
         assert_eq!(env.value(key), Some(1), "{key}");
     }
     assert_eq!(env.keys().len(), 6);
+}
+
+#[test]
+fn routines_and_server_side_statements_are_followed() {
+    let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
+    let env = Env::new("routines");
+    mariadb().exec(&format!(
+        "CREATE PROCEDURE {}.to_gbk() SET NAMES gbk",
+        env.db
+    ));
+    let mut c = env.client();
+    let up = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'";
+    ok(&c.query(up).unwrap());
+    let p = c.query("CALL to_gbk()").unwrap();
+    assert!(!p.iter().any(|p| p.is_err()), "{p:?}");
+    // MariaDB restores the caller's character set when the routine ends; whatever
+    // it is, the proxy reads the next statement under the same one.
+    let cs = first_cell(&c.query("SELECT @@character_set_client").unwrap());
+    let what = if cs.as_deref() == Some(&b"gbk"[..]) {
+        "gbk"
+    } else {
+        "not well-formed utf8mb4"
+    };
+    refused_or_same(&c.query(injection(b"\xbf")).unwrap(), Some(1064), what);
+    // SQL-level prepared statements.
+    ok(&c.query("SET NAMES utf8mb4").unwrap());
+    ok(&c.query("PREPARE s FROM 'SET NAMES sjis'").unwrap());
+    ok(&c.query(up).unwrap());
+    ok(&c.query("EXECUTE s").unwrap());
+    refused_or_same(&c.query(injection(b"\x95")).unwrap(), Some(1064), "sjis");
+    ok(&c.query("SET NAMES utf8mb4").unwrap());
+    ok(&c
+        .query("EXECUTE IMMEDIATE 'SET sql_mode = CONCAT(@@sql_mode, \\',NO_BACKSLASH_ESCAPES\\')'")
+        .unwrap());
+    refused_or_same(&c.query(injection(b"x")).unwrap(), Some(1064), "");
+    ok(&c.query("SET sql_mode = DEFAULT").unwrap());
+    // SET STATEMENT … FOR on the ruled table: refused or MariaDB's own answer.
+    let p = c
+        .query("SET STATEMENT sql_mode = 'NO_BACKSLASH_ESCAPES' FOR UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'")
+        .unwrap();
+    if p.iter().any(|p| p.is_err()) {
+        refused_or_same(&p, None, "");
+        assert_eq!(env.value("home"), Some(12));
+    } else {
+        assert_eq!(env.value("home"), Some(13));
+    }
 }

@@ -700,10 +700,27 @@ impl Engine {
 /// to be rewritten.
 fn invalid_string(st: &Named<'_, '_>) -> Option<String> {
     for (i, t) in st.literals.iter().enumerate() {
+        let text = &st.sql[t.start..t.end];
+        if t.kind == TokenKind::Literal(sqltok::LiteralKind::Hex) && text.first() == Some(&b'_') {
+            // `_utf8mb4 X'…'`, `_utf8mb4 0x…`: the bytes the digits stand for.
+            let end = text
+                .iter()
+                .position(|&b| !sqltok::is_ident_byte(b))
+                .unwrap_or(text.len());
+            let charset = super::Charset::from_name(&text[1..end]);
+            if !charset.accepts(&hex_bytes(&text[end..])) {
+                return Some(format!(
+                    "hex literal #{} of the statement on table '{}' is not well-formed {}, so MariaDB would not store it as written",
+                    i + 1,
+                    st.table,
+                    charset.name
+                ));
+            }
+            continue;
+        }
         if t.kind != TokenKind::Literal(sqltok::LiteralKind::String) {
             continue;
         }
-        let text = &st.sql[t.start..t.end];
         let (charset, body) = match text.first() {
             Some(b'_') => {
                 let end = text
@@ -725,6 +742,37 @@ fn invalid_string(st: &Named<'_, '_>) -> Option<String> {
         }
     }
     None
+}
+
+/// The bytes of a hex literal's digits (`X'4142'`, `0x4142`, `0x142` = `0x0142`),
+/// whatever precedes them.
+fn hex_bytes(text: &[u8]) -> Vec<u8> {
+    let body = match text.iter().position(|&b| b == b'\'') {
+        Some(q) => &text[q + 1..],
+        None => text
+            .iter()
+            .position(|&b| b == b'x' || b == b'X')
+            .map_or(text, |x| &text[x + 1..]),
+    };
+    let digits: Vec<u8> = body
+        .iter()
+        .take_while(|b| b.is_ascii_hexdigit())
+        .map(|&b| match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => b - b'A' + 10,
+        })
+        .collect();
+    let pad = digits.len() % 2;
+    let mut out = Vec::with_capacity(digits.len() / 2 + 1);
+    let mut hi: Option<u8> = (pad == 1).then_some(0);
+    for d in digits {
+        match hi.take() {
+            Some(h) => out.push(h << 4 | d),
+            None => hi = Some(d),
+        }
+    }
+    out
 }
 
 /// The exact-text key of a statement.
@@ -1574,6 +1622,15 @@ mod tests {
             b"SELECT a FROM t WHERE s = '\xff'",
             &ctx_with(b"latin1", false, false),
         ));
+        // Hex literals with an introducer are strings of that character set.
+        rejected(e.decide(b"SELECT a FROM t WHERE s = _utf8mb4 X'FF'", &utf8));
+        rejected(e.decide(b"SELECT a FROM t WHERE s = _utf8mb4 0xc3", &utf8));
+        rejected(e.decide(b"SELECT a FROM t WHERE s = _utf8mb3 0xF09F9880", &utf8));
+        rewritten(e.decide(b"SELECT a FROM t WHERE s = _utf8mb4 x'C3A9'", &utf8));
+        rewritten(e.decide(b"SELECT a FROM t WHERE s = _utf8mb4 0x041", &utf8));
+        rewritten(e.decide(b"SELECT a FROM t WHERE s = _latin1 0xFF", &utf8));
+        assert_eq!(hex_bytes(b"_x X'0aFf'"), vec![0x0a, 0xff]);
+        assert_eq!(hex_bytes(b"0x142"), vec![0x01, 0x42]);
         // An ascii connection takes 7-bit strings only.
         rejected(e.decide(
             b"SELECT a FROM t WHERE s = '\xe9'",

@@ -741,7 +741,7 @@ impl Session {
                 if self.shared.config.log_literals {
                     String::from_utf8_lossy(s).into_owned()
                 } else {
-                    crate::rewrite::fingerprint(s)
+                    crate::rewrite::fingerprint_in(s, self.lexing.unwrap_or_default().mode)
                 }
             })
             .collect()
@@ -867,7 +867,10 @@ impl Session {
                     debug!(
                         peer = %self.peer,
                         rule = %rw.rule,
-                        fingerprint = %crate::rewrite::fingerprint(&c.payload()[1..]),
+                        fingerprint = %crate::rewrite::fingerprint_in(
+                            &c.payload()[1..],
+                            self.lexing.unwrap_or_default().mode
+                        ),
                         rewritten = ?self.loggable(&rw.statements),
                         "statement rewritten"
                     );

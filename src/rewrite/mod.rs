@@ -95,7 +95,13 @@ pub use sqltok::{LexMode, LiteralKind, Slot};
 /// comments dropped, whitespace and reserved words normalised. Used in logs, where a
 /// statement must not show literal values; text that cannot be lexed is summarised.
 pub fn fingerprint(sql: &[u8]) -> String {
-    match sqltok::lex(sql, LexMode::default()) {
+    fingerprint_in(sql, LexMode::default())
+}
+
+/// [`fingerprint`] of a statement read under `mode` (the session's `sql_mode`), so
+/// that literal values stay hidden whatever its quotes and backslashes mean.
+pub fn fingerprint_in(sql: &[u8], mode: LexMode) -> String {
+    match sqltok::lex(sql, mode) {
         Ok(toks) => {
             let mut out = Vec::with_capacity(sql.len());
             sqltok::normalize(
@@ -1027,6 +1033,22 @@ mod fingerprint_tests {
         assert_eq!(
             super::fingerprint(b"SELECT 'a"),
             "<9 bytes that do not lex>"
+        );
+        // Under NO_BACKSLASH_ESCAPES `'x\'` ends at the backslash.
+        let nbe = super::LexMode {
+            no_backslash_escapes: true,
+            ansi_quotes: false,
+        };
+        let f = super::fingerprint_in(b"SET a = 'x\\', b = 'secret'", nbe);
+        assert_eq!(f, "SET a = ? , b = ?");
+        // Under ANSI_QUOTES a double-quoted name is no value.
+        let ansi = super::LexMode {
+            no_backslash_escapes: false,
+            ansi_quotes: true,
+        };
+        assert_eq!(
+            super::fingerprint_in(b"SELECT \"c\" FROM t", ansi),
+            "SELECT `c` FROM t"
         );
     }
 }

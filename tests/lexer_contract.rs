@@ -482,3 +482,41 @@ fn routines_and_server_side_statements_are_followed() {
         assert_eq!(env.value("home"), Some(13));
     }
 }
+
+/// The session's `Com_select` counter, read through the proxy (a passthrough).
+fn selects(c: &mut RawClient) -> u64 {
+    let p = c.query("SHOW SESSION STATUS LIKE 'Com_select'").unwrap();
+    // Column count, two definitions (no EOF: DEPRECATE_EOF), the row.
+    assert!(c.deprecate_eof());
+    let row = p
+        .get(3)
+        .and_then(|p| common::packets::parse_text_row(&p.payload))
+        .expect("a status row");
+    String::from_utf8_lossy(row[1].as_deref().unwrap_or_default())
+        .parse()
+        .expect("a number")
+}
+
+#[test]
+fn settings_are_queried_once_per_session_and_after_changes() {
+    let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
+    let env = Env::new("cost");
+    let up = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'";
+    // A first session pays the rule's metadata query too.
+    let mut warm = env.client();
+    ok(&warm.query(up).unwrap());
+    let mut c = env.client();
+    let base = selects(&mut c);
+    for _ in 0..5 {
+        ok(&c.query(up).unwrap());
+    }
+    ok(&c.query("SET autocommit = 1").unwrap());
+    ok(&c.query(up).unwrap());
+    // One settings query for six rewritten statements.
+    assert_eq!(selects(&mut c), base + 1);
+    ok(&c.query("SET NAMES utf8mb4").unwrap());
+    ok(&c.query(up).unwrap());
+    ok(&c.query(up).unwrap());
+    assert_eq!(selects(&mut c), base + 2);
+    assert_eq!(env.value("home"), Some(19));
+}

@@ -54,6 +54,12 @@ use tracing::info;
 use crate::config::{Config, LogFormat};
 use crate::error::{Error, Result, Source};
 
+/// Stack of each runtime thread. Planning a statement recurses along its expression
+/// depth (parser, visitors, printer, drop), which the engine bounds by
+/// [`rewrite::MAX_NESTING`]; at that bound a debug build uses about half of
+/// this, a release build far less. Pages are only touched as used.
+pub const WORKER_STACK_BYTES: usize = 16 << 20;
+
 /// Runs the command the user asked for.
 pub fn run(cli: cli::Cli) -> Result<()> {
     match cli.command {
@@ -63,6 +69,7 @@ pub fn run(cli: cli::Cli) -> Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .thread_name("heatsink")
+                .thread_stack_size(WORKER_STACK_BYTES)
                 .build()
                 .map_err(|e| Error::with_cause(Source::Internal, "starting runtime", e))?;
             rt.block_on(serve(config, server::shutdown_signal()))

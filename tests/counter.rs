@@ -760,14 +760,36 @@ fn unusual_increments_behave_like_the_table() {
     assert_scenario_with_errors(
         "unusual",
         &[
-            "UPDATE {t} SET cnt = cnt + NULL WHERE slug = 'home'",
-            "UPDATE {t} SET cnt = cnt + 1.6 WHERE slug = 'home'",
-            "UPDATE {t} SET cnt = cnt + '2' WHERE slug = 'home'",
             "UPDATE {t} SET cnt = cnt - 20 WHERE slug = 'about'",
+            "UPDATE {t} SET cnt = cnt + 1, cnt = cnt + 2 WHERE slug = 'home'",
+            "UPDATE {t} SET cnt = cnt + 1 WHERE slug = NULL",
+            "UPDATE {t} SET cnt = cnt + 1 WHERE slug = 'home' LIMIT 0",
             "SELECT * FROM {t} ORDER BY slug",
             "UPDATE nosuch SET cnt = cnt + 1 WHERE slug = 'home'",
         ],
     );
+}
+
+/// Increments a slot row cannot hold exactly are refused and change nothing:
+/// `+ NULL` sets the column to NULL (an error, or 0 in non-strict mode), and MariaDB
+/// rounds `+ 1.5` or converts `+ '2'` against the whole value, not the delta.
+#[test]
+fn inexact_increments_are_refused() {
+    let env = Env::hits("inexact", false);
+    run(Duration::from_secs(30), async {
+        let mut p = env.proxied().await;
+        for sql in [
+            "UPDATE hits SET cnt = cnt + NULL WHERE slug = 'home'",
+            "UPDATE hits SET cnt = cnt - 1.5 WHERE slug = 'home'",
+            "UPDATE hits SET cnt = cnt + '2' WHERE slug = 'home'",
+        ] {
+            assert_rejected(&mut p, sql).await;
+        }
+        assert_eq!(
+            env.backend_scalar("SELECT cnt FROM {db}.hits WHERE slug = 'home'"),
+            Some("10".into())
+        );
+    });
 }
 
 /// Adding zero matches the row but changes nothing.

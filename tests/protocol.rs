@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::packets::{parse_err, parse_ok, parse_text_row, read_lenenc, Packet};
+use common::packets::{parse_err, parse_ok, text_rows, Packet};
 use common::rawclient::{caps, cmd, types, ConnectError, ConnectOpts, RawClient, RawParam};
 use common::{free_port, mariadb, Proxy, PASSWORD, TEST_DB, USER};
 
@@ -110,31 +110,6 @@ fn split_packets(mut bytes: &[u8]) -> Vec<Packet> {
         bytes = &bytes[4 + len..];
     }
     out
-}
-
-/// The rows of the first text result set in `packets`, each cell as a string.
-fn text_rows(packets: &[Packet]) -> Vec<Vec<Option<String>>> {
-    let first = packets.first().expect("empty response");
-    assert!(
-        !first.is_err() && !first.is_ok(),
-        "expected a result set, got {packets:?}"
-    );
-    let mut pos = 0;
-    let columns = read_lenenc(&first.payload, &mut pos).expect("column count") as usize;
-    let mut rest = &packets[1 + columns..];
-    if rest.first().is_some_and(|p| p.is_eof()) {
-        rest = &rest[1..];
-    }
-    rest.iter()
-        .take_while(|p| p.header() != 0xFE && !p.is_err())
-        .map(|p| {
-            parse_text_row(&p.payload)
-                .expect("text row")
-                .into_iter()
-                .map(|c| c.map(|b| String::from_utf8_lossy(&b).into_owned()))
-                .collect()
-        })
-        .collect()
 }
 
 /// The single value of a one-row, one-column text result.

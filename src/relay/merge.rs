@@ -3,7 +3,8 @@
 //! been answered.
 //!
 //! - Counter increments: the leader writes one slot upsert of the summed deltas;
-//!   every member gets "1 row affected".
+//!   every member gets "1 row affected". If that write fails (other than by a lock
+//!   conflict, which is retried), every member runs its own increment alone.
 //! - Ring inserts: the leader writes one multi-row upsert into the ring, the parts
 //!   ordered by their key so that every writer takes the keys' sequence and ring
 //!   rows in the same order. With an AUTO_INCREMENT column the statement ends in
@@ -131,6 +132,7 @@ impl Session {
             atomic: false,
             aux,
             aux_holes: Vec::new(),
+            param_checks: Vec::new(),
             merge: m.kind,
         })
     }
@@ -237,6 +239,13 @@ impl Session {
                 warnings: o.warnings,
             }
         });
+        if outcome.is_err() && members > 1 {
+            // Nothing was written (one statement in autocommit), and the error may
+            // be one member's doing (a sum out of range, say): each member runs its
+            // own increment, so only a statement that fails alone gets an error.
+            guard.resolve_each(|_| Signal::Alone);
+            return Ok(Signal::Alone);
+        }
         let stats = &self.shared.stats;
         count_merged(
             members,

@@ -53,6 +53,8 @@ pub struct PreparedRewrite {
     /// The client sent COM_STMT_SEND_LONG_DATA, which rewritten statements do not
     /// support; the next execute fails with a clear error.
     pub long_data: bool,
+    /// Checks of each execute's parameter values (see [`Rewritten::param_checks`]).
+    pub checks: Vec<(usize, crate::rewrite::ParamCheck)>,
     /// A ring insert: the plan's pieces, with holes for the parameters (see
     /// [`Rewritten::aux_holes`]), from which an execute becomes a text statement
     /// when it merges or needs `RETURNING`.
@@ -615,14 +617,8 @@ impl Session {
         loop {
             let p = self.backend.read_logical().await?;
             let payload = p.payload();
-            let len = payload.len();
             let first = payload.first().copied();
-            let terminator = first == Some(packets::EOF)
-                && if self.deprecate_eof {
-                    len < MAX_PAYLOAD
-                } else {
-                    len < 9
-                };
+            let terminator = self.ends_rows(&payload);
             if terminator || first == Some(packets::ERR) {
                 self.answered_error |= !terminator;
                 if terminator {
@@ -642,7 +638,11 @@ impl Session {
                         // has part of a result; end it with an error.
                         let msg = "heatsink: a rewritten value does not fit the column type";
                         frame_into(&mut out, seq, &err_of(errors::UNKNOWN, msg));
-                        return self.client.write_all(&out).await;
+                        self.answered_error = true;
+                        self.client.write_all(&out).await?;
+                        // The backend is still sending this result: read it to its
+                        // end so the next command's answer is the next command's.
+                        return self.discard_rows().await;
                     }
                 },
                 None => seq = frame_into(&mut out, seq, &payload),
@@ -650,6 +650,37 @@ impl Session {
             if out.len() >= 64 * 1024 {
                 self.client.write_all(&out).await?;
                 out.clear();
+            }
+        }
+    }
+
+    /// Whether a packet read where a row may come is the result set's terminator
+    /// (EOF, or the OK that replaces it under CLIENT_DEPRECATE_EOF).
+    fn ends_rows(&self, payload: &[u8]) -> bool {
+        payload.first() == Some(&packets::EOF)
+            && if self.deprecate_eof {
+                payload.len() < MAX_PAYLOAD
+            } else {
+                payload.len() < 9
+            }
+    }
+
+    /// Reads and drops the rest of a result set's rows, up to and including its
+    /// terminator (EOF/OK) or ERR, keeping the session's status flags current.
+    async fn discard_rows(&mut self) -> Result<()> {
+        loop {
+            let p = self.backend.read_logical().await?;
+            let payload = p.payload();
+            let first = payload.first().copied();
+            let terminator = self.ends_rows(&payload);
+            if terminator {
+                if let Some(st) = packets::terminator_status(&payload, self.deprecate_eof) {
+                    self.status = st;
+                }
+                return Ok(());
+            }
+            if first == Some(packets::ERR) {
+                return Ok(());
             }
         }
     }
@@ -727,6 +758,7 @@ impl Session {
                 reply: rw.reply.clone(),
                 atomic: rw.atomic,
                 long_data: false,
+                checks: rw.param_checks.clone(),
                 merge: (!rw.aux.is_empty() && rw.aux_holes.len() == rw.aux.len()).then(|| {
                     PreparedMerge {
                         kind: rw.merge,
@@ -773,6 +805,13 @@ impl Session {
             p.long_data = false;
             let msg = format!(
                 "heatsink rule '{}': COM_STMT_SEND_LONG_DATA is not supported for rewritten statements",
+                p.rule
+            );
+            return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
+        }
+        if let Some(why) = param_violation(&payload, p) {
+            let msg = format!(
+                "heatsink rule '{}': {why} cannot be rewritten with MariaDB's meaning",
                 p.rule
             );
             return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
@@ -885,6 +924,23 @@ fn restore(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
     }
 }
 
+/// Why an execute's parameter values fail the rewrite's checks, if they do. A
+/// malformed execute passes here and is refused where it is sliced.
+fn param_violation(payload: &[u8], p: &mut PreparedRewrite) -> Option<String> {
+    if p.checks.is_empty() {
+        return None;
+    }
+    let values = execute_params(payload, p).ok()?;
+    let types = p.types.as_deref()?;
+    p.checks.iter().find_map(|&(j, check)| {
+        let ty = [*types.get(2 * j)?, *types.get(2 * j + 1)?];
+        check.violation(ty, *values.get(j)?)
+    })
+}
+
+/// COM_STMT_EXECUTE flag bits asking for a cursor: READ_ONLY, FOR_UPDATE, SCROLLABLE.
+const CURSOR_TYPE_MASK: u8 = 0x07;
+
 /// Rebuilds the client's COM_STMT_EXECUTE payload for each backend statement:
 /// parameter values are sliced by type (never decoded) and re-ordered per each
 /// statement's parameter map.
@@ -900,7 +956,12 @@ fn remap_execute(
         let mut cmd = Vec::with_capacity(payload.len() + 16);
         cmd.push(cmd::STMT_EXECUTE);
         cmd.extend_from_slice(&id.to_le_bytes());
-        cmd.extend_from_slice(flags_iter);
+        // No server-side cursor: the proxy reshapes the whole result as it streams
+        // by, and a cursor would leave the rows on the server until COM_STMT_FETCH.
+        // Without CURSOR_EXISTS in the final status, clients read the rows at once
+        // (as they do for any statement the server opens no cursor for).
+        cmd.push(flags_iter[0] & !CURSOR_TYPE_MASK);
+        cmd.extend_from_slice(&flags_iter[1..]);
         let m = map.len();
         if m > 0 {
             let types = p.types.as_deref().ok_or("parameters were never bound")?;
@@ -976,6 +1037,7 @@ mod tests {
             reply: Reply::Last,
             atomic: false,
             long_data: false,
+            checks: Vec::new(),
             merge: None,
         }
     }
@@ -1006,6 +1068,16 @@ mod tests {
         want2.extend_from_slice(&[0xfd, 0, 0x08, 0]);
         want2.extend_from_slice(b"\x05about");
         assert_eq!(out2, want2);
+    }
+
+    #[test]
+    fn cursor_flags_are_cleared() {
+        let mut p = prepared(vec![], 0);
+        for flags in [0x01u8, 0x02, 0x04, 0x07] {
+            let pl = vec![cmd::STMT_EXECUTE, 7, 0, 0, 0, flags, 1, 0, 0, 0];
+            let out = remap_execute(&pl, &mut p).unwrap().remove(0);
+            assert_eq!(out, vec![cmd::STMT_EXECUTE, 7, 0, 0, 0, 0, 1, 0, 0, 0]);
+        }
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub struct Template {
     pub atomic: bool,
     /// Concurrent executions may be merged (see [`crate::rewrite::Plan::merge`]).
     pub merge: crate::rewrite::Merge,
+    /// Checks of each execute's parameters (see [`crate::rewrite::Plan::param_checks`]).
+    pub param_checks: Vec<(usize, crate::rewrite::ParamCheck)>,
 }
 
 impl Template {
@@ -103,6 +105,7 @@ impl Template {
             reply: crate::rewrite::Reply::Last,
             atomic: false,
             merge: crate::rewrite::Merge::No,
+            param_checks: Vec::new(),
         })
     }
 
@@ -141,6 +144,11 @@ impl Template {
             aux,
             aux_holes,
             merge: self.merge,
+            param_checks: if prepared {
+                self.param_checks.clone()
+            } else {
+                Vec::new()
+            },
         })
     }
 }

@@ -32,9 +32,12 @@ use sqlparser::ast::{
 
 use super::shape::{
     column_name, ddl_rejection, eq, is_table_ddl, is_value, key_equalities, last_ident,
-    mentions_column, parse, replace_reads, requalify, ColumnsByDb,
+    mentions_column, parse, replace_reads, requalify, unsupported_clauses, ColumnsByDb,
 };
-use super::{Affected, ColumnPatch, Merge, Plan, PlanContext, Reply, Rule, TableName};
+use super::{
+    Affected, ColumnPatch, LiteralClass, Merge, ParamCheck, Plan, PlanContext, Reply, Rule, Slot,
+    TableName,
+};
 use crate::rules::spec::{quote, CounterSpec};
 use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
 
@@ -208,6 +211,7 @@ impl CounterRule {
             }
             return self.plan_read(stmt, ctx);
         };
+        unsupported_clauses(stmt)?;
         if !u.table.joins.is_empty() || u.from.is_some() {
             return Err(format!(
                 "a multi-table UPDATE of counter table {} cannot be rewritten",
@@ -260,7 +264,36 @@ impl CounterRule {
             if !u.order_by.is_empty() {
                 return Err("ORDER BY in a counter increment cannot be rewritten".into());
             }
+            let increments = combine_increments(increments);
+            let mut param_checks = Vec::new();
+            for (col, delta) in &increments {
+                check_delta(col, delta, ctx, &mut param_checks)?;
+            }
             let keys = self.key_values(u.selection.as_ref())?;
+            let limit_zero = match &u.limit {
+                None => false,
+                Some(l) => match ctx.literal_class(l) {
+                    Some(LiteralClass::Integer { digits: 0 }) => true,
+                    Some(LiteralClass::Integer { .. }) => false,
+                    _ => {
+                        return Err(format!(
+                        "LIMIT {l} in a counter increment cannot be rewritten; use LIMIT 1 or none"
+                    ))
+                    }
+                },
+            };
+            let meta = self.meta(ctx)?;
+            if self.check_keys(&keys, &meta, ctx, &mut param_checks)? == Keys::MatchNothing
+                || limit_zero
+            {
+                // MariaDB matches no row: the statement itself changes nothing on
+                // the logical table and gives the UPDATE's own answer.
+                return Ok(Some(Plan {
+                    statements: vec![stmt.clone()],
+                    reply: Reply::OkOf(0),
+                    ..Default::default()
+                }));
+            }
             let slot = ctx.random_below(self.slots).to_string();
             let sql = self.upsert_sql(name, &keys, &slot, &increments);
             // Group commit: merged executions rebuild the upsert from these pieces
@@ -284,6 +317,7 @@ impl CounterRule {
                 atomic: false,
                 aux,
                 merge,
+                param_checks,
             }));
         }
         // Absolute set: the base takes the value, the slots are cleared.
@@ -302,6 +336,115 @@ impl CounterRule {
             atomic: true,
             ..Default::default()
         }))
+    }
+
+    /// Whether the slot upsert stores each key value as the very value the UPDATE's
+    /// `key = value` compares with. MariaDB compares a number with a string column
+    /// numerically (`slug = 0` matches every non-numeric slug), truncates or
+    /// refuses values that do not fit, and matches nothing for `= NULL`; the slot
+    /// row would instead get a converted value. Only a string literal that surely
+    /// fits a string key and an integer literal in range of an integer key are
+    /// exact; parameters are taken as they come.
+    fn check_keys(
+        &self,
+        keys: &[Expr],
+        meta: &[ColumnDef],
+        ctx: &PlanContext<'_>,
+        param_checks: &mut Vec<(usize, ParamCheck)>,
+    ) -> Result<Keys, String> {
+        let mut out = Keys::Exact;
+        for (k, v) in self.key.iter().zip(keys) {
+            let def = meta
+                .iter()
+                .find(|d| eq(&String::from_utf8_lossy(&d.org_name), k))
+                .ok_or_else(|| format!("table {} has no column `{k}`", self.tables[0]))?;
+            let mut e = v;
+            let mut negative = false;
+            loop {
+                match e {
+                    Expr::Nested(inner) => e = inner,
+                    Expr::UnaryOp {
+                        op: op @ (UnaryOperator::Minus | UnaryOperator::Plus),
+                        expr,
+                    } => {
+                        negative ^= *op == UnaryOperator::Minus;
+                        e = expr;
+                    }
+                    _ => break,
+                }
+            }
+            if matches!(e, Expr::Value(v) if v.value == sqlparser::ast::Value::Null) {
+                out = Keys::MatchNothing;
+                continue;
+            }
+            if let Some(Slot::Param(j)) = ctx.slot(e) {
+                // Checked at each execute: the value must be what a literal must be.
+                let check = match key_type(def) {
+                    KeyType::String { max_chars } => ParamCheck::String {
+                        max_bytes: max_chars,
+                    },
+                    // `key = -?`: the parameter is the key's negation.
+                    KeyType::Integer { unsigned, max } if negative => ParamCheck::Integer {
+                        min: -(max as i128),
+                        max: if unsigned { 0 } else { max as i128 + 1 },
+                    },
+                    KeyType::Integer { unsigned, max } => ParamCheck::Integer {
+                        min: if unsigned { 0 } else { -(max as i128) - 1 },
+                        max: max as i128,
+                    },
+                    KeyType::Other => {
+                        return Err(format!(
+                            "key column `{k}` has a type for which increments are not rewritten (only integer and string keys are)"
+                        ))
+                    }
+                };
+                param_checks.push((j, check));
+                continue;
+            }
+            let class = ctx.literal_class(e);
+            let refuse = |why: &str| {
+                Err(format!(
+                    "the key value {v} for column `{k}` {why}; an increment is rewritten only for a key value the slot row stores exactly"
+                ))
+            };
+            match key_type(def) {
+                KeyType::String { max_chars } => match class {
+                    Some(LiteralClass::String { bytes }) if !negative => {
+                        if usize::from(bytes).saturating_sub(2) > max_chars {
+                            return refuse(&format!("may be longer than the column's {max_chars} characters"));
+                        }
+                    }
+                    _ => return refuse("is not a string literal (MariaDB would compare the string column numerically or by another type)"),
+                },
+                KeyType::Integer { unsigned, max } => match class {
+                    Some(LiteralClass::Integer { digits }) => {
+                        let fits = if digits == 0 {
+                            true
+                        } else if negative && unsigned {
+                            false
+                        } else if u32::from(digits) <= max.ilog10() {
+                            true
+                        } else {
+                            // As many digits as the bound: the value decides (and the
+                            // plan is then cached per value).
+                            ctx.literal(e)
+                                .and_then(|l| std::str::from_utf8(&l.text).ok()?.parse::<u128>().ok())
+                                .is_some_and(|n| n <= max || (negative && n == max + 1))
+                        };
+                        if !fits {
+                            return refuse("is out of the column's range");
+                        }
+                    }
+                    _ => return refuse("is not an integer literal"),
+                },
+                KeyType::Other => {
+                    return Err(format!(
+                        "key column `{k}` has a type for which increments are not rewritten (only integer and string keys are)"
+                    ))
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn factor_is_ours(&self, f: &TableFactor, ctx: &PlanContext<'_>) -> bool {
@@ -433,6 +576,13 @@ impl CounterRule {
             }
             return Ok(None);
         };
+        unsupported_clauses(stmt)?;
+        if ins.ignore {
+            return Err(
+                "INSERT IGNORE … ON DUPLICATE KEY UPDATE into a counter table cannot be rewritten"
+                    .into(),
+            );
+        }
         let rows = match ins.source.as_deref().map(|q| q.body.as_ref()) {
             Some(SetExpr::Values(v)) => &v.rows,
             _ => {
@@ -560,6 +710,7 @@ impl CounterRule {
         if !ours_in_from {
             return self.plan_read(stmt, ctx);
         }
+        unsupported_clauses(stmt)?;
         if multi {
             return Err(format!(
                 "a multi-table DELETE involving counter table {} cannot be rewritten",
@@ -659,6 +810,125 @@ impl Rule for CounterRule {
 
 /// The delta of `col = col + n`, `col = n + col` or `col = col - n` (also
 /// `col + VALUES(col)`), or `None`.
+/// What an increment's key values select.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// One row, by values the slot row stores exactly.
+    Exact,
+    /// No row (`key = NULL`).
+    MatchNothing,
+}
+
+/// A key column's type, as far as the increment checks need it.
+enum KeyType {
+    /// CHAR, VARCHAR, BINARY, VARBINARY, TEXT, BLOB: holds at least `max_chars`.
+    String { max_chars: usize },
+    /// An integer type: values up to `max` (the negative bound is `-(max + 1)`).
+    Integer { unsigned: bool, max: u128 },
+    /// Anything else.
+    Other,
+}
+
+fn key_type(def: &ColumnDef) -> KeyType {
+    let unsigned = def.flags & UNSIGNED_FLAG != 0;
+    let bits = match def.column_type {
+        types::TINY => 8,
+        types::SHORT => 16,
+        types::INT24 => 24,
+        types::LONG => 32,
+        types::LONGLONG => 64,
+        0x0f | 0xfd | 0xfe | 0xf9 | 0xfa | 0xfb | 0xfc => {
+            // The definition's length is in bytes: characters × the charset's
+            // longest character (1 for binary and latin1, at most 4 otherwise).
+            let mbmax = match def.charset {
+                63 | 8 | 5 | 15 | 31 | 47 | 48 | 49 | 94 => 1,
+                _ => 4,
+            };
+            return KeyType::String {
+                max_chars: def.length as usize / mbmax,
+            };
+        }
+        _ => return KeyType::Other,
+    };
+    let max = if unsigned {
+        (1u128 << bits) - 1
+    } else {
+        (1u128 << (bits - 1)) - 1
+    };
+    KeyType::Integer { unsigned, max }
+}
+
+/// `SET c = c + 1, c = c + 2` adds both (MariaDB applies assignments left to right):
+/// one delta per column, the sum of its increments.
+fn combine_increments(increments: Vec<(String, Expr)>) -> Vec<(String, Expr)> {
+    let mut out: Vec<(String, Expr)> = Vec::with_capacity(increments.len());
+    for (col, delta) in increments {
+        match out.iter_mut().find(|(c, _)| eq(c, &col)) {
+            Some((_, sum)) => {
+                *sum = Expr::BinaryOp {
+                    left: Box::new(Expr::Nested(Box::new(sum.clone()))),
+                    op: BinaryOperator::Plus,
+                    right: Box::new(Expr::Nested(Box::new(delta))),
+                }
+            }
+            None => out.push((col, delta)),
+        }
+    }
+    out
+}
+
+/// Digits of the largest delta literal: any sum of a few such deltas fits a BIGINT
+/// slot.
+const MAX_DELTA_DIGITS: u8 = 18;
+/// The largest delta parameter value.
+const MAX_DELTA: i128 = 999_999_999_999_999_999;
+
+/// An increment's delta is an integer literal or a parameter: anything else
+/// (`NULL`, which sets the counter to NULL or 0; `1.5` or `'1'`, which MariaDB
+/// rounds or converts against the whole value, not the delta) is refused.
+fn check_delta(
+    col: &str,
+    delta: &Expr,
+    ctx: &PlanContext<'_>,
+    param_checks: &mut Vec<(usize, ParamCheck)>,
+) -> Result<(), String> {
+    // Sums of combined increments, signs and parentheses around each term.
+    let mut stack = vec![delta];
+    while let Some(e) = stack.pop() {
+        match e {
+            Expr::Nested(inner) => stack.push(inner),
+            Expr::UnaryOp {
+                op: UnaryOperator::Minus | UnaryOperator::Plus,
+                expr,
+            } => stack.push(expr),
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::Plus,
+                right,
+            } => {
+                stack.push(left);
+                stack.push(right);
+            }
+            _ => match (ctx.slot(e), ctx.literal_class(e)) {
+                (Some(Slot::Param(j)), _) => param_checks.push((
+                    j,
+                    ParamCheck::Integer {
+                        min: -MAX_DELTA,
+                        max: MAX_DELTA,
+                    },
+                )),
+                (_, Some(LiteralClass::Integer { digits })) if digits <= MAX_DELTA_DIGITS => {}
+                _ => {
+                    return Err(format!(
+                        "SET {col} = {col} + {e} cannot be rewritten exactly: a counter is incremented by integer literals or parameters"
+                    ))
+                }
+            },
+        }
+    }
+    Ok(())
+}
+
 fn increment_of(col: &str, e: &Expr) -> Option<Expr> {
     let Expr::BinaryOp { left, op, right } = e else {
         return if let Expr::Nested(inner) = e {
@@ -991,6 +1261,198 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(decide(&e, "SELECT 1"), Decision::Passthrough));
+    }
+
+    #[test]
+    fn increments_with_inexact_key_values_are_refused() {
+        let e = engine(&["slug"]);
+        for v in [
+            "0",
+            "1e0",
+            "TRUE",
+            "0x686f6d65",
+            "b'1'",
+            "1.5",
+            "-'a'",
+            "CONCAT('a')",
+        ] {
+            let sql = format!("UPDATE hits SET cnt = cnt + 1 WHERE slug = {v}");
+            let msg = reject(&e, &sql);
+            assert!(
+                msg.contains("key value") || msg.contains("must select"),
+                "{sql}: {msg}"
+            );
+        }
+        let long = format!(
+            "UPDATE hits SET cnt = cnt + 1 WHERE slug = '{}'",
+            "x".repeat(65)
+        );
+        assert!(reject(&e, &long).contains("longer"));
+        // Strings of any spelling that surely fit, and parameters, are rewritten.
+        for v in ["'home'", "_utf8mb4'home'", "N'home'", "'a' 'b'", "'it''s'"] {
+            let sql = format!("UPDATE hits SET cnt = cnt + 1 WHERE slug = {v}");
+            assert!(matches!(decide(&e, &sql), Decision::Rewrite(_)), "{sql}");
+        }
+    }
+
+    #[test]
+    fn integer_keys_must_be_integers_in_range() {
+        let spec: crate::rules::spec::RuleFile = toml::from_str(
+            "[[counter]]\nname = \"c\"\ntable = \"hits\"\nkey = [\"id\"]\ncolumns = [\"cnt\"]\nslots = 1\nslot_table = \"hits_slots\"\n",
+        )
+        .unwrap();
+        let e = Engine::new(
+            vec![Arc::new(CounterRule::new(&spec.counter[0]).unwrap())],
+            100,
+        )
+        .unwrap();
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[col("id", types::TINY, 0x5023), col("cnt", types::LONG, 1)],
+        );
+        for v in ["5", "255", "0", "-0", "007"] {
+            let sql = format!("UPDATE hits SET cnt = cnt + 1 WHERE id = {v}");
+            assert!(matches!(decide(&e, &sql), Decision::Rewrite(_)), "{sql}");
+        }
+        for v in ["256", "1000", "-1", "'5'", "5.0", "99999999999999999999999"] {
+            let sql = format!("UPDATE hits SET cnt = cnt + 1 WHERE id = {v}");
+            assert!(reject(&e, &sql).contains("key value"), "{sql}");
+        }
+    }
+
+    #[test]
+    fn increments_that_match_nothing_write_nothing() {
+        let e = engine(&["slug"]);
+        for sql in [
+            "UPDATE hits SET cnt = cnt + 1 WHERE slug = NULL",
+            "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home' LIMIT 0",
+        ] {
+            let r = rewrite(&e, sql);
+            assert_sql(&r, &[sql]);
+            assert_eq!(r.reply, Reply::OkOf(0));
+        }
+        let r = rewrite(
+            &e,
+            "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home' LIMIT 1",
+        );
+        assert_sql(
+            &r,
+            &["INSERT INTO `hits_slots` (`slug`, `slot`, `cnt`) VALUES ('home', 0, 1) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)"],
+        );
+        assert!(reject(
+            &e,
+            "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a' LIMIT 1 + 1"
+        )
+        .contains("LIMIT"));
+    }
+
+    #[test]
+    fn repeated_increments_add_up_and_deltas_are_integers() {
+        let e = engine(&["slug"]);
+        let r = rewrite(
+            &e,
+            "UPDATE hits SET cnt = cnt + 1, cnt = cnt + 2 WHERE slug = 'a'",
+        );
+        assert_sql(
+            &r,
+            &["INSERT INTO `hits_slots` (`slug`, `slot`, `cnt`) VALUES ('a', 0, (1) + (2)) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)"],
+        );
+        for d in ["NULL", "1.5", "'1'", "1e0", "TRUE", "0x01", "@v"] {
+            let sql = format!("UPDATE hits SET cnt = cnt + {d} WHERE slug = 'a'");
+            let msg = reject(&e, &sql);
+            assert!(
+                msg.contains("integer literals") || msg.contains("cannot be rewritten"),
+                "{sql}: {msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn prepared_increments_check_their_parameters() {
+        let e = engine(&["slug"]);
+        let d = e.decide(
+            b"UPDATE hits SET cnt = cnt + ? WHERE slug = ?",
+            &StatementContext {
+                prepared: true,
+                in_transaction: false,
+                current_db: Some("shop"),
+                lexing: Some(crate::rewrite::Lexing::STANDARD),
+            },
+        );
+        let Decision::Rewrite(r) = d else {
+            panic!("{d:?}")
+        };
+        assert_eq!(
+            r.param_checks,
+            vec![
+                (
+                    0,
+                    ParamCheck::Integer {
+                        min: -MAX_DELTA,
+                        max: MAX_DELTA
+                    }
+                ),
+                (1, ParamCheck::String { max_bytes: 64 }),
+            ]
+        );
+        // Text statements carry none.
+        assert!(
+            rewrite(&e, "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'")
+                .param_checks
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn unrecognised_clauses_are_refused() {
+        let e = engine(&["slug"]);
+        for sql in [
+            "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a' RETURNING cnt",
+            "DELETE FROM hits WHERE slug = 'a' RETURNING cnt",
+            "INSERT INTO hits (slug, cnt) VALUES ('a', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1 RETURNING cnt",
+            "INSERT IGNORE INTO hits (slug, cnt) VALUES ('a', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1",
+        ] {
+            assert!(reject(&e, sql).contains("cannot be rewritten"), "{sql}");
+        }
+    }
+
+    /// Statements right at the engine's nesting bound are planned (or refused) on a
+    /// thread with tokio's default worker stack; past it they are refused unparsed.
+    #[test]
+    fn deep_statements_fit_a_worker_stack() {
+        let at = crate::rewrite::MAX_NESTING - 10;
+        let handle = std::thread::Builder::new()
+            .stack_size(crate::WORKER_STACK_BYTES)
+            .spawn(move || {
+                let e = engine(&["slug"]);
+                let shapes: [(&str, &str, &str); 6] = [
+                    ("SELECT cnt FROM hits WHERE slug = 'a'", " AND 1", ""),
+                    ("SELECT cnt FROM hits WHERE slug = 'a'", " OR 1", ""),
+                    ("UPDATE hits SET cnt = cnt + 1", " + 1", " WHERE slug = 'a'"),
+                    ("SELECT cnt FROM hits", " UNION SELECT 1", ""),
+                    ("SELECT cnt FROM hits WHERE slug = ", "CONCAT(", "'a'"),
+                    ("SELECT cnt FROM hits WHERE slug IN ", "(SELECT ", "'a'"),
+                ];
+                for (head, op, tail) in shapes {
+                    for n in [at / 2, at, 100_000] {
+                        let mut sql = String::from(head);
+                        for _ in 0..n {
+                            sql.push_str(op);
+                        }
+                        sql.push_str(tail);
+                        if op.contains('(') {
+                            sql.push_str(&")".repeat(n));
+                        }
+                        let d = decide(&e, &sql);
+                        let too_deep =
+                            matches!(&d, Decision::Reject(r) if r.reason.contains("deep"));
+                        assert_eq!(too_deep, n == 100_000, "{op} x {n}: {d:?}");
+                    }
+                }
+            })
+            .unwrap();
+        handle.join().unwrap();
     }
 
     #[test]

@@ -88,8 +88,8 @@ use std::sync::Arc;
 
 use sqlparser::ast::{Expr, ObjectName, Statement, Value};
 
-pub use engine::{parse_statements, Engine};
-pub use sqltok::{LexMode, LiteralKind, Slot};
+pub use engine::{parse_statements, Engine, MAX_NESTING};
+pub use sqltok::{LexMode, LiteralClass, LiteralKind, Slot};
 
 /// A statement's fingerprint: literals replaced by `?`, parameters by `?p`,
 /// comments dropped, whitespace and reserved words normalised. Used in logs, where a
@@ -519,6 +519,113 @@ pub struct Rewritten {
     /// Whether and how concurrent autocommit executions of this rewrite for the same
     /// target may be merged into one write (see [`Plan::merge`]).
     pub merge: Merge,
+    /// Only for prepared statements: the checks each execute's parameters must pass
+    /// (see [`Plan::param_checks`]).
+    pub param_checks: Vec<(usize, ParamCheck)>,
+}
+
+/// What a prepared statement's parameter value must be for its rewrite to keep the
+/// original statement's meaning; checked at every execute (the plan is made before
+/// any value is known). An execute whose value fails gets ERR 1105 and runs nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamCheck {
+    /// A string (bound as a string type, not NULL) of at most this many bytes.
+    String {
+        /// Longest value in bytes (a lower bound on the column's characters).
+        max_bytes: usize,
+    },
+    /// An integer in `min..=max` (bound as an integer type, or as a string of
+    /// decimal digits), not NULL.
+    Integer {
+        /// Smallest value.
+        min: i128,
+        /// Largest value.
+        max: i128,
+    },
+}
+
+impl ParamCheck {
+    /// Why the binary-protocol value `value` (`None`: NULL) of type `ty` (the two
+    /// type bytes of COM_STMT_EXECUTE) fails the check, if it does.
+    pub fn violation(&self, ty: [u8; 2], value: Option<&[u8]>) -> Option<String> {
+        use crate::wire::resultset::types;
+        let Some(v) = value else {
+            return Some("a NULL parameter".into());
+        };
+        let unsigned = ty[1] & 0x80 != 0;
+        let string = |v: &[u8]| -> Option<Vec<u8>> {
+            let (len, used) = crate::wire::packets::lenenc_int(v)?;
+            v.get(used..used + usize::try_from(len).ok()?)
+                .map(<[u8]>::to_vec)
+        };
+        let is_string = matches!(ty[0], 0x0f | 0xf9..=0xfe);
+        match *self {
+            ParamCheck::String { max_bytes } => {
+                if !is_string {
+                    return Some(format!("a parameter of type {:#04x} where a string key is compared (MariaDB would compare numerically)", ty[0]));
+                }
+                match string(v) {
+                    Some(s) if s.len() <= max_bytes => None,
+                    _ => Some(format!("a string parameter longer than {max_bytes} bytes")),
+                }
+            }
+            ParamCheck::Integer { min, max } => {
+                let n: Option<i128> = match ty[0] {
+                    types::TINY => v.first().map(|&b| {
+                        if unsigned {
+                            i128::from(b)
+                        } else {
+                            i128::from(b as i8)
+                        }
+                    }),
+                    types::SHORT => v.get(..2).map(|b| {
+                        let x = [b[0], b[1]];
+                        if unsigned {
+                            i128::from(u16::from_le_bytes(x))
+                        } else {
+                            i128::from(i16::from_le_bytes(x))
+                        }
+                    }),
+                    types::LONG | types::INT24 => v.get(..4).map(|b| {
+                        let x = [b[0], b[1], b[2], b[3]];
+                        if unsigned {
+                            i128::from(u32::from_le_bytes(x))
+                        } else {
+                            i128::from(i32::from_le_bytes(x))
+                        }
+                    }),
+                    types::LONGLONG => v.get(..8).map(|b| {
+                        let mut x = [0u8; 8];
+                        x.copy_from_slice(b);
+                        if unsigned {
+                            i128::from(u64::from_le_bytes(x))
+                        } else {
+                            i128::from(i64::from_le_bytes(x))
+                        }
+                    }),
+                    _ if is_string => string(v).and_then(|s| {
+                        let digits = s.strip_prefix(b"-").unwrap_or(&s);
+                        if digits.is_empty()
+                            || digits.len() > 30
+                            || !digits.iter().all(u8::is_ascii_digit)
+                        {
+                            return None;
+                        }
+                        std::str::from_utf8(&s).ok()?.parse().ok()
+                    }),
+                    _ => None,
+                };
+                match n {
+                    Some(n) if (min..=max).contains(&n) => None,
+                    Some(n) => Some(format!("the parameter value {n} is out of range")),
+                    None => Some(format!(
+                        "a parameter of type {:#04x} that is not an integer",
+                        ty[0]
+                    )),
+                }
+            }
+        }
+    }
 }
 
 /// How concurrent autocommit executions of a rewrite may be merged into one write by
@@ -653,6 +760,9 @@ pub struct Plan {
     /// Executions may be merged by the connection layer's group commit; `aux` then
     /// holds the pieces [`Merge`] describes.
     pub merge: Merge,
+    /// For prepared statements: (client parameter index, check) for each parameter
+    /// whose value decides whether the rewrite keeps the statement's meaning.
+    pub param_checks: Vec<(usize, ParamCheck)>,
 }
 
 impl From<Vec<Statement>> for Plan {
@@ -863,6 +973,46 @@ impl<'a> PlanContext<'a> {
         })
     }
 
+    /// The class of the literal `expr` stands for (a marker for an original
+    /// literal, or a plain literal value; also under a charset introducer). Unlike
+    /// [`PlanContext::literal`] this does not make the plan depend on the value:
+    /// classes are part of the cache key. `None` for parameters, `NULL`, `TRUE` and
+    /// anything else.
+    pub fn literal_class(&self, expr: &Expr) -> Option<LiteralClass> {
+        if let Some(slot) = self.slot(expr) {
+            let Slot::Literal(i) = slot else {
+                return None;
+            };
+            let tok = self.literals.get(i)?;
+            let sqltok::TokenKind::Literal(kind) = tok.kind else {
+                return None;
+            };
+            return Some(LiteralClass::of(kind, &self.sql[tok.start..tok.end]));
+        }
+        match expr {
+            Expr::Value(v) => match &v.value {
+                Value::Number(n, _) => Some(LiteralClass::of(LiteralKind::Number, n.as_bytes())),
+                Value::HexStringLiteral(_) => Some(LiteralClass::Hex),
+                Value::SingleQuotedString(_)
+                | Value::DoubleQuotedString(_)
+                | Value::NationalStringLiteral(_) => Some(LiteralClass::of(
+                    LiteralKind::String,
+                    v.value.to_string().as_bytes(),
+                )),
+                _ => None,
+            },
+            Expr::Prefixed { prefix, value } if prefix.value.starts_with('_') => {
+                match self.literal_class(value)? {
+                    LiteralClass::String { bytes } => Some(LiteralClass::String {
+                        bytes: bytes.saturating_add(prefix.value.len().min(255) as u16 + 1),
+                    }),
+                    other => Some(other),
+                }
+            }
+            _ => None,
+        }
+    }
+
     /// An expression that renders as a random integer in `0..n`, chosen by the proxy
     /// each time the rewrite is rendered (for a prepared statement: once, when it is
     /// prepared). `n` is clamped to at least 1. Use it to pick a slot row instead of
@@ -1025,6 +1175,42 @@ mod lexing_tests {
 
 #[cfg(test)]
 mod fingerprint_tests {
+    use super::ParamCheck;
+
+    #[test]
+    fn parameter_checks() {
+        use crate::wire::resultset::types;
+        let key = ParamCheck::String { max_bytes: 4 };
+        assert_eq!(key.violation([0xfe, 0], Some(b"\x04home")), None);
+        assert!(key.violation([0xfe, 0], Some(b"\x05homes")).is_some());
+        assert!(key
+            .violation([types::LONGLONG, 0], Some(&0i64.to_le_bytes()))
+            .is_some());
+        assert!(key
+            .violation([types::DOUBLE, 0], Some(&1f64.to_le_bytes()))
+            .is_some());
+        assert!(key.violation([0xfe, 0], None).is_some());
+        let int = ParamCheck::Integer {
+            min: -128,
+            max: 127,
+        };
+        assert_eq!(
+            int.violation([types::LONGLONG, 0], Some(&127i64.to_le_bytes())),
+            None
+        );
+        assert_eq!(int.violation([types::TINY, 0], Some(&[0x80])), None);
+        assert!(int.violation([types::TINY, 0x80], Some(&[0x80])).is_some());
+        assert!(int
+            .violation([types::LONG, 0], Some(&128i32.to_le_bytes()))
+            .is_some());
+        assert_eq!(int.violation([0xfd, 0], Some(b"\x03-12")), None);
+        assert!(int.violation([0xfd, 0], Some(b"\x031.5")).is_some());
+        assert!(int.violation([0xfd, 0], Some(b"\x00")).is_some());
+        assert!(int
+            .violation([types::NEWDECIMAL, 0], Some(b"\x011"))
+            .is_some());
+        assert!(int.violation([types::LONGLONG, 0], None).is_some());
+    }
     #[test]
     fn fingerprints_hide_literal_values() {
         let f = super::fingerprint(b"UPDATE hits SET cnt = cnt + 5 WHERE slug = 'secret' /* c */");

@@ -33,7 +33,7 @@ use sqlparser::ast::{
 
 use super::shape::{
     column_def_name, ddl_rejection, eq, is_table_ddl, is_value, key_equalities, last_ident,
-    mentions_column, parse, replace_reads, requalify, ColumnsByDb,
+    mentions_column, parse, replace_reads, requalify, unsupported_clauses, ColumnsByDb,
 };
 use super::{Affected, ColumnPatch, Merge, Plan, PlanContext, Reply, Rule, TableName};
 use crate::rules::spec::{quote, RingSpec, TableName as SpecTable};
@@ -159,6 +159,7 @@ impl RingRule {
         if !self.names_ours(name, ctx) {
             return self.plan_read(stmt, ctx, meta);
         }
+        unsupported_clauses(stmt)?;
         if ins.on.is_some() {
             return Err("ON DUPLICATE KEY UPDATE into a ring table cannot be rewritten".into());
         }
@@ -293,6 +294,7 @@ impl RingRule {
             atomic: false,
             aux,
             merge,
+            param_checks: Vec::new(),
         }))
     }
 
@@ -315,6 +317,7 @@ impl RingRule {
         if !ours {
             return self.plan_read(stmt, ctx, meta);
         }
+        unsupported_clauses(stmt)?;
         let multi = !d.tables.is_empty()
             || d.using.is_some()
             || from.len() != 1
@@ -391,6 +394,7 @@ impl RingRule {
             }
             return self.plan_read(stmt, ctx, meta);
         };
+        unsupported_clauses(stmt)?;
         if !u.table.joins.is_empty() || u.from.is_some() {
             return Err(format!(
                 "a multi-table UPDATE of ring table {} cannot be rewritten",

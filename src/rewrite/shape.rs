@@ -43,6 +43,104 @@ pub fn ddl_rejection(
     )
 }
 
+/// Refuses the clauses of a write to a rule's table that no rule rewrites, rather
+/// than dropping them: `RETURNING` (the client would get an OK instead of rows, or a
+/// syntax error MariaDB gives for UPDATE … RETURNING would become a write), and the
+/// other dialects' clauses sqlparser accepts. Every field is named, so a new one in a
+/// later sqlparser is a compile error here, not a silently ignored clause.
+pub fn unsupported_clauses(stmt: &Statement) -> Result<(), String> {
+    let found: &[(&str, bool)] = match stmt {
+        Statement::Update(sqlparser::ast::Update {
+            update_token: _,
+            optimizer_hints: _,
+            table: _,
+            assignments: _,
+            from: _,
+            selection: _,
+            returning,
+            output,
+            or,
+            order_by: _,
+            limit: _,
+        }) => &[
+            ("RETURNING", returning.is_some()),
+            ("OUTPUT", output.is_some()),
+            ("OR …", or.is_some()),
+        ],
+        Statement::Delete(sqlparser::ast::Delete {
+            delete_token: _,
+            optimizer_hints: _,
+            tables: _,
+            from: _,
+            using: _,
+            selection: _,
+            returning,
+            output,
+            order_by: _,
+            limit: _,
+        }) => &[
+            ("RETURNING", returning.is_some()),
+            ("OUTPUT", output.is_some()),
+        ],
+        Statement::Insert(sqlparser::ast::Insert {
+            insert_token: _,
+            optimizer_hints: _,
+            or,
+            ignore: _,
+            into: _,
+            table: _,
+            table_alias,
+            columns: _,
+            overwrite,
+            source: _,
+            assignments: _,
+            partitioned,
+            after_columns,
+            has_table_keyword,
+            on: _,
+            returning,
+            output,
+            replace_into: _,
+            priority: _,
+            insert_alias,
+            settings,
+            format_clause,
+            multi_table_insert_type,
+            multi_table_into_clauses,
+            multi_table_when_clauses,
+            multi_table_else_clause,
+        }) => &[
+            ("RETURNING", returning.is_some()),
+            (
+                "PARTITION",
+                partitioned.is_some() || !after_columns.is_empty(),
+            ),
+            (
+                "a table alias",
+                table_alias.is_some() || insert_alias.is_some(),
+            ),
+            ("OUTPUT", output.is_some()),
+            ("OR …", or.is_some()),
+            ("OVERWRITE", *overwrite || *has_table_keyword),
+            ("SETTINGS", settings.is_some() || format_clause.is_some()),
+            (
+                "a multi-table INSERT",
+                multi_table_insert_type.is_some()
+                    || !multi_table_into_clauses.is_empty()
+                    || !multi_table_when_clauses.is_empty()
+                    || multi_table_else_clause.is_some(),
+            ),
+        ],
+        _ => &[],
+    };
+    match found.iter().find(|(_, present)| *present) {
+        Some((clause, _)) => Err(format!(
+            "{clause} in a write to this table cannot be rewritten"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Parses SQL a rule generated; a failure is a bug in the rule, reported as such.
 pub fn parse(sql: &str) -> Result<Vec<Statement>, String> {
     parse_statements(sql)

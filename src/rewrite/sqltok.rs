@@ -818,6 +818,157 @@ fn unquote(text: &[u8], q: u8) -> std::borrow::Cow<'_, [u8]> {
     std::borrow::Cow::Owned(v)
 }
 
+/// What a literal is, finely enough for a rule to check it against a column's type
+/// without reading its value. The engine makes every literal's class part of the
+/// plan cache key ([`class_signature`]), so a plan may depend on classes freely.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LiteralClass {
+    /// A quoted string, with or without introducer or `N` prefix. `bytes`: the
+    /// length of its source text, quotes and all (capped at 65535), an upper bound on
+    /// its length in characters plus two.
+    String { bytes: u16 },
+    /// A decimal integer: digits only. `digits` counts them without leading zeros
+    /// (capped at 255), enough to tell which integer types surely hold it.
+    Integer { digits: u8 },
+    /// A number with a decimal point or an exponent (`1.5`, `1e0`).
+    Decimal,
+    /// A hex literal (`0x1F`, `x'1F'`).
+    Hex,
+    /// A bit literal (`0b101`, `b'101'`).
+    Bit,
+}
+
+impl LiteralClass {
+    /// The class of a literal of `kind` whose source text is `text`.
+    pub fn of(kind: LiteralKind, text: &[u8]) -> LiteralClass {
+        match kind {
+            LiteralKind::String => LiteralClass::String {
+                bytes: text.len().min(usize::from(u16::MAX)) as u16,
+            },
+            LiteralKind::Hex => LiteralClass::Hex,
+            LiteralKind::Bit => LiteralClass::Bit,
+            LiteralKind::Number if text.iter().all(u8::is_ascii_digit) => {
+                let significant = text.iter().skip_while(|&&b| b == b'0').count();
+                LiteralClass::Integer {
+                    digits: significant.min(255) as u8,
+                }
+            }
+            LiteralKind::Number => LiteralClass::Decimal,
+        }
+    }
+
+    /// A few bytes for the cache key.
+    fn key_bytes(self, out: &mut Vec<u8>) {
+        match self {
+            LiteralClass::String { bytes } => {
+                out.push(b's');
+                out.extend_from_slice(&bytes.to_le_bytes());
+            }
+            LiteralClass::Integer { digits } => {
+                out.push(b'i');
+                out.push(digits);
+            }
+            LiteralClass::Decimal => out.push(b'd'),
+            LiteralClass::Hex => out.push(b'x'),
+            LiteralClass::Bit => out.push(b'b'),
+        }
+    }
+}
+
+/// Appends the class of every literal of the statement, in text order: with the
+/// fingerprint (where every literal is `?`) it makes the plan cache key.
+pub fn class_signature(sql: &[u8], toks: &[Token], out: &mut Vec<u8>) {
+    out.push(0);
+    for t in toks {
+        if let TokenKind::Literal(kind) = t.kind {
+            LiteralClass::of(kind, &sql[t.start..t.end]).key_bytes(out);
+        }
+    }
+}
+
+/// An upper bound on how deep the parsed statement's expression tree can be, read
+/// from the tokens alone: within one parenthesis level, every operator (symbol or
+/// keyword such as `AND`, `OR`, `LIKE`, `UNION`) since the last comma may nest the
+/// expression one level deeper (sqlparser builds `a AND b AND c` left-deep), and
+/// every open parenthesis adds a level. The parser, its visitors, its printer and
+/// the drop of its tree all recurse along that depth, so the engine refuses a
+/// statement past a bound before parsing it. Lists (`IN (…)`, multi-row `VALUES`,
+/// select lists) are separated by commas and do not add up.
+pub fn nesting_bound(sql: &[u8], toks: &[Token]) -> usize {
+    // Operator counts of the open parenthesis levels; `open` is their sum.
+    let mut levels: Vec<usize> = vec![0];
+    let mut open = 0usize;
+    let mut max = 0usize;
+    for t in toks {
+        let text = &sql[t.start..t.end];
+        match t.kind {
+            TokenKind::Punct => match text {
+                b"(" => levels.push(0),
+                b")" => {
+                    if levels.len() > 1 {
+                        open -= levels.pop().unwrap_or(0);
+                    }
+                }
+                b"," | b";" => {
+                    if let Some(last) = levels.last_mut() {
+                        open -= *last;
+                        *last = 0;
+                    }
+                }
+                b"." => {}
+                _ => {
+                    if let Some(last) = levels.last_mut() {
+                        *last += 1;
+                        open += 1;
+                    }
+                }
+            },
+            TokenKind::Word if is_operator_word(text) => {
+                if let Some(last) = levels.last_mut() {
+                    *last += 1;
+                    open += 1;
+                }
+            }
+            _ => {}
+        }
+        max = max.max(open + levels.len());
+    }
+    max
+}
+
+/// Keywords that combine expressions (or queries) into a deeper tree.
+fn is_operator_word(w: &[u8]) -> bool {
+    const OPS: &[&[u8]] = &[
+        b"AND",
+        b"OR",
+        b"XOR",
+        b"NOT",
+        b"IS",
+        b"LIKE",
+        b"BETWEEN",
+        b"IN",
+        b"REGEXP",
+        b"RLIKE",
+        b"DIV",
+        b"MOD",
+        b"CASE",
+        b"SOUNDS",
+        b"ESCAPE",
+        b"COLLATE",
+        b"BINARY",
+        b"INTERVAL",
+        b"EXISTS",
+        b"ANY",
+        b"ALL",
+        b"SOME",
+        b"UNION",
+        b"INTERSECT",
+        b"EXCEPT",
+        b"MINUS",
+    ];
+    w.len() <= 9 && OPS.iter().any(|o| o.eq_ignore_ascii_case(w))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -834,6 +985,42 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    fn bound(sql: &str) -> usize {
+        nesting_bound(
+            sql.as_bytes(),
+            &lex(sql.as_bytes(), LexMode::default()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn nesting_bound_counts_chains_not_lists() {
+        let chain = |op: &str, n: usize| {
+            let mut s = String::from("SELECT cnt FROM hits WHERE slug = 'a'");
+            for _ in 0..n {
+                s.push_str(op);
+            }
+            s
+        };
+        let base = bound(&chain("", 0));
+        assert!(base < 10, "{base}");
+        for op in [" AND 1=1", " OR 1", " + 1", " || 1", " AND NOT 1"] {
+            let b = bound(&chain(op, 1000));
+            assert!(b >= 1000 && b <= base + 3000, "{op}: {b}");
+        }
+        // Parentheses nest; commas separate siblings.
+        let parens = format!("SELECT {}1{}", "(".repeat(500), ")".repeat(500));
+        assert!(bound(&parens) > 500);
+        let list: Vec<String> = (0..5000).map(|i| i.to_string()).collect();
+        let in_list = format!("SELECT cnt FROM hits WHERE slug IN ({})", list.join(", "));
+        assert!(bound(&in_list) < 10);
+        let rows: Vec<String> = (0..5000).map(|i| format!("('k{i}', {i} + 1)")).collect();
+        let values = format!("INSERT INTO hits (slug, cnt) VALUES {}", rows.join(", "));
+        assert!(bound(&values) < 10);
+        // Closed parentheses give their depth back.
+        let flat = format!("SELECT {}", vec!["((1 + 2))"; 2000].join(", "));
+        assert!(bound(&flat) < 10);
     }
 
     fn fp(sql: &[u8]) -> String {

@@ -17,7 +17,8 @@ pub fn col(table: &str, name: &str, t: u8, flags: u16) -> ColumnDef {
         org_name: name.into(),
         extended: None,
         charset: if t == 0xfd { 45 } else { 63 },
-        length: 11,
+        // VARCHAR(64) in utf8mb4; INT(11).
+        length: if t == 0xfd { 256 } else { 11 },
         column_type: t,
         flags,
         decimals: 0,

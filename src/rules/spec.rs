@@ -129,8 +129,9 @@ pub struct CounterSpec {
     /// Slot number column in `slot_table`.
     #[serde(default = "default_slot_column")]
     pub slot_column: String,
-    /// Merge concurrent autocommit increments of one counter into one write.
-    #[serde(default)]
+    /// Merge concurrent autocommit increments of one counter into one write
+    /// (default on: it is what makes the rule pay off under contention).
+    #[serde(default = "default_coalesce")]
     pub coalesce: bool,
     /// `on` (default) or `shadow`.
     #[serde(default)]
@@ -218,9 +219,14 @@ pub struct RingSpec {
     #[serde(default)]
     pub mode: Mode,
     /// Group commit: concurrent autocommit inserts into the ring are merged into
-    /// one multi-row write; each client is answered after that write committed.
-    #[serde(default)]
+    /// one multi-row write; each client is answered after that write committed
+    /// (default on).
+    #[serde(default = "default_coalesce")]
     pub coalesce: bool,
+}
+
+fn default_coalesce() -> bool {
+    true
 }
 
 fn default_seq_column() -> String {
@@ -296,7 +302,7 @@ mod tests {
         let f = spec("").unwrap();
         let c = &f.counter[0];
         assert_eq!(c.slot_column, "slot");
-        assert!(!c.coalesce);
+        assert!(c.coalesce);
         assert_eq!(c.mode, Mode::On);
         c.validate().unwrap();
     }

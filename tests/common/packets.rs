@@ -326,3 +326,28 @@ pub fn hex_dump(bytes: &[u8]) -> String {
     }
     out
 }
+
+/// The rows of the first text result set in `packets`, each cell as a string.
+pub fn text_rows(packets: &[Packet]) -> Vec<Vec<Option<String>>> {
+    let first = packets.first().expect("empty response");
+    assert!(
+        !first.is_err() && !first.is_ok(),
+        "expected a result set, got {packets:?}"
+    );
+    let mut pos = 0;
+    let columns = read_lenenc(&first.payload, &mut pos).expect("column count") as usize;
+    let mut rest = &packets[1 + columns..];
+    if rest.first().is_some_and(|p| p.is_eof()) {
+        rest = &rest[1..];
+    }
+    rest.iter()
+        .take_while(|p| p.header() != 0xFE && !p.is_err())
+        .map(|p| {
+            parse_text_row(&p.payload)
+                .expect("text row")
+                .into_iter()
+                .map(|c| c.map(|b| String::from_utf8_lossy(&b).into_owned()))
+                .collect()
+        })
+        .collect()
+}

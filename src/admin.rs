@@ -704,6 +704,7 @@ impl AdminShim {
             prepared: false,
             in_transaction: false,
             current_db: self.db.as_deref(),
+            lexing: Some(crate::rewrite::Lexing::STANDARD),
         };
         let (decision, shadow) = match engine.decide(sql.as_bytes(), &ctx) {
             Decision::Shadow(would) => (*would, true),
@@ -716,7 +717,8 @@ impl AdminShim {
                 "no rule applies; the statement is forwarded unchanged".into(),
             ]],
             Decision::Reject(r) => vec![["reject".into(), r.rule.to_string(), r.message()]],
-            Decision::Shadow(_) => Vec::new(),
+            // Never: the admin port decides under fixed settings.
+            Decision::Shadow(_) | Decision::NeedSessionState => Vec::new(),
             Decision::Rewrite(rw) => rw
                 .statements
                 .iter()

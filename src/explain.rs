@@ -211,6 +211,7 @@ impl Planner {
             prepared: false,
             in_transaction: false,
             current_db: db,
+            lexing: Some(crate::rewrite::Lexing::STANDARD),
         };
         let mut asked: Vec<usize> = Vec::new();
         let decision = loop {
@@ -311,7 +312,10 @@ impl Planner {
                 e.assumed_columns = assumed;
                 e
             }
-            Decision::Passthrough | Decision::NeedMetadata(_) | Decision::Shadow(_) => {
+            Decision::Passthrough
+            | Decision::NeedMetadata(_)
+            | Decision::Shadow(_)
+            | Decision::NeedSessionState => {
                 let mut e = Explained::new(sql, db, Outcome::Passthrough);
                 match self.probe.decide(sql.as_bytes(), ctx) {
                     Decision::NeedMetadata(req) => {

@@ -30,7 +30,7 @@ use crate::admin::{Registration, Registry};
 use crate::config::Config;
 use crate::error::{Error, Result, Source};
 use crate::metrics::{Histogram, RuleTable};
-use crate::rewrite::{Decision, Engine, StatementContext};
+use crate::rewrite::{Decision, Engine, Lexing, StatementContext};
 use crate::tls::{self, Stream, Tls};
 use crate::wire::handshake::{
     patch_client_hello, patch_greeting, set_client_ssl, ClientHello, Greeting,
@@ -177,6 +177,8 @@ pub async fn serve_client(
         rewrite_names: None,
         merged_warnings: None,
         prepared: HashMap::new(),
+        lexing: None,
+        lexing_prepared: false,
     };
     let outcome = async {
         let hs = s.shared.config.handshake_timeout;
@@ -276,6 +278,16 @@ pub(super) struct Session {
     /// rows); a SHOW WARNINGS / SHOW ERRORS right after shows these instead of the
     /// backend's. Any other command clears them.
     pub(super) merged_warnings: Option<Vec<Vec<u8>>>,
+    /// The client character set and `sql_mode` flags the backend reads statements
+    /// under, as last learned from it; `None` until learned, and again after any
+    /// statement that may have changed them (see `rewrite::may_change_lexing`),
+    /// COM_CHANGE_USER and COM_RESET_CONNECTION. Learned lazily, before a statement
+    /// that names a ruled table (`Decision::NeedSessionState`).
+    pub(super) lexing: Option<Lexing>,
+    /// The client prepared a statement that may change the character set or
+    /// `sql_mode`: every COM_STMT_EXECUTE of a statement the proxy did not rewrite
+    /// then forgets `lexing`.
+    pub(super) lexing_prepared: bool,
 }
 
 /// How a relayed response went.
@@ -586,6 +598,9 @@ impl Session {
                     }
                 }
                 let started = Instant::now();
+                if self.lexing_prepared {
+                    self.lexing = None;
+                }
                 self.forward(&c).await?;
                 self.relay_response(ResponseKind::Generic, 0, c.last_seq)
                     .await?;
@@ -594,6 +609,8 @@ impl Session {
             }
             cmd::CHANGE_USER => {
                 self.prepared.clear();
+                self.lexing = None;
+                self.lexing_prepared = false;
                 self.backend.write_all(&c.raw).await?;
                 self.set_current_db(change_user_db(&c.payload()));
                 self.leave_pristine();
@@ -646,6 +663,11 @@ impl Session {
         };
         self.forward(&c).await?;
         let r = self.relay_response(kind, 0, c.last_seq).await?;
+        if code == cmd::RESET_CONNECTION {
+            // Character set and sql_mode are the connection's defaults again.
+            self.lexing = None;
+            self.lexing_prepared = false;
+        }
         if code == cmd::RESET_CONNECTION && !r.parser.errored {
             self.prepared.clear();
             // Settings are back to the connection defaults.
@@ -671,6 +693,7 @@ impl Session {
             prepared,
             in_transaction: self.status & status::IN_TRANS != 0,
             current_db: self.current_db.as_deref(),
+            lexing: self.lexing,
         }
     }
 
@@ -718,7 +741,7 @@ impl Session {
                 if self.shared.config.log_literals {
                     String::from_utf8_lossy(s).into_owned()
                 } else {
-                    crate::rewrite::fingerprint(s)
+                    crate::rewrite::fingerprint_in(s, self.lexing.unwrap_or_default().mode)
                 }
             })
             .collect()
@@ -768,10 +791,21 @@ impl Session {
                 None => {}
             }
         }
-        if !engine.has_rules() {
-            return Ok(Some(Decision::Passthrough));
+        let decision = if engine.has_rules() {
+            self.decide(engine, sql, prepared, c.last_seq).await?
+        } else {
+            Some(Decision::Passthrough)
+        };
+        // After the decision, which read the statement under the settings in force
+        // before it (and may just have learned them): it runs under those, and may
+        // change them for the statements after it.
+        if prepared {
+            if !self.lexing_prepared && crate::rewrite::may_change_lexing(sql) {
+                self.lexing_prepared = true;
+            }
+        } else if self.lexing.is_some() && crate::rewrite::may_change_lexing(sql) {
+            self.lexing = None;
         }
-        let decision = self.decide(engine, sql, prepared, c.last_seq).await?;
         if let Some(Decision::Shadow(would)) = &decision {
             self.shadowed(would);
         }
@@ -787,7 +821,10 @@ impl Session {
             return Ok(());
         };
         match decision {
-            Decision::Passthrough | Decision::NeedMetadata(_) | Decision::Shadow(_) => {
+            Decision::Passthrough
+            | Decision::NeedMetadata(_)
+            | Decision::Shadow(_)
+            | Decision::NeedSessionState => {
                 self.shared.stats.passthrough.fetch_add(1, Relaxed);
                 // Without rules nothing happened since `started`: save a clock read.
                 let forwarded = if engine.has_rules() {
@@ -830,7 +867,10 @@ impl Session {
                     debug!(
                         peer = %self.peer,
                         rule = %rw.rule,
-                        fingerprint = %crate::rewrite::fingerprint(&c.payload()[1..]),
+                        fingerprint = %crate::rewrite::fingerprint_in(
+                            &c.payload()[1..],
+                            self.lexing.unwrap_or_default().mode
+                        ),
                         rewritten = ?self.loggable(&rw.statements),
                         "statement rewritten"
                     );
@@ -851,7 +891,10 @@ impl Session {
             return Ok(());
         };
         match decision {
-            Decision::Passthrough | Decision::NeedMetadata(_) | Decision::Shadow(_) => {
+            Decision::Passthrough
+            | Decision::NeedMetadata(_)
+            | Decision::Shadow(_)
+            | Decision::NeedSessionState => {
                 self.forward(&c).await?;
                 self.relay_response(ResponseKind::Prepare, 0, c.last_seq)
                     .await?;

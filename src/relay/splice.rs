@@ -195,6 +195,12 @@ impl Session {
     ) -> Result<Option<Decision>> {
         for _ in 0..4 {
             let d = engine.decide(sql, &self.context(prepared));
+            if d == Decision::NeedSessionState {
+                if !self.learn_lexing(cmd_seq).await? {
+                    return Ok(None);
+                }
+                continue;
+            }
             let Decision::NeedMetadata(req) = d else {
                 return Ok(Some(d));
             };
@@ -213,6 +219,44 @@ impl Session {
         let msg = "heatsink: a rule could not learn the table's columns";
         self.reply(cmd_seq, &err_of(errors::UNKNOWN, msg)).await?;
         Ok(None)
+    }
+
+    /// Learns the session's character set and `sql_mode` flags on its own backend
+    /// connection (`rewrite::SESSION_STATE_QUERY`). `false`: the client has been
+    /// answered with the error instead.
+    async fn learn_lexing(&mut self, cmd_seq: u8) -> Result<bool> {
+        let c = self
+            .run_collect(crate::rewrite::SESSION_STATE_QUERY.as_bytes())
+            .await?;
+        if let Some(e) = c.err() {
+            let payload = e.payload.to_vec();
+            self.reply(cmd_seq, &payload).await?;
+            return Ok(false);
+        }
+        let rows = c.text_rows(self.deprecate_eof);
+        let learned = c
+            .packets
+            .get(rows.start)
+            .filter(|_| rows.len() == 1)
+            .and_then(|p| crate::wire::resultset::text_cells(&p.payload))
+            .and_then(|cells| match cells[..] {
+                [Some(charset), mode] => Some(crate::rewrite::Lexing::from_server(
+                    charset,
+                    mode.unwrap_or_default(),
+                )),
+                _ => None,
+            });
+        match learned {
+            Some(l) => {
+                self.lexing = Some(l);
+                Ok(true)
+            }
+            None => {
+                let msg = "heatsink: could not learn the session's character set and sql_mode";
+                self.reply(cmd_seq, &err_of(errors::UNKNOWN, msg)).await?;
+                Ok(false)
+            }
+        }
     }
 
     /// Sends one packet to the client as the answer to the command with `cmd_seq`.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use moka::sync::Cache;
 
-use super::sqltok::{self, Slot, Token, TokenKind};
+use super::sqltok::{self, LexMode, Slot, Token, TokenKind};
 use super::{Dynamic, Rejection, Rewritten};
 
 /// One piece of a rewritten statement.
@@ -219,10 +219,18 @@ pub enum KeyKind {
     Exact = b'T',
 }
 
-/// Start a key: kind, protocol and current database, unambiguously encoded.
-pub fn key_header(out: &mut Vec<u8>, kind: KeyKind, prepared: bool, db: Option<&str>) {
+/// Start a key: kind, protocol, lexer mode and current database, unambiguously encoded.
+pub fn key_header(
+    out: &mut Vec<u8>,
+    kind: KeyKind,
+    prepared: bool,
+    mode: LexMode,
+    db: Option<&str>,
+) {
     out.push(kind as u8);
     out.push(u8::from(prepared));
+    // A plan made under one reading of quotes and backslashes never serves another.
+    out.push(mode.bits());
     match db {
         None => out.push(0),
         Some(db) => {
@@ -350,7 +358,7 @@ mod tests {
             ]
         );
         let sql = b"x 'it''s' 7 \xe9";
-        let lits = sqltok::lex(sql).unwrap();
+        let lits = sqltok::lex(sql, LexMode::default()).unwrap();
         let lits: Vec<Token> = lits
             .into_iter()
             .filter(|t| matches!(t.kind, TokenKind::Literal(_)))
@@ -371,19 +379,51 @@ mod tests {
     #[test]
     fn keys_are_unambiguous() {
         let mut a = Vec::new();
-        key_header(&mut a, KeyKind::Fingerprint, false, Some("ab"));
+        key_header(
+            &mut a,
+            KeyKind::Fingerprint,
+            false,
+            LexMode::default(),
+            Some("ab"),
+        );
         a.extend_from_slice(b"c");
         let mut b = Vec::new();
-        key_header(&mut b, KeyKind::Fingerprint, false, Some("a"));
+        key_header(
+            &mut b,
+            KeyKind::Fingerprint,
+            false,
+            LexMode::default(),
+            Some("a"),
+        );
         b.extend_from_slice(b"bc");
         assert_ne!(a, b);
         let mut c = Vec::new();
-        key_header(&mut c, KeyKind::Fingerprint, true, Some("ab"));
+        key_header(
+            &mut c,
+            KeyKind::Fingerprint,
+            true,
+            LexMode::default(),
+            Some("ab"),
+        );
         c.extend_from_slice(b"c");
         assert_ne!(a, c);
         let mut d = Vec::new();
-        key_header(&mut d, KeyKind::Fingerprint, false, None);
+        key_header(
+            &mut d,
+            KeyKind::Fingerprint,
+            false,
+            LexMode::default(),
+            None,
+        );
         d.extend_from_slice(b"c");
         assert_ne!(a, d);
+        let nbe = LexMode {
+            no_backslash_escapes: true,
+            ansi_quotes: false,
+        };
+        let mut e = Vec::new();
+        key_header(&mut e, KeyKind::Fingerprint, false, nbe, Some("ab"));
+        e.extend_from_slice(b"c");
+        assert_ne!(a, e);
     }
 }

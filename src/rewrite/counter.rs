@@ -1228,6 +1228,7 @@ mod tests {
                 prepared: true,
                 in_transaction: false,
                 current_db: Some("shop"),
+                lexing: Some(crate::rewrite::Lexing::STANDARD),
             },
         );
         let Decision::Rewrite(r) = d else {
@@ -1381,6 +1382,7 @@ mod tests {
                 prepared: true,
                 in_transaction: false,
                 current_db: Some("shop"),
+                lexing: Some(crate::rewrite::Lexing::STANDARD),
             },
         );
         let Decision::Rewrite(r) = d else {

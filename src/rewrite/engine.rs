@@ -14,7 +14,10 @@ use sqlparser::parser::{Parser, ParserError, ParserOptions};
 use super::cache::{self, Cached, KeyKind, PlanCache, Template};
 use super::prefilter::Prefilter;
 use super::sqltok::{self, Mode, Slot, Token, TokenKind};
-use super::{Decision, Dynamic, EngineError, Plan, PlanContext, Rejection, Rule, StatementContext};
+use super::{
+    CharsetClass, Decision, Dynamic, EngineError, Lexing, Plan, PlanContext, Rejection, Rule,
+    StatementContext,
+};
 
 /// Parse SQL text the way the engine does: MySQL dialect, literals kept as written
 /// (no unescaping), so printing a statement reproduces its literals. Rules can use
@@ -87,6 +90,8 @@ struct Named<'s, 'c> {
     rules: Vec<usize>,
     /// The first ruled table name found, as written (for error messages).
     table: String,
+    /// The character set and `sql_mode` flags it was read under.
+    lexing: Lexing,
     /// The connection's context.
     ctx: &'c StatementContext<'c>,
 }
@@ -259,22 +264,43 @@ impl Engine {
     /// The part of [`Engine::decide`] for statements the scanner flagged.
     #[inline(never)]
     fn decide_named(&self, sql: &[u8], ctx: &StatementContext<'_>, hits: &[usize]) -> Decision {
-        let tokens = match sqltok::lex(sql) {
+        let Some(lexing) = ctx.lexing else {
+            return Decision::NeedSessionState;
+        };
+        let reject_mention = |what: String| {
+            let (rule, _) = &self.patterns[hits[0]].tables[0];
+            Decision::Reject(Rejection {
+                rule: self.names[*rule].clone(),
+                reason: format!(
+                    "the statement mentions table '{}' but {what}",
+                    String::from_utf8_lossy(&self.patterns[hits[0]].name)
+                ),
+            })
+        };
+        if lexing.charset.class == CharsetClass::Refused {
+            // Where strings end is not known in this character set (a byte 0x5C or a
+            // quote may be the second byte of a character), so neither is whether the
+            // name is an identifier: every mention is refused.
+            return reject_mention(format!(
+                "the connection's character set is {}, in which heatsink cannot read statements exactly; use utf8mb4, utf8mb3, latin1, ascii or binary",
+                lexing.charset.name
+            ));
+        }
+        let tokens = match sqltok::lex(sql, lexing.mode) {
             Ok(t) => t,
-            Err(e) => {
-                let (rule, _) = &self.patterns[hits[0]].tables[0];
-                return Decision::Reject(Rejection {
-                    rule: self.names[*rule].clone(),
-                    reason: format!(
-                        "the statement mentions table '{}' but cannot be read ({e})",
-                        String::from_utf8_lossy(&self.patterns[hits[0]].name)
-                    ),
-                });
-            }
+            Err(e) => return reject_mention(format!("cannot be read ({e})")),
         };
         let Some((rules, table)) = self.named_rules(sql, &tokens, hits, ctx.current_db) else {
             return Decision::Passthrough;
         };
+        if let Some(flag) = lexing.refused_mode {
+            return Decision::Reject(Rejection {
+                rule: self.names[rules[0]].clone(),
+                reason: format!(
+                    "the statement names table '{table}' but the session's sql_mode has {flag}, under which heatsink cannot keep the statement's meaning"
+                ),
+            });
+        }
         if !ctx.prepared && tokens.iter().any(|t| t.kind == TokenKind::Param) {
             // `?` is a syntax error in a text statement: the server answers it, and
             // the rewrite must not turn it into something else.
@@ -313,11 +339,18 @@ impl Engine {
             literals,
             rules,
             table,
+            lexing,
             ctx,
         };
 
         let mut key = Vec::with_capacity(sql.len() + 16);
-        cache::key_header(&mut key, KeyKind::Fingerprint, ctx.prepared, ctx.current_db);
+        cache::key_header(
+            &mut key,
+            KeyKind::Fingerprint,
+            ctx.prepared,
+            lexing.mode,
+            ctx.current_db,
+        );
         sqltok::normalize(
             sql,
             &st.tokens,
@@ -475,6 +508,18 @@ impl Engine {
     }
 
     fn plan_exact_outcome(&self, st: &Named<'_, '_>) -> Cached {
+        if st.lexing.mode.no_backslash_escapes
+            && st.literals.iter().any(|t| {
+                t.kind == TokenKind::Literal(sqltok::LiteralKind::String)
+                    && st.sql[t.start..t.end].contains(&b'\\')
+            })
+        {
+            // The parser would read the backslash as an escape.
+            return self.reject_named(
+                st,
+                "has a string with a backslash where it cannot be set aside, which heatsink cannot read exactly under NO_BACKSLASH_ESCAPES",
+            );
+        }
         let mut text = Vec::with_capacity(st.sql.len() + 16);
         let mut slots = Vec::new();
         sqltok::normalize(st.sql, &st.tokens, Mode::MarkParams, &mut text, &mut slots);
@@ -633,6 +678,12 @@ impl Engine {
             Cached::Passthrough => Decision::Passthrough,
             Cached::Reject(r) => Decision::Reject(r.clone()),
             Cached::Rewrite { rule, template } => {
+                if let Some(reason) = invalid_string(st) {
+                    return Decision::Reject(Rejection {
+                        rule: rule.clone(),
+                        reason,
+                    });
+                }
                 match template.render(rule, st.sql, &st.literals, st.ctx.prepared) {
                     Ok(r) => Decision::Rewrite(r),
                     Err(e) => Decision::Reject(Rejection {
@@ -673,10 +724,98 @@ impl Engine {
     }
 }
 
+/// Why one of the statement's string literals would not keep its bytes, if one would
+/// not: its bytes are not well-formed in its character set (the connection's, its
+/// introducer's, or utf8mb3 for `N'…'`), so MariaDB would store `?` for them or fail,
+/// and distinct values would collide in a rewrite. Checked only on statements about
+/// to be rewritten.
+fn invalid_string(st: &Named<'_, '_>) -> Option<String> {
+    for (i, t) in st.literals.iter().enumerate() {
+        let text = &st.sql[t.start..t.end];
+        if t.kind == TokenKind::Literal(sqltok::LiteralKind::Hex) && text.first() == Some(&b'_') {
+            // `_utf8mb4 X'…'`, `_utf8mb4 0x…`: the bytes the digits stand for.
+            let end = text
+                .iter()
+                .position(|&b| !sqltok::is_ident_byte(b))
+                .unwrap_or(text.len());
+            let charset = super::Charset::from_name(&text[1..end]);
+            if !charset.accepts(&hex_bytes(&text[end..])) {
+                return Some(format!(
+                    "hex literal #{} of the statement on table '{}' is not well-formed {}, so MariaDB would not store it as written",
+                    i + 1,
+                    st.table,
+                    charset.name
+                ));
+            }
+            continue;
+        }
+        if t.kind != TokenKind::Literal(sqltok::LiteralKind::String) {
+            continue;
+        }
+        let (charset, body) = match text.first() {
+            Some(b'_') => {
+                let end = text
+                    .iter()
+                    .position(|&b| !sqltok::is_ident_byte(b))
+                    .unwrap_or(text.len());
+                (super::Charset::from_name(&text[1..end]), &text[end..])
+            }
+            Some(b'N' | b'n') => (super::Charset::from_name(b"utf8mb3"), &text[1..]),
+            _ => (st.lexing.charset, text),
+        };
+        if !charset.accepts(body) {
+            return Some(format!(
+                "string literal #{} of the statement on table '{}' is not well-formed {}, so MariaDB would not store it as written",
+                i + 1,
+                st.table,
+                charset.name
+            ));
+        }
+    }
+    None
+}
+
+/// The bytes of a hex literal's digits (`X'4142'`, `0x4142`, `0x142` = `0x0142`),
+/// whatever precedes them.
+fn hex_bytes(text: &[u8]) -> Vec<u8> {
+    let body = match text.iter().position(|&b| b == b'\'') {
+        Some(q) => &text[q + 1..],
+        None => text
+            .iter()
+            .position(|&b| b == b'x' || b == b'X')
+            .map_or(text, |x| &text[x + 1..]),
+    };
+    let digits: Vec<u8> = body
+        .iter()
+        .take_while(|b| b.is_ascii_hexdigit())
+        .map(|&b| match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => b - b'A' + 10,
+        })
+        .collect();
+    let pad = digits.len() % 2;
+    let mut out = Vec::with_capacity(digits.len() / 2 + 1);
+    let mut hi: Option<u8> = (pad == 1).then_some(0);
+    for d in digits {
+        match hi.take() {
+            Some(h) => out.push(h << 4 | d),
+            None => hi = Some(d),
+        }
+    }
+    out
+}
+
 /// The exact-text key of a statement.
 fn exact_key(st: &Named<'_, '_>) -> Vec<u8> {
     let mut key = Vec::with_capacity(st.sql.len() + 16);
-    cache::key_header(&mut key, KeyKind::Exact, st.ctx.prepared, st.ctx.current_db);
+    cache::key_header(
+        &mut key,
+        KeyKind::Exact,
+        st.ctx.prepared,
+        st.lexing.mode,
+        st.ctx.current_db,
+    );
     key.extend_from_slice(st.sql);
     key
 }
@@ -926,12 +1065,14 @@ mod tests {
         prepared: false,
         in_transaction: false,
         current_db: None,
+        lexing: Some(Lexing::STANDARD),
     };
 
     const PREPARED: StatementContext<'static> = StatementContext {
         prepared: true,
         in_transaction: false,
         current_db: None,
+        lexing: Some(Lexing::STANDARD),
     };
 
     fn ast(sql: &str) -> Vec<Statement> {
@@ -1045,7 +1186,14 @@ mod tests {
         );
 
         // Latin1 bytes inside a literal are fine: they are never parsed.
-        let r = rewritten(e.decide(b"SELECT a FROM t WHERE id = 1 AND s = 'caf\xe9'", &TEXT));
+        let latin1 = StatementContext {
+            lexing: Some(Lexing {
+                charset: super::super::Charset::from_name(b"latin1"),
+                ..Lexing::STANDARD
+            }),
+            ..TEXT
+        };
+        let r = rewritten(e.decide(b"SELECT a FROM t WHERE id = 1 AND s = 'caf\xe9'", &latin1));
         assert!(r.statements[0].ends_with(b"'caf\xe9'"));
         assert_statements(
             &r,
@@ -1401,5 +1549,183 @@ mod tests {
             println!("{what}: {:?} per statement", t.elapsed() / n);
         }
         let _ = Ident::new("unused");
+    }
+
+    fn ctx_with(
+        charset: &[u8],
+        no_backslash_escapes: bool,
+        ansi_quotes: bool,
+    ) -> StatementContext<'static> {
+        StatementContext {
+            lexing: Some(Lexing {
+                charset: super::super::Charset::from_name(charset),
+                mode: sqltok::LexMode {
+                    no_backslash_escapes,
+                    ansi_quotes,
+                },
+                refused_mode: None,
+            }),
+            ..TEXT
+        }
+    }
+
+    /// A rendered statement as canonical text (fingerprint) read under `mode`.
+    fn canonical(sql: &[u8], mode: sqltok::LexMode) -> String {
+        let toks = sqltok::lex(sql, mode).unwrap();
+        let mut out = Vec::new();
+        sqltok::normalize(sql, &toks, Mode::Fingerprint, &mut out, &mut Vec::new());
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn unknown_session_state_is_asked_for_only_on_a_ruled_table() {
+        let e = engine(vec![Shadow::new("shadow", None, "t")]);
+        let unknown = StatementContext {
+            lexing: None,
+            ..TEXT
+        };
+        assert_eq!(
+            e.decide(b"SELECT a FROM u", &unknown),
+            Decision::Passthrough
+        );
+        assert_eq!(
+            e.decide(b"SELECT a FROM t", &unknown),
+            Decision::NeedSessionState
+        );
+        assert_eq!(e.parses(), 0);
+    }
+
+    #[test]
+    fn refused_charsets_refuse_every_mention() {
+        let e = engine(vec![Shadow::new("shadow", None, "t")]);
+        // The gbk injection of issue 9: 0xbf 0x5c is one character, so the string ends
+        // at the quote after it.
+        let sql = b"SELECT a FROM t WHERE s = '\xbf\\' UNION SELECT 1 -- '";
+        for cs in [
+            "gbk", "sjis", "big5", "cp932", "gb18030", "koi8r", "nonesuch",
+        ] {
+            let r = rejected(e.decide(sql, &ctx_with(cs.as_bytes(), false, false)));
+            assert!(r.reason.contains("character set"), "{cs}: {}", r.reason);
+            // Even a mention the default reading would call a string.
+            rejected(e.decide(b"SELECT 't' FROM u", &ctx_with(cs.as_bytes(), false, false)));
+        }
+        assert!(rejected(e.decide(sql, &ctx_with(b"gbk", false, false)))
+            .reason
+            .contains("gbk"));
+        // Other tables are not affected.
+        assert_eq!(
+            e.decide(b"SELECT a FROM u", &ctx_with(b"gbk", false, false)),
+            Decision::Passthrough
+        );
+        assert_eq!(e.parses(), 0);
+        // utf8mb3, latin1, ascii and binary are read.
+        for cs in ["utf8mb3", "utf8", "latin1", "ascii", "binary"] {
+            rewritten(e.decide(
+                b"SELECT a FROM t WHERE s = 'x'",
+                &ctx_with(cs.as_bytes(), false, false),
+            ));
+        }
+    }
+
+    #[test]
+    fn no_backslash_escapes_changes_where_literals_end() {
+        let e = engine(vec![Shadow::new("shadow", None, "t")]);
+        let sql = b"SELECT a FROM t WHERE s = 'x\\' AND id = 1 -- '";
+        let std_mode = sqltok::LexMode::default();
+        let nbe = sqltok::LexMode {
+            no_backslash_escapes: true,
+            ansi_quotes: false,
+        };
+        let r = rewritten(e.decide(sql, &TEXT));
+        assert_eq!(
+            canonical(&r.statements[0], std_mode),
+            "SELECT a FROM t_shadow WHERE s = ?"
+        );
+        // Same bytes, other mode: a plan of its own, with `AND id = 1` as SQL.
+        let r = rewritten(e.decide(sql, &ctx_with(b"utf8mb4", true, false)));
+        assert_eq!(
+            canonical(&r.statements[0], nbe),
+            "SELECT a FROM t_shadow WHERE s = ? AND id = ?"
+        );
+        assert_eq!(e.parses(), 2);
+        // Where a literal must be parsed in place, a backslash in a string is refused.
+        let r = rejected(e.decide(
+            b"SELECT CAST(a AS DECIMAL(10,2)) FROM t WHERE s = 'x\\'",
+            &ctx_with(b"utf8mb4", true, false),
+        ));
+        assert!(r.reason.contains("NO_BACKSLASH_ESCAPES"), "{}", r.reason);
+    }
+
+    #[test]
+    fn ansi_quotes_name_tables_with_double_quotes() {
+        let e = engine(vec![Shadow::new("shadow", None, "t")]);
+        let ansi = ctx_with(b"utf8mb4", false, true);
+        let r = rewritten(e.decide(br#"SELECT "a" FROM "t" WHERE s = 'x'"#, &ansi));
+        assert_statements(&r, &["SELECT `a` FROM `t_shadow` WHERE s = 'x'"]);
+        // The default mode reads `"t"` as a string: not the table.
+        assert_eq!(
+            e.decide(br#"SELECT "t" FROM u"#, &TEXT),
+            Decision::Passthrough
+        );
+    }
+
+    #[test]
+    fn invalid_strings_are_refused_before_a_rewrite() {
+        let e = engine(vec![Shadow::new("shadow", None, "t")]);
+        let utf8 = ctx_with(b"utf8mb4", false, false);
+        let utf8mb3 = ctx_with(b"utf8mb3", false, false);
+        for sql in [
+            &b"SELECT a FROM t WHERE s = '\xff'"[..],
+            b"SELECT a FROM t WHERE s = 'ok' OR s = '\xc3'",
+            b"SELECT a FROM t WHERE s = _utf8mb4'\xe9'",
+        ] {
+            let r = rejected(e.decide(sql, &utf8));
+            assert!(r.reason.contains("not well-formed"), "{}", r.reason);
+        }
+        // 4-byte characters are not utf8mb3 (nor are they in N'…').
+        rewritten(e.decide("SELECT a FROM t WHERE s = '🎉'".as_bytes(), &utf8));
+        rejected(e.decide("SELECT a FROM t WHERE s = '🎉'".as_bytes(), &utf8mb3));
+        rejected(e.decide("SELECT a FROM t WHERE s = N'🎉'".as_bytes(), &utf8));
+        // An introducer that accepts every byte, or a latin1 connection.
+        rewritten(e.decide(b"SELECT a FROM t WHERE s = _latin1'\xe9'", &utf8));
+        rewritten(e.decide(b"SELECT a FROM t WHERE s = _binary'\xff'", &utf8));
+        rewritten(e.decide(
+            b"SELECT a FROM t WHERE s = '\xff'",
+            &ctx_with(b"latin1", false, false),
+        ));
+        // Hex literals with an introducer are strings of that character set.
+        rejected(e.decide(b"SELECT a FROM t WHERE s = _utf8mb4 X'FF'", &utf8));
+        rejected(e.decide(b"SELECT a FROM t WHERE s = _utf8mb4 0xc3", &utf8));
+        rejected(e.decide(b"SELECT a FROM t WHERE s = _utf8mb3 0xF09F9880", &utf8));
+        rewritten(e.decide(b"SELECT a FROM t WHERE s = _utf8mb4 x'C3A9'", &utf8));
+        rewritten(e.decide(b"SELECT a FROM t WHERE s = _utf8mb4 0x041", &utf8));
+        rewritten(e.decide(b"SELECT a FROM t WHERE s = _latin1 0xFF", &utf8));
+        assert_eq!(hex_bytes(b"_x X'0aFf'"), vec![0x0a, 0xff]);
+        assert_eq!(hex_bytes(b"0x142"), vec![0x01, 0x42]);
+        // An ascii connection takes 7-bit strings only.
+        rejected(e.decide(
+            b"SELECT a FROM t WHERE s = '\xe9'",
+            &ctx_with(b"ascii", false, false),
+        ));
+        // A statement that is forwarded unchanged is not checked.
+        assert_eq!(
+            e.decide(b"SELECT '\xff' FROM u", &utf8),
+            Decision::Passthrough
+        );
+    }
+
+    #[test]
+    fn refused_sql_modes() {
+        let e = engine(vec![Shadow::new("shadow", None, "t")]);
+        let ctx = StatementContext {
+            lexing: Some(Lexing::from_server(
+                b"utf8mb4",
+                b"STRICT_TRANS_TABLES,EMPTY_STRING_IS_NULL",
+            )),
+            ..TEXT
+        };
+        let r = rejected(e.decide(b"SELECT a FROM t WHERE s = ''", &ctx));
+        assert!(r.reason.contains("EMPTY_STRING_IS_NULL"), "{}", r.reason);
+        assert_eq!(e.decide(b"SELECT 't' FROM u", &ctx), Decision::Passthrough);
     }
 }

@@ -783,6 +783,7 @@ mod tests {
                 prepared: true,
                 in_transaction: false,
                 current_db: Some("shop"),
+                lexing: Some(crate::rewrite::Lexing::STANDARD),
             },
         ) {
             Decision::Rewrite(r) => r,

@@ -19,9 +19,13 @@
 //! and the *marked text* the parser sees when a plan is built (literals and parameters
 //! replaced by numbered `?N` markers, see [`normalize`]).
 //!
-//! Assumed server settings: backslash escapes on (no `NO_BACKSLASH_ESCAPES`) and a
-//! connection character set in which byte 0x5C is always a backslash (not big5, gbk,
-//! sjis, cp932 or gb18030).
+//! The two `sql_mode` flags that change what the bytes mean are a [`LexMode`]:
+//! `NO_BACKSLASH_ESCAPES` (a backslash is an ordinary character in strings) and
+//! `ANSI_QUOTES` (`"…"` is an identifier, not a string). The lexer assumes a
+//! connection character set in which bytes 0x00–0x7F are always ASCII characters
+//! (never part of a multi-byte character); the engine refuses to rewrite under any
+//! other (big5, gbk, gb18030, sjis, cp932), see `docs/design.md`, "The lexer's
+//! contract".
 
 /// What a token is; the lexer never needs more detail than this.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,14 +89,33 @@ impl std::fmt::Display for LexError {
 
 impl std::error::Error for LexError {}
 
-/// Lex a statement as the client sent it.
-pub fn lex(sql: &[u8]) -> Result<Vec<Token>, LexError> {
-    Lexer::new(sql, false).run()
+/// The `sql_mode` flags that change how statement bytes are read. The default is
+/// MariaDB's default: backslash escapes on, `"…"` a string.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LexMode {
+    /// `NO_BACKSLASH_ESCAPES`: a backslash in a string is an ordinary character, so
+    /// `'x\'` is a complete string.
+    pub no_backslash_escapes: bool,
+    /// `ANSI_QUOTES`: `"…"` quotes an identifier (doubled `""` inside), never a string.
+    pub ansi_quotes: bool,
 }
 
-/// Lex text printed by the parser, where `?N` is a [`TokenKind::Marker`].
+impl LexMode {
+    /// The mode's two flags as one byte, for cache keys.
+    pub fn bits(self) -> u8 {
+        u8::from(self.no_backslash_escapes) | (u8::from(self.ansi_quotes) << 1)
+    }
+}
+
+/// Lex a statement as the client sent it, read under `mode`.
+pub fn lex(sql: &[u8], mode: LexMode) -> Result<Vec<Token>, LexError> {
+    Lexer::new(sql, false, mode).run()
+}
+
+/// Lex text printed by the parser, where `?N` is a [`TokenKind::Marker`]. The parser
+/// prints in the default mode (backslash escapes, backticked identifiers).
 pub fn lex_markers(sql: &[u8]) -> Result<Vec<Token>, LexError> {
-    Lexer::new(sql, true).run()
+    Lexer::new(sql, true, LexMode::default()).run()
 }
 
 /// Whether a byte can be part of an unquoted identifier. Bytes of multi-byte and
@@ -162,17 +185,29 @@ struct Lexer<'a> {
     s: &'a [u8],
     /// Lex `?N` as a marker (printed parser output) instead of `?` followed by a number.
     markers: bool,
+    /// A backslash escapes the next byte in strings (no `NO_BACKSLASH_ESCAPES`).
+    backslash: bool,
+    /// `"…"` is an identifier (`ANSI_QUOTES`).
+    ansi_quotes: bool,
     /// Tokens so far.
     toks: Vec<Token>,
 }
 
 impl<'a> Lexer<'a> {
-    fn new(s: &'a [u8], markers: bool) -> Self {
+    fn new(s: &'a [u8], markers: bool, mode: LexMode) -> Self {
         Lexer {
             s,
             markers,
+            backslash: !mode.no_backslash_escapes,
+            ansi_quotes: mode.ansi_quotes,
             toks: Vec::with_capacity(s.len() / 4 + 4),
         }
+    }
+
+    /// Whether `q` opens a string (rather than an identifier) in this mode.
+    #[inline]
+    fn is_string_quote(&self, q: u8) -> bool {
+        q == b'\'' || (q == b'"' && !self.ansi_quotes)
     }
 
     #[inline]
@@ -224,13 +259,13 @@ impl<'a> Lexer<'a> {
                     exec = None;
                     i += 2;
                 }
-                b'\'' | b'"' => {
+                q @ (b'\'' | b'"') if self.is_string_quote(q) => {
                     let end = self.string_run(i)?;
                     self.push(TokenKind::Literal(LiteralKind::String), i, end);
                     i = end;
                 }
-                b'`' => {
-                    let end = self.quoted(i, b'`', false, "unterminated quoted identifier")?;
+                q @ (b'`' | b'"') => {
+                    let end = self.quoted(i, q, false, "unterminated quoted identifier")?;
                     self.push(TokenKind::QuotedIdent, i, end);
                     i = end;
                 }
@@ -358,12 +393,12 @@ impl<'a> Lexer<'a> {
     /// A string at `start` plus any adjacent strings MySQL concatenates with it.
     fn string_run(&self, start: usize) -> Result<usize, LexError> {
         let q = self.s[start];
-        let mut end = self.quoted(start, q, true, "unterminated string")?;
+        let mut end = self.quoted(start, q, self.backslash, "unterminated string")?;
         loop {
             let j = self.skip_trivia(end)?;
             match self.at(j) {
-                q @ (b'\'' | b'"') if j < self.s.len() => {
-                    end = self.quoted(j, q, true, "unterminated string")?;
+                q @ (b'\'' | b'"') if j < self.s.len() && self.is_string_quote(q) => {
+                    end = self.quoted(j, q, self.backslash, "unterminated string")?;
                 }
                 _ => return Ok(end),
             }
@@ -377,9 +412,12 @@ impl<'a> Lexer<'a> {
             i += 1;
         }
         let end = match self.at(i) {
-            q @ (b'\'' | b'"' | b'`') if i < self.s.len() => {
-                self.quoted(i, q, q != b'`', "unterminated variable name")?
-            }
+            q @ (b'\'' | b'"' | b'`') if i < self.s.len() => self.quoted(
+                i,
+                q,
+                self.backslash && self.is_string_quote(q),
+                "unterminated variable name",
+            )?,
             _ => {
                 let mut j = i;
                 while j < self.s.len() && is_ident_byte(self.s[j]) {
@@ -497,7 +535,7 @@ impl<'a> Lexer<'a> {
             let c0 = self.at(j);
             let c1 = self.at(j + 1);
             if j < s.len() {
-                if c0 == b'\'' || c0 == b'"' {
+                if self.is_string_quote(c0) {
                     let e = self.string_run(j)?;
                     self.push(TokenKind::Literal(LiteralKind::String), start, e);
                     return Ok(e);
@@ -701,6 +739,17 @@ pub fn normalize(sql: &[u8], toks: &[Token], mode: Mode, out: &mut Vec<u8>, slot
             {
                 out.extend(text.iter().map(u8::to_ascii_uppercase));
             }
+            // An ANSI_QUOTES identifier, as the parser reads identifiers: backticked.
+            TokenKind::QuotedIdent if text.first() == Some(&b'"') => {
+                out.push(b'`');
+                for &b in unquote(text, b'"').iter() {
+                    if b == b'`' {
+                        out.push(b'`');
+                    }
+                    out.push(b);
+                }
+                out.push(b'`');
+            }
             _ => out.extend_from_slice(text),
         }
     }
@@ -726,13 +775,14 @@ fn push_marker(out: &mut Vec<u8>, k: usize) {
     out.extend_from_slice(&buf[i..]);
 }
 
-/// The name an identifier token stands for: a bare word as is, a backtick-quoted one
-/// without its quotes and with doubled backticks undoubled. `None` for other tokens.
+/// The name an identifier token stands for: a bare word as is, a quoted one (`` `…` ``,
+/// or `"…"` under `ANSI_QUOTES`) without its quotes and with doubled quotes undoubled.
+/// `None` for other tokens.
 pub fn ident_name<'s>(sql: &'s [u8], t: &Token) -> Option<std::borrow::Cow<'s, [u8]>> {
     let text = &sql[t.start..t.end];
     match t.kind {
         TokenKind::Word => Some(std::borrow::Cow::Borrowed(text)),
-        TokenKind::QuotedIdent => Some(unquote(text, b'`')),
+        TokenKind::QuotedIdent => Some(unquote(text, text.first().copied().unwrap_or(b'`'))),
         _ => None,
     }
 }
@@ -925,7 +975,7 @@ mod tests {
 
     fn kinds(sql: &str) -> Vec<(TokenKind, String)> {
         let b = sql.as_bytes();
-        lex(b)
+        lex(b, LexMode::default())
             .unwrap()
             .iter()
             .map(|t| {
@@ -938,7 +988,10 @@ mod tests {
     }
 
     fn bound(sql: &str) -> usize {
-        nesting_bound(sql.as_bytes(), &lex(sql.as_bytes()).unwrap())
+        nesting_bound(
+            sql.as_bytes(),
+            &lex(sql.as_bytes(), LexMode::default()).unwrap(),
+        )
     }
 
     #[test]
@@ -971,7 +1024,7 @@ mod tests {
     }
 
     fn fp(sql: &[u8]) -> String {
-        let toks = lex(sql).unwrap();
+        let toks = lex(sql, LexMode::default()).unwrap();
         let mut out = Vec::new();
         normalize(sql, &toks, Mode::Fingerprint, &mut out, &mut Vec::new());
         String::from_utf8(out).unwrap()
@@ -1004,8 +1057,16 @@ mod tests {
                 (S, "'e'".into()),
             ]
         );
-        assert_eq!(lex(b"SELECT 'abc").unwrap_err().what, "unterminated string");
-        assert_eq!(lex(br"SELECT 'abc\'").unwrap_err().offset, 7);
+        assert_eq!(
+            lex(b"SELECT 'abc", LexMode::default()).unwrap_err().what,
+            "unterminated string"
+        );
+        assert_eq!(
+            lex(br"SELECT 'abc\'", LexMode::default())
+                .unwrap_err()
+                .offset,
+            7
+        );
     }
 
     #[test]
@@ -1020,7 +1081,7 @@ mod tests {
             ]
         );
         let sql = b"`a``b`";
-        let t = lex(sql).unwrap()[0];
+        let t = lex(sql, LexMode::default()).unwrap()[0];
         assert_eq!(&*ident_name(sql, &t).unwrap(), b"a`b");
     }
 
@@ -1051,7 +1112,7 @@ mod tests {
             vec![(W, "SELECT".into()), (N, "1".into())]
         );
         assert_eq!(
-            lex(b"SELECT 1 /* x").unwrap_err().what,
+            lex(b"SELECT 1 /* x", LexMode::default()).unwrap_err().what,
             "unterminated comment"
         );
     }
@@ -1076,7 +1137,9 @@ mod tests {
             vec![(W, "SELECT".into()), (N, "1".into())]
         );
         assert_eq!(
-            lex(b"/*!50000 SELECT 1").unwrap_err().what,
+            lex(b"/*!50000 SELECT 1", LexMode::default())
+                .unwrap_err()
+                .what,
             "unterminated executable comment"
         );
         // The fingerprint keeps the content, without the wrapper.
@@ -1164,7 +1227,7 @@ mod tests {
     fn latin1_bytes() {
         // 'café' in latin1, and an identifier with a latin1 byte.
         let sql = b"INSERT INTO hits VALUES ('caf\xe9', 'a\\'\xff'), (t\xe9st)";
-        let toks = lex(sql).unwrap();
+        let toks = lex(sql, LexMode::default()).unwrap();
         let lits: Vec<&[u8]> = toks
             .iter()
             .filter(|t| t.kind == S)
@@ -1202,7 +1265,7 @@ mod tests {
         let toks = lex_markers(b"a = ?12 AND b = ?").unwrap();
         assert_eq!(toks[2].kind, TokenKind::Marker(12));
         assert_eq!(toks[6].kind, TokenKind::Param);
-        assert_eq!(lex(b"?12").unwrap().len(), 2);
+        assert_eq!(lex(b"?12", LexMode::default()).unwrap().len(), 2);
     }
 
     #[test]
@@ -1235,7 +1298,7 @@ mod tests {
     #[test]
     fn marked_text() {
         let sql = b"UPDATE hits SET c = c + 1 WHERE id = ? AND s = _utf8mb4'x'";
-        let toks = lex(sql).unwrap();
+        let toks = lex(sql, LexMode::default()).unwrap();
         let mut out = Vec::new();
         let mut slots = Vec::new();
         normalize(sql, &toks, Mode::MarkAll, &mut out, &mut slots);
@@ -1255,5 +1318,108 @@ mod tests {
             "UPDATE hits SET c = c + 1 WHERE id = ?1 AND s = _utf8mb4'x'"
         );
         assert_eq!(slots, vec![Slot::Param(0)]);
+    }
+
+    fn kinds_in(sql: &[u8], mode: LexMode) -> Vec<(TokenKind, Vec<u8>)> {
+        lex(sql, mode)
+            .unwrap()
+            .iter()
+            .map(|t| (t.kind, sql[t.start..t.end].to_vec()))
+            .collect()
+    }
+
+    const NBE: LexMode = LexMode {
+        no_backslash_escapes: true,
+        ansi_quotes: false,
+    };
+    const ANSI: LexMode = LexMode {
+        no_backslash_escapes: false,
+        ansi_quotes: true,
+    };
+
+    #[test]
+    fn no_backslash_escapes_ends_strings_at_a_backslash_quote() {
+        // The injection of issue 9: with backslash escapes the literal swallows the
+        // rest; without them it ends after `x\` and the rest is SQL.
+        let sql =
+            b"UPDATE hits SET cnt = cnt + 1 WHERE slug = 'x\\', 0, 1), (0x686f6d65, 3, 1000) -- '";
+        let std_lits: Vec<_> = kinds_in(sql, LexMode::default())
+            .into_iter()
+            .filter(|(k, _)| *k == S)
+            .collect();
+        assert_eq!(std_lits.len(), 1);
+        assert!(std_lits[0].1.ends_with(b"-- '"));
+        let nbe = kinds_in(sql, NBE);
+        assert!(nbe.contains(&(S, b"'x\\'".to_vec())), "{nbe:?}");
+        assert!(nbe.contains(&(N, b"1000".to_vec())), "{nbe:?}");
+        // Doubled quotes still escape a quote; a backslash is kept as it is.
+        assert_eq!(
+            kinds_in(br"'a''b\' 'c\'", NBE),
+            vec![(S, br"'a''b\' 'c\'".to_vec())]
+        );
+        assert_eq!(kinds_in(br#""x\""#, NBE), vec![(S, br#""x\""#.to_vec())]);
+        // Under the default mode the same text is unterminated.
+        assert!(lex(br"SELECT 'x\'", LexMode::default()).is_err());
+        assert!(lex(br"SELECT 'x\'", NBE).is_ok());
+        // Variable names quoted as strings follow the same rule.
+        assert_eq!(
+            kinds_in(br"@'a\' = 1", NBE)[0],
+            (TokenKind::Variable, br"@'a\'".to_vec())
+        );
+    }
+
+    #[test]
+    fn ansi_quotes_make_double_quotes_identifiers() {
+        assert_eq!(
+            kinds_in(br#"SELECT "a""b" FROM "hits" WHERE x = 'y' "z""#, ANSI),
+            vec![
+                (W, b"SELECT".to_vec()),
+                (TokenKind::QuotedIdent, br#""a""b""#.to_vec()),
+                (W, b"FROM".to_vec()),
+                (TokenKind::QuotedIdent, br#""hits""#.to_vec()),
+                (W, b"WHERE".to_vec()),
+                (W, b"x".to_vec()),
+                (TokenKind::Punct, b"=".to_vec()),
+                // Not concatenated: `"z"` is an identifier.
+                (S, b"'y'".to_vec()),
+                (TokenKind::QuotedIdent, br#""z""#.to_vec()),
+            ]
+        );
+        // A backslash does not escape inside a quoted identifier.
+        assert_eq!(
+            kinds_in(br#""a\" 'b'"#, ANSI),
+            vec![
+                (TokenKind::QuotedIdent, br#""a\""#.to_vec()),
+                (S, b"'b'".to_vec())
+            ]
+        );
+        // `_utf8mb4"x"` is no introduced string under ANSI_QUOTES.
+        assert_eq!(kinds_in(br#"_utf8mb4"x""#, ANSI)[0].0, W);
+        // The name is undoubled, and the parser sees it backticked.
+        let sql = br#"UPDATE "h`i""ts" SET "c" = 1"#;
+        let toks = lex(sql, ANSI).unwrap();
+        assert_eq!(&*ident_name(sql, &toks[1]).unwrap(), b"h`i\"ts");
+        let mut out = Vec::new();
+        normalize(sql, &toks, Mode::MarkAll, &mut out, &mut Vec::new());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "UPDATE `h``i\"ts` SET `c` = ?1"
+        );
+    }
+
+    #[test]
+    fn lex_modes_have_distinct_bits() {
+        let all = [
+            LexMode::default(),
+            NBE,
+            ANSI,
+            LexMode {
+                no_backslash_escapes: true,
+                ansi_quotes: true,
+            },
+        ];
+        let mut bits: Vec<u8> = all.iter().map(|m| m.bits()).collect();
+        bits.dedup();
+        assert_eq!(bits.len(), 4);
     }
 }

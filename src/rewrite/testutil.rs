@@ -35,6 +35,7 @@ pub fn decide(e: &Engine, sql: &str) -> Decision {
             prepared: false,
             in_transaction: false,
             current_db: Some("shop"),
+            lexing: Some(crate::rewrite::Lexing::STANDARD),
         },
     )
 }

@@ -372,8 +372,15 @@ impl Session {
             return self.run_returning(rw, &column, cmd_seq).await;
         }
         let n = rw.statements.len();
-        if let (1, Reply::Last | Reply::Patched(_)) = (n, &rw.reply) {
-            // A single statement whose response is relayed: stream it.
+        // A single statement whose response is relayed is streamed; one whose
+        // errors may name a physical table (answered with the logical name) and
+        // that answers OK or ERR is read whole instead.
+        let stream = match &rw.reply {
+            Reply::Patched(_) => true,
+            Reply::Last => self.rewrite_names.is_none(),
+            _ => false,
+        };
+        if n == 1 && stream {
             let next = self
                 .backend
                 .write_packet(0, &query_payload(&rw.statements[0]))
@@ -843,7 +850,7 @@ impl Session {
                 self.backend.write_packet(0, one).await?;
                 self.relay_patched(patch, true, cmd_seq).await
             }
-            (Reply::Last, [one]) => {
+            (Reply::Last, [one]) if self.rewrite_names.is_none() => {
                 let next = self.backend.write_packet(0, one).await?;
                 let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
                 self.relay_response(ResponseKind::Generic, shift, cmd_seq)

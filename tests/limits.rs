@@ -22,6 +22,8 @@ const MAX_PAYLOAD: usize = 0xFF_FFFF;
 struct BigOutcome {
     /// The first response packet, if any arrived.
     first: Option<Packet>,
+    /// The row's value when the query ran (`LENGTH(…)`).
+    value: Option<String>,
     /// The connection still answered a COM_PING afterwards.
     alive: bool,
 }
@@ -34,8 +36,8 @@ impl BigOutcome {
 
 /// Sends `SELECT LENGTH('xxx…')` whose COM_QUERY payload is exactly `payload_len`
 /// bytes, framed as the protocol requires (16 MiB - 1 chunks), written from a thread so
-/// that a server answering early cannot block the sender; returns the first response
-/// packet and whether the connection survived.
+/// that a server answering early cannot block the sender; returns the answer and
+/// whether the connection survived.
 fn big_query(addr: SocketAddr, payload_len: usize) -> BigOutcome {
     let mut c = RawClient::connect(
         addr,
@@ -78,10 +80,26 @@ fn big_query(addr: SocketAddr, payload_len: usize) -> BigOutcome {
         }
     });
     let first = c.read_packet().ok();
+    let mut value = None;
+    if first.as_ref().is_some_and(|p| p.payload == [1]) {
+        // Column definition, EOF (without DEPRECATE_EOF), the row, the final EOF/OK.
+        let _def = c.read_packet().expect("column definition");
+        if !c.deprecate_eof() {
+            let _eof = c.read_packet().expect("EOF");
+        }
+        let row = c.read_packet().expect("row");
+        value = Some(String::from_utf8_lossy(&row.payload[1..]).into_owned());
+        let end = c.read_packet().expect("end of result");
+        assert_eq!(end.payload[0], 0xFE, "{end:?}");
+    }
     // The sender may fail once the server closed; only the answer matters.
     let _ = writer.join();
     let alive = first.is_some() && ping_ok(&mut c);
-    BigOutcome { first, alive }
+    BigOutcome {
+        first,
+        value,
+        alive,
+    }
 }
 
 fn ping_ok(c: &mut RawClient) -> bool {
@@ -91,25 +109,98 @@ fn ping_ok(c: &mut RawClient) -> bool {
     matches!(c.ping(), Ok(p) if p.first().is_some_and(|p| p.is_ok()))
 }
 
-#[test]
-fn probe_oversized_packet_direct() {
-    let addr = mariadb().addr();
-    let max: usize = mariadb().query_strings("SELECT @@global.max_allowed_packet")[0][0]
+/// The backend's `max_allowed_packet` (the test server starts with 64 MiB).
+fn backend_max_packet() -> usize {
+    mariadb().query_strings("SELECT @@global.max_allowed_packet")[0][0]
         .as_deref()
-        .unwrap()
-        .parse()
-        .unwrap();
-    for len in [max - 1, max, max + 1, 200 << 20] {
-        let o = big_query(addr, len);
-        eprintln!(
-            "len {len} (max {max}): first {:?} err {:?} alive {}",
-            o.first
-                .as_ref()
-                .map(|p| (p.seq, p.payload.len(), p.payload.first())),
-            o.err(),
-            o.alive
+        .and_then(|v| v.parse().ok())
+        .expect("max_allowed_packet")
+}
+
+/// A process's peak resident set size in bytes (`VmHWM`).
+fn peak_rss(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kb: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kb * 1024
+}
+
+#[test]
+fn oversized_command_is_refused_like_the_server() {
+    let max = backend_max_packet();
+    let proxy = Proxy::start();
+    // Just below the limit: a multi-packet command (four 16 MiB - 1 chunks and a
+    // short one) runs; at the limit and far over it: ERR 1153, connection closed.
+    for len in [max - 1, max, 200 << 20] {
+        let direct = big_query(mariadb().addr(), len);
+        let via = big_query(proxy.addr(), len);
+        let seqs = (
+            direct.first.as_ref().map(|p| p.seq),
+            via.first.as_ref().map(|p| p.seq),
         );
+        if len < max {
+            assert_eq!(direct.value, Some((len - 18).to_string()), "{direct:?}");
+            assert_eq!(via.value, direct.value, "{len}");
+            assert!(direct.alive && via.alive, "{len}: {direct:?} {via:?}");
+        } else {
+            let e = direct.err().expect("the server refuses");
+            assert_eq!(
+                (e.code, e.sqlstate.as_str(), e.message.as_str()),
+                (
+                    1153,
+                    "08S01",
+                    "Got a packet bigger than 'max_allowed_packet' bytes"
+                )
+            );
+            assert_eq!(via.err(), Some(e), "{len}");
+            assert!(!direct.alive && !via.alive, "{len}: {direct:?} {via:?}");
+        }
+        assert_eq!(seqs.0, seqs.1, "{len}: sequence ids");
     }
+    // The proxy still serves other clients.
+    let mut c = RawClient::connect(proxy.addr(), &ConnectOpts::new(USER, PASSWORD)).unwrap();
+    assert!(ping_ok(&mut c));
+}
+
+#[test]
+fn oversized_command_is_not_buffered() {
+    let proxy = Proxy::start();
+    let pid = proxy.pid().expect("proxy pid");
+    let packet = 200 << 20;
+    let before = peak_rss(pid);
+    let via = big_query(proxy.addr(), packet);
+    assert_eq!(via.err().map(|e| e.code), Some(1153), "{via:?}");
+    let after = peak_rss(pid);
+    // At most the limit (64 MiB) of the command is held; before the limit existed the
+    // whole command was buffered, and copied (peak ≈ 2.3 × the packet).
+    eprintln!("proxy peak RSS: {before} bytes before, {after} after a {packet}-byte command");
+    assert!(
+        after < packet / 2,
+        "peak RSS {after} bytes for a {packet}-byte command"
+    );
+}
+
+#[test]
+fn configured_client_packet_limit() {
+    let limit = 1 << 20;
+    let proxy = Proxy::builder()
+        .arg("--max-client-packet")
+        .arg(limit.to_string())
+        .start();
+    let pid = proxy.pid().expect("proxy pid");
+    let ok = big_query(proxy.addr(), limit - 1);
+    assert_eq!(ok.value, Some((limit - 1 - 18).to_string()), "{ok:?}");
+    assert!(ok.alive);
+    // Refused at the first header, before any of the 40 MiB is read.
+    let refused = big_query(proxy.addr(), 40 << 20);
+    let e = refused.err().expect("refused");
+    assert_eq!((e.code, e.sqlstate.as_str()), (1153, "08S01"));
+    assert_eq!(refused.first.as_ref().map(|p| p.seq), Some(1));
+    assert!(!refused.alive);
+    assert!(peak_rss(pid) < 16 << 20, "peak RSS {}", peak_rss(pid));
 }
 
 /// A database with the counter rule's tables (`hits`, `hits_slots` and the trigger

@@ -295,3 +295,97 @@ fn short_execute_of_a_rewritten_statement_is_answered_like_the_server() {
     let slots = mariadb().query_strings(&format!("SELECT COUNT(*) FROM {db}.hits_slots"));
     assert_eq!(slots[0][0].as_deref(), Some("0"));
 }
+
+/// The ERR packet a login attempt ends with (panics if it was let in).
+fn login_refusal(addr: SocketAddr, user: &str, password: &str) -> Packet {
+    use common::rawclient::ConnectError;
+    match RawClient::connect(addr, &ConnectOpts::new(user, password)) {
+        Err(ConnectError::Rejected { packets, .. }) => packets.last().cloned().expect("ERR"),
+        Err(e) => panic!("{user}@{addr}: {e}"),
+        Ok(_) => panic!("{user}@{addr} was let in with password {password:?}"),
+    }
+}
+
+/// A proxy with an admin port (password `adm-pw`); returns it and the admin address.
+fn admin_proxy() -> (Proxy, SocketAddr) {
+    let admin = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let proxy = Proxy::builder()
+        .arg("--admin")
+        .arg(admin.to_string())
+        .arg("--admin-password")
+        .arg("adm-pw")
+        .start();
+    (proxy, admin)
+}
+
+#[test]
+fn admin_login_refusal_is_the_servers_access_denied() {
+    let (_proxy, admin) = admin_proxy();
+    let direct = login_refusal(mariadb().addr(), USER, "wrong");
+    let via = login_refusal(admin, "admin", "wrong");
+    let d = parse_err(&direct.payload).expect("server ERR");
+    let v = parse_err(&via.payload).expect("admin ERR");
+    assert_eq!((d.code, d.sqlstate.as_str()), (1045, "28000"), "{d}");
+    assert_eq!((v.code, v.sqlstate.as_str()), (1045, "28000"), "{v}");
+    assert_eq!(via.seq, direct.seq);
+    // The same message, but for the user and host.
+    let shape = |m: &str, user: &str| {
+        let rest = m
+            .strip_prefix(&format!("Access denied for user '{user}'@'"))
+            .unwrap_or_else(|| panic!("{m}"));
+        rest[rest.find('\'').expect("host end")..].to_string()
+    };
+    assert_eq!(shape(&v.message, "admin"), shape(&d.message, USER));
+    assert_eq!(
+        v.message,
+        "Access denied for user 'admin'@'127.0.0.1' (using password: YES)"
+    );
+    // A wrong user gets the same answer; no password says so.
+    let v = parse_err(&login_refusal(admin, "root", "").payload).unwrap();
+    let d = parse_err(&login_refusal(mariadb().addr(), USER, "").payload).unwrap();
+    assert_eq!((v.code, v.sqlstate.as_str()), (d.code, d.sqlstate.as_str()));
+    assert!(v.message.ends_with("(using password: NO)"), "{v}");
+    assert!(d.message.ends_with("(using password: NO)"), "{d}");
+}
+
+#[test]
+fn admin_login_failures_are_throttled_then_locked_out() {
+    let (_proxy, admin) = admin_proxy();
+    // Each failure is answered later than the one before (25 ms, doubling).
+    let mut took = Vec::new();
+    for _ in 0..6 {
+        let started = std::time::Instant::now();
+        let e = parse_err(&login_refusal(admin, "admin", "guess").payload).unwrap();
+        assert_eq!(e.code, 1045);
+        took.push(started.elapsed());
+    }
+    assert!(took[5] >= Duration::from_millis(800), "{took:?}");
+    // Six failures: the address is refused before the greeting, even with the right
+    // password, with the server's "host blocked" error.
+    let mut s = std::net::TcpStream::connect(admin).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut bytes = Vec::new();
+    use std::io::Read;
+    s.read_to_end(&mut bytes).unwrap();
+    assert!(bytes.len() > 4 && bytes[3] == 0, "{bytes:?}");
+    let e = parse_err(&bytes[4..]).expect("ERR instead of a greeting");
+    assert_eq!((e.code, e.sqlstate.as_str()), (1129, "HY000"), "{e}");
+    assert!(e.message.contains("blocked"), "{e}");
+    use common::rawclient::ConnectError;
+    assert!(matches!(
+        RawClient::connect(admin, &ConnectOpts::new("admin", "adm-pw")),
+        Err(ConnectError::Io(_))
+    ));
+}
+
+#[test]
+fn admin_login_success_clears_failures() {
+    let (_proxy, admin) = admin_proxy();
+    for _ in 0..2 {
+        for _ in 0..5 {
+            login_refusal(admin, "admin", "guess");
+        }
+        // Five failures, then the right password: in, and the count starts again.
+        RawClient::connect(admin, &ConnectOpts::new("admin", "adm-pw")).expect("login");
+    }
+}

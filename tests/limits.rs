@@ -389,3 +389,74 @@ fn admin_login_success_clears_failures() {
         RawClient::connect(admin, &ConnectOpts::new("admin", "adm-pw")).expect("login");
     }
 }
+
+/// The rows of an admin command, as text.
+fn admin_rows(c: &mut RawClient, sql: &str) -> Vec<Vec<String>> {
+    use common::packets::parse_text_row;
+    let packets = c.query(sql).expect("admin query");
+    if let Some(e) = packets.first().and_then(|p| parse_err(&p.payload)) {
+        panic!("{sql}: {e}");
+    }
+    let columns = packets[0].payload[0] as usize;
+    let skip = 1 + columns + usize::from(!c.deprecate_eof());
+    packets[skip..packets.len() - 1]
+        .iter()
+        .map(|p| {
+            parse_text_row(&p.payload)
+                .expect("text row")
+                .into_iter()
+                .map(|v| String::from_utf8_lossy(&v.unwrap_or_default()).into_owned())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn explain_rewrite_resolves_db_qualified_tables_without_use() {
+    let db = "lim_explain";
+    let rules = counter_db(db);
+    let admin = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let proxy = Proxy::builder()
+        .rules_dir(rules.path())
+        .arg("--admin")
+        .arg(admin.to_string())
+        .arg("--admin-password")
+        .arg("adm-pw")
+        .start();
+    let mut a = RawClient::connect(admin, &ConnectOpts::new("admin", "adm-pw")).expect("admin");
+    let explain = |a: &mut RawClient, sql: &str| {
+        admin_rows(a, &format!("EXPLAIN REWRITE '{}'", sql.replace('\'', "''")))
+    };
+    let update = format!("UPDATE {db}.hits SET cnt = cnt + 1 WHERE slug = 'home'");
+    let read = format!("SELECT cnt FROM {db}.hits WHERE slug = 'home'");
+    // No client used the table yet: the proxy does not know its columns.
+    let rows = explain(&mut a, &update);
+    assert_eq!(rows[0][..2], ["needs_metadata", "page_hits"], "{rows:?}");
+    // Clients without a default database, or with another one, use the qualified
+    // table: the rule learns `lim_explain`'s columns and rewrites.
+    for default_db in [None, Some("mysql")] {
+        let mut opts = ConnectOpts::new(USER, PASSWORD);
+        if let Some(d) = default_db {
+            opts = opts.db(d);
+        }
+        let mut c = RawClient::connect(proxy.addr(), &opts).unwrap();
+        for sql in [&update, &read] {
+            let r = c.query(sql).unwrap();
+            assert!(
+                r.first().is_some_and(|p| parse_err(&p.payload).is_none()),
+                "{default_db:?}: {sql}: {:?}",
+                r.first().and_then(|p| parse_err(&p.payload))
+            );
+        }
+    }
+    let slots = mariadb().query_strings(&format!("SELECT SUM(cnt) FROM {db}.hits_slots"));
+    assert_eq!(slots[0][0].as_deref(), Some("2"));
+    // The admin port, without USE, explains both.
+    for sql in [&update, &read] {
+        let rows = explain(&mut a, sql);
+        assert_eq!(rows[0][..2], ["rewrite", "page_hits"], "{sql}: {rows:?}");
+        let text: String = rows.iter().map(|r| r[2].as_str()).collect();
+        assert!(text.contains(&format!("{db}.")), "{text}");
+        assert!(text.contains("hits_slots"), "{text}");
+    }
+}

@@ -204,7 +204,7 @@ impl Session {
             }
             engine.provide_metadata(
                 req.rule,
-                self.current_db.as_deref(),
+                req.db.as_deref(),
                 &column_defs(&c.packets, self.extended_metadata),
             );
         }

@@ -80,6 +80,8 @@ struct Named<'s, 'c> {
     rules: Vec<usize>,
     /// The first ruled table name found, as written (for error messages).
     table: String,
+    /// (table, database) of each db-qualified ruled table name, as written.
+    qualifiers: Vec<(String, String)>,
     /// The connection's context.
     ctx: &'c StatementContext<'c>,
 }
@@ -265,12 +267,21 @@ impl Engine {
                 });
             }
         };
-        let Some((rules, table)) = self.named_rules(sql, &tokens, hits, ctx.current_db) else {
+        let Some((rules, table, qualifiers)) = self.named_rules(sql, &tokens, hits, ctx.current_db)
+        else {
             return Decision::Passthrough;
         };
         for &ri in &rules {
-            if let Some(sql) = self.rules[ri].metadata_query(ctx.current_db) {
-                return Decision::NeedMetadata(crate::rewrite::MetadataRequest { rule: ri, sql });
+            let db = self.rules[ri]
+                .tables()
+                .first()
+                .and_then(|t| crate::rewrite::table_db(t, &qualifiers, ctx.current_db));
+            if let Some(sql) = self.rules[ri].metadata_query(db) {
+                return Decision::NeedMetadata(crate::rewrite::MetadataRequest {
+                    rule: ri,
+                    sql,
+                    db: db.map(str::to_string),
+                });
             }
         }
         let literals: Vec<Token> = tokens
@@ -284,6 +295,7 @@ impl Engine {
             literals,
             rules,
             table,
+            qualifiers,
             ctx,
         };
 
@@ -330,9 +342,10 @@ impl Engine {
         tokens: &[Token],
         hits: &[usize],
         current_db: Option<&str>,
-    ) -> Option<(Vec<usize>, String)> {
+    ) -> Option<(Vec<usize>, String, Qualifiers)> {
         let mut rules = Vec::new();
         let mut first: Option<String> = None;
+        let mut qualifiers: Vec<(String, String)> = Vec::new();
         for (idx, t) in tokens.iter().enumerate() {
             let Some(name) =
                 sqltok::ident_name(sql, t).or_else(|| sqltok::double_quoted_name(sql, t))
@@ -350,6 +363,11 @@ impl Engine {
                     }
                     _ => None,
                 };
+                if let Some(q) = &qualifiers_of(&qualifier, &name) {
+                    if !qualifiers.contains(q) {
+                        qualifiers.push(q.clone());
+                    }
+                }
                 for (rule, db) in &p.tables {
                     if let Some(db) = db {
                         let effective = qualifier.as_deref().or(current_db.map(str::as_bytes));
@@ -366,7 +384,7 @@ impl Engine {
                 }
             }
         }
-        Some((rules, first?))
+        Some((rules, first?, qualifiers))
     }
 
     /// Plan with every literal and parameter marked; cache under the fingerprint
@@ -413,7 +431,8 @@ impl Engine {
             &slots,
             st.sql,
             &st.literals,
-        );
+        )
+        .with_qualifiers(st.qualifiers.clone());
         let result = self.run_rules(&stmt, &pctx, &st.rules);
         let (reads, dynamics) = pctx.finish();
         let out = Arc::new(self.outcome(result, &slots, &dynamics));
@@ -475,7 +494,8 @@ impl Engine {
             &slots,
             st.sql,
             &st.literals,
-        );
+        )
+        .with_qualifiers(st.qualifiers.clone());
         let result = self.run_rules(&stmt, &pctx, &st.rules);
         let (_, dynamics) = pctx.finish();
         match self.outcome(result, &slots, &dynamics) {
@@ -685,6 +705,18 @@ fn unmark(text: &str) -> String {
         }
     }
     out
+}
+
+/// (table, database) pairs of the db-qualified table names of a statement.
+type Qualifiers = Vec<(String, String)>;
+
+/// A (table, database) pair for a table name written with a database qualifier.
+fn qualifiers_of(qualifier: &Option<Cow<'_, [u8]>>, name: &[u8]) -> Option<(String, String)> {
+    let db = qualifier.as_deref()?;
+    Some((
+        String::from_utf8_lossy(name).into_owned(),
+        String::from_utf8_lossy(db).into_owned(),
+    ))
 }
 
 #[cfg(test)]

@@ -111,17 +111,22 @@ impl Engine {
             return Ok(Engine::empty());
         }
         let mut names: Vec<Arc<str>> = Vec::with_capacity(rules.len());
+        // Lookups by name, so that building stays linear in the number of rules.
+        let mut unique: std::collections::HashSet<&str> =
+            std::collections::HashSet::with_capacity(rules.len());
         for r in &rules {
             let name = r.name();
             if name.is_empty() {
                 return Err(EngineError::EmptyRuleName);
             }
-            if names.iter().any(|n| **n == *name) {
+            if !unique.insert(name) {
                 return Err(EngineError::DuplicateRule(name.to_string()));
             }
             names.push(Arc::from(name));
         }
         let mut patterns: Vec<Pattern> = Vec::new();
+        let mut pattern_of: std::collections::HashMap<Box<[u8]>, usize> =
+            std::collections::HashMap::new();
         for (ri, r) in rules.iter().enumerate() {
             if r.tables().is_empty() {
                 return Err(EngineError::NoTables(names[ri].to_string()));
@@ -131,9 +136,10 @@ impl Engine {
                     return Err(EngineError::EmptyTableName(names[ri].to_string()));
                 }
                 let lower: Box<[u8]> = t.name.to_ascii_lowercase().into_bytes().into();
-                let pi = match patterns.iter().position(|p| p.name == lower) {
-                    Some(pi) => pi,
+                let pi = match pattern_of.get(&lower) {
+                    Some(&pi) => pi,
                     None => {
+                        pattern_of.insert(lower.clone(), patterns.len());
                         patterns.push(Pattern {
                             name: lower,
                             tables: Vec::new(),

@@ -17,16 +17,25 @@
 //!
 //! Authentication is `mysql_native_password` against `admin_user` /
 //! `admin_password` from the configuration, with a fresh random scramble per
-//! connection. An empty password is accepted only on a loopback address.
+//! connection. An empty password is accepted only on a loopback address. A refused
+//! login gets the server's own answer, ERR 1045 (28000) "Access denied for user
+//! 'u'@'ip' (using password: YES)". Failed logins are throttled per client IP
+//! ([`LoginThrottle`]): the n-th failure within [`THROTTLE_WINDOW`] is answered after
+//! 25 ms × 2^(n−1) (at most 2 s, and at most half the handshake timeout); after
+//! [`LOCKOUT_AFTER`] failures the address is refused outright, before the greeting,
+//! with ERR 1129 until [`THROTTLE_WINDOW`] has passed since its last failure. A
+//! successful login clears the address's record.
 //!
 //! This module also keeps the [`Registry`] of live client sessions that
 //! `SHOW SESSIONS` lists.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use opensrv_mysql::{
@@ -230,11 +239,157 @@ pub async fn bind(shared: &Shared) -> Result<Option<TcpListener>> {
     crate::server::bind(addr).await.map(Some)
 }
 
+// ---------------------------------------------------------------------------------------
+// Login throttling
+
+/// Failures from one address within this window count together; an address locked
+/// out stays so until this long after its last failure.
+pub const THROTTLE_WINDOW: Duration = Duration::from_secs(300);
+/// Failed logins (within [`THROTTLE_WINDOW`]) after which an address is locked out.
+pub const LOCKOUT_AFTER: u32 = 6;
+/// Delay before answering the first failed login; doubled for each further one.
+const FIRST_DELAY: Duration = Duration::from_millis(25);
+/// Longest delay before answering a failed login.
+const MAX_DELAY: Duration = Duration::from_secs(2);
+/// Addresses tracked at most; beyond, the one with the oldest failure is forgotten.
+const TRACKED_ADDRESSES: usize = 10_000;
+
+/// Failed admin logins per client IP address.
+#[derive(Debug, Default)]
+pub struct LoginThrottle {
+    /// Per address: failures in the current window, and when the last one was.
+    by_ip: Mutex<HashMap<IpAddr, (u32, Instant)>>,
+}
+
+impl LoginThrottle {
+    /// The time left of `ip`'s lockout, if it is locked out at `now`.
+    pub fn locked(&self, ip: IpAddr, now: Instant) -> Option<Duration> {
+        let map = lock(&self.by_ip);
+        let &(count, last) = map.get(&ip)?;
+        let left = THROTTLE_WINDOW.checked_sub(now.saturating_duration_since(last))?;
+        (count >= LOCKOUT_AFTER && !left.is_zero()).then_some(left)
+    }
+
+    /// Records a failed login from `ip` at `now`; returns how long to wait before
+    /// answering it.
+    pub fn failed(&self, ip: IpAddr, now: Instant) -> Duration {
+        let mut map = lock(&self.by_ip);
+        if map.len() >= TRACKED_ADDRESSES && !map.contains_key(&ip) {
+            map.retain(|_, (_, last)| now.saturating_duration_since(*last) < THROTTLE_WINDOW);
+            if map.len() >= TRACKED_ADDRESSES {
+                let oldest = map
+                    .iter()
+                    .min_by_key(|(_, (_, last))| *last)
+                    .map(|(k, _)| *k);
+                if let Some(k) = oldest {
+                    map.remove(&k);
+                }
+            }
+        }
+        let entry = map.entry(ip).or_insert((0, now));
+        if now.saturating_duration_since(entry.1) >= THROTTLE_WINDOW {
+            entry.0 = 0;
+        }
+        entry.0 = entry.0.saturating_add(1);
+        entry.1 = now;
+        let doublings = entry.0.saturating_sub(1).min(16);
+        FIRST_DELAY.saturating_mul(1 << doublings).min(MAX_DELAY)
+    }
+
+    /// Forgets `ip`'s failures (it logged in).
+    pub fn succeeded(&self, ip: IpAddr) {
+        lock(&self.by_ip).remove(&ip);
+    }
+}
+
+/// ER_HOST_IS_BLOCKED's code and SQLSTATE, for a locked-out address.
+const HOST_BLOCKED: (u16, &[u8; 5]) = (1129, b"HY000");
+
+fn blocked_message(ip: IpAddr, left: Duration) -> String {
+    format!(
+        "Host '{ip}' is blocked because of many failed admin logins; retry in {} s",
+        left.as_secs().max(1)
+    )
+}
+
+/// The admin connection's output. opensrv answers a refused login with its own
+/// error (1698); when [`AdminShim::authenticate`] refuses, it leaves the server's
+/// answer in `refusal`, and the next packet opensrv writes (its error) is replaced
+/// by that one, with the same sequence id.
+struct LoginErrors<W> {
+    inner: W,
+    /// The ERR payload to send instead of opensrv's next packet.
+    refusal: Arc<Mutex<Option<Vec<u8>>>>,
+    /// The framed replacement, and how much of it is written.
+    out: Vec<u8>,
+    written: usize,
+    /// The replacement was made: whatever opensrv writes after it is dropped (the
+    /// connection ends after a refused login).
+    swallow: bool,
+}
+
+impl<W: AsyncWrite + Unpin> LoginErrors<W> {
+    fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        while self.written < self.out.len() {
+            match Pin::new(&mut self.inner).poll_write(cx, &self.out[self.written..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
+                }
+                Poll::Ready(Ok(n)) => self.written += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for LoginErrors<W> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if !this.swallow {
+            if let Some(payload) = lock(&this.refusal).take() {
+                // The packet header (opensrv writes it first) carries the sequence id.
+                let seq = buf.get(3).copied().unwrap_or(2);
+                let mut framed = bytes::BytesMut::new();
+                crate::wire::io::frame_into(&mut framed, seq, &payload);
+                this.out = framed.to_vec();
+                this.swallow = true;
+            }
+        }
+        if this.swallow {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        match this.poll_out(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut this.inner).poll_flush(cx),
+            other => other,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        match this.poll_out(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut this.inner).poll_shutdown(cx),
+            other => other,
+        }
+    }
+}
+
 /// Serves admin connections on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, reloader: Arc<Reloader>) {
     if let Ok(a) = listener.local_addr() {
         info!("admin port on {a}");
     }
+    let throttle = Arc::new(LoginThrottle::default());
     loop {
         let (sock, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -244,7 +399,25 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, reloader: Arc<Rel
                 continue;
             }
         };
-        let shim = AdminShim::new(shared.clone(), reloader.clone(), peer);
+        if let Some(left) = throttle.locked(peer.ip(), Instant::now()) {
+            // Refused before the greeting, as the server refuses a blocked host.
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let mut sock = sock;
+                let msg = blocked_message(peer.ip(), left);
+                let mut out = bytes::BytesMut::new();
+                crate::wire::io::frame_into(
+                    &mut out,
+                    0,
+                    &crate::wire::packets::err_of(HOST_BLOCKED, &msg),
+                );
+                let _ = sock.write_all(&out).await;
+                let _ = sock.shutdown().await;
+                debug!(%peer, "admin connection refused: locked out after failed logins");
+            });
+            continue;
+        }
+        let shim = AdminShim::new(shared.clone(), reloader.clone(), peer, throttle.clone());
         tokio::spawn(async move {
             if let Err(e) = run_connection(sock, shim).await {
                 debug!(%peer, error = %e, "admin connection ended");
@@ -256,6 +429,13 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, reloader: Arc<Rel
 async fn run_connection(sock: TcpStream, shim: AdminShim) -> std::io::Result<()> {
     let _ = sock.set_nodelay(true);
     let (r, w) = sock.into_split();
+    let w = LoginErrors {
+        inner: w,
+        refusal: Arc::clone(&shim.refusal),
+        out: Vec::new(),
+        written: 0,
+        swallow: false,
+    };
     let authenticated = Arc::clone(&shim.authenticated);
     let login_limit = shim.shared.config.handshake_timeout;
     let opts = opensrv_mysql::IntermediaryOptions::default();
@@ -287,10 +467,19 @@ struct AdminShim {
     authenticated: Arc<AtomicBool>,
     /// Default database for `EXPLAIN REWRITE` (`USE db`, or the handshake's).
     db: Option<String>,
+    /// Failed logins per address, shared by all admin connections.
+    throttle: Arc<LoginThrottle>,
+    /// The answer to a refused login, for [`LoginErrors`] to send.
+    refusal: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
 impl AdminShim {
-    fn new(shared: Arc<Shared>, reloader: Arc<Reloader>, peer: SocketAddr) -> Self {
+    fn new(
+        shared: Arc<Shared>,
+        reloader: Arc<Reloader>,
+        peer: SocketAddr,
+        throttle: Arc<LoginThrottle>,
+    ) -> Self {
         let mut salt = [0u8; 20];
         for b in &mut salt {
             // Printable, never NUL or '$' (the protocol's terminators).
@@ -306,6 +495,8 @@ impl AdminShim {
             salt,
             authenticated: Arc::new(AtomicBool::new(false)),
             db: None,
+            throttle,
+            refusal: Arc::new(Mutex::new(None)),
         }
     }
 }
@@ -504,13 +695,36 @@ impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for AdminShim {
             d => d,
         };
         let ok = user_ok && native_password_ok(&config.admin_password.0, salt, data);
+        let ip = self.peer.ip();
+        let now = Instant::now();
+        if let Some(left) = self.throttle.locked(ip, now) {
+            // Locked out while this connection was being greeted.
+            *lock(&self.refusal) = Some(crate::wire::packets::err_of(
+                HOST_BLOCKED,
+                &blocked_message(ip, left),
+            ));
+            warn!(peer = %self.peer, "admin login refused: address locked out");
+            return false;
+        }
         if ok {
+            self.throttle.succeeded(ip);
             self.authenticated.store(true, Relaxed);
             info!(peer = %self.peer, "admin login");
-        } else {
-            warn!(peer = %self.peer, user = %String::from_utf8_lossy(username), "admin login refused");
+            return true;
         }
-        ok
+        let user = String::from_utf8_lossy(username);
+        let delay = self
+            .throttle
+            .failed(ip, now)
+            .min(config.handshake_timeout / 2);
+        warn!(peer = %self.peer, %user, delay_ms = delay.as_millis() as u64, "admin login refused");
+        tokio::time::sleep(delay).await;
+        let msg = format!(
+            "Access denied for user '{user}'@'{ip}' (using password: {})",
+            if data.is_empty() { "NO" } else { "YES" }
+        );
+        *lock(&self.refusal) = Some(crate::wire::packets::err_payload(1045, b"28000", &msg));
+        false
     }
 
     async fn on_prepare<'a>(
@@ -846,6 +1060,38 @@ mod tests {
         assert!(!native_password_ok("other", salt, &good));
         assert!(native_password_ok("", salt, &[]));
         assert!(!native_password_ok("", salt, &good));
+    }
+
+    #[test]
+    fn login_throttle() {
+        let t = LoginThrottle::default();
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let other: IpAddr = "10.0.0.2".parse().unwrap();
+        let t0 = Instant::now();
+        let delays: Vec<Duration> = (0..LOCKOUT_AFTER).map(|_| t.failed(ip, t0)).collect();
+        assert_eq!(delays[0], FIRST_DELAY);
+        assert_eq!(delays[1], FIRST_DELAY * 2);
+        assert!(delays.windows(2).all(|w| w[1] >= w[0]));
+        assert!(delays.iter().all(|d| *d <= MAX_DELAY));
+        // Locked out for the window after the last failure; others are not.
+        assert_eq!(t.locked(ip, t0), Some(THROTTLE_WINDOW));
+        assert!(t.locked(ip, t0 + THROTTLE_WINDOW / 2).is_some());
+        assert_eq!(t.locked(ip, t0 + THROTTLE_WINDOW), None);
+        assert_eq!(t.locked(other, t0), None);
+        // After the window the count starts again.
+        assert_eq!(t.failed(ip, t0 + THROTTLE_WINDOW), FIRST_DELAY);
+        assert_eq!(t.locked(ip, t0 + THROTTLE_WINDOW), None);
+        // One failure short of the lockout, then a success: cleared.
+        for _ in 0..LOCKOUT_AFTER - 1 {
+            t.failed(other, t0);
+        }
+        assert_eq!(t.locked(other, t0), None);
+        t.succeeded(other);
+        assert_eq!(t.failed(other, t0), FIRST_DELAY);
+        // The delay is capped however many failures pile up.
+        for _ in 0..100 {
+            assert!(t.failed(ip, t0 + THROTTLE_WINDOW) <= MAX_DELAY);
+        }
     }
 
     #[test]

@@ -401,21 +401,28 @@ fn line_col(text: &str, at: usize) -> (usize, usize) {
     (line, col)
 }
 
-/// Line of the `name = "…"` key of rule `name`.
-fn rule_line(text: &str, name: &str) -> Option<usize> {
-    text.lines()
-        .position(|l| {
-            let l = l.trim_start();
-            let Some(rest) = l.strip_prefix("name") else {
-                return false;
-            };
-            let Some(value) = rest.trim_start().strip_prefix('=') else {
-                return false;
-            };
-            let value = value.trim_start();
-            value.starts_with(&format!("\"{name}\"")) || value.starts_with(&format!("'{name}'"))
-        })
-        .map(|i| i + 1)
+/// Lines of the `name = "…"` keys in a file's text, by the name written there (the
+/// first line for a name written more than once). One pass over the text, so that
+/// locating every rule stays linear in the number of rules.
+fn rule_lines(text: &str) -> HashMap<&str, usize> {
+    let mut out = HashMap::new();
+    for (i, l) in text.lines().enumerate() {
+        let Some(rest) = l.trim_start().strip_prefix("name") else {
+            continue;
+        };
+        let Some(value) = rest.trim_start().strip_prefix('=') else {
+            continue;
+        };
+        let value = value.trim_start();
+        let Some(quote) = value.chars().next().filter(|c| *c == '"' || *c == '\'') else {
+            continue;
+        };
+        let inner = &value[1..];
+        if let Some(end) = inner.find(quote) {
+            out.entry(&inner[..end]).or_insert(i + 1);
+        }
+    }
+    out
 }
 
 /// Lines of the `[[test]]` headers, in order.
@@ -459,6 +466,10 @@ struct Seen {
 fn static_problems(files: &[LoadedFile]) -> Vec<Problem> {
     let mut problems = Vec::new();
     let mut seen: Vec<Seen> = Vec::new();
+    // Indices into `seen` by rule name and by lower-cased table name (logical and
+    // physical), so that the checks across rules stay near-linear.
+    let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut by_table: HashMap<String, Vec<usize>> = HashMap::new();
     for f in files {
         let file = f.path.display().to_string();
         let problem = |line, column, rule: Option<&str>, reason: String| Problem {
@@ -484,6 +495,7 @@ fn static_problems(files: &[LoadedFile]) -> Vec<Problem> {
             }
         };
         let specs = Spec::all(&parsed);
+        let rule_line = rule_lines(&f.text);
         if let Err(e) = crate::rules::parse_file(&f.text, &f.path) {
             // The loader names the rule as `<kind> '<name>': …`.
             let owner = specs.iter().find(|s| {
@@ -494,7 +506,7 @@ fn static_problems(files: &[LoadedFile]) -> Vec<Problem> {
                 Some(s) => {
                     let reason = e.reason[s.kind().len() + s.name().len() + 5..].to_string();
                     problems.push(problem(
-                        e.line.or_else(|| rule_line(&f.text, s.name())),
+                        e.line.or_else(|| rule_line.get(s.name()).copied()),
                         None,
                         Some(s.name()),
                         reason,
@@ -505,7 +517,7 @@ fn static_problems(files: &[LoadedFile]) -> Vec<Problem> {
             continue;
         }
         for s in &specs {
-            let line = rule_line(&f.text, s.name());
+            let line = rule_line.get(s.name()).copied();
             let Ok(logical) = TableName::parse(s.table()) else {
                 continue;
             };
@@ -514,7 +526,16 @@ fn static_problems(files: &[LoadedFile]) -> Vec<Problem> {
                 .iter()
                 .filter_map(|t| TableName::parse(t).ok())
                 .collect();
-            for o in &seen {
+            // Only rules with the same name or a table of the same name can clash.
+            let mut candidates: Vec<usize> = by_name.get(s.name()).cloned().unwrap_or_default();
+            for t in std::iter::once(&logical).chain(&physical) {
+                if let Some(v) = by_table.get(&t.name.to_ascii_lowercase()) {
+                    candidates.extend(v);
+                }
+            }
+            candidates.sort_unstable();
+            candidates.dedup();
+            for o in candidates.iter().map(|&i| &seen[i]) {
                 let (other, at) = (&o.name, &o.at);
                 if other == s.name() {
                     problems.push(problem(
@@ -554,6 +575,14 @@ fn static_problems(files: &[LoadedFile]) -> Vec<Problem> {
                     ));
                 }
             }
+            let index = seen.len();
+            by_name.entry(s.name().to_string()).or_default().push(index);
+            for t in std::iter::once(&logical).chain(&physical) {
+                by_table
+                    .entry(t.name.to_ascii_lowercase())
+                    .or_default()
+                    .push(index);
+            }
             seen.push(Seen {
                 name: s.name().to_string(),
                 at: match line {
@@ -584,7 +613,7 @@ fn static_problems(files: &[LoadedFile]) -> Vec<Problem> {
                 bad("sql is empty".into());
             }
             if let Some(r) = &t.rule {
-                if !seen.iter().any(|o| &o.name == r) {
+                if !by_name.contains_key(r) {
                     bad(format!("names rule '{r}', which is not defined"));
                 }
             }
@@ -863,11 +892,12 @@ pub async fn check(opts: &CheckOptions<'_>) -> Result<Report> {
             let Some(parsed) = f.parsed.as_ref().filter(|_| f.valid) else {
                 continue; // invalid file: already reported
             };
+            let rule_line = rule_lines(&f.text);
             for s in Spec::all(parsed) {
                 for (severity, reason) in live_problems(&mut c, &s, default_db.as_deref()).await? {
                     problems.push(Problem {
                         file: Some(f.path.display().to_string()),
-                        line: rule_line(&f.text, s.name()),
+                        line: rule_line.get(s.name()).copied(),
                         column: None,
                         rule: Some(s.name().to_string()),
                         severity,
@@ -988,6 +1018,42 @@ mod tests {
             .replace("\"hits\"", "\"views\"");
         let p = static_problems(&[loaded("a.toml", RULE), loaded("b.toml", &slot_clash)]);
         assert!(p[0].reason.contains("hits_slots"), "{p:?}");
+    }
+
+    #[test]
+    fn clashes_are_found_among_many_rules() {
+        // 2,000 rules in one file; the clashes are far apart, and table names
+        // compare case-insensitively (the checks look rules up by name and table).
+        let mut text = String::new();
+        for i in 0..2000 {
+            let (name, table, slots) = match i {
+                1500 => ("r1500".to_string(), "T3".to_string(), "s1500".to_string()),
+                1700 => ("r1700".to_string(), "t1700".to_string(), "t10".to_string()),
+                1900 => ("r5".to_string(), "t1900".to_string(), "s1900".to_string()),
+                _ => (format!("r{i}"), format!("t{i}"), format!("s{i}")),
+            };
+            text.push_str(&format!(
+                "[[counter]]\nname = \"{name}\"\ntable = \"{table}\"\ncolumns = [\"c\"]\nslots = 4\nslot_table = \"{slots}\"\n\n"
+            ));
+        }
+        let p = static_problems(&[loaded("many.toml", &text)]);
+        let got: Vec<String> = p.iter().map(ToString::to_string).collect();
+        let line = |i: usize| 7 * i + 2;
+        assert_eq!(
+            got,
+            [
+                format!("many.toml:{}: rule 'r1500': table `T3` is also the table of rule 'r3' (many.toml:{}); one table can have one rule", line(1500), line(3)),
+                format!("many.toml:{}: rule 'r1700': table `t10` is also used by rule 'r10' (many.toml:{})", line(1700), line(10)),
+                // A rule is located by the first `name = …` line with its name.
+                format!("many.toml:{}: rule 'r5': another rule has this name (many.toml:{}); rule names must be unique", line(5), line(5)),
+            ],
+        );
+        // The index of `name = …` lines agrees with a plain search.
+        let lines =
+            rule_lines("[[ring]]\n  name='a b' # x\nname = \"c\"\nnamex = \"d\"\nname = \"c\"\n");
+        assert_eq!(lines.get("a b"), Some(&2));
+        assert_eq!(lines.get("c"), Some(&3));
+        assert_eq!(lines.get("d"), None);
     }
 
     #[test]

@@ -195,6 +195,11 @@ pub struct ServeArgs {
     /// Statement plans cached per rule set [default: 10000].
     #[arg(long, env = "HEATSINK_PLAN_CACHE_SIZE")]
     pub plan_cache_size: Option<u64>,
+    /// Client commands of this many bytes or more are refused with ERR 1153 and the
+    /// connection is closed, as the server does [default: each session's backend
+    /// max_allowed_packet, learned when a command first reaches 1 MiB].
+    #[arg(long, env = "HEATSINK_MAX_CLIENT_PACKET")]
+    pub max_client_packet: Option<u64>,
     /// PEM certificate chain for client TLS; with --tls-key the proxy offers TLS to
     /// clients and terminates it.
     #[arg(long, env = "HEATSINK_TLS_CERT")]
@@ -243,6 +248,7 @@ impl ServeArgs {
             log_level: self.log_level,
             log_literals: self.log_literals,
             plan_cache_size: self.plan_cache_size,
+            max_client_packet: self.max_client_packet,
             tls_cert: self.tls_cert,
             tls_key: self.tls_key,
             // A flag that is absent leaves the config file's value in force.

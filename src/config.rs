@@ -50,6 +50,11 @@ impl std::str::FromStr for Secret {
     }
 }
 
+/// Smallest `max_client_packet` (the server's minimum `max_allowed_packet`).
+pub const MIN_CLIENT_PACKET: u64 = 1024;
+/// Largest `max_client_packet` (the server's maximum `max_allowed_packet`, 1 GiB).
+pub const MAX_CLIENT_PACKET: u64 = 1 << 30;
+
 /// Default admin port user.
 pub const DEFAULT_ADMIN_USER: &str = "admin";
 
@@ -90,6 +95,12 @@ pub struct Config {
     pub log_literals: bool,
     /// Number of statement plans cached per rule set.
     pub plan_cache_size: u64,
+    /// A client command whose payload is this many bytes or more is refused the way
+    /// the server refuses it (ERR 1153, then the connection closes), without the proxy
+    /// buffering the rest. Same meaning as the server's `max_allowed_packet`. `None`:
+    /// each session learns its backend session's `max_allowed_packet` the first time
+    /// a command reaches [`crate::relay::LEARN_PACKET_LIMIT_AT`] bytes.
+    pub max_client_packet: Option<u64>,
     /// PEM certificate chain presented to clients; with `tls_key`, the greeting offers
     /// TLS and the proxy terminates it.
     pub tls_cert: Option<PathBuf>,
@@ -126,6 +137,7 @@ impl Default for Config {
             log_level: "info".into(),
             log_literals: false,
             plan_cache_size: 10_000,
+            max_client_packet: None,
             tls_cert: None,
             tls_key: None,
             tls_required: false,
@@ -157,6 +169,7 @@ pub struct FileConfig {
     pub log_level: Option<String>,
     pub log_literals: Option<bool>,
     pub plan_cache_size: Option<u64>,
+    pub max_client_packet: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_required: Option<bool>,
@@ -210,6 +223,7 @@ pub struct Overrides {
     pub log_level: Option<String>,
     pub log_literals: Option<bool>,
     pub plan_cache_size: Option<u64>,
+    pub max_client_packet: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_required: Option<bool>,
@@ -269,6 +283,7 @@ impl Config {
                 .plan_cache_size
                 .or(file.plan_cache_size)
                 .unwrap_or(d.plan_cache_size),
+            max_client_packet: cli.max_client_packet.or(file.max_client_packet),
             tls_cert: cli.tls_cert.or(file.tls_cert),
             tls_key: cli.tls_key.or(file.tls_key),
             tls_required: cli
@@ -299,6 +314,13 @@ impl Config {
         };
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1");
+        }
+        if let Some(n) = self.max_client_packet {
+            if !(MIN_CLIENT_PACKET..=MAX_CLIENT_PACKET).contains(&n) {
+                return bad(&format!(
+                    "max_client_packet must be between {MIN_CLIENT_PACKET} and {MAX_CLIENT_PACKET} bytes (the range of max_allowed_packet)"
+                ));
+            }
         }
         if self.handshake_timeout.is_zero() || self.connect_timeout.is_zero() {
             return bad("handshake_timeout and connect_timeout must be at least 1 second");
@@ -401,6 +423,23 @@ mod tests {
             ..Default::default()
         };
         assert!(Config::resolve(required, FileConfig::default()).is_err());
+    }
+
+    #[test]
+    fn max_client_packet() {
+        let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
+        assert_eq!(c.max_client_packet, None);
+        let file = FileConfig::from_str("max_client_packet = 4194304\n", "t").unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(c.max_client_packet, Some(4 << 20));
+        for bad in [0, 1023, (1 << 30) + 1] {
+            let cli = Overrides {
+                max_client_packet: Some(bad),
+                ..Default::default()
+            };
+            let e = Config::resolve(cli, FileConfig::default()).unwrap_err();
+            assert!(e.to_string().contains("max_client_packet"), "{e}");
+        }
     }
 
     #[test]

@@ -236,7 +236,7 @@ impl Planner {
                 Columns::Assumed(map) => {
                     let mut cols = map.get(&name).cloned().unwrap_or_default();
                     for c in &mut cols {
-                        c.schema = db.unwrap_or_default().as_bytes().to_vec();
+                        c.schema = req.db.as_deref().unwrap_or_default().as_bytes().to_vec();
                     }
                     cols
                 }
@@ -253,7 +253,8 @@ impl Planner {
                     }
                 },
             };
-            self.engine.provide_metadata(req.rule, db, &cols);
+            self.engine
+                .provide_metadata(req.rule, req.db.as_deref(), &cols);
         };
         let assumed = self.assumes_columns();
         let (decision, shadow) = match decision {

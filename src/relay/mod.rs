@@ -16,4 +16,4 @@ pub mod response;
 pub mod session;
 mod splice;
 
-pub use session::{serve_client, Shared, Stats};
+pub use session::{serve_client, Shared, Stats, LEARN_PACKET_LIMIT_AT};

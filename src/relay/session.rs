@@ -35,7 +35,7 @@ use crate::tls::{self, Stream, Tls};
 use crate::wire::handshake::{
     patch_client_hello, patch_greeting, set_client_ssl, ClientHello, Greeting,
 };
-use crate::wire::io::{header, shift_seq, Logical, Packet, PacketIo};
+use crate::wire::io::{header, shift_seq, Framed, Logical, Packet, PacketIo};
 use crate::wire::packets::{self, err_of, errors, Renames};
 use crate::wire::{caps, cmd, status, MAX_PAYLOAD};
 
@@ -179,6 +179,7 @@ pub async fn serve_client(
         prepared: HashMap::new(),
         lexing: None,
         lexing_prepared: false,
+        packet_limit: None,
     };
     let outcome = async {
         let hs = s.shared.config.handshake_timeout;
@@ -288,7 +289,26 @@ pub(super) struct Session {
     /// `sql_mode`: every COM_STMT_EXECUTE of a statement the proxy did not rewrite
     /// then forgets `lexing`.
     pub(super) lexing_prepared: bool,
+    /// The backend session's `max_allowed_packet`, once learned (see
+    /// [`LEARN_PACKET_LIMIT_AT`]); unused when `max_client_packet` is configured.
+    pub(super) packet_limit: Option<usize>,
 }
+
+/// A command this large makes a session learn its backend's `max_allowed_packet`
+/// (one `SELECT @@max_allowed_packet` on its own connection, once per session)
+/// before reading more of it, unless `max_client_packet` is configured. Smaller
+/// commands are forwarded without it: the server refuses them itself if they are
+/// too large, and the proxy never holds more than this much of an unchecked one.
+pub const LEARN_PACKET_LIMIT_AT: usize = 1 << 20;
+
+/// How long a session refused for an oversized command keeps reading (and
+/// discarding) what the client still sends, so that its ERR is not lost to a TCP
+/// reset when the connection closes.
+const DISCARD_AFTER_REFUSAL: Duration = Duration::from_secs(10);
+
+/// The limit used when the backend does not say its `max_allowed_packet` (the
+/// server's maximum: the server then refuses what is too large itself).
+const PACKET_LIMIT_FALLBACK: usize = 1 << 30;
 
 /// How a relayed response went.
 pub(super) struct Relayed {
@@ -440,7 +460,9 @@ impl Session {
     /// Reads and patches the client's handshake response (or SSLRequest); a malformed
     /// one is answered with ERR 1043.
     async fn read_client_hello(&mut self, greeting: &Greeting) -> Result<(Logical, ClientHello)> {
-        let mut hello = self.client.read_logical().await?;
+        let Framed::Whole(mut hello) = self.client.read_logical_max(MAX_PAYLOAD).await? else {
+            return Err(Error::client("handshake response too large"));
+        };
         if hello.raw.len() > MAX_PAYLOAD {
             return Err(Error::client("handshake response too large"));
         }
@@ -496,8 +518,10 @@ impl Session {
                         _ => {}
                     }
                 }
-                p = self.client.read_logical() => {
-                    let mut p = p?;
+                p = self.client.read_logical_max(MAX_PAYLOAD) => {
+                    let Framed::Whole(mut p) = p? else {
+                        return Err(Error::client("authentication packet too large"));
+                    };
                     shift_seq(&mut p.raw, delta);
                     self.backend.write_all(&p.raw).await?;
                 }
@@ -512,20 +536,97 @@ impl Session {
             if *shutdown.borrow() {
                 return Ok(());
             }
-            let command = tokio::select! {
+            tokio::select! {
                 biased;
-                c = self.client.read_logical() => c?,
+                c = self.client.fill_to(4) => c?,
                 _ = shutdown.changed() => return Ok(()),
                 _ = sleep_or_forever(idle) => {
                     info!(peer = %self.peer, id = self.backend_id, "idle timeout");
                     return Ok(());
                 }
             };
+            // The rest of the command gets the idle timeout too.
+            let command = if idle.is_zero() {
+                self.read_command().await?
+            } else {
+                match tokio::time::timeout(idle, self.read_command()).await {
+                    Ok(c) => c?,
+                    Err(_) => {
+                        info!(peer = %self.peer, id = self.backend_id, "idle timeout inside a command");
+                        return Ok(());
+                    }
+                }
+            };
+            let Some(command) = command else {
+                return Ok(());
+            };
             self.info.set_busy(true);
             let more = self.command(command).await;
             self.info.set_busy(false);
             if !more? {
                 return Ok(());
+            }
+        }
+    }
+
+    /// Reads the next command, refusing one that reaches the packet limit as the
+    /// server does: ERR 1153 (SQLSTATE 08S01) in place of the rest, then the
+    /// connection closes (`None`). The limit is checked before each physical packet's
+    /// payload is read, so at most the limit is buffered.
+    async fn read_command(&mut self) -> Result<Option<Logical>> {
+        loop {
+            let (limit, known) = match (self.shared.config.max_client_packet, self.packet_limit) {
+                (Some(n), _) => (usize::try_from(n).unwrap_or(usize::MAX), true),
+                (None, Some(n)) => (n, true),
+                (None, None) => (LEARN_PACKET_LIMIT_AT, false),
+            };
+            match self.client.read_logical_max(limit).await? {
+                Framed::Whole(c) => return Ok(Some(c)),
+                Framed::TooLarge { .. } if !known => {
+                    self.packet_limit = Some(self.learn_packet_limit().await?);
+                }
+                Framed::TooLarge { seq } => {
+                    info!(
+                        peer = %self.peer,
+                        id = self.backend_id,
+                        limit,
+                        "client command reached max_allowed_packet: refused, closing"
+                    );
+                    let err = packets::err_payload(
+                        1153,
+                        b"08S01",
+                        "Got a packet bigger than 'max_allowed_packet' bytes",
+                    );
+                    self.client.buf = bytes::BytesMut::new();
+                    self.client.write_packet(seq.wrapping_add(1), &err).await?;
+                    self.client.shutdown().await;
+                    self.client.discard_input(DISCARD_AFTER_REFUSAL).await;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Asks the backend session for its `max_allowed_packet` (fixed for the session:
+    /// the server makes the session value read-only). Falls back to the server's
+    /// maximum when the answer is not a number.
+    async fn learn_packet_limit(&mut self) -> Result<usize> {
+        let c = self.run_collect(b"SELECT @@max_allowed_packet").await?;
+        let value = c
+            .packets
+            .get(c.text_rows(self.deprecate_eof).start)
+            .filter(|_| c.err().is_none() && !c.text_rows(self.deprecate_eof).is_empty())
+            .and_then(|p| crate::wire::resultset::text_cells(&p.payload))
+            .and_then(|cells| cells.first().copied().flatten())
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<usize>().ok());
+        match value {
+            Some(n) => {
+                debug!(peer = %self.peer, id = self.backend_id, max_allowed_packet = n, "learned the packet limit");
+                Ok(n)
+            }
+            None => {
+                warn!(peer = %self.peer, id = self.backend_id, "the backend did not report max_allowed_packet; the proxy refuses only commands of 1 GiB or more");
+                Ok(PACKET_LIMIT_FALLBACK)
             }
         }
     }
@@ -611,6 +712,8 @@ impl Session {
                 self.prepared.clear();
                 self.lexing = None;
                 self.lexing_prepared = false;
+                // The new session takes the server's global value again.
+                self.packet_limit = None;
                 self.backend.write_all(&c.raw).await?;
                 self.set_current_db(change_user_db(&c.payload()));
                 self.leave_pristine();
@@ -670,6 +773,7 @@ impl Session {
         }
         if code == cmd::RESET_CONNECTION && !r.parser.errored {
             self.prepared.clear();
+            self.packet_limit = None;
             // Settings are back to the connection defaults.
             self.session_sets.clear();
             // The handshake's character set again, unless COM_CHANGE_USER named

@@ -212,7 +212,7 @@ impl Session {
             }
             engine.provide_metadata(
                 req.rule,
-                self.current_db.as_deref(),
+                req.db.as_deref(),
                 &column_defs(&c.packets, self.extended_metadata),
             );
         }
@@ -839,9 +839,9 @@ impl Session {
         };
         let commands = match remap_execute(&payload, p) {
             Ok(b) => b,
-            Err(reason) => {
-                let msg = format!("heatsink rule '{}': {reason}", p.rule);
-                return self.reply(cmd_seq, &err_of(errors::PROTOCOL, &msg)).await;
+            Err(e) => {
+                let answer = e.packet(&p.rule);
+                return self.reply(cmd_seq, &answer).await;
             }
         };
         let (rule, reply, atomic) = (p.rule.clone(), p.reply.clone(), p.atomic);
@@ -954,9 +954,9 @@ const CURSOR_TYPE_MASK: u8 = 0x07;
 fn remap_execute(
     payload: &[u8],
     p: &mut PreparedRewrite,
-) -> std::result::Result<Vec<Vec<u8>>, String> {
+) -> std::result::Result<Vec<Vec<u8>>, ExecuteError> {
     // Flags (1 byte) and iteration count (4 bytes) after the statement id.
-    let flags_iter = payload.get(5..10).ok_or("short COM_STMT_EXECUTE")?;
+    let flags_iter = payload.get(5..10).ok_or(ExecuteError::Malformed)?;
     let values = execute_params(payload, p)?;
     let mut out = Vec::with_capacity(p.stmts.len());
     for (id, map) in &p.stmts {
@@ -971,10 +971,13 @@ fn remap_execute(
         cmd.extend_from_slice(&flags_iter[1..]);
         let m = map.len();
         if m > 0 {
-            let types = p.types.as_deref().ok_or("parameters were never bound")?;
+            let types = p.types.as_deref().ok_or(ExecuteError::WrongArguments)?;
             let mut bitmap = vec![0u8; m.div_ceil(8)];
             for (k, &j) in map.iter().enumerate() {
-                if values.get(j).ok_or("parameter map out of range")?.is_none() {
+                let v = values
+                    .get(j)
+                    .ok_or(ExecuteError::Internal("parameter map out of range"))?;
+                if v.is_none() {
                     bitmap[k / 8] |= 1 << (k % 8);
                 }
             }
@@ -994,41 +997,100 @@ fn remap_execute(
     Ok(out)
 }
 
+/// Why the parameters of a COM_STMT_EXECUTE could not be sliced, answered the way
+/// MariaDB 10.11 answers the same bytes (`tests/limits.rs` compares them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ExecuteError {
+    /// Shorter than statement id, flags and iteration count, or fewer parameter
+    /// types than parameters: ER_MALFORMED_PACKET (1835, HY000).
+    Malformed,
+    /// No NULL bitmap or new-params-bound flag, types never bound, or a parameter
+    /// value missing: ER_WRONG_ARGUMENTS (1210, HY000).
+    WrongArguments,
+    /// A value whose declared length runs past the end of the packet. MariaDB
+    /// executes with the value cut to the bytes present; a rewrite cannot promise
+    /// that meaning, so it is refused (1105) and nothing runs.
+    CutShort,
+    /// The proxy's own bookkeeping failed (1105).
+    Internal(&'static str),
+}
+
+impl ExecuteError {
+    /// The ERR payload for the client of a statement rewritten by `rule`.
+    pub(super) fn packet(self, rule: &str) -> Vec<u8> {
+        match self {
+            ExecuteError::Malformed => {
+                packets::err_payload(1835, b"HY000", "Malformed communication packet")
+            }
+            ExecuteError::WrongArguments => packets::err_payload(
+                1210,
+                b"HY000",
+                "Incorrect arguments to mysqld_stmt_execute",
+            ),
+            ExecuteError::CutShort => err_of(
+                errors::UNKNOWN,
+                &format!(
+                    "heatsink rule '{rule}': a parameter value is longer than the rest of the COM_STMT_EXECUTE packet"
+                ),
+            ),
+            ExecuteError::Internal(why) => {
+                err_of(errors::UNKNOWN, &format!("heatsink rule '{rule}': {why}"))
+            }
+        }
+    }
+}
+
 /// The client's parameter values of a COM_STMT_EXECUTE (`None`: NULL), sliced by
 /// type, never decoded; remembers the types when the execute binds them.
 pub(super) fn execute_params<'a>(
     payload: &'a [u8],
     p: &mut PreparedRewrite,
-) -> std::result::Result<Vec<Option<&'a [u8]>>, String> {
+) -> std::result::Result<Vec<Option<&'a [u8]>>, ExecuteError> {
     let n = p.client_params;
-    payload.get(5..10).ok_or("short COM_STMT_EXECUTE")?;
+    payload.get(5..10).ok_or(ExecuteError::Malformed)?;
     let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(n);
     if n > 0 {
         let bitmap_len = n.div_ceil(8);
         let bitmap = payload
             .get(10..10 + bitmap_len)
-            .ok_or("short COM_STMT_EXECUTE")?;
+            .ok_or(ExecuteError::WrongArguments)?;
         let bound = *payload
             .get(10 + bitmap_len)
-            .ok_or("short COM_STMT_EXECUTE")?;
+            .ok_or(ExecuteError::WrongArguments)?;
         let mut rest = &payload[11 + bitmap_len..];
         if bound == 1 {
-            let t = rest.get(..2 * n).ok_or("short parameter types")?;
+            let t = rest.get(..2 * n).ok_or(ExecuteError::Malformed)?;
             p.types = Some(t.to_vec());
             rest = &rest[2 * n..];
         }
-        let types = p.types.as_deref().ok_or("parameters were never bound")?;
+        let types = p.types.as_deref().ok_or(ExecuteError::WrongArguments)?;
         for j in 0..n {
             if bitmap[j / 8] & (1 << (j % 8)) != 0 {
                 values.push(None);
                 continue;
             }
-            let len = binary_value_len(types[2 * j], rest).ok_or("malformed parameter value")?;
+            let t = types[2 * j];
+            let Some(len) = binary_value_len(t, rest) else {
+                return Err(if rest.is_empty() || fixed_size(t) {
+                    ExecuteError::WrongArguments
+                } else {
+                    ExecuteError::CutShort
+                });
+            };
             values.push(Some(&rest[..len]));
             rest = &rest[len..];
         }
     }
     Ok(values)
+}
+
+/// Binary-protocol types whose values have a fixed size (no length prefix).
+fn fixed_size(column_type: u8) -> bool {
+    use crate::wire::resultset::types::*;
+    matches!(
+        column_type,
+        TINY | SHORT | YEAR | LONG | INT24 | FLOAT | LONGLONG | DOUBLE | NULL
+    )
 }
 
 #[cfg(test)]
@@ -1094,7 +1156,7 @@ mod tests {
         let pl = vec![cmd::STMT_EXECUTE, 7, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0];
         assert_eq!(
             remap_execute(&pl, &mut p).unwrap_err(),
-            "parameters were never bound"
+            ExecuteError::WrongArguments
         );
         let pl = vec![
             cmd::STMT_EXECUTE,
@@ -1114,7 +1176,35 @@ mod tests {
             1,
             2,
         ];
-        assert!(remap_execute(&pl, &mut p).is_err());
+        assert_eq!(
+            remap_execute(&pl, &mut p).unwrap_err(),
+            ExecuteError::WrongArguments
+        );
+        assert_eq!(
+            remap_execute(&[cmd::STMT_EXECUTE, 7, 0, 0, 0], &mut p).unwrap_err(),
+            ExecuteError::Malformed
+        );
+        // Fewer types than parameters.
+        let mut p2 = prepared(vec![0, 1], 2);
+        let head = [cmd::STMT_EXECUTE, 7, 0, 0, 0, 0, 1, 0, 0, 0];
+        let short_types = [&head[..], &[0, 1, 0x08, 0]].concat();
+        assert_eq!(
+            remap_execute(&short_types, &mut p2).unwrap_err(),
+            ExecuteError::Malformed
+        );
+        // The second value missing, or its declared length past the end.
+        let one = [&head[..], &[0, 1, 0x08, 0, 0xfd, 0], &5i64.to_le_bytes()].concat();
+        assert_eq!(
+            remap_execute(&one, &mut p2).unwrap_err(),
+            ExecuteError::WrongArguments
+        );
+        let cut = [&one[..], b"\x05ho"].concat();
+        assert_eq!(
+            remap_execute(&cut, &mut p2).unwrap_err(),
+            ExecuteError::CutShort
+        );
+        assert!(String::from_utf8_lossy(&ExecuteError::CutShort.packet("r"))
+            .contains("heatsink rule 'r'"));
     }
 
     #[test]

@@ -140,7 +140,7 @@ impl CounterRule {
     }
 
     fn meta(&self, ctx: &PlanContext<'_>) -> Result<Arc<Vec<ColumnDef>>, String> {
-        self.meta.get(ctx.current_db)
+        self.meta.get(ctx.table_db(&self.tables[0]))
     }
 
     /// Replaces every read of the logical table by the derived table. `Ok(None)` when
@@ -1017,6 +1017,49 @@ mod tests {
             Decision::NeedMetadata(m) => {
                 assert_eq!(m.sql, "SELECT * FROM `shop`.`hits` LIMIT 0")
             }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn qualified_tables_use_their_own_database_columns() {
+        // Columns known for `shop` only (see `engine`).
+        let e = engine(&["slug"]);
+        let ctx = |db| StatementContext {
+            prepared: false,
+            in_transaction: false,
+            current_db: db,
+            ..Default::default()
+        };
+        let sql = b"UPDATE app.hits SET cnt = cnt + 1 WHERE slug = 'home'";
+        // Whatever the default database, `app`'s columns are asked for.
+        for db in [None, Some("shop"), Some("other")] {
+            match e.decide(sql, &ctx(db)) {
+                Decision::NeedMetadata(m) => {
+                    assert_eq!(m.sql, "SELECT * FROM `app`.`hits` LIMIT 0");
+                    assert_eq!(m.db.as_deref(), Some("app"));
+                }
+                other => panic!("{db:?}: {other:?}"),
+            }
+        }
+        e.provide_metadata(
+            0,
+            Some("app"),
+            &[col("slug", 0xfd, 0x5003), col("cnt", types::LONG, 1)],
+        );
+        let want = "INSERT INTO app.`hits_slots` (`slug`, `slot`, `cnt`) VALUES ('home', 0, 1) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)";
+        for db in [None, Some("other")] {
+            match e.decide(sql, &ctx(db)) {
+                Decision::Rewrite(r) => assert_sql(&r, &[want]),
+                other => panic!("{db:?}: {other:?}"),
+            }
+        }
+        // An unqualified name still means the default database's table.
+        match e.decide(
+            b"UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'",
+            &ctx(Some("app2")),
+        ) {
+            Decision::NeedMetadata(m) => assert_eq!(m.db.as_deref(), Some("app2")),
             other => panic!("{other:?}"),
         }
     }

@@ -92,6 +92,8 @@ struct Named<'s, 'c> {
     table: String,
     /// The character set and `sql_mode` flags it was read under.
     lexing: Lexing,
+    /// (table, database) of each db-qualified ruled table name, as written.
+    qualifiers: Vec<(String, String)>,
     /// The connection's context.
     ctx: &'c StatementContext<'c>,
 }
@@ -121,17 +123,22 @@ impl Engine {
             return Ok(Engine::empty());
         }
         let mut names: Vec<Arc<str>> = Vec::with_capacity(rules.len());
+        // Lookups by name, so that building stays linear in the number of rules.
+        let mut unique: std::collections::HashSet<&str> =
+            std::collections::HashSet::with_capacity(rules.len());
         for r in &rules {
             let name = r.name();
             if name.is_empty() {
                 return Err(EngineError::EmptyRuleName);
             }
-            if names.iter().any(|n| **n == *name) {
+            if !unique.insert(name) {
                 return Err(EngineError::DuplicateRule(name.to_string()));
             }
             names.push(Arc::from(name));
         }
         let mut patterns: Vec<Pattern> = Vec::new();
+        let mut pattern_of: std::collections::HashMap<Box<[u8]>, usize> =
+            std::collections::HashMap::new();
         for (ri, r) in rules.iter().enumerate() {
             if r.tables().is_empty() {
                 return Err(EngineError::NoTables(names[ri].to_string()));
@@ -141,9 +148,10 @@ impl Engine {
                     return Err(EngineError::EmptyTableName(names[ri].to_string()));
                 }
                 let lower: Box<[u8]> = t.name.to_ascii_lowercase().into_bytes().into();
-                let pi = match patterns.iter().position(|p| p.name == lower) {
-                    Some(pi) => pi,
+                let pi = match pattern_of.get(&lower) {
+                    Some(&pi) => pi,
                     None => {
+                        pattern_of.insert(lower.clone(), patterns.len());
                         patterns.push(Pattern {
                             name: lower,
                             tables: Vec::new(),
@@ -290,7 +298,8 @@ impl Engine {
             Ok(t) => t,
             Err(e) => return reject_mention(format!("cannot be read ({e})")),
         };
-        let Some((rules, table)) = self.named_rules(sql, &tokens, hits, ctx.current_db) else {
+        let Some((rules, table, qualifiers)) = self.named_rules(sql, &tokens, hits, ctx.current_db)
+        else {
             return Decision::Passthrough;
         };
         if let Some(flag) = lexing.refused_mode {
@@ -324,8 +333,16 @@ impl Engine {
             });
         }
         for &ri in &rules {
-            if let Some(sql) = self.rules[ri].metadata_query(ctx.current_db) {
-                return Decision::NeedMetadata(crate::rewrite::MetadataRequest { rule: ri, sql });
+            let db = self.rules[ri]
+                .tables()
+                .first()
+                .and_then(|t| crate::rewrite::table_db(t, &qualifiers, ctx.current_db));
+            if let Some(sql) = self.rules[ri].metadata_query(db) {
+                return Decision::NeedMetadata(crate::rewrite::MetadataRequest {
+                    rule: ri,
+                    sql,
+                    db: db.map(str::to_string),
+                });
             }
         }
         let literals: Vec<Token> = tokens
@@ -340,6 +357,7 @@ impl Engine {
             rules,
             table,
             lexing,
+            qualifiers,
             ctx,
         };
 
@@ -393,9 +411,10 @@ impl Engine {
         tokens: &[Token],
         hits: &[usize],
         current_db: Option<&str>,
-    ) -> Option<(Vec<usize>, String)> {
+    ) -> Option<(Vec<usize>, String, Qualifiers)> {
         let mut rules = Vec::new();
         let mut first: Option<String> = None;
+        let mut qualifiers: Vec<(String, String)> = Vec::new();
         for (idx, t) in tokens.iter().enumerate() {
             let Some(name) =
                 sqltok::ident_name(sql, t).or_else(|| sqltok::double_quoted_name(sql, t))
@@ -413,6 +432,11 @@ impl Engine {
                     }
                     _ => None,
                 };
+                if let Some(q) = &qualifiers_of(&qualifier, &name) {
+                    if !qualifiers.contains(q) {
+                        qualifiers.push(q.clone());
+                    }
+                }
                 for (rule, db) in &p.tables {
                     if let Some(db) = db {
                         let effective = qualifier.as_deref().or(current_db.map(str::as_bytes));
@@ -429,7 +453,7 @@ impl Engine {
                 }
             }
         }
-        Some((rules, first?))
+        Some((rules, first?, qualifiers))
     }
 
     /// Plan with every literal and parameter marked; cache under the fingerprint
@@ -476,7 +500,8 @@ impl Engine {
             &slots,
             st.sql,
             &st.literals,
-        );
+        )
+        .with_qualifiers(st.qualifiers.clone());
         let result = self.run_rules(&stmt, &pctx, &st.rules);
         let (reads, dynamics) = pctx.finish();
         let out = Arc::new(self.outcome(result, &slots, &dynamics));
@@ -550,7 +575,8 @@ impl Engine {
             &slots,
             st.sql,
             &st.literals,
-        );
+        )
+        .with_qualifiers(st.qualifiers.clone());
         let result = self.run_rules(&stmt, &pctx, &st.rules);
         let (_, dynamics) = pctx.finish();
         match self.outcome(result, &slots, &dynamics) {
@@ -886,6 +912,18 @@ fn unmark(text: &str) -> String {
         }
     }
     out
+}
+
+/// (table, database) pairs of the db-qualified table names of a statement.
+type Qualifiers = Vec<(String, String)>;
+
+/// A (table, database) pair for a table name written with a database qualifier.
+fn qualifiers_of(qualifier: &Option<Cow<'_, [u8]>>, name: &[u8]) -> Option<(String, String)> {
+    let db = qualifier.as_deref()?;
+    Some((
+        String::from_utf8_lossy(name).into_owned(),
+        String::from_utf8_lossy(db).into_owned(),
+    ))
 }
 
 #[cfg(test)]

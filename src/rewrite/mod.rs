@@ -463,6 +463,28 @@ pub struct MetadataRequest {
     pub rule: usize,
     /// The query whose result-set column definitions the rule wants.
     pub sql: String,
+    /// The database the rule's table resolves to in this statement (its qualifier
+    /// there, else the connection's default): hand it back with the answer to
+    /// [`Engine::provide_metadata`].
+    pub db: Option<String>,
+}
+
+/// The database `table` means in a statement: the rule's own, else the database the
+/// statement qualified a table of that name with (`qualifiers`: (table, database)
+/// pairs as written, in statement order), else the connection's default.
+pub fn table_db<'a>(
+    table: &'a TableName,
+    qualifiers: &'a [(String, String)],
+    current_db: Option<&'a str>,
+) -> Option<&'a str> {
+    if let Some(db) = &table.db {
+        return Some(db);
+    }
+    qualifiers
+        .iter()
+        .find(|(t, _)| t.eq_ignore_ascii_case(&table.name))
+        .map(|(_, db)| db.as_str())
+        .or(current_db)
 }
 
 /// Why a statement is refused.
@@ -884,6 +906,9 @@ pub struct PlanContext<'a> {
     sql: &'a [u8],
     /// The original statement's literal tokens, in text order.
     literals: &'a [sqltok::Token],
+    /// (table, database) of each db-qualified table name in the statement, as
+    /// written; see [`PlanContext::table_db`].
+    qualifiers: Vec<(String, String)>,
     /// Indices of the literals the rule read; the plan is then cached per value.
     reads: RefCell<Vec<usize>>,
     /// Proxy-chosen values requested by the rule; marker `?(slots.len() + 1 + d)` is
@@ -906,9 +931,23 @@ impl<'a> PlanContext<'a> {
             slots,
             sql,
             literals,
+            qualifiers: Vec::new(),
             reads: RefCell::new(Vec::new()),
             dynamics: RefCell::new(Vec::new()),
         }
+    }
+
+    /// The statement's db-qualified table names, (table, database) as written.
+    pub(crate) fn with_qualifiers(mut self, qualifiers: Vec<(String, String)>) -> Self {
+        self.qualifiers = qualifiers;
+        self
+    }
+
+    /// The database whose `table` the statement means (see [`table_db`]): a rule
+    /// learns and reads that database's columns of its table, so that
+    /// `UPDATE app.hits …` needs no `USE app`.
+    pub fn table_db<'s>(&'s self, table: &'s TableName) -> Option<&'s str> {
+        table_db(table, &self.qualifiers, self.current_db)
     }
 
     /// The marker number in `expr`, if it is a marker placeholder (`?k`, k ≥ 1).

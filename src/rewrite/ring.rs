@@ -564,7 +564,7 @@ impl Rule for RingRule {
     }
 
     fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
-        let meta = self.meta.get(ctx.current_db)?;
+        let meta = self.meta.get(ctx.table_db(&self.tables[0]))?;
         for k in &self.key {
             if !meta.iter().any(|d| eq(&column_def_name(d), k)) {
                 return Err(format!("table {} has no column `{k}`", self.tables[0]));

@@ -100,16 +100,24 @@ pub fn parse_file(
         )
     })?;
     let mut rules: Vec<Arc<dyn crate::rewrite::Rule>> = Vec::new();
+    // A rule's line is looked up only for an error: finding it scans the text, and
+    // doing that for every rule made loading quadratic in the number of rules.
     for c in &parsed.counter {
-        let line = rule_line(text, &c.name);
-        let rule = crate::rewrite::counter::CounterRule::new(c)
-            .map_err(|reason| err(line, format!("counter '{}': {reason}", c.name)))?;
+        let rule = crate::rewrite::counter::CounterRule::new(c).map_err(|reason| {
+            err(
+                rule_line(text, &c.name),
+                format!("counter '{}': {reason}", c.name),
+            )
+        })?;
         rules.push(Arc::new(rule));
     }
     for r in &parsed.ring {
-        let line = rule_line(text, &r.name);
-        let rule = crate::rewrite::ring::RingRule::new(r)
-            .map_err(|reason| err(line, format!("ring '{}': {reason}", r.name)))?;
+        let rule = crate::rewrite::ring::RingRule::new(r).map_err(|reason| {
+            err(
+                rule_line(text, &r.name),
+                format!("ring '{}': {reason}", r.name),
+            )
+        })?;
         rules.push(Arc::new(rule));
     }
     Ok(rules)

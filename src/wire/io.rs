@@ -73,6 +73,20 @@ impl Logical {
     }
 }
 
+/// The outcome of [`PacketIo::read_logical_max`].
+#[derive(Debug)]
+pub enum Framed {
+    /// The whole logical packet.
+    Whole(Logical),
+    /// Its payload reaches the limit: the physical packet with sequence id `seq`
+    /// (whose header was read, not its payload) brought it there. Nothing was
+    /// consumed: the packets before it are still in the buffer.
+    TooLarge {
+        /// Sequence id of the physical packet that reached the limit.
+        seq: u8,
+    },
+}
+
 /// Reads the 4-byte header at the start of `b`: (payload length, sequence id).
 #[inline]
 pub fn header(b: &[u8]) -> (usize, u8) {
@@ -167,9 +181,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> PacketIo<S> {
 
     /// Reads one logical packet (joining continuation packets), keeping raw bytes.
     pub async fn read_logical(&mut self) -> Result<Logical> {
+        match self.read_logical_max(usize::MAX).await? {
+            Framed::Whole(l) => Ok(l),
+            Framed::TooLarge { .. } => Err(Error::new(self.side, "packet too large")),
+        }
+    }
+
+    /// Reads one logical packet whose payload is shorter than `limit` bytes. The
+    /// limit is checked at each physical packet's header, before its payload is
+    /// read, so no more than `limit` bytes of payload are ever buffered. Cancel-safe.
+    pub async fn read_logical_max(&mut self, limit: usize) -> Result<Framed> {
         let mut first = (0, 0);
         let mut more = Vec::new();
         let mut total = 0usize;
+        let mut payload = 0usize;
         let mut seq = 0;
         let mut last_seq;
         loop {
@@ -179,6 +204,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> PacketIo<S> {
                 seq = s;
             }
             last_seq = s;
+            payload += len;
+            if payload >= limit {
+                return Ok(Framed::TooLarge { seq: s });
+            }
             self.fill_to(total + 4 + len).await?;
             if total == 0 {
                 first = (4, 4 + len);
@@ -191,13 +220,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> PacketIo<S> {
             }
         }
         let raw = self.buf.split_to(total);
-        Ok(Logical {
+        Ok(Framed::Whole(Logical {
             raw,
             seq,
             last_seq,
             first,
             more,
+        }))
+    }
+
+    /// Drops everything buffered and reads and discards whatever else the peer
+    /// sends, in small chunks, until it closes or `limit` has passed. Used after an
+    /// answer that ends the connection, so that closing with unread input (which
+    /// sends a TCP reset) does not destroy that answer before the peer reads it.
+    pub async fn discard_input(&mut self, limit: std::time::Duration) {
+        self.buf = BytesMut::new();
+        let mut sink = vec![0u8; 64 * 1024];
+        let _ = tokio::time::timeout(limit, async {
+            while let Ok(n) = self.io.read(&mut sink).await {
+                if n == 0 {
+                    break;
+                }
+            }
         })
+        .await;
     }
 
     /// Writes bytes and flushes.
@@ -238,6 +284,36 @@ mod tests {
         assert_eq!(l.last_seq, 7);
         assert_eq!(&l.payload()[..], &payload[..]);
         assert_eq!(&l.raw[..], &out[..]);
+    }
+
+    #[tokio::test]
+    async fn limit_is_checked_at_each_header() {
+        let payload = vec![7u8; MAX_PAYLOAD * 2 + 10];
+        let mut out = BytesMut::new();
+        frame_into(&mut out, 3, &payload);
+        let bytes = out.to_vec();
+        // The limit is reached by the third physical packet's header.
+        let mut io = PacketIo::new(std::io::Cursor::new(bytes.clone()), Source::Client);
+        match io.read_logical_max(payload.len()).await.unwrap() {
+            Framed::TooLarge { seq } => assert_eq!(seq, 5),
+            Framed::Whole(_) => panic!("over the limit"),
+        }
+        // The first header alone can reach it.
+        let mut io = PacketIo::new(std::io::Cursor::new(bytes.clone()), Source::Client);
+        assert!(matches!(
+            io.read_logical_max(1024).await.unwrap(),
+            Framed::TooLarge { seq: 3 }
+        ));
+        // One byte more is enough, and a refused read consumed nothing.
+        match io.read_logical_max(payload.len() + 1).await.unwrap() {
+            Framed::Whole(l) => assert_eq!(&l.payload()[..], &payload[..]),
+            Framed::TooLarge { .. } => panic!("under the limit"),
+        }
+        let mut io = PacketIo::new(std::io::Cursor::new(vec![1, 0, 0, 0, 9]), Source::Client);
+        assert!(matches!(
+            io.read_logical_max(1).await.unwrap(),
+            Framed::TooLarge { seq: 0 }
+        ));
     }
 
     #[tokio::test]

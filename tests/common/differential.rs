@@ -66,8 +66,9 @@ pub const KNOWN_OPEN: &[&str] = &[
 /// Differences this fuzzer found that nobody is fixing yet: generated only when
 /// switched on (`HEATSINK_FUZZ_FOUND=1`).
 pub const FOUND: &[&str] = &[
-    // `DELETE FROM hits WHERE hits.slug = …` / an absolute set with a qualified key
-    // column: the slot-table statement names `hits.slug` and fails with 1054.
+    // Under ANSI_QUOTES, `DELETE FROM hits WHERE "hits".slug = …` / an absolute set
+    // with a double-quoted qualifier: the slot-table statement keeps `"hits".slug`
+    // and fails with 1054.
     "found_qualified_key",
     // Hex and bit literals: `cnt = cnt + 0x3` is rewritten with X'3' (odd digits):
     // 1064; `cnt + b'1000'` on a negative counter is BIGINT UNSIGNED arithmetic for
@@ -83,6 +84,12 @@ pub const FOUND: &[&str] = &[
     "found_low_priority",
     // A ring UPDATE's conversion errors name the ring table (and another row number).
     "found_ring_update_error",
+    // `UPDATE hits AS h SET hits.cnt = hits.cnt + 1 …`: 1054 for MariaDB (the alias
+    // hides the table name); heatsink increments.
+    "found_alias_qualifier",
+    // A ring INSERT with a NULL key and another bad value: the other value's error
+    // (1292, 1366) instead of MariaDB's 1048 for the key.
+    "found_ring_null_key_error",
     // `INSERT IGNORE` into a ring: a conversion error (strict mode) stays an error
     // where the log inserts with a warning.
     "found_ring_insert_ignore",
@@ -255,6 +262,15 @@ impl Lit {
     }
 }
 
+/// The protocol of a scripted statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// COM_QUERY.
+    Text,
+    /// COM_STMT_PREPARE + COM_STMT_EXECUTE.
+    Binary,
+}
+
 /// How the rows of a result are compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Order {
@@ -334,6 +350,23 @@ impl Stmt {
             }
         }
         (out, params)
+    }
+
+    /// A fixed statement: `{db}` stands for the side's database. Compared after it:
+    /// the state; its rows in order when it has an ORDER BY.
+    pub fn from_template(sql: &str) -> Stmt {
+        let mut s = Stmt::new();
+        for (i, part) in sql.split("{db}").enumerate() {
+            if i > 0 {
+                s.db();
+            }
+            s.sql(part);
+        }
+        s.write = true;
+        if sql.to_ascii_uppercase().contains("ORDER BY") {
+            s.order = Order::Exact;
+        }
+        s
     }
 
     fn param_slots(&self) -> usize {
@@ -1100,6 +1133,23 @@ impl<'k> Differential<'k> {
 
     /// Runs `cfg.statements` statements from `cfg.seed` on fresh databases.
     pub fn run(&self, cfg: &Config) -> Report {
+        self.run_inner(cfg, None)
+    }
+
+    /// Runs fixed statements (`{db}` = the side's database) on fresh databases, each
+    /// in the given protocol, with the same comparisons and a state check after each:
+    /// for minimal reproductions of what a run found.
+    pub fn run_script(&self, script: &[(&str, Protocol)]) -> Report {
+        let cfg = Config {
+            seed: 0,
+            statements: script.len(),
+            enabled: BTreeSet::new(),
+            verbose: std::env::var("HEATSINK_FUZZ_VERBOSE").is_ok_and(|v| v == "1"),
+        };
+        self.run_inner(&cfg, Some(script))
+    }
+
+    fn run_inner(&self, cfg: &Config, script: Option<&[(&str, Protocol)]>) -> Report {
         self.reset();
         let started = Instant::now();
         let mut report = Report::default();
@@ -1117,7 +1167,7 @@ impl<'k> Differential<'k> {
 
         for index in 0..cfg.statements {
             // Session modes change now and then, on both sides alike.
-            if g.chance(4) {
+            if script.is_none() && g.chance(4) {
                 let (sql, next) = session_change(&mut g);
                 let pa = query_items(&mut p, sql.as_bytes());
                 let ra = query_items(&mut r, sql.as_bytes());
@@ -1140,10 +1190,16 @@ impl<'k> Differential<'k> {
                 }
             }
 
-            let stmt = self.kind.statement(&mut g);
+            let (stmt, binary) = match script.and_then(|s| s.get(index)) {
+                Some((sql, protocol)) => (Stmt::from_template(sql), *protocol == Protocol::Binary),
+                None => {
+                    let stmt = self.kind.statement(&mut g);
+                    let binary = wire.chance(40) && !stmt.text_only;
+                    (stmt, binary)
+                }
+            };
             let tags = g.take_tags();
             report.tags_used.extend(tags.iter().copied());
-            let binary = wire.chance(40) && !stmt.text_only;
             // Literals become `?` only in the binary protocol.
             let as_param: Vec<bool> = (0..stmt.param_slots())
                 .map(|_| wire.chance(50) && binary)

@@ -1030,6 +1030,8 @@ pub struct Report {
     pub state_checks: usize,
     pub mismatches: Vec<Mismatch>,
     pub tags_used: BTreeSet<&'static str>,
+    /// Refusal messages (literal values cut off) and how often each came.
+    pub refusals: std::collections::BTreeMap<String, usize>,
     pub elapsed_ms: u128,
 }
 
@@ -1047,6 +1049,31 @@ impl Report {
             self.elapsed_ms,
             self.tags_used
         )
+    }
+
+    /// The refusals, most frequent first.
+    pub fn refusal_summary(&self) -> String {
+        let mut v: Vec<(&String, &usize)> = self.refusals.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        v.iter()
+            .map(|(m, n)| format!("  {n:5}  {m}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Adds another run's counts.
+    pub fn absorb(&mut self, other: Report) {
+        self.statements += other.statements;
+        self.binary += other.binary;
+        self.refused += other.refused;
+        self.errors += other.errors;
+        self.state_checks += other.state_checks;
+        self.mismatches.extend(other.mismatches);
+        self.tags_used.extend(other.tags_used);
+        for (m, n) in other.refusals {
+            *self.refusals.entry(m).or_default() += n;
+        }
+        self.elapsed_ms += other.elapsed_ms;
     }
 
     /// Every mismatch in full.
@@ -1255,6 +1282,10 @@ impl<'k> Differential<'k> {
             let io_failure = pa.iter().chain(ra.iter()).any(|i| matches!(i, Item::Io(_)));
             if refused {
                 report.refused += 1;
+                if let Some(Item::Err { message, .. }) = pa.first() {
+                    let key: String = message.chars().take(90).collect();
+                    *report.refusals.entry(key).or_default() += 1;
+                }
             } else {
                 if is_err(&pa) && is_err(&ra) {
                     report.errors += 1;

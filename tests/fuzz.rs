@@ -440,6 +440,20 @@ fn key_lit(g: &mut Gen, pool: &[Key]) -> Lit {
             param: Some(RawParam::Null),
         };
     }
+    // Literals whose end depends on the session: a multi-byte character ending in
+    // 0x5C before the quote (gbk, sjis), a backslash before the quote
+    // (NO_BACKSLASH_ESCAPES). MariaDB reads `'…' OR 1=1 -- '` as a string and SQL.
+    let cs = g.session.charset;
+    if matches!(cs, Charset::Gbk | Charset::Sjis) && g.maybe(3, "charset_5c") {
+        let lead: &[u8] = if cs == Charset::Gbk { b"\xbf" } else { b"\x83" };
+        let mut t = b"'tmp".to_vec();
+        t.extend_from_slice(lead);
+        t.extend_from_slice(b"\\' OR 1=1 -- '");
+        return Lit::plain(t);
+    }
+    if g.session.no_backslash_escapes() && g.maybe(3, "nbe_backslash") {
+        return Lit::plain(&b"'tmp\\' OR 1=1 -- '"[..]);
+    }
     if g.maybe(2, "invalid_bytes") {
         return g.string_lit(b"tmp\xff\xfe");
     }

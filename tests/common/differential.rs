@@ -90,6 +90,10 @@ pub const FOUND: &[&str] = &[
     // A ring INSERT with a NULL key and another bad value: the other value's error
     // (1292, 1366) instead of MariaDB's 1048 for the key.
     "found_ring_null_key_error",
+    // An unsigned delta (a binary parameter with the unsigned flag, CAST(… AS
+    // UNSIGNED)) on a negative counter: BIGINT UNSIGNED out of range (1690) for
+    // MariaDB, applied by the slot upsert.
+    "found_unsigned_param",
     // `/*!999999 … */` (a version above the server's, skipped by MariaDB) at the end
     // of an absolute set, a DELETE or a read of a counter: not applied / no rows.
     "found_versioned_comment",
@@ -601,10 +605,11 @@ impl Gen {
     /// An integer literal with value `v`, in a form that reads as that number in a
     /// numeric context.
     pub fn int_lit(&mut self, v: i64) -> Lit {
-        let param = Some(if self.chance(20) {
-            RawParam::Bytes(v.to_string().into_bytes())
-        } else {
-            RawParam::Int(v)
+        let param = Some(match self.below(10) {
+            0 | 1 => RawParam::Bytes(v.to_string().into_bytes()),
+            2 => RawParam::Double(v as f64),
+            3 if v >= 0 && self.open("found_unsigned_param") => RawParam::UInt(v as u64),
+            _ => RawParam::Int(v),
         });
         let text = match self.below(14) {
             0 if v >= 0 => format!("+{v}"),
@@ -1170,6 +1175,13 @@ impl<'k> Differential<'k> {
     /// in the given protocol, with the same comparisons and a state check after each:
     /// for minimal reproductions of what a run found.
     pub fn run_script(&self, script: &[(&str, Protocol)]) -> Report {
+        let steps: Vec<(&str, Protocol, Vec<RawParam>)> =
+            script.iter().map(|(s, p)| (*s, *p, Vec::new())).collect();
+        self.run_script_with_params(&steps)
+    }
+
+    /// [`Differential::run_script`] with the parameters of binary statements.
+    pub fn run_script_with_params(&self, script: &[(&str, Protocol, Vec<RawParam>)]) -> Report {
         let cfg = Config {
             seed: 0,
             statements: script.len(),
@@ -1179,7 +1191,11 @@ impl<'k> Differential<'k> {
         self.run_inner(&cfg, Some(script))
     }
 
-    fn run_inner(&self, cfg: &Config, script: Option<&[(&str, Protocol)]>) -> Report {
+    fn run_inner(
+        &self,
+        cfg: &Config,
+        script: Option<&[(&str, Protocol, Vec<RawParam>)]>,
+    ) -> Report {
         self.reset();
         let started = Instant::now();
         let mut report = Report::default();
@@ -1220,8 +1236,11 @@ impl<'k> Differential<'k> {
                 }
             }
 
-            let (stmt, binary) = match script.and_then(|s| s.get(index)) {
-                Some((sql, protocol)) => (Stmt::from_template(sql), *protocol == Protocol::Binary),
+            let step = script.and_then(|s| s.get(index));
+            let (stmt, binary) = match step {
+                Some((sql, protocol, _)) => {
+                    (Stmt::from_template(sql), *protocol == Protocol::Binary)
+                }
                 None => {
                     let stmt = self.kind.statement(&mut g);
                     let binary = wire.chance(40) && !stmt.text_only;
@@ -1234,7 +1253,10 @@ impl<'k> Differential<'k> {
             let as_param: Vec<bool> = (0..stmt.param_slots())
                 .map(|_| wire.chance(50) && binary)
                 .collect();
-            let (psql, params) = stmt.render(&self.proxied_db, &as_param);
+            let (psql, mut params) = stmt.render(&self.proxied_db, &as_param);
+            if let Some((_, _, script_params)) = step {
+                params.extend(script_params.iter().cloned());
+            }
             let (rsql, _) = stmt.render(&self.reference_db, &as_param);
             let shown = format!(
                 "[{}{}] {}{}{}",

@@ -434,6 +434,17 @@ slot_table = "hits_slots"
                     "SET autocommit = 1",
                 ]));
             }
+            96 => {
+                // Two statements in one COM_QUERY (multi-statements are on).
+                s.text_only = true;
+                if g.chance(50) {
+                    s.sql("SELECT 1; ");
+                    counter_increment(g, &mut s);
+                } else {
+                    counter_increment(g, &mut s);
+                    s.sql("; SELECT slug, cnt FROM hits ORDER BY slug");
+                }
+            }
             _ => {
                 counter_increment(g, &mut s);
                 malformed(g, &mut s);
@@ -704,6 +715,8 @@ fn counter_set(g: &mut Gen, s: &mut Stmt) {
     let col = g.column(q, "cnt");
     let v = match g.below(20) {
         0 => -g.range(1, 1000),
+        // Small values: the base row may already hold it while the counter does not.
+        2 | 3 if g.open("doc_absolute_set") => g.range(0, 12),
         // Clamped to the INT maximum outside strict mode; increments would then
         // overflow (a documented difference).
         1 if g.open("doc_int_range") => 3_000_000_000,

@@ -85,15 +85,15 @@ fn assert_script(kind: &dyn Kind, script: &[(&str, Protocol)]) {
 use Protocol::{Binary, Text};
 
 #[test]
-#[ignore = "found by the fuzzer (found_qualified_key): the slot-table statement names hits.slug, 1054"]
+#[ignore = "found by the fuzzer (found_qualified_key): under ANSI_QUOTES the slot-table statement keeps \"hits\".slug, 1054"]
 fn qualified_key_column_in_sets_and_deletes() {
     assert_script(
         &Counter,
         &[
-            ("DELETE FROM hits WHERE hits.slug = 'tmp1'", Text),
-            ("UPDATE hits SET cnt = 100 WHERE hits.slug = 'home'", Text),
+            ("SET sql_mode = 'ANSI_QUOTES'", Text),
+            ("DELETE FROM hits WHERE \"hits\".slug = 'tmp1'", Text),
             (
-                "UPDATE hits SET cnt = 200 WHERE `hits`.`slug` = 'blog'",
+                "UPDATE hits SET cnt = 5 WHERE \"hits\".slug = 'home'",
                 Binary,
             ),
         ],
@@ -246,6 +246,21 @@ fn comment_for_a_newer_server_version() {
             "SELECT cnt FROM hits WHERE slug = 'blog' /*!999999 AND 1 = 0 */",
             Text,
         )],
+    );
+}
+
+#[test]
+#[ignore = "found by the fuzzer (found_read_metadata): MIN(slug) over the rewritten read lacks the NO_DEFAULT_VALUE flag"]
+fn aggregate_of_the_key_keeps_its_flags() {
+    assert_script(
+        &Counter,
+        &[
+            (
+                "SELECT note, COUNT(*), MIN(slug) FROM hits GROUP BY note ORDER BY note",
+                Text,
+            ),
+            ("SELECT MIN(slug) FROM hits", Binary),
+        ],
     );
 }
 
@@ -536,7 +551,23 @@ fn key_cond(g: &mut Gen, s: &mut Stmt, pool: &[Key]) {
         5 => {
             let k = key_lit(g, pool);
             s.sql(format!("{col} {eq} "));
-            s.lit(k).sql(" AND 1 = 1");
+            s.lit(k).sql(*g.pick(&[
+                " AND 1 = 1",
+                " OR 1 = 0",
+                " AND slug = slug",
+                " AND TRUE",
+                " AND cnt = cnt",
+            ]));
+        }
+        // Expressions naming stable keys (never in a DELETE, whose pool is VOLATILE).
+        7 if std::ptr::eq(pool, STABLE) => {
+            let k = *g.pick(&[
+                "CONCAT('ho', 'me')",
+                "LOWER('BLOG')",
+                "(SELECT 'about')",
+                "@nokey",
+            ]);
+            s.sql(format!("{col} {eq} {k}"));
         }
         6 => {
             // Executable comments: MariaDB runs `/*! … */` and `/*M!100000 … */`, and
@@ -880,6 +911,51 @@ fn counter_select(g: &mut Gen, s: &mut Stmt) {
         2 => {
             s.sql(format!("{sel} COUNT(*) {from} "));
             g.table(s, HITS);
+            return;
+        }
+        3 => {
+            // Other read shapes naming the table.
+            let q = *g.pick(&[
+                "SELECT slug, cnt FROM hits WHERE slug = 'home' UNION ALL SELECT slug, cnt FROM hits WHERE slug = 'blog' ORDER BY slug",
+                "SELECT x.slug, x.cnt FROM (SELECT slug, cnt FROM hits) AS x ORDER BY x.slug",
+                "SELECT title FROM pages p WHERE EXISTS (SELECT 1 FROM hits h WHERE h.slug = p.slug AND h.cnt > 3) ORDER BY title",
+                "SELECT note, COUNT(*), MIN(slug) FROM hits GROUP BY note ORDER BY note",
+                "SELECT slug FROM hits WHERE cnt = (SELECT MAX(cnt) FROM hits) ORDER BY slug",
+                "SELECT slug, cnt FROM hits WHERE slug = CONCAT('ho', 'me')",
+                "SELECT SQL_CALC_FOUND_ROWS slug, cnt FROM hits ORDER BY slug LIMIT 2",
+                "SELECT DISTINCT cnt > 5 AS big FROM hits ORDER BY big",
+                "SELECT slug, cnt FROM hits WHERE slug BETWEEN 'a' AND 'c' ORDER BY slug",
+                "SELECT slug, cnt FROM hits WHERE slug IN (SELECT slug FROM pages) ORDER BY slug",
+                "SELECT h1.slug, h2.cnt FROM hits h1 JOIN hits h2 ON h1.slug = h2.slug ORDER BY h1.slug",
+                "SELECT slug, cnt FROM hits WHERE slug = 'home' FOR UPDATE",
+                "SELECT cnt INTO @c FROM hits WHERE slug = 'home'",
+                "SELECT @c",
+                "EXPLAIN SELECT cnt FROM hits WHERE slug = 'home'",
+                "SHOW COLUMNS FROM hits",
+                "SELECT slug, cnt FROM hits ORDER BY slug LIMIT 1, 2",
+                "SELECT (SELECT cnt FROM hits WHERE slug = 'blog') AS b",
+            ]);
+            // The counter through UNION, a derived table or a scalar subquery is
+            // typed from the rewrite's BIGINT (documented); an aggregate of the key
+            // loses a column flag (found here).
+            let gated = if q.contains("UNION") || q.contains("AS x") || q.contains("AS b") {
+                !g.open("doc_counter_expr")
+            } else if q.contains("MIN(slug)") {
+                !g.open("found_read_metadata")
+            } else {
+                false
+            };
+            // EXPLAIN shows the rewritten plan: not comparable.
+            if q.starts_with("EXPLAIN") || gated {
+                s.sql("SELECT 1");
+                return;
+            }
+            s.sql(q);
+            s.order = if q.contains("ORDER BY") {
+                Order::Exact
+            } else {
+                Order::Unordered
+            };
             return;
         }
         _ => {}

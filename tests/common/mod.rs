@@ -28,10 +28,14 @@
 //! - [`client`]: `run(limit, async {..})`, `connect(url)`, `tail`, `rules_dir(file,
 //!   toml)`, and `run_text` / `run_exec` capturing an [`client::Outcome`] (column
 //!   definitions, rows, affected rows, info, warnings, last_insert_id).
+//! - [`differential`]: `Differential::start(&kind).run(&Config::from_env(..))` runs
+//!   seeded statements of a rule [`differential::Kind`] through heatsink and on a plain
+//!   reference table, comparing every answer and the logical state (tests/fuzz.rs).
 //! - [`free_port()`], [`target_dir()`].
 //!
 //! Layout:
 //! - `client.rs`: mysql_async helpers for the rule tests.
+//! - `differential.rs`: the differential fuzzing harness.
 //! - `mariadb.rs`: template data directory, server start, watchdog, admin SQL.
 //! - `proxy.rs`: proxy process builder and lifecycle.
 //! - `rawclient.rs`: raw protocol client.
@@ -41,6 +45,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod differential;
 mod mariadb;
 pub mod packets;
 mod proxy;

@@ -1,0 +1,1512 @@
+//! Differential runs: the same seeded statements against a plain table directly on
+//! MariaDB (the *reference*, in its own database, no rule) and against the ruled table
+//! through heatsink, comparing every answer.
+//!
+//! A rule kind plugs in with a [`Kind`]: the logical schema, the rule file, the query
+//! that shows the logical state, and a statement generator. The harness owns the rest:
+//! two databases (`fz_<kind><n>_p` behind the proxy, `fz_<kind><n>_r` the reference), the
+//! rule switched on with `heatsink migrate --apply`, a proxy, session-mode changes
+//! (`SET NAMES`, `SET sql_mode`), the protocol of each statement (COM_QUERY, or
+//! COM_STMT_PREPARE + COM_STMT_EXECUTE with some literals bound as parameters), and
+//! the comparison.
+//!
+//! Both sides are driven by [`RawClient`], so what is compared is exactly what a client
+//! receives: OK packets (affected rows, last_insert_id, info, warning count, the
+//! IN_TRANS / AUTOCOMMIT / NO_BACKSLASH_ESCAPES status bits), ERR packets (code,
+//! SQLSTATE, message with the database names replaced by `{db}`), prepare responses
+//! (parameter and column counts and definitions), column definitions (name, org_name,
+//! table, org_table, type, flags, decimals, charset, length) and rows byte for byte
+//! (text or binary encoding; sorted first when the statement defines no order).
+//!
+//! A refusal by heatsink (ERR 1105 `heatsink rule '…'`) is accepted in place of the
+//! reference's answer when it changed nothing: the statement is then not run on the
+//! reference, and the logical state through heatsink must still equal the reference's.
+//! The state (`Kind::state_query`, through heatsink and directly) is compared after
+//! every write, every refusal and every [`STATE_EVERY`] statements.
+//!
+//! Statements come from a [`Gen`] seeded with the run's seed; the generator never
+//! looks at answers, so a seed and a statement count replay a run exactly. Shapes
+//! that hit a known open difference carry a tag from [`KNOWN_OPEN`], shapes that hit a
+//! difference found here and not fixed yet one from [`FOUND`], shapes that hit a
+//! documented limitation (rules/README.md) one from [`DOCUMENTED`]; tagged shapes are
+//! generated only when their tag is switched on ([`Config::from_env`]).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::Instant;
+
+use super::packets::{parse_column_def, parse_err, parse_ok, read_lenenc, status};
+use super::rawclient::{ConnectOpts, RawClient, RawParam};
+use super::{mariadb, Proxy, PASSWORD, USER};
+
+/// Known open differences (being fixed): generated only when switched on.
+pub const KNOWN_OPEN: &[&str] = &[
+    // `UPDATE … LIMIT 0` / `DELETE … LIMIT 0` is applied.
+    "limit0",
+    // A key compared with a number (`slug = 0`, `1e0`, `TRUE`) where the key is a string.
+    "numeric_key",
+    // `… RETURNING …` (a syntax error for UPDATE on MariaDB 10.11) is applied.
+    "returning",
+    // `SET cnt = cnt + 1, cnt = cnt + 1` answers 1110.
+    "double_assign",
+    // `WHERE slug = NULL` answers 1048.
+    "null_key",
+    // `cnt = cnt + NULL` answers 1048.
+    "null_delta",
+    // gbk / sjis characters whose second byte is 0x5C.
+    "charset_5c",
+    // Backslashes in string literals under NO_BACKSLASH_ESCAPES.
+    "nbe_backslash",
+    // Bytes that are invalid in the connection's character set (or, in X'…', in the
+    // column's).
+    "invalid_bytes",
+];
+
+/// Differences this fuzzer found that nobody is fixing yet: generated only when
+/// switched on (`HEATSINK_FUZZ_FOUND=1`).
+pub const FOUND: &[&str] = &[
+    // Under ANSI_QUOTES, `DELETE FROM hits WHERE "hits".slug = …` / an absolute set
+    // with a double-quoted qualifier: the slot-table statement keeps `"hits".slug`
+    // and fails with 1054.
+    "found_qualified_key",
+    // Hex and bit literals: `cnt = cnt + 0x3` is rewritten with X'3' (odd digits):
+    // 1064; `cnt + b'1000'` on a negative counter is BIGINT UNSIGNED arithmetic for
+    // MariaDB (1690 out of range), the slot upsert accepts it.
+    "found_hex_literal",
+    // A DELETE of some rows of a full ring, then an insert: the insert overwrites the
+    // oldest live row instead of filling the gap (the ring keeps size - 1 rows).
+    "found_ring_partial_delete",
+    // `?` in a COM_QUERY: rewritten anyway; the 1064 message shows the rewrite.
+    "found_text_placeholder",
+    // `UPDATE LOW_PRIORITY hits SET cnt = 5 …` reaches the logical table unrewritten:
+    // the slot rows stay and the counter reads wrong.
+    "found_low_priority",
+    // A ring UPDATE's conversion errors name the ring table (and another row number).
+    "found_ring_update_error",
+    // `UPDATE hits AS h SET hits.cnt = hits.cnt + 1 …`: 1054 for MariaDB (the alias
+    // hides the table name); heatsink increments.
+    "found_alias_qualifier",
+    // A ring INSERT with a NULL key and another bad value: the other value's error
+    // (1292, 1366) instead of MariaDB's 1048 for the key.
+    "found_ring_null_key_error",
+    // An unsigned delta (a binary parameter with the unsigned flag, CAST(… AS
+    // UNSIGNED)) on a negative counter: BIGINT UNSIGNED out of range (1690) for
+    // MariaDB, applied by the slot upsert.
+    "found_unsigned_param",
+    // `SELECT note, MIN(slug) FROM hits GROUP BY note`: MIN(slug) lacks the
+    // NO_DEFAULT_VALUE flag (0x1000) the table's answer has.
+    "found_read_metadata",
+    // `/*!999999 … */` (a version above the server's, skipped by MariaDB) at the end
+    // of an absolute set, a DELETE or a read of a counter: not applied / no rows.
+    "found_versioned_comment",
+    // `INSERT IGNORE` into a ring: a conversion error (strict mode) stays an error
+    // where the log inserts with a warning.
+    "found_ring_insert_ignore",
+];
+
+/// Documented limitations (rules/README.md, "Known differences"): generated only when
+/// switched on; not expected to be fixed.
+pub const DOCUMENTED: &[&str] = &[
+    // An increment of a key the logical table does not have creates it.
+    "doc_missing_key",
+    // `cnt = cnt + 0` reports 1 changed row.
+    "doc_zero_increment",
+    // Expressions over a counter are typed from a BIGINT.
+    "doc_counter_expr",
+    // Increments beyond the column's range are accepted.
+    "doc_int_range",
+    // Table names match case-insensitively.
+    "doc_table_case",
+    // `cnt + 'x'` fails with 1366 instead of 1292.
+    "doc_nonnumeric_delta",
+    // A multi-row ring insert replacing rows reports another row's last_insert_id.
+    "doc_ring_multirow_id",
+    // An absolute set reports the base row's Changed count.
+    "doc_absolute_set",
+];
+
+/// The logical state is compared at least this often (in statements).
+pub const STATE_EVERY: usize = 20;
+
+/// Stop a run after this many differences (later ones are mostly consequences).
+pub const MAX_MISMATCHES: usize = 10;
+
+// ---------------------------------------------------------------------------------------
+// Pseudo-random numbers
+
+/// SplitMix64: tiny, and stable forever, so a seed replays the same statements.
+#[derive(Clone, Debug)]
+pub struct Prng(u64);
+
+impl Prng {
+    pub fn new(seed: u64) -> Prng {
+        Prng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// 0..n (0 for n = 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next_u64() % n as u64) as usize
+        }
+    }
+
+    /// lo..=hi.
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next_u64() % ((hi - lo) as u64 + 1)) as i64
+    }
+
+    /// True with probability `percent` / 100.
+    pub fn chance(&mut self, percent: u32) -> bool {
+        self.below(100) < percent as usize
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Session modes
+
+/// The client character sets the generator switches between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Charset {
+    Utf8mb4,
+    Latin1,
+    Gbk,
+    Sjis,
+}
+
+impl Charset {
+    pub const ALL: [Charset; 4] = [
+        Charset::Utf8mb4,
+        Charset::Latin1,
+        Charset::Gbk,
+        Charset::Sjis,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Charset::Utf8mb4 => "utf8mb4",
+            Charset::Latin1 => "latin1",
+            Charset::Gbk => "gbk",
+            Charset::Sjis => "sjis",
+        }
+    }
+}
+
+/// What the meaning of a statement's bytes depends on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    /// `character_set_client`.
+    pub charset: Charset,
+    /// `sql_mode` as set (the server's default at first).
+    pub sql_mode: String,
+}
+
+impl Session {
+    pub fn no_backslash_escapes(&self) -> bool {
+        self.sql_mode.contains("NO_BACKSLASH_ESCAPES")
+    }
+
+    pub fn ansi_quotes(&self) -> bool {
+        self.sql_mode.contains("ANSI_QUOTES") || self.sql_mode.split(',').any(|m| m == "ANSI")
+    }
+
+    pub fn strict(&self) -> bool {
+        self.sql_mode.contains("STRICT_")
+    }
+}
+
+/// The sql_mode values the generator sets.
+const SQL_MODES: &[&str] = &[
+    "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION",
+    "",
+    "NO_ENGINE_SUBSTITUTION",
+    "NO_BACKSLASH_ESCAPES",
+    "STRICT_ALL_TABLES,NO_BACKSLASH_ESCAPES",
+    "ANSI_QUOTES",
+    "STRICT_TRANS_TABLES,ANSI_QUOTES",
+    "ANSI",
+    "ANSI_QUOTES,NO_BACKSLASH_ESCAPES",
+];
+
+// ---------------------------------------------------------------------------------------
+// Statements
+
+/// One piece of a generated statement.
+#[derive(Clone, Debug)]
+pub enum Piece {
+    /// SQL text in the session's character set.
+    Sql(Vec<u8>),
+    /// The database name of the side (`fz_<kind><n>_p` or `fz_<kind><n>_r`).
+    Db,
+    /// A literal; with `param`, it may be sent as `?` in the binary protocol.
+    Lit(Lit),
+}
+
+/// A literal: its SQL text, and the binary parameter with the same value, if any.
+#[derive(Clone, Debug)]
+pub struct Lit {
+    pub text: Vec<u8>,
+    pub param: Option<RawParam>,
+}
+
+impl Lit {
+    pub fn plain(text: impl Into<Vec<u8>>) -> Lit {
+        Lit {
+            text: text.into(),
+            param: None,
+        }
+    }
+}
+
+/// The protocol of a scripted statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// COM_QUERY.
+    Text,
+    /// COM_STMT_PREPARE + COM_STMT_EXECUTE.
+    Binary,
+}
+
+/// How the rows of a result are compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// The statement defines the order: rows compared in order.
+    Exact,
+    /// No defined order: rows compared as sorted lists.
+    Unordered,
+}
+
+/// A generated statement.
+#[derive(Clone, Debug)]
+pub struct Stmt {
+    pub pieces: Vec<Piece>,
+    /// May change the logical state (the state is compared afterwards).
+    pub write: bool,
+    pub order: Order,
+    /// Tags of the [`KNOWN_OPEN`] / [`FOUND`] / [`DOCUMENTED`] shapes it contains.
+    pub tags: Vec<&'static str>,
+    /// Send it as COM_QUERY only.
+    pub text_only: bool,
+}
+
+impl Stmt {
+    pub fn new() -> Stmt {
+        Stmt {
+            pieces: Vec::new(),
+            write: false,
+            order: Order::Unordered,
+            tags: Vec::new(),
+            text_only: false,
+        }
+    }
+
+    /// Appends SQL text.
+    pub fn sql(&mut self, s: impl AsRef<[u8]>) -> &mut Stmt {
+        if let Some(Piece::Sql(last)) = self.pieces.last_mut() {
+            last.extend_from_slice(s.as_ref());
+        } else {
+            self.pieces.push(Piece::Sql(s.as_ref().to_vec()));
+        }
+        self
+    }
+
+    /// Appends the side's database name.
+    pub fn db(&mut self) -> &mut Stmt {
+        self.pieces.push(Piece::Db);
+        self
+    }
+
+    pub fn lit(&mut self, l: Lit) -> &mut Stmt {
+        self.pieces.push(Piece::Lit(l));
+        self
+    }
+
+    /// The statement for one side: its bytes and the parameters of the literals sent
+    /// as `?` (`as_param[i]` for the i-th literal that has a parameter form).
+    pub fn render(&self, db: &str, as_param: &[bool]) -> (Vec<u8>, Vec<RawParam>) {
+        let mut out = Vec::new();
+        let mut params = Vec::new();
+        let mut i = 0;
+        for p in &self.pieces {
+            match p {
+                Piece::Sql(s) => out.extend_from_slice(s),
+                Piece::Db => out.extend_from_slice(db.as_bytes()),
+                Piece::Lit(l) => match &l.param {
+                    Some(param) => {
+                        if as_param.get(i).copied().unwrap_or(false) {
+                            out.push(b'?');
+                            params.push(param.clone());
+                        } else {
+                            out.extend_from_slice(&l.text);
+                        }
+                        i += 1;
+                    }
+                    None => out.extend_from_slice(&l.text),
+                },
+            }
+        }
+        (out, params)
+    }
+
+    /// A fixed statement: `{db}` stands for the side's database. Compared after it:
+    /// the state; its rows in order when it has an ORDER BY.
+    pub fn from_template(sql: &str) -> Stmt {
+        let mut s = Stmt::new();
+        for (i, part) in sql.split("{db}").enumerate() {
+            if i > 0 {
+                s.db();
+            }
+            s.sql(part);
+        }
+        s.write = true;
+        if sql.to_ascii_uppercase().contains("ORDER BY") {
+            s.order = Order::Exact;
+        }
+        s
+    }
+
+    fn param_slots(&self) -> usize {
+        self.pieces
+            .iter()
+            .filter(|p| matches!(p, Piece::Lit(Lit { param: Some(_), .. })))
+            .count()
+    }
+}
+
+impl Default for Stmt {
+    fn default() -> Self {
+        Stmt::new()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The generator's toolbox
+
+/// Randomness, the session mode, and the switched-on tags, with helpers for the
+/// lexical variety every kind wants (case, whitespace, comments, quoting, literals).
+pub struct Gen {
+    pub rng: Prng,
+    pub session: Session,
+    enabled: BTreeSet<String>,
+    /// Tags used by the statement being generated.
+    used: Vec<&'static str>,
+}
+
+impl Gen {
+    pub fn new(seed: u64, enabled: BTreeSet<String>) -> Gen {
+        Gen {
+            rng: Prng::new(seed),
+            session: Session {
+                charset: Charset::Utf8mb4,
+                sql_mode: SQL_MODES[0].to_string(),
+            },
+            enabled,
+            used: Vec::new(),
+        }
+    }
+
+    pub fn chance(&mut self, percent: u32) -> bool {
+        self.rng.chance(percent)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        self.rng.below(n)
+    }
+
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        self.rng.range(lo, hi)
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        self.rng.pick(items)
+    }
+
+    /// True when `tag` is switched on; the caller then generates the tagged shape
+    /// and the tag is recorded on the statement.
+    pub fn open(&mut self, tag: &'static str) -> bool {
+        if self.enabled.contains(tag) {
+            self.used.push(tag);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// [`Gen::open`] with a probability first (the tag is recorded only when used).
+    pub fn maybe(&mut self, percent: u32, tag: &'static str) -> bool {
+        self.chance(percent) && self.open(tag)
+    }
+
+    /// Takes the tags recorded since the last call.
+    pub fn take_tags(&mut self) -> Vec<&'static str> {
+        std::mem::take(&mut self.used)
+    }
+
+    /// A keyword in random case.
+    pub fn kw(&mut self, k: &str) -> String {
+        match self.below(6) {
+            0 => k.to_lowercase(),
+            1 => k
+                .chars()
+                .enumerate()
+                .map(|(i, c)| {
+                    if i % 2 == 0 {
+                        c.to_ascii_lowercase()
+                    } else {
+                        c.to_ascii_uppercase()
+                    }
+                })
+                .collect(),
+            _ => k.to_uppercase(),
+        }
+    }
+
+    /// Whitespace between tokens: mostly one space, sometimes odd whitespace or a
+    /// comment.
+    pub fn ws(&mut self) -> String {
+        match self.below(40) {
+            0 => "  ".into(),
+            1 => "\t".into(),
+            2 => "\n".into(),
+            3 => " \r\n ".into(),
+            4 => " /* c */ ".into(),
+            5 => "/**/".into(),
+            6 => " -- c\n".into(),
+            7 => " #c\n".into(),
+            8 => " /*!*/ ".into(),
+            _ => " ".into(),
+        }
+    }
+
+    /// An identifier: bare, backquoted, or double-quoted under ANSI_QUOTES.
+    pub fn ident(&mut self, name: &str) -> String {
+        match self.below(8) {
+            0 | 1 => format!("`{name}`"),
+            2 if self.session.ansi_quotes() => format!("\"{name}\""),
+            _ => name.to_string(),
+        }
+    }
+
+    /// A column reference, sometimes qualified by `qualifier` (table or alias).
+    pub fn column(&mut self, qualifier: &str, name: &str) -> String {
+        if self.chance(12) {
+            let q = self.ident(qualifier);
+            let n = self.ident(name);
+            format!("{q}.{n}")
+        } else {
+            self.ident(name)
+        }
+    }
+
+    /// The table `name`, sometimes qualified by the side's database.
+    pub fn table(&mut self, s: &mut Stmt, name: &str) {
+        if self.chance(15) {
+            let bq = self.chance(50);
+            if bq {
+                s.sql("`").db().sql("`.");
+            } else {
+                s.db().sql(".");
+            }
+        }
+        let t = if self.chance(3) && self.open("doc_table_case") {
+            name.to_uppercase()
+        } else {
+            name.to_string()
+        };
+        let t = self.ident(&t);
+        s.sql(t);
+    }
+
+    /// A string literal with exactly the bytes `value` (in the session's character
+    /// set), in one of the forms the session reads that way.
+    pub fn string_lit(&mut self, value: &[u8]) -> Lit {
+        let param = Some(RawParam::Bytes(value.to_vec()));
+        let nbe = self.session.no_backslash_escapes();
+        let has_quote = value.contains(&b'\'');
+        let session = self.session.clone();
+        let plain_quoted = |v: &[u8], q: u8| quote(v, q, &session);
+        let text = match self.below(12) {
+            // Doubled quotes (valid in every mode).
+            0..=4 => plain_quoted(value, b'\''),
+            // Backslash escapes of quotes (not under NO_BACKSLASH_ESCAPES).
+            5 if !nbe && has_quote && !value.contains(&b'\\') => {
+                let mut out = vec![b'\''];
+                for &b in value {
+                    if b == b'\'' {
+                        out.push(b'\\');
+                    }
+                    out.push(b);
+                }
+                out.push(b'\'');
+                out
+            }
+            // Double quotes (a string only without ANSI_QUOTES).
+            6 if !self.session.ansi_quotes() => plain_quoted(value, b'"'),
+            // Hexadecimal: the bytes themselves, read in the column's character set
+            // (utf8mb4 in the kinds here), not the session's.
+            7 if std::str::from_utf8(value).is_ok() || self.open("invalid_bytes") => {
+                let mut out = b"X'".to_vec();
+                for b in value {
+                    out.extend_from_slice(format!("{b:02X}").as_bytes());
+                }
+                out.push(b'\'');
+                out
+            }
+            // Adjacent strings.
+            8 if value.len() >= 2 && value.is_ascii() => {
+                let mid = value.len() / 2;
+                let mut out = plain_quoted(&value[..mid], b'\'');
+                out.push(b' ');
+                out.extend_from_slice(&plain_quoted(&value[mid..], b'\''));
+                out
+            }
+            // National string (utf8 on MariaDB): only for ASCII.
+            9 if value.is_ascii() => {
+                let mut out = b"N".to_vec();
+                out.extend_from_slice(&plain_quoted(value, b'\''));
+                out
+            }
+            // Introducer of the session's own character set.
+            10 => {
+                let mut out = format!("_{}", self.session.charset.name()).into_bytes();
+                out.extend_from_slice(&plain_quoted(value, b'\''));
+                out
+            }
+            // Escaped ordinary characters (`\h` reads as `h`).
+            11 if !nbe && value.is_ascii() && !value.is_empty() && !value.contains(&b'\\') => {
+                let mut out = vec![b'\''];
+                for &b in value {
+                    if b == b'\'' {
+                        out.push(b'\'');
+                    } else if b.is_ascii_alphabetic() && !b"bnrtZ".contains(&b) {
+                        out.push(b'\\');
+                    }
+                    out.push(b);
+                }
+                out.push(b'\'');
+                out
+            }
+            _ => plain_quoted(value, b'\''),
+        };
+        Lit { text, param }
+    }
+
+    /// An integer literal with value `v`, in a form that reads as that number in a
+    /// numeric context.
+    pub fn int_lit(&mut self, v: i64) -> Lit {
+        let param = Some(match self.below(10) {
+            0 | 1 => RawParam::Bytes(v.to_string().into_bytes()),
+            2 => RawParam::Double(v as f64),
+            3 if v >= 0 && self.open("found_unsigned_param") => RawParam::UInt(v as u64),
+            _ => RawParam::Int(v),
+        });
+        let text = match self.below(14) {
+            0 if v >= 0 => format!("+{v}"),
+            1 => format!("'{v}'"),
+            2 => format!("{v}.0"),
+            3 => format!("{v}e0"),
+            4 if v >= 0 && self.open("found_hex_literal") => format!("0x{v:X}"),
+            5 if v == 1 => "TRUE".into(),
+            6 if v > 0 => format!("({v})"),
+            7 if v < 0 => format!("- {}", -v),
+            8 if v > 0 && self.open("found_hex_literal") => format!("b'{v:b}'"),
+            9 if v > 0 => format!("{v} /* n */"),
+            _ => v.to_string(),
+        };
+        Lit {
+            text: text.into_bytes(),
+            param,
+        }
+    }
+}
+
+/// `value` between `q` quotes as the session reads it back: the quote doubled, a
+/// backslash doubled unless NO_BACKSLASH_ESCAPES, multi-byte characters of gbk and
+/// sjis copied whole (their second byte may be 0x5C, which is not an escape there).
+pub fn quote(value: &[u8], q: u8, session: &Session) -> Vec<u8> {
+    let nbe = session.no_backslash_escapes();
+    let lead = |b: u8| match session.charset {
+        Charset::Gbk => (0x81..=0xFE).contains(&b),
+        Charset::Sjis => (0x81..=0x9F).contains(&b) || (0xE0..=0xFC).contains(&b),
+        _ => false,
+    };
+    let mut out = vec![q];
+    let mut i = 0;
+    while i < value.len() {
+        let b = value[i];
+        if lead(b) && i + 1 < value.len() {
+            out.extend_from_slice(&value[i..i + 2]);
+            i += 2;
+            continue;
+        }
+        if b == q {
+            out.push(q);
+        } else if b == b'\\' && !nbe {
+            out.push(b'\\');
+        }
+        out.push(b);
+        i += 1;
+    }
+    out.push(q);
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Rule kinds
+
+/// A rule kind under test. Only the statement generator is kind-specific logic; the
+/// rest is data.
+pub trait Kind {
+    /// Short name, used in database names (`fz_<name><n>_p`, `fz_<name><n>_r`).
+    fn name(&self) -> &'static str;
+    /// Statements creating the logical tables (and tables to join with) with their
+    /// first rows, run in both databases.
+    fn schema(&self) -> String;
+    /// The rule file (the table named without a database).
+    fn rule_toml(&self) -> String;
+    /// A query showing the whole logical state in a defined order.
+    fn state_query(&self) -> String;
+    /// Called after every write on the reference (directly on `ref_db`, as root), for
+    /// rules whose logical meaning differs from a plain table on purpose (a ring
+    /// keeps only the latest rows of each key).
+    fn settle_reference(&self, _ref_db: &str) {}
+    /// Queries of the rule's physical tables, shown (run directly on the proxied
+    /// database) when the logical state differs; `{db}` is replaced.
+    fn physical_queries(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The next statement.
+    fn statement(&self, g: &mut Gen) -> Stmt;
+}
+
+// ---------------------------------------------------------------------------------------
+// Configuration
+
+/// What one run does.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub seed: u64,
+    pub statements: usize,
+    /// Switched-on tags.
+    pub enabled: BTreeSet<String>,
+    /// Print every statement and answer.
+    pub verbose: bool,
+}
+
+impl Config {
+    /// From the environment:
+    /// - `HEATSINK_FUZZ_SEED` (default `seed`), `HEATSINK_FUZZ_STATEMENTS` (default
+    ///   `statements`);
+    /// - `HEATSINK_FUZZ_ALL=1` switches on every [`KNOWN_OPEN`] tag,
+    ///   `HEATSINK_FUZZ_FOUND=1` every [`FOUND`] one, `HEATSINK_FUZZ_DOCUMENTED=1` every
+    ///   [`DOCUMENTED`] one, `HEATSINK_FUZZ_TAGS`
+    ///   (comma-separated) single tags;
+    /// - `HEATSINK_FUZZ_VERBOSE=1` prints every statement.
+    pub fn from_env(seed: u64, statements: usize) -> Config {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let on = |k: &str| var(k).is_some_and(|v| v != "0");
+        let mut enabled = BTreeSet::new();
+        if on("HEATSINK_FUZZ_ALL") {
+            enabled.extend(KNOWN_OPEN.iter().map(|t| t.to_string()));
+        }
+        if on("HEATSINK_FUZZ_FOUND") {
+            enabled.extend(FOUND.iter().map(|t| t.to_string()));
+        }
+        if on("HEATSINK_FUZZ_DOCUMENTED") {
+            enabled.extend(DOCUMENTED.iter().map(|t| t.to_string()));
+        }
+        if let Some(tags) = var("HEATSINK_FUZZ_TAGS") {
+            for t in tags.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+                assert!(
+                    KNOWN_OPEN.contains(&t) || FOUND.contains(&t) || DOCUMENTED.contains(&t),
+                    "HEATSINK_FUZZ_TAGS: unknown tag {t:?}; known: {KNOWN_OPEN:?} {FOUND:?} {DOCUMENTED:?}"
+                );
+                enabled.insert(t.to_string());
+            }
+        }
+        Config {
+            seed: var("HEATSINK_FUZZ_SEED")
+                .map(|s| parse_seed(&s))
+                .unwrap_or(seed),
+            statements: var("HEATSINK_FUZZ_STATEMENTS")
+                .map(|s| s.parse().expect("HEATSINK_FUZZ_STATEMENTS: a number"))
+                .unwrap_or(statements),
+            enabled,
+            verbose: on("HEATSINK_FUZZ_VERBOSE"),
+        }
+    }
+}
+
+fn parse_seed(s: &str) -> u64 {
+    let s = s.trim();
+    match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .unwrap_or_else(|e| panic!("HEATSINK_FUZZ_SEED {s:?}: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Answers
+
+/// One packet of an answer, reduced to what a client can observe.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Item {
+    Ok {
+        affected: u64,
+        last_insert_id: u64,
+        status: u16,
+        warnings: u16,
+        info: String,
+    },
+    Err {
+        code: u16,
+        sqlstate: String,
+        message: String,
+    },
+    Eof {
+        warnings: u16,
+        status: u16,
+    },
+    PrepareOk {
+        columns: u16,
+        params: u16,
+        warnings: u16,
+    },
+    ColumnCount(u64),
+    Column {
+        name: String,
+        org_name: String,
+        table: String,
+        org_table: String,
+        column_type: u8,
+        flags: u16,
+        decimals: u8,
+        charset: u16,
+        length: u32,
+    },
+    Row(Vec<u8>),
+    /// A packet that could not be decoded where it stood.
+    Raw(Vec<u8>),
+    /// The connection failed (timeout, closed).
+    Io(String),
+}
+
+/// Status bits a client can act on (the index-usage bits depend on the plan).
+const STATUS_MASK: u16 = status::IN_TRANS
+    | status::AUTOCOMMIT
+    | status::NO_BACKSLASH_ESCAPES
+    | status::MORE_RESULTS_EXISTS
+    | status::IN_TRANS_READONLY;
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok_item(p: &[u8]) -> Option<Item> {
+    parse_ok(p).map(|o| Item::Ok {
+        affected: o.affected_rows,
+        last_insert_id: o.last_insert_id,
+        status: o.status & STATUS_MASK,
+        warnings: o.warnings,
+        info: o.info,
+    })
+}
+
+fn column_item(p: &[u8]) -> Item {
+    match parse_column_def(p) {
+        Some(c) => Item::Column {
+            name: lossy(&c.name),
+            org_name: lossy(&c.org_name),
+            table: lossy(&c.table),
+            org_table: lossy(&c.org_table),
+            column_type: c.column_type,
+            flags: c.flags,
+            decimals: c.decimals,
+            charset: c.charset,
+            length: c.length,
+        },
+        None => Item::Raw(p.to_vec()),
+    }
+}
+
+/// Reduces the response to COM_QUERY / COM_STMT_EXECUTE (`deprecate_eof` negotiated).
+pub fn items_of_results(packets: &[super::packets::Packet], deprecate_eof: bool) -> Vec<Item> {
+    let mut out = Vec::new();
+    let mut it = packets.iter().map(|p| p.payload.as_slice()).peekable();
+    while let Some(p) = it.next() {
+        match p.first() {
+            Some(0x00) => out.push(ok_item(p).unwrap_or_else(|| Item::Raw(p.to_vec()))),
+            Some(0xFF) => out.push(err_item(p)),
+            _ => {
+                let mut pos = 0;
+                let Some(n) = read_lenenc(p, &mut pos) else {
+                    out.push(Item::Raw(p.to_vec()));
+                    continue;
+                };
+                out.push(Item::ColumnCount(n));
+                for _ in 0..n {
+                    match it.next() {
+                        Some(c) => out.push(column_item(c)),
+                        None => return out,
+                    }
+                }
+                if !deprecate_eof {
+                    if let Some(e) = it.next() {
+                        out.push(eof_item(e));
+                    }
+                }
+                for r in it.by_ref() {
+                    if r.first() == Some(&0xFF) {
+                        out.push(err_item(r));
+                        break;
+                    }
+                    if r.first() == Some(&0xFE) && r.len() < 0xFF_FFFF {
+                        out.push(if r.len() < 9 {
+                            eof_item(r)
+                        } else {
+                            ok_item(r).unwrap_or_else(|| Item::Raw(r.to_vec()))
+                        });
+                        break;
+                    }
+                    out.push(Item::Row(r.to_vec()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Reduces a COM_STMT_PREPARE response.
+pub fn items_of_prepare(packets: &[super::packets::Packet], deprecate_eof: bool) -> Vec<Item> {
+    let mut out = Vec::new();
+    let Some(first) = packets.first().map(|p| p.payload.as_slice()) else {
+        return out;
+    };
+    if first.first() == Some(&0xFF) {
+        out.push(err_item(first));
+        return out;
+    }
+    if first.len() < 12 {
+        out.push(Item::Raw(first.to_vec()));
+        return out;
+    }
+    out.push(Item::PrepareOk {
+        columns: u16::from_le_bytes([first[5], first[6]]),
+        params: u16::from_le_bytes([first[7], first[8]]),
+        warnings: u16::from_le_bytes([first[10], first[11]]),
+    });
+    for p in &packets[1..] {
+        let p = p.payload.as_slice();
+        if p.first() == Some(&0xFE) && p.len() < 9 && !deprecate_eof {
+            out.push(eof_item(p));
+        } else {
+            out.push(column_item(p));
+        }
+    }
+    out
+}
+
+fn err_item(p: &[u8]) -> Item {
+    match parse_err(p) {
+        Some(e) => Item::Err {
+            code: e.code,
+            sqlstate: e.sqlstate,
+            message: e.message,
+        },
+        None => Item::Raw(p.to_vec()),
+    }
+}
+
+fn eof_item(p: &[u8]) -> Item {
+    match super::packets::parse_eof(p) {
+        Some(e) => Item::Eof {
+            warnings: e.warnings,
+            status: e.status & STATUS_MASK,
+        },
+        None => Item::Raw(p.to_vec()),
+    }
+}
+
+/// Replaces both databases' names in error messages with `{db}`.
+fn normalize(items: &mut [Item], dbs: &[&str]) {
+    for it in items {
+        if let Item::Err { message, .. } = it {
+            for db in dbs {
+                *message = message.replace(db, "{db}");
+            }
+        }
+    }
+}
+
+/// Sorts each result set's rows.
+fn sort_rows(items: &mut [Item]) {
+    let mut start = None;
+    for i in 0..=items.len() {
+        let is_row = matches!(items.get(i), Some(Item::Row(_)));
+        match (is_row, start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                items[s..i].sort();
+                start = None;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The heatsink refusal, if `items` is one.
+fn refusal(items: &[Item]) -> Option<&str> {
+    match items {
+        [Item::Err {
+            code: 1105,
+            message,
+            ..
+        }] if message.starts_with("heatsink rule '") => Some(message),
+        _ => None,
+    }
+}
+
+fn is_err(items: &[Item]) -> bool {
+    matches!(items.first(), Some(Item::Err { .. }))
+}
+
+/// Printable bytes: ASCII as is, everything else as `\xNN`.
+pub fn show_bytes(b: &[u8]) -> String {
+    let mut s = String::new();
+    for &c in b {
+        match c {
+            b'\n' => s.push_str("\\n"),
+            b'\r' => s.push_str("\\r"),
+            b'\t' => s.push_str("\\t"),
+            b'\\' => s.push_str("\\\\"),
+            0x20..=0x7e => s.push(c as char),
+            _ => {
+                let _ = write!(s, "\\x{c:02x}");
+            }
+        }
+    }
+    s
+}
+
+fn show_items(items: &[Item]) -> String {
+    let mut s = String::new();
+    for it in items {
+        match it {
+            Item::Row(r) => {
+                let _ = writeln!(s, "      Row {}", show_bytes(r));
+            }
+            other => {
+                let _ = writeln!(s, "      {other:?}");
+            }
+        }
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------
+// The harness
+
+/// A difference found by a run.
+#[derive(Clone, Debug)]
+pub struct Mismatch {
+    pub kind: &'static str,
+    pub seed: u64,
+    /// 0-based index of the statement in the run.
+    pub index: usize,
+    pub text: String,
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub statements: usize,
+    pub binary: usize,
+    pub refused: usize,
+    pub errors: usize,
+    pub state_checks: usize,
+    pub mismatches: Vec<Mismatch>,
+    pub tags_used: BTreeSet<&'static str>,
+    /// Refusal messages (literal values cut off) and how often each came.
+    pub refusals: std::collections::BTreeMap<String, usize>,
+    pub elapsed_ms: u128,
+}
+
+impl Report {
+    /// A one-line summary.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} statements ({} binary), {} refused by heatsink, {} errors on both sides, {} state checks, {} mismatches, {} ms; tags used: {:?}",
+            self.statements,
+            self.binary,
+            self.refused,
+            self.errors,
+            self.state_checks,
+            self.mismatches.len(),
+            self.elapsed_ms,
+            self.tags_used
+        )
+    }
+
+    /// The refusals, most frequent first.
+    pub fn refusal_summary(&self) -> String {
+        let mut v: Vec<(&String, &usize)> = self.refusals.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        v.iter()
+            .map(|(m, n)| format!("  {n:5}  {m}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Adds another run's counts.
+    pub fn absorb(&mut self, other: Report) {
+        self.statements += other.statements;
+        self.binary += other.binary;
+        self.refused += other.refused;
+        self.errors += other.errors;
+        self.state_checks += other.state_checks;
+        self.mismatches.extend(other.mismatches);
+        self.tags_used.extend(other.tags_used);
+        for (m, n) in other.refusals {
+            *self.refusals.entry(m).or_default() += n;
+        }
+        self.elapsed_ms += other.elapsed_ms;
+    }
+
+    /// Every mismatch in full.
+    pub fn details(&self) -> String {
+        self.mismatches
+            .iter()
+            .map(|m| {
+                format!(
+                    "--- {} seed {} statement #{} ---\n{}",
+                    m.kind, m.seed, m.index, m.text
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// One rule kind's databases and proxy.
+pub struct Differential<'k> {
+    kind: &'k dyn Kind,
+    /// The database behind the proxy (ruled table).
+    pub proxied_db: String,
+    /// The reference database (plain table).
+    pub reference_db: String,
+    pub proxy: Proxy,
+    _rules: tempfile::TempDir,
+}
+
+impl<'k> Differential<'k> {
+    /// Creates both databases, switches the rule on in the proxied one with
+    /// `heatsink migrate --apply`, and starts a proxy with the rule.
+    pub fn start(kind: &'k dyn Kind) -> Differential<'k> {
+        // Tests of one binary run in parallel: each harness has its own databases.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let proxied_db = format!("fz_{}{n}_p", kind.name());
+        let reference_db = format!("fz_{}{n}_r", kind.name());
+        let rules = super::client::rules_dir(&format!("{}.toml", kind.name()), &kind.rule_toml());
+        let d = Differential {
+            kind,
+            proxied_db,
+            reference_db,
+            proxy: Proxy::builder().rules_dir(rules.path()).start(),
+            _rules: rules,
+        };
+        d.reset();
+        d
+    }
+
+    /// Recreates both databases from the schema (and the rule's tables).
+    pub fn reset(&self) {
+        for db in [&self.proxied_db, &self.reference_db] {
+            mariadb().exec(&format!(
+                "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db} DEFAULT CHARACTER SET utf8mb4; USE {db}; {}",
+                self.kind.schema()
+            ));
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_heatsink"))
+            .arg("migrate")
+            .arg("--rules")
+            .arg(self._rules.path())
+            .arg("--backend-url")
+            .arg(mariadb().url(&self.proxied_db))
+            .arg("--apply")
+            .output()
+            .expect("run heatsink migrate");
+        assert!(
+            out.status.success(),
+            "heatsink migrate failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.kind.settle_reference(&self.reference_db);
+    }
+
+    fn connect(&self, proxied: bool) -> RawClient {
+        let (addr, db) = if proxied {
+            (self.proxy.addr(), &self.proxied_db)
+        } else {
+            (mariadb().addr(), &self.reference_db)
+        };
+        let opts = ConnectOpts::new(USER, PASSWORD)
+            .db(db)
+            .timeout(std::time::Duration::from_secs(15));
+        RawClient::connect(addr, &opts).unwrap_or_else(|e| panic!("connect to {addr}: {e}"))
+    }
+
+    /// Runs `cfg.statements` statements from `cfg.seed` on fresh databases.
+    pub fn run(&self, cfg: &Config) -> Report {
+        self.run_inner(cfg, None)
+    }
+
+    /// Runs fixed statements (`{db}` = the side's database) on fresh databases, each
+    /// in the given protocol, with the same comparisons and a state check after each:
+    /// for minimal reproductions of what a run found.
+    pub fn run_script(&self, script: &[(&str, Protocol)]) -> Report {
+        let steps: Vec<(&str, Protocol, Vec<RawParam>)> =
+            script.iter().map(|(s, p)| (*s, *p, Vec::new())).collect();
+        self.run_script_with_params(&steps)
+    }
+
+    /// [`Differential::run_script`] with the parameters of binary statements.
+    pub fn run_script_with_params(&self, script: &[(&str, Protocol, Vec<RawParam>)]) -> Report {
+        let cfg = Config {
+            seed: 0,
+            statements: script.len(),
+            enabled: BTreeSet::new(),
+            verbose: std::env::var("HEATSINK_FUZZ_VERBOSE").is_ok_and(|v| v == "1"),
+        };
+        self.run_inner(&cfg, Some(script))
+    }
+
+    fn run_inner(
+        &self,
+        cfg: &Config,
+        script: Option<&[(&str, Protocol, Vec<RawParam>)]>,
+    ) -> Report {
+        self.reset();
+        let started = Instant::now();
+        let mut report = Report::default();
+        let mut g = Gen::new(cfg.seed, cfg.enabled.clone());
+        // The protocol and parameter choices have their own stream, so that the
+        // statements of a seed do not depend on them.
+        let mut wire = Prng::new(cfg.seed ^ 0x5EED_F00D);
+        let mut p = self.connect(true);
+        let mut r = self.connect(false);
+        let mut po = self.connect(true);
+        let mut ro = self.connect(false);
+        let dbs = [self.proxied_db.as_str(), self.reference_db.as_str()];
+        let mut since_check = 0;
+        let mut history: Vec<String> = Vec::new();
+
+        for index in 0..cfg.statements {
+            // Session modes change now and then, on both sides alike.
+            if script.is_none() && g.chance(4) {
+                let (sql, next) = session_change(&mut g);
+                let pa = query_items(&mut p, sql.as_bytes());
+                let ra = query_items(&mut r, sql.as_bytes());
+                history.push(format!("#{index} (session) {sql}"));
+                if pa != ra {
+                    self.mismatch(
+                        &mut report,
+                        cfg,
+                        index,
+                        &history,
+                        format!(
+                            "session statement answered differently: {sql}\n  heatsink:\n{}  reference:\n{}",
+                            show_items(&pa),
+                            show_items(&ra)
+                        ),
+                    );
+                }
+                if !is_err(&pa) && !is_err(&ra) {
+                    g.session = next;
+                }
+            }
+
+            let step = script.and_then(|s| s.get(index));
+            let (stmt, binary) = match step {
+                Some((sql, protocol, _)) => {
+                    (Stmt::from_template(sql), *protocol == Protocol::Binary)
+                }
+                None => {
+                    let stmt = self.kind.statement(&mut g);
+                    let binary = wire.chance(40) && !stmt.text_only;
+                    (stmt, binary)
+                }
+            };
+            let tags = g.take_tags();
+            report.tags_used.extend(tags.iter().copied());
+            // Literals become `?` only in the binary protocol.
+            let as_param: Vec<bool> = (0..stmt.param_slots())
+                .map(|_| wire.chance(50) && binary)
+                .collect();
+            let (psql, mut params) = stmt.render(&self.proxied_db, &as_param);
+            if let Some((_, _, script_params)) = step {
+                params.extend(script_params.iter().cloned());
+            }
+            let (rsql, _) = stmt.render(&self.reference_db, &as_param);
+            let shown = format!(
+                "[{}{}] {}{}{}",
+                if binary { "binary" } else { "text" },
+                session_label(&g.session),
+                show_bytes(&stmt.render("{db}", &as_param).0),
+                if params.is_empty() {
+                    String::new()
+                } else {
+                    format!("  params {params:?}")
+                },
+                if tags.is_empty() {
+                    String::new()
+                } else {
+                    format!("  tags {tags:?}")
+                }
+            );
+            history.push(format!("#{index} {shown}"));
+            if history.len() > 12 {
+                history.remove(0);
+            }
+            report.statements += 1;
+            if binary {
+                report.binary += 1;
+            }
+
+            let (mut pa, mut ra, refused) = if binary {
+                self.exchange_binary(&mut p, &mut r, &psql, &rsql, &params)
+            } else {
+                let pa = query_items(&mut p, &psql);
+                match refusal(&pa) {
+                    Some(_) => (pa, Vec::new(), true),
+                    None => {
+                        let ra = query_items(&mut r, &rsql);
+                        (pa, ra, false)
+                    }
+                }
+            };
+            normalize(&mut pa, &dbs);
+            normalize(&mut ra, &dbs);
+            if stmt.order == Order::Unordered {
+                sort_rows(&mut pa);
+                sort_rows(&mut ra);
+            }
+            if cfg.verbose {
+                eprintln!("#{index} {shown}\n  heatsink:\n{}", show_items(&pa));
+            }
+            let io_failure = pa.iter().chain(ra.iter()).any(|i| matches!(i, Item::Io(_)));
+            if refused {
+                report.refused += 1;
+                if let Some(Item::Err { message, .. }) = pa.first() {
+                    let key: String = message.chars().take(90).collect();
+                    *report.refusals.entry(key).or_default() += 1;
+                }
+            } else {
+                if is_err(&pa) && is_err(&ra) {
+                    report.errors += 1;
+                }
+                if pa != ra {
+                    self.mismatch(
+                        &mut report,
+                        cfg,
+                        index,
+                        &history,
+                        format!(
+                            "statement: {shown}\n  heatsink:\n{}  reference:\n{}",
+                            show_items(&pa),
+                            show_items(&ra)
+                        ),
+                    );
+                }
+                if stmt.write && !is_err(&ra) {
+                    self.kind.settle_reference(&self.reference_db);
+                }
+            }
+            if io_failure {
+                self.mismatch(
+                    &mut report,
+                    cfg,
+                    index,
+                    &history,
+                    format!(
+                        "connection failed; heatsink log:\n{}",
+                        super::client::tail(&self.proxy.log_text(), 20)
+                    ),
+                );
+                break;
+            }
+
+            since_check += 1;
+            if stmt.write || refused || since_check >= STATE_EVERY || index + 1 == cfg.statements {
+                since_check = 0;
+                report.state_checks += 1;
+                let q = self.kind.state_query();
+                let ps = query_items(&mut po, q.as_bytes());
+                let rs = query_items(&mut ro, q.as_bytes());
+                if ps != rs {
+                    let mut physical = String::new();
+                    for q in self.kind.physical_queries() {
+                        let q = q.replace("{db}", &self.proxied_db);
+                        let _ = writeln!(physical, "    {q}");
+                        for row in mariadb().query_strings(&q) {
+                            let _ = writeln!(physical, "      {row:?}");
+                        }
+                    }
+                    self.mismatch(
+                        &mut report,
+                        cfg,
+                        index,
+                        &history,
+                        format!(
+                            "logical state differs after: {shown}\n  heatsink answered:\n{}  state through heatsink:\n{}  reference state:\n{}  physical tables behind heatsink:\n{physical}",
+                            show_items(&pa),
+                            show_items(&ps),
+                            show_items(&rs)
+                        ),
+                    );
+                    // Later statements would only show the consequences.
+                    break;
+                }
+            }
+            if report.mismatches.len() >= MAX_MISMATCHES {
+                break;
+            }
+        }
+        report.elapsed_ms = started.elapsed().as_millis();
+        report
+    }
+
+    /// Prepare, compare, execute, compare, close, on both sides.
+    fn exchange_binary(
+        &self,
+        p: &mut RawClient,
+        r: &mut RawClient,
+        psql: &[u8],
+        rsql: &[u8],
+        params: &[RawParam],
+    ) -> (Vec<Item>, Vec<Item>, bool) {
+        let (pid, pprep) = prepare_items(p, psql);
+        if refusal(&pprep).is_some() {
+            return (pprep, Vec::new(), true);
+        }
+        let (rid, rprep) = prepare_items(r, rsql);
+        if pprep != rprep || is_err(&pprep) {
+            close(p, pid);
+            close(r, rid);
+            return (pprep, rprep, false);
+        }
+        let pexec = match p.execute(pid, params) {
+            Ok(packets) => items_of_results(&packets, p.deprecate_eof()),
+            Err(e) => vec![Item::Io(e.to_string())],
+        };
+        if refusal(&pexec).is_some() {
+            close(p, pid);
+            close(r, rid);
+            return (pexec, Vec::new(), true);
+        }
+        let rexec = match r.execute(rid, params) {
+            Ok(packets) => items_of_results(&packets, r.deprecate_eof()),
+            Err(e) => vec![Item::Io(e.to_string())],
+        };
+        close(p, pid);
+        close(r, rid);
+        (pexec, rexec, false)
+    }
+
+    fn mismatch(
+        &self,
+        report: &mut Report,
+        cfg: &Config,
+        index: usize,
+        history: &[String],
+        what: String,
+    ) {
+        let text = format!(
+            "{what}\n  replay: HEATSINK_FUZZ_SEED={} HEATSINK_FUZZ_STATEMENTS={} (tags {:?})\n  statements before it:\n    {}",
+            cfg.seed,
+            index + 1,
+            cfg.enabled,
+            history.join("\n    ")
+        );
+        report.mismatches.push(Mismatch {
+            kind: self.kind.name(),
+            seed: cfg.seed,
+            index,
+            text,
+        });
+    }
+}
+
+fn query_items(c: &mut RawClient, sql: &[u8]) -> Vec<Item> {
+    match c.query(sql) {
+        Ok(packets) => items_of_results(&packets, c.deprecate_eof()),
+        Err(e) => vec![Item::Io(e.to_string())],
+    }
+}
+
+fn prepare_items(c: &mut RawClient, sql: &[u8]) -> (u32, Vec<Item>) {
+    match c.prepare(sql) {
+        Ok((id, packets)) => (id, items_of_prepare(&packets, c.deprecate_eof())),
+        Err(e) => (0, vec![Item::Io(e.to_string())]),
+    }
+}
+
+fn close(c: &mut RawClient, id: u32) {
+    if id != 0 {
+        let _ = c.close_stmt(id);
+    }
+}
+
+fn session_label(s: &Session) -> String {
+    format!(
+        " {} sql_mode='{}'",
+        s.charset.name(),
+        if s.sql_mode == SQL_MODES[0] {
+            "default"
+        } else {
+            &s.sql_mode
+        }
+    )
+}
+
+/// A statement changing the session's character set or sql_mode, and the session
+/// after it.
+fn session_change(g: &mut Gen) -> (String, Session) {
+    let mut next = g.session.clone();
+    let sql = if g.chance(50) {
+        let cs = *g.pick(&Charset::ALL);
+        next.charset = cs;
+        let name = cs.name();
+        match g.below(4) {
+            0 => format!("SET CHARACTER SET {name}"),
+            1 => format!("set names '{name}'"),
+            2 => format!("SET character_set_client = {name}, character_set_connection = {name}, character_set_results = {name}"),
+            _ => format!("SET NAMES {name}"),
+        }
+    } else {
+        let mode = *g.pick(SQL_MODES);
+        next.sql_mode = mode.to_string();
+        match g.below(3) {
+            0 => format!("SET SESSION sql_mode = '{mode}'"),
+            1 => format!("SET @@sql_mode = '{mode}'"),
+            _ => format!("SET sql_mode = '{mode}'"),
+        }
+    };
+    (sql, next)
+}

@@ -499,7 +499,8 @@ fn key_lit(g: &mut Gen, pool: &[Key]) -> Lit {
     if g.session.no_backslash_escapes() && g.maybe(3, "nbe_backslash") {
         return Lit::plain(&b"'tmp\\' OR 1=1 -- '"[..]);
     }
-    if g.maybe(2, "invalid_bytes") {
+    // Invalid in utf8mb4 (in latin1 it is a valid key the table does not have).
+    if g.session.charset == Charset::Utf8mb4 && g.maybe(2, "invalid_bytes") {
         return g.string_lit(b"tmp\xff\xfe");
     }
     let mut k = key_bytes(g, pool);

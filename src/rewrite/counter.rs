@@ -387,10 +387,12 @@ impl CounterRule {
                     },
                     // `key = -?`: the parameter is the key's negation.
                     KeyType::Integer { unsigned, max } if negative => ParamCheck::Integer {
+                        signed: false,
                         min: -(max as i128),
                         max: if unsigned { 0 } else { max as i128 + 1 },
                     },
                     KeyType::Integer { unsigned, max } => ParamCheck::Integer {
+                        signed: false,
                         min: if unsigned { 0 } else { -(max as i128) - 1 },
                         max: max as i128,
                     },
@@ -918,6 +920,7 @@ fn check_delta(
                 (Some(Slot::Param(j)), _) => param_checks.push((
                     j,
                     ParamCheck::Integer {
+                        signed: true,
                         min: -MAX_DELTA,
                         max: MAX_DELTA,
                     },
@@ -1437,6 +1440,7 @@ mod tests {
                 (
                     0,
                     ParamCheck::Integer {
+                        signed: true,
                         min: -MAX_DELTA,
                         max: MAX_DELTA
                     }

@@ -551,6 +551,8 @@ pub struct Rewritten {
 /// any value is known). An execute whose value fails gets ERR 1105 and runs nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParamCheck {
+    /// Any value but NULL.
+    NotNull,
     /// A string (bound as a string type, not NULL) of at most this many bytes.
     String {
         /// Longest value in bytes (a lower bound on the column's characters).
@@ -563,6 +565,9 @@ pub enum ParamCheck {
         min: i128,
         /// Largest value.
         max: i128,
+        /// Refuse values bound as unsigned: an unsigned operand makes MariaDB compute
+        /// `c + ?` unsigned, which fails (1690) where the result is negative.
+        signed: bool,
     },
 }
 
@@ -582,6 +587,7 @@ impl ParamCheck {
         };
         let is_string = matches!(ty[0], 0x0f | 0xf9..=0xfe);
         match *self {
+            ParamCheck::NotNull => None,
             ParamCheck::String { max_bytes } => {
                 if !is_string {
                     return Some(format!("a parameter of type {:#04x} where a string key is compared (MariaDB would compare numerically)", ty[0]));
@@ -591,7 +597,12 @@ impl ParamCheck {
                     _ => Some(format!("a string parameter longer than {max_bytes} bytes")),
                 }
             }
-            ParamCheck::Integer { min, max } => {
+            ParamCheck::Integer { signed: true, .. }
+                if unsigned && ty[0] != 0xfe && ty[0] != 0xfd =>
+            {
+                Some("an unsigned parameter (MariaDB would compute the sum unsigned)".into())
+            }
+            ParamCheck::Integer { min, max, .. } => {
                 let n: Option<i128> = match ty[0] {
                     types::TINY => v.first().map(|&b| {
                         if unsigned {
@@ -1230,6 +1241,7 @@ mod fingerprint_tests {
             .is_some());
         assert!(key.violation([0xfe, 0], None).is_some());
         let int = ParamCheck::Integer {
+            signed: false,
             min: -128,
             max: 127,
         };

@@ -36,7 +36,9 @@ use super::shape::{
     is_value, key_equalities, last_ident, mentions_column, parse, replace_reads, requalify,
     target_qualifier, unsupported_clauses, ColumnsByDb,
 };
-use super::{Affected, ColumnPatch, Merge, Plan, PlanContext, Reply, Rule, TableName};
+use super::{
+    Affected, ColumnPatch, Merge, ParamCheck, Plan, PlanContext, Reply, Rule, Slot, TableName,
+};
 use crate::rules::spec::{quote, RingSpec, TableName as SpecTable};
 use crate::wire::resultset::ColumnDef;
 
@@ -221,6 +223,7 @@ impl RingRule {
         // above must compare with the row's old sequence number.
         update.push(format!("{seq} = {}", guarded(&seq)));
         let mut values = Vec::with_capacity(rows.len());
+        let mut param_checks = Vec::new();
         for row in &rows {
             if row.len() != cols.len() {
                 return Err("the column list and the VALUES list differ in length".into());
@@ -233,6 +236,10 @@ impl RingRule {
                     .ok_or_else(|| format!("the INSERT must give the key column `{k}`"))?;
                 if !is_value(v) {
                     return Err(format!("the key column `{k}` must be given a value"));
+                }
+                if let Some(Slot::Param(j)) = ctx.slot(v) {
+                    // The same for a NULL parameter, found at execute time.
+                    param_checks.push((j, ParamCheck::NotNull));
                 }
                 if matches!(v, Expr::Value(x) if x.value == sqlparser::ast::Value::Null) {
                     // The ring's primary key cannot hold it, and the log's errors for
@@ -306,7 +313,7 @@ impl RingRule {
             atomic: false,
             aux,
             merge,
-            param_checks: Vec::new(),
+            param_checks,
         }))
     }
 

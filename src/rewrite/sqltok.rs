@@ -27,6 +27,12 @@
 //! other (big5, gbk, gb18030, sjis, cp932), see `docs/design.md`, "The lexer's
 //! contract".
 
+/// The newest version in `/*!NNNNN … */` whose content every supported server runs
+/// (MySQL 5.7; MariaDB 10.x reads 5-digit versions the same way).
+const MYSQL_FLOOR: u32 = 50700;
+/// The same for MariaDB's `/*M!NNNNNN … */`: MariaDB 10.5.
+const MARIADB_FLOOR: u32 = 100500;
+
 /// What a token is; the lexer never needs more detail than this.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TokenKind {
@@ -245,13 +251,27 @@ impl<'a> Lexer<'a> {
                     }
                     exec = Some(i);
                     let mut j = i + 3;
-                    if self.at(i + 2) == b'M' {
+                    let mariadb = self.at(i + 2) == b'M';
+                    if mariadb {
                         j += 1;
                     }
-                    // Optional version number (5 or 6 digits).
+                    // Optional version number (5 or 6 digits): the content runs only
+                    // on servers at least that new. Versions every supported server
+                    // has reached are read as SQL; for newer ones it depends on the
+                    // server, which the lexer does not know.
                     let v = j;
                     while j < n && j - v < 6 && self.s[j].is_ascii_digit() {
                         j += 1;
+                    }
+                    let version: u32 = std::str::from_utf8(&self.s[v..j])
+                        .ok()
+                        .and_then(|d| d.parse().ok())
+                        .unwrap_or(0);
+                    if version > if mariadb { MARIADB_FLOOR } else { MYSQL_FLOOR } {
+                        return Err(LexError {
+                            offset: i,
+                            what: "executable comment for a newer server version (whether it runs depends on the server)",
+                        });
                     }
                     i = j;
                 }
@@ -1115,6 +1135,23 @@ mod tests {
             lex(b"SELECT 1 /* x", LexMode::default()).unwrap_err().what,
             "unterminated comment"
         );
+    }
+
+    #[test]
+    fn executable_comments_for_newer_servers_are_not_read() {
+        for sql in [
+            "UPDATE hits SET cnt = 50 WHERE slug = 'home' /*!999999 AND 1 = 0 */",
+            "SELECT /*!80000 1, */ 2",
+            "SELECT /*M!110000 1, */ 2",
+        ] {
+            let e = lex(sql.as_bytes(), LexMode::default()).unwrap_err();
+            assert!(e.what.contains("newer server"), "{sql}");
+        }
+        assert!(lex(
+            b"SELECT /*!50700 1, */ /*M!100500 2, */ 3",
+            LexMode::default()
+        )
+        .is_ok());
     }
 
     #[test]

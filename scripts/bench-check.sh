@@ -6,7 +6,8 @@
 # [[test]] cases (so the planner's engine is built too). Times `heatsink check
 # --rules FILE` (no database) ROUNDS times (default 3, median) with
 #   after:  this tree (release build in target/)
-#   before: BASE_REF (default: the merge base of HEAD and main), exported with
+#   before: BASE_REF (default: the merge base of HEAD and main; the recorded run
+#           compared with ac619a2, the last commit before check became linear), exported with
 #           `git archive` and built in its own target dir (target/bench-check-base),
 #           so the working tree is not touched; BASE_REF=none skips it.
 # A run longer than TIMEOUT seconds (default 300) is stopped and reported as such.

@@ -6,7 +6,8 @@
 # [[test]] cases (so the planner's engine is built too). Times `heatsink check
 # --rules FILE` (no database) ROUNDS times (default 3, median) with
 #   after:  this tree (release build in target/)
-#   before: BASE_REF (default: the merge base of HEAD and main), exported with
+#   before: BASE_REF (default: the merge base of HEAD and main; the recorded run
+#           compared with ac619a2, the last commit before check became linear), exported with
 #           `git archive` and built in its own target dir (target/bench-check-base),
 #           so the working tree is not touched; BASE_REF=none skips it.
 # A run longer than TIMEOUT seconds (default 300) is stopped and reported as such.
@@ -33,6 +34,18 @@ if [ "$BASE_REF" != "none" ]; then
   echo "building $BASE_REF (release, target/bench-check-base)" >&2
   mkdir -p "$work/base"
   git archive "$BASE_REF" | tar -x -C "$work/base"
+  if [ ! -d target/bench-check-base/release ]; then
+    # Seed it with this tree's compiled dependencies, so that only heatsink itself is
+    # built (its own artifacts are removed: their freshness would be judged against
+    # this tree's sources).
+    mkdir -p target/bench-check-base
+    cp -a target/release target/bench-check-base/release
+  fi
+  rm -rf target/bench-check-base/release/.fingerprint/heatsink-* \
+    target/bench-check-base/release/deps/heatsink-* \
+    target/bench-check-base/release/deps/libheatsink-* \
+    target/bench-check-base/release/heatsink target/bench-check-base/release/heatsink.d \
+    target/bench-check-base/release/incremental/heatsink-*
   cargo build --release --quiet --bin heatsink \
     --manifest-path "$work/base/Cargo.toml" --target-dir target/bench-check-base
   before_bin=target/bench-check-base/release/heatsink

@@ -419,7 +419,7 @@ impl Session {
         let retry = self.retry_safe(n, wrap);
         let mut attempt = 1;
         loop {
-            match self.attempt(commands, reply, wrap, cmd_seq).await? {
+            match self.attempt(commands, reply, wrap, atomic, cmd_seq).await? {
                 Attempt::Answered => return Ok(()),
                 Attempt::Conflict(err) => {
                     if !retry || attempt >= MAX_ATTEMPTS {
@@ -438,10 +438,20 @@ impl Session {
         commands: &[Vec<u8>],
         reply: &Reply,
         wrap: bool,
+        atomic: bool,
         cmd_seq: u8,
     ) -> Result<Attempt> {
-        if wrap {
-            let c = self.run_collect(b"BEGIN").await?;
+        // Inside the client's transaction (or with autocommit off) a failing
+        // statement undoes only itself: a savepoint makes the rewrite's statements
+        // fail together, as the one statement they stand for would.
+        let savepoint = atomic && !wrap && commands.len() > 1;
+        let opening: &[u8] = if wrap {
+            b"BEGIN"
+        } else {
+            b"SAVEPOINT heatsink_rewrite"
+        };
+        if wrap || savepoint {
+            let c = self.run_collect(opening).await?;
             if let Some(e) = c.err() {
                 let payload = e.payload.to_vec();
                 self.reply(cmd_seq, &payload).await?;
@@ -455,6 +465,11 @@ impl Session {
                 let payload = e.payload.to_vec();
                 if wrap {
                     self.run_collect(b"ROLLBACK").await?;
+                } else if savepoint {
+                    // Fails harmlessly when a deadlock already rolled back the
+                    // whole transaction.
+                    self.run_collect(b"ROLLBACK TO SAVEPOINT heatsink_rewrite")
+                        .await?;
                 }
                 if c.err_code().is_some_and(|code| RETRYABLE.contains(&code)) {
                     return Ok(Attempt::Conflict(payload));
@@ -463,6 +478,10 @@ impl Session {
                 return Ok(Attempt::Answered);
             }
             results.push(c);
+        }
+        if savepoint {
+            self.run_collect(b"RELEASE SAVEPOINT heatsink_rewrite")
+                .await?;
         }
         if wrap {
             let c = self.run_collect(b"COMMIT").await?;

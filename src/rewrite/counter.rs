@@ -615,6 +615,7 @@ impl CounterRule {
             keys.push(v.clone());
         }
         let mut incs = Vec::new();
+        let mut param_checks = Vec::new();
         for a in assignments {
             let AssignmentTarget::ColumnName(col) = &a.target else {
                 return Err("tuple assignments cannot be rewritten".into());
@@ -646,6 +647,7 @@ impl CounterRule {
                     "the inserted value of `{col}` and its increment differ; only `INSERT … VALUES (…, n) ON DUPLICATE KEY UPDATE {col} = {col} + n` can be rewritten"
                 ));
             }
+            check_delta(&col, &delta, ctx, &mut param_checks)?;
             incs.push((col, delta));
         }
         // The base row: the original insert with counters at zero, ignoring a
@@ -677,6 +679,7 @@ impl CounterRule {
                 last_insert_id: None,
             },
             atomic: true,
+            param_checks,
             ..Default::default()
         }))
     }

@@ -480,15 +480,17 @@ fn key_lit(g: &mut Gen, pool: &[Key]) -> Lit {
     // Literals whose end depends on the session: a multi-byte character ending in
     // 0x5C before the quote (gbk, sjis), a backslash before the quote
     // (NO_BACKSLASH_ESCAPES). MariaDB reads `'…' OR 1=1 -- '` as a string and SQL.
+    // Their `OR 1=1` matches every row: not where rows are deleted either.
+    let deleting = std::ptr::eq(pool, VOLATILE);
     let cs = g.session.charset;
-    if matches!(cs, Charset::Gbk | Charset::Sjis) && g.maybe(3, "charset_5c") {
+    if !deleting && matches!(cs, Charset::Gbk | Charset::Sjis) && g.maybe(3, "charset_5c") {
         let lead: &[u8] = if cs == Charset::Gbk { b"\xbf" } else { b"\x83" };
         let mut t = b"'tmp".to_vec();
         t.extend_from_slice(lead);
         t.extend_from_slice(b"\\' OR 1=1 -- '");
         return Lit::plain(t);
     }
-    if g.session.no_backslash_escapes() && g.maybe(3, "nbe_backslash") {
+    if !deleting && g.session.no_backslash_escapes() && g.maybe(3, "nbe_backslash") {
         return Lit::plain(&b"'tmp\\' OR 1=1 -- '"[..]);
     }
     // Invalid in utf8mb4 (in latin1 it is a valid key the table does not have).

@@ -537,7 +537,13 @@ impl Session {
                     ));
                 };
                 let o = c.ok().unwrap_or_default();
-                (ok(o.affected_rows, o.last_insert_id), c.info())
+                // The other statements only keep the physical tables in step: their
+                // warnings (the same WHERE compared again) are not the client's.
+                let summary = OkSummary {
+                    warnings: o.warnings,
+                    ..ok(o.affected_rows, o.last_insert_id)
+                };
+                (summary, c.info())
             }
             Reply::Ok {
                 affected_rows,
@@ -835,7 +841,18 @@ impl Session {
             );
             return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
         }
-        if let Some(why) = param_violation(&payload, p) {
+        let strings = p
+            .checks
+            .iter()
+            .any(|(_, c)| matches!(c, crate::rewrite::ParamCheck::String { .. }));
+        if strings && self.lexing.is_none() && !self.learn_lexing(cmd_seq).await? {
+            return Ok(());
+        }
+        let charset = self.lexing.map(|l| l.charset);
+        let Some(p) = self.prepared.get_mut(&id) else {
+            return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
+        };
+        if let Some(why) = param_violation(&payload, p, charset) {
             let msg = format!(
                 "heatsink rule '{}': {why} cannot be rewritten with MariaDB's meaning",
                 p.rule
@@ -952,7 +969,11 @@ fn restore(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
 
 /// Why an execute's parameter values fail the rewrite's checks, if they do. A
 /// malformed execute passes here and is refused where it is sliced.
-fn param_violation(payload: &[u8], p: &mut PreparedRewrite) -> Option<String> {
+fn param_violation(
+    payload: &[u8],
+    p: &mut PreparedRewrite,
+    charset: Option<crate::rewrite::Charset>,
+) -> Option<String> {
     if p.checks.is_empty() {
         return None;
     }
@@ -960,7 +981,7 @@ fn param_violation(payload: &[u8], p: &mut PreparedRewrite) -> Option<String> {
     let types = p.types.as_deref()?;
     p.checks.iter().find_map(|&(j, check)| {
         let ty = [*types.get(2 * j)?, *types.get(2 * j + 1)?];
-        check.violation(ty, *values.get(j)?)
+        check.violation(ty, *values.get(j)?, charset)
     })
 }
 

@@ -574,7 +574,15 @@ pub enum ParamCheck {
 impl ParamCheck {
     /// Why the binary-protocol value `value` (`None`: NULL) of type `ty` (the two
     /// type bytes of COM_STMT_EXECUTE) fails the check, if it does.
-    pub fn violation(&self, ty: [u8; 2], value: Option<&[u8]>) -> Option<String> {
+    /// `charset`: the connection's character set, in which string values must be
+    /// well-formed (else MariaDB compares them but stores `?`); `None`: unknown,
+    /// which fails string checks.
+    pub fn violation(
+        &self,
+        ty: [u8; 2],
+        value: Option<&[u8]>,
+        charset: Option<Charset>,
+    ) -> Option<String> {
         use crate::wire::resultset::types;
         let Some(v) = value else {
             return Some("a NULL parameter".into());
@@ -592,8 +600,15 @@ impl ParamCheck {
                 if !is_string {
                     return Some(format!("a parameter of type {:#04x} where a string key is compared (MariaDB would compare numerically)", ty[0]));
                 }
-                match string(v) {
-                    Some(s) if s.len() <= max_bytes => None,
+                match (string(v), charset) {
+                    (Some(s), Some(cs)) if s.len() <= max_bytes && cs.accepts(&s) => None,
+                    (Some(s), Some(cs)) if s.len() <= max_bytes => Some(format!(
+                        "a string parameter that is not well-formed in {}",
+                        cs.name
+                    )),
+                    (Some(_), None) => {
+                        Some("a string parameter in an unknown character set".into())
+                    }
                     _ => Some(format!("a string parameter longer than {max_bytes} bytes")),
                 }
             }
@@ -1230,38 +1245,68 @@ mod fingerprint_tests {
     #[test]
     fn parameter_checks() {
         use crate::wire::resultset::types;
+        let utf8 = Some(super::Charset::UTF8MB4);
+        let fails = |c: ParamCheck, t: u8, unsigned: bool, v: Option<&[u8]>| {
+            c.violation([t, if unsigned { 0x80 } else { 0 }], v, utf8)
+                .is_some()
+        };
         let key = ParamCheck::String { max_bytes: 4 };
-        assert_eq!(key.violation([0xfe, 0], Some(b"\x04home")), None);
-        assert!(key.violation([0xfe, 0], Some(b"\x05homes")).is_some());
-        assert!(key
-            .violation([types::LONGLONG, 0], Some(&0i64.to_le_bytes()))
-            .is_some());
-        assert!(key
-            .violation([types::DOUBLE, 0], Some(&1f64.to_le_bytes()))
-            .is_some());
-        assert!(key.violation([0xfe, 0], None).is_some());
+        assert!(!fails(key, 0xfe, false, Some(b"\x04home")));
+        assert!(fails(key, 0xfe, false, Some(b"\x05homes")));
+        assert!(fails(key, 0xfe, false, Some(b"\x03\xff\xfe\x41")));
+        assert!(key.violation([0xfe, 0], Some(b"\x04home"), None).is_some());
+        assert!(fails(
+            key,
+            types::LONGLONG,
+            false,
+            Some(&0i64.to_le_bytes())
+        ));
+        assert!(fails(key, types::DOUBLE, false, Some(&1f64.to_le_bytes())));
+        assert!(fails(key, 0xfe, false, None));
         let int = ParamCheck::Integer {
             signed: false,
             min: -128,
             max: 127,
         };
-        assert_eq!(
-            int.violation([types::LONGLONG, 0], Some(&127i64.to_le_bytes())),
-            None
-        );
-        assert_eq!(int.violation([types::TINY, 0], Some(&[0x80])), None);
-        assert!(int.violation([types::TINY, 0x80], Some(&[0x80])).is_some());
-        assert!(int
-            .violation([types::LONG, 0], Some(&128i32.to_le_bytes()))
+        assert!(!fails(
+            int,
+            types::LONGLONG,
+            false,
+            Some(&127i64.to_le_bytes())
+        ));
+        assert!(!fails(int, types::TINY, false, Some(&[0x80])));
+        assert!(fails(int, types::TINY, true, Some(&[0x80])));
+        assert!(fails(int, types::LONG, false, Some(&128i32.to_le_bytes())));
+        assert!(!fails(int, 0xfd, false, Some(b"\x03-12")));
+        assert!(fails(int, 0xfd, false, Some(b"\x031.5")));
+        assert!(fails(int, 0xfd, false, Some(b"\x00")));
+        assert!(fails(int, types::NEWDECIMAL, false, Some(b"\x011")));
+        assert!(fails(int, types::LONGLONG, false, None));
+        let delta = ParamCheck::Integer {
+            signed: true,
+            min: -10,
+            max: 10,
+        };
+        assert!(fails(
+            delta,
+            types::LONGLONG,
+            true,
+            Some(&1u64.to_le_bytes())
+        ));
+        assert!(!fails(
+            delta,
+            types::LONGLONG,
+            false,
+            Some(&1u64.to_le_bytes())
+        ));
+        assert!(!ParamCheck::NotNull
+            .violation([0xfe, 0], Some(b"\x00"), None)
             .is_some());
-        assert_eq!(int.violation([0xfd, 0], Some(b"\x03-12")), None);
-        assert!(int.violation([0xfd, 0], Some(b"\x031.5")).is_some());
-        assert!(int.violation([0xfd, 0], Some(b"\x00")).is_some());
-        assert!(int
-            .violation([types::NEWDECIMAL, 0], Some(b"\x011"))
+        assert!(ParamCheck::NotNull
+            .violation([0xfe, 0], None, None)
             .is_some());
-        assert!(int.violation([types::LONGLONG, 0], None).is_some());
     }
+
     #[test]
     fn fingerprints_hide_literal_values() {
         let f = super::fingerprint(b"UPDATE hits SET cnt = cnt + 5 WHERE slug = 'secret' /* c */");

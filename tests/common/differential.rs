@@ -63,6 +63,8 @@ pub const DOCUMENTED: &[&str] = &[
     "doc_table_case",
     // `cnt + 'x'` fails with 1366 instead of 1292.
     "doc_nonnumeric_delta",
+    // A conversion error of a ring UPDATE says `at row N` counting the ring's rows.
+    "found_ring_update_error",
     // An expression over the counter table's columns in a read (`MIN(slug)`) lacks
     // column flags such as NO_DEFAULT_VALUE.
     "found_read_metadata",

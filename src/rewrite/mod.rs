@@ -1299,9 +1299,9 @@ mod fingerprint_tests {
             false,
             Some(&1u64.to_le_bytes())
         ));
-        assert!(!ParamCheck::NotNull
+        assert!(ParamCheck::NotNull
             .violation([0xfe, 0], Some(b"\x00"), None)
-            .is_some());
+            .is_none());
         assert!(ParamCheck::NotNull
             .violation([0xfe, 0], None, None)
             .is_some());

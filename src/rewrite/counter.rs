@@ -387,12 +387,10 @@ impl CounterRule {
                     },
                     // `key = -?`: the parameter is the key's negation.
                     KeyType::Integer { unsigned, max } if negative => ParamCheck::Integer {
-                        signed: false,
                         min: -(max as i128),
                         max: if unsigned { 0 } else { max as i128 + 1 },
                     },
                     KeyType::Integer { unsigned, max } => ParamCheck::Integer {
-                        signed: false,
                         min: if unsigned { 0 } else { -(max as i128) - 1 },
                         max: max as i128,
                     },
@@ -923,7 +921,6 @@ fn check_delta(
                 (Some(Slot::Param(j)), _) => param_checks.push((
                     j,
                     ParamCheck::Integer {
-                        signed: true,
                         min: -MAX_DELTA,
                         max: MAX_DELTA,
                     },
@@ -1443,7 +1440,6 @@ mod tests {
                 (
                     0,
                     ParamCheck::Integer {
-                        signed: true,
                         min: -MAX_DELTA,
                         max: MAX_DELTA
                     }

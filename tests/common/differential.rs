@@ -63,6 +63,9 @@ pub const DOCUMENTED: &[&str] = &[
     "doc_table_case",
     // `cnt + 'x'` fails with 1366 instead of 1292.
     "doc_nonnumeric_delta",
+    // An unsigned delta parameter on a negative counter: MariaDB computes the sum
+    // unsigned and fails (1690); the slot upsert adds it.
+    "found_unsigned_param",
     // A conversion error of a ring UPDATE says `at row N` counting the ring's rows.
     "found_ring_update_error",
     // An expression over the counter table's columns in a read (`MIN(slug)`) lacks

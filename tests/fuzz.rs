@@ -390,15 +390,7 @@ impl Kind for Counter {
     }
 
     fn rule_toml(&self) -> String {
-        r#"[[counter]]
-name = "page_hits"
-table = "hits"
-key = ["slug"]
-columns = ["cnt"]
-slots = 4
-slot_table = "hits_slots"
-"#
-        .into()
+        common::fixture::counter_rule("page_hits")
     }
 
     fn state_query(&self) -> String {

@@ -32,23 +32,11 @@ struct Env {
 impl Env {
     fn start(name: &str) -> Env {
         let db = format!("hostile_{name}");
+        common::fixture::create_counter_db(&db, "", "('a', 1), ('home', 10), ('z', 26)");
         mariadb().exec(&format!(
-            "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-             CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0);
-             CREATE TABLE hits_slots (slug VARCHAR(64) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
-                 cnt BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));
-             CREATE TRIGGER hits_slots_hs_ai AFTER INSERT ON hits_slots FOR EACH ROW
-                 INSERT IGNORE INTO hits (slug) VALUES (NEW.slug);
-             INSERT INTO hits VALUES ('a', 1), ('home', 10), ('z', 26);
-             CREATE TABLE hits_ref LIKE hits; INSERT INTO hits_ref SELECT * FROM hits;"
+            "USE {db}; CREATE TABLE hits_ref LIKE hits; INSERT INTO hits_ref SELECT * FROM hits;"
         ));
-        let rules = rules_dir(
-            "counter.toml",
-            &format!(
-                "[[counter]]\nname = \"{RULE}\"\ntable = \"hits\"\nkey = [\"slug\"]\n\
-                 columns = [\"cnt\"]\nslots = 4\nslot_table = \"hits_slots\"\n"
-            ),
-        );
+        let rules = rules_dir("counter.toml", &common::fixture::counter_rule(RULE));
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let proxy = Proxy::builder()
             .rules_dir(rules.path())

@@ -48,28 +48,12 @@ struct Env {
 impl Env {
     fn new(name: &str) -> Env {
         let db = format!("lex_{name}");
-        mariadb().exec(&format!(
-            "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db} CHARACTER SET utf8mb4; USE {db};
-             CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0)
-                 CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
-             CREATE TABLE hits_slots (slug VARCHAR(64) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
-                 cnt BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot))
-                 CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
-             CREATE TRIGGER hits_slots_hs_ai AFTER INSERT ON hits_slots FOR EACH ROW
-                 INSERT IGNORE INTO hits (slug) VALUES (NEW.slug);
-             INSERT INTO hits VALUES ('home', 10), ('about', 3);"
-        ));
-        let rules = rules_dir(
-            "counter.toml",
-            r#"[[counter]]
-name = "page_hits"
-table = "hits"
-key = ["slug"]
-columns = ["cnt"]
-slots = 4
-slot_table = "hits_slots"
-"#,
+        common::fixture::create_counter_db(
+            &db,
+            "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+            "('home', 10), ('about', 3)",
         );
+        let rules = rules_dir("counter.toml", &common::fixture::counter_rule("page_hits"));
         let proxy = Proxy::builder().rules_dir(rules.path()).start();
         Env {
             db,

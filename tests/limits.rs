@@ -207,26 +207,8 @@ fn configured_client_packet_limit() {
 /// that creates a logical row), and a rules directory holding the counter rule on
 /// the unqualified table `hits`.
 fn counter_db(db: &str) -> tempfile::TempDir {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0);
-         CREATE TABLE hits_slots (slug VARCHAR(64) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
-             cnt BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));
-         CREATE TRIGGER hits_slots_hs_ai AFTER INSERT ON hits_slots FOR EACH ROW
-             INSERT IGNORE INTO hits (slug) VALUES (NEW.slug);
-         INSERT INTO hits VALUES ('home', 10);"
-    ));
-    common::client::rules_dir(
-        "counter.toml",
-        r#"[[counter]]
-name = "page_hits"
-table = "hits"
-key = ["slug"]
-columns = ["cnt"]
-slots = 4
-slot_table = "hits_slots"
-"#,
-    )
+    common::fixture::create_counter_db(db, "", "('home', 10)");
+    common::client::rules_dir("counter.toml", &common::fixture::counter_rule("page_hits"))
 }
 
 /// COM_STMT_EXECUTE payloads for a statement with two parameters (BIGINT, string),

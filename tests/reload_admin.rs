@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::client::{connect, run};
+use common::fixture::{counter_rule, create_counter_db};
 use common::{free_port, mariadb, Proxy};
 
 /// Time limit of each async test body.
@@ -21,34 +22,6 @@ use mysql_async::{Conn, Row, Value};
 
 const RULE: &str = "page_hits";
 const ADMIN_PW: &str = "adm-pw";
-
-/// The counter rule on the unqualified table `hits`, named `name`.
-fn counter_rule(name: &str) -> String {
-    format!(
-        r#"# counter rule
-[[counter]]
-name = "{name}"
-table = "hits"
-key = ["slug"]
-columns = ["cnt"]
-slots = 4
-slot_table = "hits_slots"
-"#
-    )
-}
-
-/// The logical table, its slot table and the trigger that creates the logical row.
-fn create_hits_db(db: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0);
-         CREATE TABLE hits_slots (slug VARCHAR(64) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
-             cnt BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));
-         CREATE TRIGGER hits_slots_hs_ai AFTER INSERT ON hits_slots FOR EACH ROW
-             INSERT IGNORE INTO hits (slug) VALUES (NEW.slug);
-         INSERT INTO hits VALUES ('home', 10), ('about', 3);"
-    ));
-}
 
 /// One test's database, rules directory and proxy.
 struct Env {
@@ -64,7 +37,7 @@ impl Env {
     /// admin port (password [`ADMIN_PW`]) and a metrics endpoint.
     fn start(name: &str, files: &[(&str, &str)]) -> Env {
         let db = format!("ra_{name}");
-        create_hits_db(&db);
+        create_counter_db(&db, "", "('home', 10), ('about', 3)");
         let rules = tempfile::Builder::new()
             .prefix("heatsink-reload-rules-")
             .tempdir()

@@ -985,21 +985,26 @@ mod tests {
     /// An engine with one counter rule on `hits(slug, cnt, note)`; one slot so the
     /// rendered slot number is always 0.
     fn engine(key: &[&str]) -> Engine {
-        let spec: crate::rules::spec::RuleFile = toml::from_str(&format!(
-            "[[counter]]\nname = \"page_hits\"\ntable = \"hits\"\nkey = {key:?}\ncolumns = [\"cnt\"]\nslots = 1\nslot_table = \"hits_slots\"\n"
-        ))
-        .unwrap();
-        let rule = CounterRule::new(&spec.counter[0]).unwrap();
-        let e = Engine::new(vec![Arc::new(rule)], 1000).unwrap();
-        e.provide_metadata(
-            0,
-            Some("shop"),
+        engine_with(
+            &format!("name = \"page_hits\"\ntable = \"hits\"\nkey = {key:?}\nslot_table = \"hits_slots\"\n"),
             &[
                 col("slug", 0xfd, 0x5003),
                 col("cnt", types::LONG, 1),
                 col("note", 0xfd, 0),
             ],
-        );
+        )
+    }
+
+    /// An engine with one counter rule on `cnt` (one slot) whose other keys are
+    /// `section`, and the logical table's `columns` known for database `shop`.
+    fn engine_with(section: &str, columns: &[ColumnDef]) -> Engine {
+        let spec: crate::rules::spec::RuleFile = toml::from_str(&format!(
+            "[[counter]]\ncolumns = [\"cnt\"]\nslots = 1\n{section}"
+        ))
+        .unwrap();
+        let rule = CounterRule::new(&spec.counter[0]).unwrap();
+        let e = Engine::new(vec![Arc::new(rule)], 1000).unwrap();
+        e.provide_metadata(0, Some("shop"), columns);
         e
     }
 
@@ -1289,18 +1294,8 @@ mod tests {
 
     #[test]
     fn shadow_mode_reports_what_it_would_do() {
-        let spec: crate::rules::spec::RuleFile = toml::from_str(
-            "[[counter]]\nname = \"x\"\ntable = \"hits\"\nkey = [\"slug\"]\ncolumns = [\"cnt\"]\nslots = 1\nslot_table = \"s\"\nmode = \"shadow\"\n",
-        )
-        .unwrap();
-        let e = Engine::new(
-            vec![Arc::new(CounterRule::new(&spec.counter[0]).unwrap())],
-            10,
-        )
-        .unwrap();
-        e.provide_metadata(
-            0,
-            Some("shop"),
+        let e = engine_with(
+            "name = \"x\"\ntable = \"hits\"\nkey = [\"slug\"]\nslot_table = \"s\"\nmode = \"shadow\"\n",
             &[col("slug", 0xfd, 0), col("cnt", types::LONG, 1)],
         );
         match decide(&e, "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'") {
@@ -1348,18 +1343,8 @@ mod tests {
 
     #[test]
     fn integer_keys_must_be_integers_in_range() {
-        let spec: crate::rules::spec::RuleFile = toml::from_str(
-            "[[counter]]\nname = \"c\"\ntable = \"hits\"\nkey = [\"id\"]\ncolumns = [\"cnt\"]\nslots = 1\nslot_table = \"hits_slots\"\n",
-        )
-        .unwrap();
-        let e = Engine::new(
-            vec![Arc::new(CounterRule::new(&spec.counter[0]).unwrap())],
-            100,
-        )
-        .unwrap();
-        e.provide_metadata(
-            0,
-            Some("shop"),
+        let e = engine_with(
+            "name = \"c\"\ntable = \"hits\"\nkey = [\"id\"]\nslot_table = \"hits_slots\"\n",
             &[col("id", types::TINY, 0x5023), col("cnt", types::LONG, 1)],
         );
         for v in ["5", "255", "0", "-0", "007"] {

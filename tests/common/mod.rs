@@ -31,6 +31,8 @@
 //! - [`differential`]: `Differential::start(&kind).run(&Config::from_env(..))` runs
 //!   seeded statements of a rule [`differential::Kind`] through heatsink and on a plain
 //!   reference table, comparing every answer and the logical state (tests/fuzz.rs).
+//! - [`fixture`]: `create_counter_db(db, table_options, rows)` and `counter_rule(name)`:
+//!   the counter tables and rule several test files share.
 //! - [`free_port()`], [`target_dir()`].
 //!
 //! Layout:
@@ -46,6 +48,7 @@
 
 pub mod client;
 pub mod differential;
+pub mod fixture;
 mod mariadb;
 pub mod packets;
 mod proxy;

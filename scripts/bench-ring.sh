@@ -5,9 +5,11 @@
 #   purge   append, and every 10th statement a per-key purge down to the newest 5 rows
 #           (the cron job done inline), directly
 #   append  plain appends, no purge (the table grows forever), directly
-#   ring    the same INSERT through heatsink with a [[ring]] rule (size 5, key uid)
-#   ring_co the same through a second heatsink whose rule has coalesce = true:
-#           concurrent inserts merged into one multi-row upsert (group commit)
+#   ring    the same INSERT through heatsink with a [[ring]] rule (size 5, key uid),
+#           coalesce = false: one upsert per insert
+#   ring_co the same through a second heatsink whose rule is written without a
+#           coalesce key (group commit on by default): concurrent inserts merged into
+#           one multi-row upsert
 #   ring_sql (reference) the rule's statement written by hand and sent directly: the
 #           single guarded upsert into the ring, numbered by the ring's BEFORE INSERT
 #           trigger — what the ring costs MariaDB itself, without the proxy's hop
@@ -57,10 +59,11 @@ size = 5
 ring_table = "log_ring"
 seq_table = "log_seq"
 order_by = "id"
+coalesce = false
 EOF
 rules_co=""
 hs_tmpdir_into rules_co rules-ring-co
-sed 's/^order_by = "id"$/order_by = "id"\ncoalesce = true/' "$rules/ring.toml" >"$rules_co/ring.toml"
+grep -v '^coalesce = false$' "$rules/ring.toml" >"$rules_co/ring.toml"
 url() { echo "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$1/ring_$2"; }
 table_exists() {
   [[ $(mariadb_root -N -e "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'ring_ring' AND TABLE_NAME = '$1'") == 1 ]]
@@ -295,11 +298,11 @@ lines = [
     "- purge: every 10th statement is `DELETE l FROM log l JOIN (SELECT uid, id FROM log WHERE uid = k"
     " ORDER BY id DESC LIMIT 1 OFFSET 4) t ON l.uid = t.uid AND l.id < t.id`; the load generator draws"
     " each `{rand}` on its own, so k is a random key (hot or cold like the inserts), not the key just appended to",
-    f"- ring: `[[ring]]` size 5, key uid, through heatsink; ring and sequence tables and the ring's"
+    f"- ring: `[[ring]]` size 5, key uid, `coalesce = false`, through heatsink; ring and sequence tables and the ring's"
     f" numbering trigger created by {ddl_by}. heatsink sends one statement per insert, the guarded"
     " upsert `INSERT INTO log_ring (…, slot, seq) VALUES (…, NULL, NULL) ON DUPLICATE KEY UPDATE …`;"
     " the ring's BEFORE INSERT trigger takes the key's sequence number and sets seq and slot",
-    "- ring_co: the same rule with `coalesce = true`, through a second heatsink (own database, same"
+    "- ring_co: the same rule as a DBA writes it, without a `coalesce` key (group commit is on by default), through a second heatsink (own database, same"
     " tables): concurrent autocommit inserts into the ring are merged into one multi-row upsert, parts"
     " ordered by key, ending in `RETURNING id` so that each client gets its own row's id; every client"
     " is answered after that statement committed",

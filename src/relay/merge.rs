@@ -32,13 +32,10 @@ use super::coalesce::{parse_delta, LeaderGuard, Outcome, Part, Role, Signal};
 use super::session::Session;
 use super::splice::{backoff, execute_params, Collected, MAX_ATTEMPTS, RETRYABLE};
 use crate::error::Result;
-use crate::rewrite::{Merge, Reply, Rewritten};
+use crate::rewrite::{IncrementPieces, Merge, Reply, Rewritten, RingPieces};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
 use crate::wire::resultset::{text_cells, text_row};
 use crate::wire::{literal, status};
-
-/// Index of the AUTO_INCREMENT column's name in a ring insert's `aux`.
-const RING_AI: usize = 5;
 
 impl Session {
     /// The group a rewrite may be merged into (group key, this execution's part), or
@@ -55,22 +52,24 @@ impl Session {
             return None;
         }
         let (target, part) = match rw.merge {
-            Merge::Increment if rw.aux.len() > 4 => {
-                let deltas: Option<Vec<i64>> = rw.aux[4..].iter().map(|d| parse_delta(d)).collect();
-                ([&rw.aux[0], &rw.aux[1]], Part::Deltas(deltas?))
+            Merge::Increment => {
+                let p = IncrementPieces::of(&rw.aux)?;
+                let deltas: Option<Vec<i64>> = p.deltas.iter().map(|d| parse_delta(d)).collect();
+                ([p.prefix, p.keys], Part::Deltas(deltas?))
             }
-            Merge::RingInsert if rw.aux.len() == RING_AI + 1 => {
+            Merge::RingInsert => {
+                let p = RingPieces::of(&rw.aux)?;
                 // Per-row ids come back only through RETURNING.
-                if !rw.aux[RING_AI].is_empty() && !self.returning {
+                if !p.ai_column.is_empty() && !self.returning {
                     return None;
                 }
-                let rows = std::str::from_utf8(&rw.aux[4]).ok()?.parse().ok()?;
+                let rows = std::str::from_utf8(p.rows).ok()?.parse().ok()?;
                 (
-                    [&rw.aux[0], &rw.aux[2]],
+                    [p.prefix, p.suffix],
                     Part::Rows {
-                        values: rw.aux[1].clone(),
+                        values: p.tuples.clone(),
                         rows,
-                        order: rw.aux[3].clone(),
+                        order: p.order.clone(),
                     },
                 )
             }
@@ -219,17 +218,22 @@ impl Session {
     /// Writes the summed increments; every member gets the same outcome.
     async fn write_increments(&mut self, guard: LeaderGuard, rw: &Rewritten) -> Result<Signal> {
         let members = guard.batch.as_ref().map_or(1, |b| b.members()) as u64;
+        let Some(p) = IncrementPieces::of(&rw.aux) else {
+            // Not a merged increment after all: every member runs its own.
+            guard.resolve_each(|_| Signal::Alone);
+            return Ok(Signal::Alone);
+        };
         let mut sql = Vec::with_capacity(256);
-        sql.extend_from_slice(&rw.aux[0]);
-        if !rw.aux[1].is_empty() {
-            sql.extend_from_slice(&rw.aux[1]);
+        sql.extend_from_slice(p.prefix);
+        if !p.keys.is_empty() {
+            sql.extend_from_slice(p.keys);
             sql.extend_from_slice(b", ");
         }
-        sql.extend_from_slice(&rw.aux[3]);
+        sql.extend_from_slice(p.slot);
         for s in guard.sums() {
             sql.extend_from_slice(format!(", {s}").as_bytes());
         }
-        sql.extend_from_slice(&rw.aux[2]);
+        sql.extend_from_slice(p.suffix);
         let outcome: Outcome = self.run_retrying(&sql, true).await?.map(|c| {
             let o = c.ok().unwrap_or_default();
             OkSummary {
@@ -278,10 +282,15 @@ impl Session {
             .collect();
         let mut order: Vec<usize> = (0..parts.len()).collect();
         order.sort_by(|a, b| parts[*a].2.cmp(parts[*b].2));
-        let ai = &rw.aux[RING_AI];
+        let Some(pieces) = RingPieces::of(&rw.aux) else {
+            // Not a ring insert's pieces: every member runs its own insert.
+            guard.resolve_each(|_| Signal::Alone);
+            return Ok(Signal::Alone);
+        };
+        let ai = pieces.ai_column;
         let bytes: usize = parts.iter().map(|p| p.0.len() + 2).sum();
-        let mut sql = Vec::with_capacity(rw.aux[0].len() + bytes + rw.aux[2].len() + 32);
-        sql.extend_from_slice(&rw.aux[0]);
+        let mut sql = Vec::with_capacity(pieces.prefix.len() + bytes + pieces.suffix.len() + 32);
+        sql.extend_from_slice(pieces.prefix);
         // The first row of each part, counted in statement order.
         let mut first_row = vec![0u64; parts.len()];
         let mut total = 0u64;
@@ -293,7 +302,7 @@ impl Session {
             first_row[i] = total;
             total += parts[i].1;
         }
-        sql.extend_from_slice(&rw.aux[2]);
+        sql.extend_from_slice(pieces.suffix);
         if !ai.is_empty() {
             sql.extend_from_slice(b" RETURNING ");
             sql.extend_from_slice(ai);
@@ -428,7 +437,9 @@ impl Session {
                     Reply::Ok { info, .. } => info.clone(),
                     _ => None,
                 };
-                if rw.merge == Merge::RingInsert && !rw.aux[RING_AI].is_empty() {
+                if rw.merge == Merge::RingInsert
+                    && RingPieces::of(&rw.aux).is_some_and(|p| !p.ai_column.is_empty())
+                {
                     // The write ran on the leader's connection: this session's
                     // LAST_INSERT_ID() still has its old value.
                     self.pending_insert_id = Some(o.last_insert_id);
@@ -454,10 +465,10 @@ impl Session {
     /// its own: the OK packet of its upsert reports the id of its first row that took
     /// a new slot rather than its first row's, `RETURNING` gives every row's.
     pub(super) fn returning_column(&self, rw: &Rewritten) -> Option<Vec<u8>> {
-        let ai = rw.aux.get(RING_AI).filter(|ai| !ai.is_empty())?;
-        let rows: u64 = std::str::from_utf8(rw.aux.get(4)?).ok()?.parse().ok()?;
+        let p = RingPieces::of(&rw.aux).filter(|p| !p.ai_column.is_empty())?;
+        let rows: u64 = std::str::from_utf8(p.rows).ok()?.parse().ok()?;
         (self.returning && rows > 1 && rw.statements.len() == 1 && rw.param_map.is_none())
-            .then(|| ai.clone())
+            .then(|| p.ai_column.clone())
     }
 
     /// Runs a ring insert's single statement with `RETURNING column` (lock conflicts

@@ -36,8 +36,8 @@ use super::shape::{
     target_qualifier, unsupported_clauses, ColumnsByDb,
 };
 use super::{
-    Affected, ColumnPatch, LiteralClass, Merge, ParamCheck, Plan, PlanContext, Reply, Rule, Slot,
-    TableName,
+    Affected, ColumnPatch, IncrementPieces, LiteralClass, Merge, ParamCheck, Plan, PlanContext,
+    Reply, Rule, Slot, TableName,
 };
 use crate::rules::spec::{quote, CounterSpec};
 use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
@@ -517,8 +517,7 @@ impl CounterRule {
         )
     }
 
-    /// `[prefix, key values, suffix, slot, delta…]`: the merged upsert is
-    /// `prefix + keys + ", " + slot + ", " + sums + suffix` (no key: `prefix + slot …`).
+    /// The [`IncrementPieces`] a merged write rebuilds the upsert from.
     fn merge_pieces(
         &self,
         logical: &ObjectName,
@@ -533,21 +532,23 @@ impl CounterRule {
             .iter()
             .map(|(c, _)| format!("{0} = {0} + VALUES({0})", quote(c)))
             .collect();
-        let mut aux = vec![
-            format!(
+        let deltas: Vec<String> = incs.iter().map(|(_, d)| d.to_string()).collect();
+        IncrementPieces {
+            prefix: &format!(
                 "INSERT INTO {} ({}) VALUES (",
                 self.slot_sql(logical),
                 cols.join(", ")
             ),
-            keys.iter()
+            keys: &keys
+                .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(", "),
-            format!(") ON DUPLICATE KEY UPDATE {}", upd.join(", ")),
-            slot.to_string(),
-        ];
-        aux.extend(incs.iter().map(|(_, d)| d.to_string()));
-        aux
+            suffix: &format!(") ON DUPLICATE KEY UPDATE {}", upd.join(", ")),
+            slot: &slot.to_string(),
+            deltas: &deltas,
+        }
+        .to_aux()
     }
 
     fn plan_insert(

@@ -675,14 +675,112 @@ pub enum Merge {
     /// Never: every execution runs its own statements.
     #[default]
     No,
-    /// A counter increment; `aux` holds `[prefix, key values, suffix, slot,
-    /// delta…]`: merged increments become one upsert of the summed deltas.
+    /// A counter increment; `aux` holds its [`IncrementPieces`]: merged increments
+    /// become one upsert of the summed deltas.
     Increment,
-    /// A ring insert; `aux` holds `[prefix, VALUES tuples, suffix, key values of
-    /// the first row, row count, AUTO_INCREMENT column (quoted) or empty]`: merged
-    /// inserts become one multi-row upsert, `prefix` + tuples ordered by key +
-    /// `suffix`. (Ring inserts that do not merge carry the same `aux`.)
+    /// A ring insert; `aux` holds its [`RingPieces`]: merged inserts become one
+    /// multi-row upsert. (Ring inserts that do not merge carry the same `aux`.)
     RingInsert,
+}
+
+/// The pieces of a mergeable counter increment ([`Merge::Increment`]), by name: the
+/// merged upsert is `prefix + keys + ", " + slot + ", " + Σdeltas… + suffix` (no key:
+/// `prefix + slot …`). [`Plan::aux`] holds them in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IncrementPieces<'a, T> {
+    /// `INSERT INTO slots (keys…, slot, counters…) VALUES (`.
+    pub prefix: &'a T,
+    /// The key values, comma-separated (empty for a global counter).
+    pub keys: &'a T,
+    /// `) ON DUPLICATE KEY UPDATE c = c + VALUES(c), …`.
+    pub suffix: &'a T,
+    /// The slot number.
+    pub slot: &'a T,
+    /// One delta per counter column, in the column list's order.
+    pub deltas: &'a [T],
+}
+
+impl<'a, T> IncrementPieces<'a, T> {
+    /// Reads the pieces from `aux` (rendered or not); `None` for another layout.
+    pub fn of(aux: &'a [T]) -> Option<Self> {
+        match aux {
+            [prefix, keys, suffix, slot, deltas @ ..] if !deltas.is_empty() => Some(Self {
+                prefix,
+                keys,
+                suffix,
+                slot,
+                deltas,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl<T: Clone> IncrementPieces<'_, T> {
+    /// The pieces as [`Plan::aux`] holds them.
+    pub fn to_aux(&self) -> Vec<T> {
+        let mut aux = vec![
+            self.prefix.clone(),
+            self.keys.clone(),
+            self.suffix.clone(),
+            self.slot.clone(),
+        ];
+        aux.extend_from_slice(self.deltas);
+        aux
+    }
+}
+
+/// The pieces of a ring insert ([`Merge::RingInsert`]), by name: merged inserts
+/// become `prefix + tuples, tuples… (ordered by `order`) + suffix`. [`Plan::aux`]
+/// holds them in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingPieces<'a, T> {
+    /// `INSERT INTO ring (columns…, slot, seq) VALUES `.
+    pub prefix: &'a T,
+    /// This insert's VALUES tuples.
+    pub tuples: &'a T,
+    /// ` ON DUPLICATE KEY UPDATE …` (the guarded assignments).
+    pub suffix: &'a T,
+    /// The key values of the first row: merged parts are ordered by them.
+    pub order: &'a T,
+    /// How many rows the insert has (decimal text).
+    pub rows: &'a T,
+    /// The log's AUTO_INCREMENT column, quoted, or empty.
+    pub ai_column: &'a T,
+}
+
+impl<'a, T> RingPieces<'a, T> {
+    /// Reads the pieces from `aux` (rendered or not); `None` for another layout.
+    pub fn of(aux: &'a [T]) -> Option<Self> {
+        match aux {
+            [prefix, tuples, suffix, order, rows, ai_column] => Some(Self {
+                prefix,
+                tuples,
+                suffix,
+                order,
+                rows,
+                ai_column,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl<T: Clone> RingPieces<'_, T> {
+    /// The pieces as [`Plan::aux`] holds them.
+    pub fn to_aux(&self) -> Vec<T> {
+        [
+            self.prefix,
+            self.tuples,
+            self.suffix,
+            self.order,
+            self.rows,
+            self.ai_column,
+        ]
+        .into_iter()
+        .cloned()
+        .collect()
+    }
 }
 
 /// How the client's answer to a rewritten statement is built.

@@ -37,7 +37,8 @@ use super::shape::{
     target_qualifier, unsupported_clauses, ColumnsByDb,
 };
 use super::{
-    Affected, ColumnPatch, Merge, ParamCheck, Plan, PlanContext, Reply, Rule, Slot, TableName,
+    Affected, ColumnPatch, Merge, ParamCheck, Plan, PlanContext, Reply, RingPieces, Rule, Slot,
+    TableName,
 };
 use crate::rules::spec::{quote, RingSpec, TableName as SpecTable};
 use crate::wire::resultset::ColumnDef;
@@ -287,14 +288,15 @@ impl RingRule {
                 .filter_map(|k| cols.iter().position(|c| eq(c, k)))
                 .map(|i| first[i].to_string())
                 .collect();
-            vec![
-                prefix,
-                tuples,
-                suffix,
-                order.join(", "),
-                n.to_string(),
-                ai_column.as_deref().map(quote).unwrap_or_default(),
-            ]
+            RingPieces {
+                prefix: &prefix,
+                tuples: &tuples,
+                suffix: &suffix,
+                order: &order.join(", "),
+                rows: &n.to_string(),
+                ai_column: &ai_column.as_deref().map(quote).unwrap_or_default(),
+            }
+            .to_aux()
         } else {
             Vec::new()
         };

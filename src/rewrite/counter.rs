@@ -406,7 +406,7 @@ impl CounterRule {
             let class = ctx.literal_class(e);
             let refuse = |why: &str| {
                 Err(format!(
-                    "the key value {v} for column `{k}` {why}; an increment is rewritten only for a key value the slot row stores exactly"
+                    "the key value for column `{k}` {why}; an increment is rewritten only for a key value the slot row stores exactly"
                 ))
             };
             match key_type(def) {

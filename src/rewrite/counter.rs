@@ -1287,6 +1287,26 @@ mod tests {
             panic!("{d:?}")
         };
         assert_eq!(r.param_map, Some(vec![1, 0]));
+        // Each execute's values are checked against what a literal must be.
+        assert_eq!(
+            r.param_checks,
+            vec![
+                (
+                    0,
+                    ParamCheck::Integer {
+                        min: -MAX_DELTA,
+                        max: MAX_DELTA
+                    }
+                ),
+                (1, ParamCheck::String { max_bytes: 64 }),
+            ]
+        );
+        // Text statements carry none.
+        assert!(
+            rewrite(&e, "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'")
+                .param_checks
+                .is_empty()
+        );
         assert_sql(
             &r,
             &["INSERT INTO `hits_slots` (`slug`, `slot`, `cnt`) VALUES (?, 0, ?) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)"],
@@ -1403,42 +1423,6 @@ mod tests {
                 "{sql}: {msg}"
             );
         }
-    }
-
-    #[test]
-    fn prepared_increments_check_their_parameters() {
-        let e = engine(&["slug"]);
-        let d = e.decide(
-            b"UPDATE hits SET cnt = cnt + ? WHERE slug = ?",
-            &StatementContext {
-                prepared: true,
-                in_transaction: false,
-                current_db: Some("shop"),
-                lexing: Some(crate::rewrite::Lexing::STANDARD),
-            },
-        );
-        let Decision::Rewrite(r) = d else {
-            panic!("{d:?}")
-        };
-        assert_eq!(
-            r.param_checks,
-            vec![
-                (
-                    0,
-                    ParamCheck::Integer {
-                        min: -MAX_DELTA,
-                        max: MAX_DELTA
-                    }
-                ),
-                (1, ParamCheck::String { max_bytes: 64 }),
-            ]
-        );
-        // Text statements carry none.
-        assert!(
-            rewrite(&e, "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'")
-                .param_checks
-                .is_empty()
-        );
     }
 
     #[test]

@@ -1184,10 +1184,10 @@ impl<'k> Differential<'k> {
                         cfg,
                         index,
                         &history,
-                        format!(
-                            "session statement answered differently: {sql}\n  heatsink:\n{}  reference:\n{}",
-                            show_items(&pa),
-                            show_items(&ra)
+                        both_answers(
+                            &format!("session statement answered differently: {sql}"),
+                            &pa,
+                            &ra,
                         ),
                     );
                 }
@@ -1281,11 +1281,7 @@ impl<'k> Differential<'k> {
                         cfg,
                         index,
                         &history,
-                        format!(
-                            "statement: {shown}\n  heatsink:\n{}  reference:\n{}",
-                            show_items(&pa),
-                            show_items(&ra)
-                        ),
+                        both_answers(&format!("statement: {shown}"), &pa, &ra),
                     );
                 }
                 if stmt.write && !is_err(&ra) {
@@ -1405,6 +1401,15 @@ impl<'k> Differential<'k> {
             text,
         });
     }
+}
+
+/// A difference report: `head`, then heatsink's answer and the reference's.
+fn both_answers(head: &str, heatsink: &[Item], reference: &[Item]) -> String {
+    format!(
+        "{head}\n  heatsink:\n{}  reference:\n{}",
+        show_items(heatsink),
+        show_items(reference)
+    )
 }
 
 fn query_items(c: &mut RawClient, sql: &[u8]) -> Vec<Item> {

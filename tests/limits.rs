@@ -195,12 +195,21 @@ fn configured_client_packet_limit() {
     assert_eq!(ok.value, Some((limit - 1 - 18).to_string()), "{ok:?}");
     assert!(ok.alive);
     // Refused at the first header, before any of the 40 MiB is read.
+    let before = peak_rss(pid);
     let refused = big_query(proxy.addr(), 40 << 20);
     let e = refused.err().expect("refused");
     assert_eq!((e.code, e.sqlstate.as_str()), (1153, "08S01"));
     assert_eq!(refused.first.as_ref().map(|p| p.seq), Some(1));
     assert!(!refused.alive);
-    assert!(peak_rss(pid) < 16 << 20, "peak RSS {}", peak_rss(pid));
+    // The peak grows by far less than the refused command (it would grow by at
+    // least 40 MiB if the command were read whole); the absolute peak depends on the
+    // allocator and the machine, so only the growth is compared.
+    let after = peak_rss(pid);
+    assert!(
+        after < before + (20 << 20),
+        "peak RSS {before} → {after} bytes for a refused {}-byte command",
+        40 << 20
+    );
 }
 
 /// A database with the counter rule's tables (`hits`, `hits_slots` and the trigger

@@ -134,7 +134,7 @@ pub struct CompactArgs {
     #[arg(long)]
     pub rule: Option<String>,
     /// Keys read per scan of the slot table (each key is still its own transaction).
-    #[arg(long, default_value_t = crate::compact::DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = crate::kinds::counter::compact::DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub batch: usize,
 }
 

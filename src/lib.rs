@@ -33,10 +33,11 @@
 pub mod admin;
 pub mod check;
 pub mod cli;
-pub mod compact;
+
 pub mod config;
 pub mod error;
 pub mod explain;
+pub mod kinds;
 pub mod metrics;
 pub mod migrate;
 pub mod relay;
@@ -89,13 +90,13 @@ pub fn run(cli: cli::Cli) -> Result<()> {
             maintenance_runtime()?.block_on(migrate::run(&opts, &mut std::io::stdout().lock()))
         }
         cli::Command::Compact(args) => {
-            let opts = compact::CompactOptions {
+            let opts = kinds::counter::compact::CompactOptions {
                 rules: &args.rules,
                 backend_url: &args.backend_url,
                 rule: args.rule.as_deref(),
                 batch: args.batch,
             };
-            maintenance_runtime()?.block_on(compact::run(&opts, &mut std::io::stdout().lock()))
+            maintenance_runtime()?.block_on(kinds::counter::compact::run(&opts, &mut std::io::stdout().lock()))
         }
         cli::Command::Check(args) => {
             let opts = check::CheckOptions {

@@ -28,7 +28,7 @@
 //! The database of a table is the rule's `db.` prefix, else the database of
 //! `--backend-url`. An unqualified slot table lives next to its logical table.
 //!
-//! The checks are shared with [`crate::compact`], which refuses to touch a rule whose
+//! The checks are shared with [`crate::kinds::counter::compact`], which refuses to touch a rule whose
 //! tables do not fit it.
 //!
 //! ## Ring rules

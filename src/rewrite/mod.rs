@@ -72,14 +72,12 @@
 //!   escaping: keep them free of quotes and backslashes.
 
 mod cache;
-pub mod counter;
 mod engine;
 pub mod prefilter;
-pub mod ring;
 pub mod shape;
 pub mod sqltok;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 use std::borrow::Cow;
 use std::cell::RefCell;

@@ -103,7 +103,7 @@ pub fn parse_file(
     // A rule's line is looked up only for an error: finding it scans the text, and
     // doing that for every rule made loading quadratic in the number of rules.
     for c in &parsed.counter {
-        let rule = crate::rewrite::counter::CounterRule::new(c).map_err(|reason| {
+        let rule = crate::kinds::counter::CounterRule::new(c).map_err(|reason| {
             err(
                 rule_line(text, &c.name),
                 format!("counter '{}': {reason}", c.name),
@@ -112,7 +112,7 @@ pub fn parse_file(
         rules.push(Arc::new(rule));
     }
     for r in &parsed.ring {
-        let rule = crate::rewrite::ring::RingRule::new(r).map_err(|reason| {
+        let rule = crate::kinds::ring::RingRule::new(r).map_err(|reason| {
             err(
                 rule_line(text, &r.name),
                 format!("ring '{}': {reason}", r.name),

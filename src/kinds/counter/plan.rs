@@ -30,12 +30,12 @@ use sqlparser::ast::{
     SetExpr, Statement, TableFactor, TableObject, UnaryOperator, Update,
 };
 
-use super::shape::{
+use crate::rewrite::shape::{
     check_qualifiers, check_update_qualifiers, column_name, ddl_rejection, eq, is_table_ddl,
     is_value, key_equalities, last_ident, mentions_column, parse, replace_reads, requalify,
     target_qualifier, unsupported_clauses, ColumnsByDb,
 };
-use super::{
+use crate::rewrite::{
     Affected, ColumnPatch, IncrementPieces, LiteralClass, Merge, ParamCheck, Plan, PlanContext,
     Reply, Rule, Slot, TableName,
 };
@@ -980,7 +980,7 @@ mod tests {
     use crate::rewrite::{Decision, Engine, StatementContext};
 
     fn col(name: &str, t: u8, flags: u16) -> ColumnDef {
-        super::super::testutil::col("hits", name, t, flags)
+        crate::rewrite::testutil::col("hits", name, t, flags)
     }
 
     /// An engine with one counter rule on `hits(slug, cnt, note)`; one slot so the

@@ -31,12 +31,12 @@ use sqlparser::ast::{
     Insert, ObjectName, SetExpr, Statement, TableFactor, TableObject, Update,
 };
 
-use super::shape::{
+use crate::rewrite::shape::{
     check_qualifiers, check_update_qualifiers, column_def_name, ddl_rejection, eq, is_table_ddl,
     is_value, key_equalities, last_ident, mentions_column, parse, replace_reads, requalify,
     target_qualifier, unsupported_clauses, ColumnsByDb,
 };
-use super::{
+use crate::rewrite::{
     Affected, ColumnPatch, Merge, ParamCheck, Plan, PlanContext, Reply, RingPieces, Rule, Slot,
     TableName,
 };
@@ -463,7 +463,7 @@ impl RingRule {
         }
         let keyed = u.selection.as_ref().is_some_and(|w| {
             let mut terms = Vec::new();
-            super::shape::conjuncts(w, &mut terms);
+            crate::rewrite::shape::conjuncts(w, &mut terms);
             let key_terms: Vec<&Expr> = terms
                 .into_iter()
                 .filter(|t| mentions_column(t, |c| self.is_key(c)))

@@ -1,0 +1,6 @@
+//! The counter kind: hot single-row counters spread over slot rows, summed on read.
+
+pub mod compact;
+pub mod plan;
+
+pub use plan::CounterRule;

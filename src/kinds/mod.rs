@@ -1,0 +1,4 @@
+//! Rule kinds: one folder per kind, each owning its whole life.
+
+pub mod counter;
+pub mod ring;

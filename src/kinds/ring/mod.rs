@@ -1,0 +1,5 @@
+//! The ring kind: "keep the last N per key" logs stored as fixed-size rings.
+
+pub mod plan;
+
+pub use plan::RingRule;

@@ -7,18 +7,15 @@
 //!    table, a rule's physical table that is another rule's table, test cases that name
 //!    an unknown rule.
 //! 3. With `--backend-url`, the live schema, using the checks `heatsink migrate` makes
-//!    ([`crate::migrate::check_rule`] for counters): tables exist, the key is the
-//!    primary or a unique key, column types line up, the trigger is in place.
+//!    (each kind's [`crate::kinds::RuleSpec::schema`]): tables exist, the key is the
+//!    primary or a unique key, column types line up, the triggers are in place.
 //! 4. The `[[test]]` cases, through the proxy's own engine ([`crate::explain::Planner`]).
 //!
 //! Every problem is one line, `file:line: rule 'name': reason`; the exit code is 1 when
 //! there is a problem or a failing test case.
 //!
-//! # Adding a rule kind
-//!
-//! [`Spec`] lists the rule kinds. A new kind adds a variant and its arms: its name and
-//! tables, the column list assumed when planning without a database
-//! ([`assumed_columns`]), and its live-schema check.
+//! Nothing here names a rule kind: rules are [`RuleSpec`]s read through the
+//! [`crate::kinds`] registry.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -30,10 +27,12 @@ use serde::{Deserialize, Serialize};
 use crate::cli::OutputFormat;
 use crate::error::{Error, Result, Source};
 use crate::explain::{Columns, Explained, Outcome, Planner};
-use crate::migrate::{emit, TriggerPlan};
+use crate::kinds::{RuleSpec, SchemaError};
 use crate::rewrite::Rule;
-use crate::rules::spec::{CounterSpec, RingSpec, RuleFile, TableName};
-use crate::wire::resultset::{types, ColumnDef};
+use crate::rules::spec::TableName;
+use crate::rules::{rule_lines, RuleFile};
+use crate::schema::emit;
+use crate::wire::resultset::ColumnDef;
 
 /// A `[[test]]` case of a rule file: a statement and what the rules must do with it.
 ///
@@ -178,136 +177,6 @@ pub struct Report {
     pub tests_skipped: Option<String>,
 }
 
-/// One rule as written, whatever its kind.
-#[derive(Debug, Clone, Copy)]
-pub enum Spec<'a> {
-    /// `[[counter]]`.
-    Counter(&'a CounterSpec),
-    /// `[[ring]]`.
-    Ring(&'a RingSpec),
-}
-
-impl<'a> Spec<'a> {
-    /// Every rule of a file, kind by kind, in file order within a kind.
-    pub fn all(file: &'a RuleFile) -> Vec<Spec<'a>> {
-        file.counter
-            .iter()
-            .map(Spec::Counter)
-            .chain(file.ring.iter().map(Spec::Ring))
-            .collect()
-    }
-
-    /// The rule's name.
-    pub fn name(&self) -> &'a str {
-        match self {
-            Spec::Counter(c) => &c.name,
-            Spec::Ring(r) => &r.name,
-        }
-    }
-
-    /// The section name: `counter`, `ring`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Spec::Counter(_) => "counter",
-            Spec::Ring(_) => "ring",
-        }
-    }
-
-    /// The logical table, as written.
-    fn table(&self) -> &'a str {
-        match self {
-            Spec::Counter(c) => &c.table,
-            Spec::Ring(r) => &r.table,
-        }
-    }
-
-    /// The physical tables the rule writes besides the logical one, as written.
-    fn physical(&self) -> Vec<String> {
-        match self {
-            Spec::Counter(c) => vec![c.slot_table.clone()],
-            Spec::Ring(r) => vec![r.ring_table.clone(), r.seq_table_name()],
-        }
-    }
-}
-
-/// The column list a rule plans with when there is no database to ask: only what
-/// the rule itself names, with plausible types. Enough to show how statements are
-/// rewritten; a `SELECT *` then lists just these columns.
-///
-/// - counter: key columns as `VARCHAR(255)`, counter columns as `BIGINT NOT NULL`;
-/// - ring: key columns as `VARCHAR(255)`, the `order_by` column as `DATETIME(6)`.
-pub fn assumed_columns(spec: &Spec<'_>) -> Vec<ColumnDef> {
-    let Ok(table) = TableName::parse(spec.table()) else {
-        return Vec::new();
-    };
-    let col = |name: &str, kind: Assumed| assumed_column(&table.name, name, kind);
-    match spec {
-        Spec::Counter(c) => c
-            .key
-            .iter()
-            .map(|k| col(k, Assumed::Key))
-            .chain(c.columns.iter().map(|n| col(n, Assumed::Counter)))
-            .collect(),
-        Spec::Ring(r) => r
-            .key
-            .iter()
-            .map(|k| col(k, Assumed::Key))
-            .chain(r.order_by.iter().map(|n| col(n, Assumed::Time)))
-            .collect(),
-    }
-}
-
-/// Column shapes [`assumed_columns`] uses.
-#[derive(Clone, Copy)]
-enum Assumed {
-    /// `VARCHAR(255) NOT NULL`, utf8mb4, part of the primary key.
-    Key,
-    /// `BIGINT NOT NULL`.
-    Counter,
-    /// `DATETIME(6)`.
-    Time,
-}
-
-/// `MYSQL_TYPE_VAR_STRING`, the type byte of a VARCHAR column in a result set.
-const VAR_STRING: u8 = 0xfd;
-/// Column flags: NOT NULL, PRIMARY KEY, numeric.
-const NOT_NULL_FLAG: u16 = 0x0001;
-const PRI_KEY_FLAG: u16 = 0x0002;
-const NUM_FLAG: u16 = 0x8000;
-/// Collation ids: utf8mb4_general_ci, binary.
-const UTF8MB4: u16 = 45;
-const BINARY: u16 = 63;
-
-fn assumed_column(table: &str, name: &str, kind: Assumed) -> ColumnDef {
-    let (column_type, charset, length, flags, decimals) = match kind {
-        Assumed::Key => (
-            VAR_STRING,
-            UTF8MB4,
-            255 * 4,
-            NOT_NULL_FLAG | PRI_KEY_FLAG,
-            0,
-        ),
-        Assumed::Counter => (types::LONGLONG, BINARY, 20, NOT_NULL_FLAG | NUM_FLAG, 0),
-        Assumed::Time => (types::DATETIME, BINARY, 26, 0, 6),
-    };
-    ColumnDef {
-        catalog: b"def".to_vec(),
-        schema: Vec::new(),
-        table: table.as_bytes().to_vec(),
-        org_table: table.as_bytes().to_vec(),
-        name: name.as_bytes().to_vec(),
-        org_name: name.as_bytes().to_vec(),
-        extended: None,
-        charset,
-        length,
-        column_type,
-        flags,
-        decimals,
-        fixed_len: 0x0c,
-        tail: vec![0, 0],
-    }
-}
-
 /// One rule file, read and parsed.
 struct LoadedFile {
     /// Its path, as shown in messages.
@@ -316,6 +185,8 @@ struct LoadedFile {
     text: String,
     /// Its contents; `None` when it does not parse.
     parsed: Option<RuleFile>,
+    /// Why it does not parse or a rule in it is invalid.
+    error: Option<crate::rules::RuleError>,
     /// The rules `serve` would build from it (empty when it is invalid).
     rules: Vec<Arc<dyn Rule>>,
     /// It parses and every rule in it is valid on its own.
@@ -326,7 +197,7 @@ struct LoadedFile {
 pub(crate) struct RuleSet {
     /// The rules, in file order.
     pub rules: Vec<Arc<dyn Rule>>,
-    /// [`assumed_columns`] of every rule, by rule name.
+    /// [`RuleSpec::assumed_columns`] of every rule, by rule name.
     pub assumed: HashMap<String, Vec<ColumnDef>>,
 }
 
@@ -350,9 +221,9 @@ pub(crate) fn load_rule_set(path: &Path) -> Result<RuleSet> {
     };
     for f in files {
         if let Some(parsed) = &f.parsed {
-            for s in Spec::all(parsed) {
+            for s in &parsed.specs {
                 set.assumed
-                    .insert(s.name().to_string(), assumed_columns(&s));
+                    .insert(s.name().to_string(), s.assumed_columns());
             }
         }
         set.rules.extend(f.rules);
@@ -376,53 +247,26 @@ fn read_files(path: &Path) -> Result<Vec<LoadedFile>> {
     Ok(out)
 }
 
-/// Parses one file's text.
+/// Parses and validates one file's text.
 fn loaded(path: PathBuf, text: String) -> LoadedFile {
-    let parsed = toml::from_str::<RuleFile>(&text).ok();
-    let (rules, valid) = match (&parsed, crate::rules::parse_file(&text, &path)) {
-        (Some(_), Ok(rules)) => (rules, true),
-        _ => (Vec::new(), false),
+    let read = crate::rules::read_text(&text, &path);
+    let validated = read
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|r| crate::rules::validate(&r.specs, &text, &path));
+    let (parsed, error) = match read {
+        Ok(r) => (Some(r), validated.as_ref().err().cloned()),
+        Err(e) => (None, Some(e)),
     };
+    let rules = validated.unwrap_or_default();
     LoadedFile {
         path,
         text,
+        valid: error.is_none(),
         parsed,
+        error,
         rules,
-        valid,
     }
-}
-
-/// 1-based line and column of byte offset `at`.
-fn line_col(text: &str, at: usize) -> (usize, usize) {
-    let at = at.min(text.len());
-    let line = crate::rules::line_of(text, at);
-    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
-    let col = text.get(start..at).map_or(1, |s| s.chars().count() + 1);
-    (line, col)
-}
-
-/// Lines of the `name = "…"` keys in a file's text, by the name written there (the
-/// first line for a name written more than once). One pass over the text, so that
-/// locating every rule stays linear in the number of rules.
-fn rule_lines(text: &str) -> HashMap<&str, usize> {
-    let mut out = HashMap::new();
-    for (i, l) in text.lines().enumerate() {
-        let Some(rest) = l.trim_start().strip_prefix("name") else {
-            continue;
-        };
-        let Some(value) = rest.trim_start().strip_prefix('=') else {
-            continue;
-        };
-        let value = value.trim_start();
-        let Some(quote) = value.chars().next().filter(|c| *c == '"' || *c == '\'') else {
-            continue;
-        };
-        let inner = &value[1..];
-        if let Some(end) = inner.find(quote) {
-            out.entry(&inner[..end]).or_insert(i + 1);
-        }
-    }
-    out
 }
 
 /// Lines of the `[[test]]` headers, in order.
@@ -462,296 +306,185 @@ struct Seen {
     physical: Vec<TableName>,
 }
 
+/// The rules met so far, indexed by name and by lower-cased table name (logical and
+/// physical), so that the checks across rules stay near-linear.
+#[derive(Default)]
+struct Rules {
+    seen: Vec<Seen>,
+    by_name: HashMap<String, Vec<usize>>,
+    by_table: HashMap<String, Vec<usize>>,
+}
+
+impl Rules {
+    /// The reasons `spec` (at `at`) clashes with a rule met before, then records it.
+    fn add(&mut self, spec: &dyn RuleSpec, at: String) -> Vec<String> {
+        let Ok(logical) = TableName::parse(spec.table()) else {
+            return Vec::new();
+        };
+        let physical: Vec<TableName> = spec
+            .physical_tables()
+            .iter()
+            .filter_map(|t| TableName::parse(t).ok())
+            .collect();
+        let name = spec.name();
+        let tables = || std::iter::once(&logical).chain(&physical);
+        // Only rules with the same name or a table of the same name can clash.
+        let mut candidates: Vec<usize> = self.by_name.get(name).cloned().unwrap_or_default();
+        for t in tables() {
+            if let Some(v) = self.by_table.get(&t.name.to_ascii_lowercase()) {
+                candidates.extend(v);
+            }
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        let mut reasons = Vec::new();
+        for o in candidates.iter().map(|&i| &self.seen[i]) {
+            clashes(name, &logical, &physical, o, &mut reasons);
+        }
+        let index = self.seen.len();
+        self.by_name
+            .entry(name.to_string())
+            .or_default()
+            .push(index);
+        for t in tables() {
+            self.by_table
+                .entry(t.name.to_ascii_lowercase())
+                .or_default()
+                .push(index);
+        }
+        self.seen.push(Seen {
+            name: name.to_string(),
+            at,
+            table: logical,
+            physical,
+        });
+        reasons
+    }
+}
+
+/// How rule `name` on `logical` (writing `physical`) clashes with rule `o`.
+fn clashes(
+    name: &str,
+    logical: &TableName,
+    physical: &[TableName],
+    o: &Seen,
+    reasons: &mut Vec<String>,
+) {
+    let (other, at) = (&o.name, &o.at);
+    if other == name {
+        reasons.push(format!(
+            "another rule has this name ({at}); rule names must be unique"
+        ));
+        return;
+    }
+    if overlaps(logical, &o.table) {
+        reasons.push(format!(
+            "table `{logical}` is also the table of rule '{other}' ({at}); one table can have one rule"
+        ));
+    }
+    for p in physical {
+        if overlaps(p, &o.table) || o.physical.iter().any(|x| overlaps(p, x)) {
+            reasons.push(format!("table `{p}` is also used by rule '{other}' ({at})"));
+        }
+    }
+    if o.physical.iter().any(|x| overlaps(logical, x)) {
+        reasons.push(format!(
+            "table `{logical}` is a physical table of rule '{other}' ({at})"
+        ));
+    }
+}
+
 /// The problems found without a database.
 fn static_problems(files: &[LoadedFile]) -> Vec<Problem> {
     let mut problems = Vec::new();
-    let mut seen: Vec<Seen> = Vec::new();
-    // Indices into `seen` by rule name and by lower-cased table name (logical and
-    // physical), so that the checks across rules stay near-linear.
-    let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
-    let mut by_table: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut rules = Rules::default();
     for f in files {
         let file = f.path.display().to_string();
-        let problem = |line, column, rule: Option<&str>, reason: String| Problem {
-            file: Some(file.clone()),
-            line,
-            column,
-            rule: rule.map(str::to_string),
-            severity: Severity::Error,
-            reason,
-        };
-        let parsed = match toml::from_str::<RuleFile>(&f.text) {
-            Ok(p) => p,
-            Err(e) => {
-                let (line, col) = match e.span() {
-                    Some(s) => {
-                        let (l, c) = line_col(&f.text, s.start);
-                        (Some(l), Some(c))
-                    }
-                    None => (None, None),
-                };
-                problems.push(problem(line, col, None, e.message().trim().to_string()));
-                continue;
-            }
-        };
-        let specs = Spec::all(&parsed);
-        let rule_line = rule_lines(&f.text);
-        if let Err(e) = crate::rules::parse_file(&f.text, &f.path) {
-            // The loader names the rule as `<kind> '<name>': …`.
-            let owner = specs.iter().find(|s| {
-                e.reason
-                    .starts_with(&format!("{} '{}': ", s.kind(), s.name()))
+        if let Some(e) = &f.error {
+            let line = e.line.or_else(|| {
+                let (_, name) = e.rule.as_ref()?;
+                rule_lines(&f.text).get(name.as_str()).copied()
             });
-            match owner {
-                Some(s) => {
-                    let reason = e.reason[s.kind().len() + s.name().len() + 5..].to_string();
-                    problems.push(problem(
-                        e.line.or_else(|| rule_line.get(s.name()).copied()),
-                        None,
-                        Some(s.name()),
-                        reason,
-                    ));
-                }
-                None => problems.push(problem(e.line, None, None, e.reason.clone())),
-            }
+            problems.push(Problem {
+                file: Some(file.clone()),
+                line,
+                column: e.column,
+                rule: e.rule.as_ref().map(|(_, name)| name.clone()),
+                severity: Severity::Error,
+                reason: e.reason.clone(),
+            });
             continue;
         }
-        for s in &specs {
+        let Some(parsed) = &f.parsed else { continue };
+        let rule_line = rule_lines(&f.text);
+        for s in &parsed.specs {
             let line = rule_line.get(s.name()).copied();
-            let Ok(logical) = TableName::parse(s.table()) else {
-                continue;
+            let at = match line {
+                Some(l) => format!("{file}:{l}"),
+                None => file.clone(),
             };
-            let physical: Vec<TableName> = s
-                .physical()
-                .iter()
-                .filter_map(|t| TableName::parse(t).ok())
-                .collect();
-            // Only rules with the same name or a table of the same name can clash.
-            let mut candidates: Vec<usize> = by_name.get(s.name()).cloned().unwrap_or_default();
-            for t in std::iter::once(&logical).chain(&physical) {
-                if let Some(v) = by_table.get(&t.name.to_ascii_lowercase()) {
-                    candidates.extend(v);
-                }
+            for reason in rules.add(s.as_ref(), at) {
+                problems.push(Problem {
+                    file: Some(file.clone()),
+                    line,
+                    column: None,
+                    rule: Some(s.name().to_string()),
+                    severity: Severity::Error,
+                    reason,
+                });
             }
-            candidates.sort_unstable();
-            candidates.dedup();
-            for o in candidates.iter().map(|&i| &seen[i]) {
-                let (other, at) = (&o.name, &o.at);
-                if other == s.name() {
-                    problems.push(problem(
-                        line,
-                        None,
-                        Some(s.name()),
-                        format!("another rule has this name ({at}); rule names must be unique"),
-                    ));
-                    continue;
-                }
-                if overlaps(&logical, &o.table) {
-                    problems.push(problem(
-                        line,
-                        None,
-                        Some(s.name()),
-                        format!(
-                            "table `{logical}` is also the table of rule '{other}' ({at}); one table can have one rule"
-                        ),
-                    ));
-                }
-                for p in &physical {
-                    if overlaps(p, &o.table) || o.physical.iter().any(|x| overlaps(p, x)) {
-                        problems.push(problem(
-                            line,
-                            None,
-                            Some(s.name()),
-                            format!("table `{p}` is also used by rule '{other}' ({at})"),
-                        ));
-                    }
-                }
-                if o.physical.iter().any(|x| overlaps(&logical, x)) {
-                    problems.push(problem(
-                        line,
-                        None,
-                        Some(s.name()),
-                        format!("table `{logical}` is a physical table of rule '{other}' ({at})"),
-                    ));
-                }
-            }
-            let index = seen.len();
-            by_name.entry(s.name().to_string()).or_default().push(index);
-            for t in std::iter::once(&logical).chain(&physical) {
-                by_table
-                    .entry(t.name.to_ascii_lowercase())
-                    .or_default()
-                    .push(index);
-            }
-            seen.push(Seen {
-                name: s.name().to_string(),
-                at: match line {
-                    Some(l) => format!("{file}:{l}"),
-                    None => file.clone(),
-                },
-                table: logical,
-                physical,
-            });
         }
     }
-    // Test cases: known rules, consistent expectations.
     for f in files {
-        let Some(parsed) = &f.parsed else { continue };
-        let lines = test_lines(&f.text);
-        for (i, t) in parsed.test.iter().enumerate() {
-            let mut bad = |reason: String| {
-                problems.push(Problem {
-                    file: Some(f.path.display().to_string()),
-                    line: lines.get(i).copied(),
-                    column: None,
-                    rule: None,
-                    severity: Severity::Error,
-                    reason: format!("test `{}`: {reason}", t.sql),
-                })
-            };
-            if t.sql.trim().is_empty() {
-                bad("sql is empty".into());
-            }
-            if let Some(r) = &t.rule {
-                if !by_name.contains_key(r) {
-                    bad(format!("names rule '{r}', which is not defined"));
-                }
-            }
-            if t.contains.is_some() && t.expect == Outcome::Passthrough {
-                bad("`contains` applies to expect = \"rewrite\" or \"reject\"".into());
-            }
-        }
+        test_case_problems(f, &rules.by_name, &mut problems);
     }
     problems
 }
 
-/// The live-schema findings for one rule: `(is_error, reason)`.
+/// Test cases: known rules, consistent expectations.
+fn test_case_problems(
+    f: &LoadedFile,
+    rules: &HashMap<String, Vec<usize>>,
+    problems: &mut Vec<Problem>,
+) {
+    let Some(parsed) = &f.parsed else { return };
+    let lines = test_lines(&f.text);
+    for (i, t) in parsed.tests.iter().enumerate() {
+        let mut bad = |reason: String| {
+            problems.push(Problem {
+                file: Some(f.path.display().to_string()),
+                line: lines.get(i).copied(),
+                column: None,
+                rule: None,
+                severity: Severity::Error,
+                reason: format!("test `{}`: {reason}", t.sql),
+            })
+        };
+        if t.sql.trim().is_empty() {
+            bad("sql is empty".into());
+        }
+        if let Some(r) = &t.rule {
+            if !rules.contains_key(r) {
+                bad(format!("names rule '{r}', which is not defined"));
+            }
+        }
+        if t.contains.is_some() && t.expect == Outcome::Passthrough {
+            bad("`contains` applies to expect = \"rewrite\" or \"reject\"".into());
+        }
+    }
+}
+
+/// The live-schema findings for one rule: `(severity, reason)`.
 async fn live_problems(
     conn: &mut mysql_async::Conn,
-    spec: &Spec<'_>,
+    spec: &dyn RuleSpec,
     default_db: Option<&str>,
 ) -> Result<Vec<(Severity, String)>> {
-    match spec {
-        Spec::Counter(c) => {
-            let checked = match crate::migrate::check_rule(conn, c, default_db).await {
-                Ok(checked) => checked,
-                Err(e) => return refusal(e, &format!("counter '{}': ", c.name)),
-            };
-            let mut out = Vec::new();
-            if checked.create_table.is_some() {
-                out.push((
-                    Severity::Error,
-                    format!(
-                        "slot table {} does not exist (`heatsink migrate` creates it)",
-                        checked.slot.quoted()
-                    ),
-                ));
-            }
-            if let TriggerPlan::Create(_) = checked.trigger {
-                let trigger = TableName {
-                    db: checked.slot.db.clone(),
-                    name: checked.trigger_name.clone(),
-                };
-                out.push((
-                    Severity::Error,
-                    format!(
-                        "trigger {} on {} does not exist, so increments of a new key would not create its row (`heatsink migrate` creates it)",
-                        trigger.quoted(),
-                        checked.slot.quoted()
-                    ),
-                ));
-            }
-            out.extend(checked.notes.into_iter().map(|n| (Severity::Warning, n)));
-            Ok(out)
-        }
-        Spec::Ring(r) => {
-            let checked = match crate::migrate::check_ring(conn, r, default_db).await {
-                Ok(checked) => checked,
-                Err(e) => return refusal(e, &format!("ring '{}': ", r.name)),
-            };
-            let mut out = Vec::new();
-            let missing = "does not exist (`heatsink migrate` creates it)";
-            if checked.create_ring.is_some() {
-                out.push((
-                    Severity::Error,
-                    format!("ring table {} {missing}", checked.ring.quoted()),
-                ));
-            }
-            if checked.create_seq.is_some() {
-                out.push((
-                    Severity::Error,
-                    format!("sequence table {} {missing}", checked.seq.quoted()),
-                ));
-            }
-            if let TriggerPlan::Create(_) = checked.seq_trigger {
-                out.push((
-                    Severity::Error,
-                    format!(
-                        "trigger {} on {} is missing or differs from the rule's, so inserts would fail (1048) or be numbered wrongly (`heatsink migrate` creates it)",
-                        checked.seq_trigger_name.quoted(),
-                        checked.ring.quoted()
-                    ),
-                ));
-            }
-            if let TriggerPlan::Create(_) = checked.trigger {
-                out.push((
-                    Severity::Warning,
-                    format!(
-                        "trigger {} on {} is missing or differs, so rows appended to the log by writers that bypass heatsink would not reach the ring (`heatsink migrate` creates it)",
-                        checked.trigger_name.quoted(),
-                        checked.logical.quoted()
-                    ),
-                ));
-            }
-            if checked.backfill_due {
-                out.push((
-                    Severity::Warning,
-                    format!(
-                        "{} has rows but the ring is empty: reads would show nothing until `heatsink migrate --apply` backfills it",
-                        checked.logical.quoted()
-                    ),
-                ));
-            }
-            if r.coalesce && checked.auto_inc.is_some() && !has_returning(conn).await? {
-                out.push((
-                    Severity::Warning,
-                    "coalesce = true, but this server has no INSERT … RETURNING (MariaDB ≥ 10.5): inserts into a log with an AUTO_INCREMENT column will not be merged".to_string(),
-                ));
-            }
-            for (name, cols) in &checked.unenforced_unique {
-                out.push((
-                    Severity::Warning,
-                    format!(
-                        "unique key `{name}` ({}) of {} is not enforced by the ring: an insert that the log would refuse as a duplicate (1062) is kept",
-                        cols.join(", "),
-                        checked.logical.quoted()
-                    ),
-                ));
-            }
-            // migrate's notes describe what it would do (backfill, ids), not problems.
-            Ok(out)
-        }
+    match spec.schema(conn, default_db).await {
+        Ok(migration) => migration.problems(conn).await,
+        Err(SchemaError::Refused(reason)) => Ok(vec![(Severity::Error, reason)]),
+        Err(SchemaError::Failed(e)) => Err(e),
     }
-}
-
-/// A refusal of `migrate`'s checks as a problem of the rule (its context without the
-/// `kind 'name': ` prefix); other errors (the backend failed) are passed on.
-fn refusal(e: Error, prefix: &str) -> Result<Vec<(Severity, String)>> {
-    if e.source != Source::Rules {
-        return Err(e);
-    }
-    let reason = e.context.strip_prefix(prefix).unwrap_or(&e.context);
-    Ok(vec![(Severity::Error, reason.to_string())])
-}
-
-/// Whether the server has `INSERT … RETURNING` (MariaDB ≥ 10.5).
-async fn has_returning(conn: &mut mysql_async::Conn) -> Result<bool> {
-    use mysql_async::prelude::Queryable;
-    let version: Option<String> = conn
-        .query_first("SELECT VERSION()")
-        .await
-        .map_err(|e| Error::with_cause(Source::Backend, "reading the server version", e))?;
-    Ok(version.is_some_and(|v| crate::wire::handshake::has_returning(&v)))
 }
 
 /// Judges one test case against what the proxy would do.
@@ -866,7 +599,7 @@ pub async fn check(opts: &CheckOptions<'_>) -> Result<Report> {
     let rules: usize = files
         .iter()
         .filter_map(|f| f.parsed.as_ref())
-        .map(|p| Spec::all(p).len())
+        .map(|p| p.specs.len())
         .sum();
     let mut report = Report {
         ok: false,
@@ -880,21 +613,22 @@ pub async fn check(opts: &CheckOptions<'_>) -> Result<Report> {
     };
 
     let url_db = match opts.backend_url {
-        Some(url) => crate::migrate::default_db(url)?,
+        Some(url) => crate::schema::default_db(url)?,
         None => None,
     };
     let default_db = opts.db.map(str::to_string).or(url_db);
     let mut conn = None;
     if let Some(url) = opts.backend_url {
-        let mut c = crate::migrate::connect(url).await?;
+        let mut c = crate::schema::connect(url).await?;
         report.live = true;
         for f in &files {
             let Some(parsed) = f.parsed.as_ref().filter(|_| f.valid) else {
                 continue; // invalid file: already reported
             };
             let rule_line = rule_lines(&f.text);
-            for s in Spec::all(parsed) {
-                for (severity, reason) in live_problems(&mut c, &s, default_db.as_deref()).await? {
+            for s in &parsed.specs {
+                let found = live_problems(&mut c, s.as_ref(), default_db.as_deref()).await?;
+                for (severity, reason) in found {
                     problems.push(Problem {
                         file: Some(f.path.display().to_string()),
                         line: rule_line.get(s.name()).copied(),
@@ -912,7 +646,7 @@ pub async fn check(opts: &CheckOptions<'_>) -> Result<Report> {
     let cases: usize = files
         .iter()
         .filter_map(|f| f.parsed.as_ref())
-        .map(|p| p.test.len())
+        .map(|p| p.tests.len())
         .sum();
     if cases > 0 && !static_ok {
         report.tests_skipped = Some("fix the problems above first".into());
@@ -921,8 +655,8 @@ pub async fn check(opts: &CheckOptions<'_>) -> Result<Report> {
         let mut all_rules = Vec::new();
         for f in &files {
             if let Some(parsed) = &f.parsed {
-                for s in Spec::all(parsed) {
-                    assumed.insert(s.name().to_string(), assumed_columns(&s));
+                for s in &parsed.specs {
+                    assumed.insert(s.name().to_string(), s.assumed_columns());
                 }
             }
             all_rules.extend(f.rules.iter().cloned());
@@ -954,7 +688,7 @@ pub async fn check(opts: &CheckOptions<'_>) -> Result<Report> {
                 for f in &files {
                     let Some(parsed) = &f.parsed else { continue };
                     let lines = test_lines(&f.text);
-                    for (i, case) in parsed.test.iter().enumerate() {
+                    for (i, case) in parsed.tests.iter().enumerate() {
                         let case_db = case.db.as_deref().or(db.as_deref());
                         let sql = case.sql.trim().trim_end_matches(';').trim_end();
                         let got = planner.explain(sql, case_db).await;
@@ -1081,10 +815,10 @@ mod tests {
 
     #[test]
     fn assumed_counter_columns() {
-        let f: RuleFile = toml::from_str(RULE).unwrap();
-        let cols = assumed_columns(&Spec::all(&f)[0]);
+        let f = crate::rules::read_text(RULE, Path::new("a.toml")).unwrap();
+        let cols = f.specs[0].assumed_columns();
         assert_eq!(cols.len(), 2);
         assert_eq!(cols[0].org_name, b"slug");
-        assert_eq!(cols[1].column_type, types::LONGLONG);
+        assert_eq!(cols[1].column_type, crate::wire::resultset::types::LONGLONG);
     }
 }

@@ -29,13 +29,19 @@ pub enum Command {
         #[arg(long, default_value = "http://127.0.0.1:9633/healthz")]
         url: String,
     },
-    /// Create the slot tables and triggers the counter rules need.
+    /// Create the tables and triggers the rules need (and backfill them).
     ///
-    /// Checks every `[[counter]]` rule against the database (the logical table exists,
-    /// key and counter columns exist, counters are integers, the key is the primary key
-    /// or a unique key, an existing slot table or trigger fits) and prints the DDL.
-    /// Nothing changes without --apply; with it the statements run, idempotently.
+    /// Checks every rule against the database (the logical table exists, the columns
+    /// the rule names exist with types that fit, the key is the primary key or a
+    /// unique key, existing tables and triggers fit) and prints the DDL. Nothing
+    /// changes without --apply; with it the statements run, idempotently.
     Migrate(MigrateArgs),
+    /// Run the rules' maintenance jobs once (counter: compact).
+    ///
+    /// Every job of every rule, or only --job / --rule. Each run holds a named lock on
+    /// the database, so the same job started from several places runs once at a time;
+    /// schedule it (cron, a sidecar loop) next to every proxy.
+    Maintain(MaintainArgs),
     /// Fold counter slot deltas back into the base values, online.
     ///
     /// One short transaction per key: lock its slot rows, add their sums to the logical
@@ -121,6 +127,26 @@ pub struct MigrateArgs {
     pub rule: Option<String>,
 }
 
+/// `heatsink maintain` flags.
+#[derive(Debug, Args)]
+pub struct MaintainArgs {
+    /// Rule file or directory of *.toml rule files.
+    #[arg(long, env = "HEATSINK_RULES")]
+    pub rules: PathBuf,
+    /// mysql://user:password@host:port/db; tables without a `db.` prefix live in db.
+    #[arg(long, env = "HEATSINK_BACKEND_URL")]
+    pub backend_url: String,
+    /// Only the rule with this name.
+    #[arg(long)]
+    pub rule: Option<String>,
+    /// Only this job (e.g. compact).
+    #[arg(long)]
+    pub job: Option<String>,
+    /// Keys or rows per batch, for jobs that work in batches.
+    #[arg(long, default_value_t = crate::maintain::DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub batch: usize,
+}
+
 /// `heatsink compact` flags.
 #[derive(Debug, Args)]
 pub struct CompactArgs {
@@ -134,7 +160,7 @@ pub struct CompactArgs {
     #[arg(long)]
     pub rule: Option<String>,
     /// Keys read per scan of the slot table (each key is still its own transaction).
-    #[arg(long, default_value_t = crate::kinds::counter::compact::DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = crate::maintain::DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub batch: usize,
 }
 

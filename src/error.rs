@@ -113,3 +113,39 @@ impl std::error::Error for Error {
 
 /// Result alias used across the crate.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Attaches a source and a context to any error: `conn.query(…).await.or_err(
+/// Source::Backend, || format!("rule {name}: reading {table}"))?`. The context is built
+/// only when there is an error.
+pub trait OrErr<T> {
+    /// Wraps the error as an [`Error`] from `source`, caused by the original error.
+    fn or_err<C: Into<String>>(self, source: Source, context: impl FnOnce() -> C) -> Result<T>;
+}
+
+impl<T, E> OrErr<T> for std::result::Result<T, E>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn or_err<C: Into<String>>(self, source: Source, context: impl FnOnce() -> C) -> Result<T> {
+        self.map_err(|e| Error::with_cause(source, context(), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn or_err_keeps_the_cause_and_adds_context() {
+        let r: std::result::Result<(), std::io::Error> = Err(std::io::Error::other("disk on fire"));
+        let e = r
+            .or_err(Source::Rules, || "reading rule file r.toml")
+            .unwrap_err();
+        assert_eq!(e.source, Source::Rules);
+        assert_eq!(
+            e.to_string(),
+            "rules error: reading rule file r.toml: disk on fire"
+        );
+        assert!(std::error::Error::source(&e).is_some());
+    }
+}

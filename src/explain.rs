@@ -26,11 +26,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::OutputFormat;
 use crate::error::{Error, Result, Source};
-use crate::migrate::emit;
 use crate::rewrite::{
     Affected, Decision, Engine, EngineError, Plan, PlanContext, Reply, Rule, StatementContext,
     TableName,
 };
+use crate::schema::emit;
 use crate::wire::resultset::ColumnDef;
 
 /// The default database assumed when planning without a database and without `--db`
@@ -484,7 +484,7 @@ pub(crate) fn planning_db(
         return Ok((Some(db.to_string()), None));
     }
     if let Some(url) = url {
-        return Ok(match crate::migrate::default_db(url)? {
+        return Ok(match crate::schema::default_db(url)? {
             Some(db) => (Some(db), None),
             None if rules_without_db => (
                 None,
@@ -513,7 +513,7 @@ pub(crate) async fn planner(rules: &Path, url: Option<&str>) -> Result<(Planner,
         .iter()
         .any(|r| r.tables().iter().any(|t| t.db.is_none()));
     let columns = match url {
-        Some(url) => Columns::Backend(crate::migrate::connect(url).await?),
+        Some(url) => Columns::Backend(crate::schema::connect(url).await?),
         None => Columns::Assumed(set.assumed),
     };
     let planner = Planner::new(set.rules, columns)

@@ -38,12 +38,14 @@ pub mod config;
 pub mod error;
 pub mod explain;
 pub mod kinds;
+pub mod maintain;
 pub mod metrics;
 pub mod migrate;
 pub mod relay;
 pub mod reload;
 pub mod rewrite;
 pub mod rules;
+pub mod schema;
 pub mod server;
 pub mod tls;
 pub mod wire;
@@ -90,13 +92,24 @@ pub fn run(cli: cli::Cli) -> Result<()> {
             maintenance_runtime()?.block_on(migrate::run(&opts, &mut std::io::stdout().lock()))
         }
         cli::Command::Compact(args) => {
-            let opts = kinds::counter::compact::CompactOptions {
+            let opts = maintain::MaintainOptions {
                 rules: &args.rules,
                 backend_url: &args.backend_url,
                 rule: args.rule.as_deref(),
+                job: Some("compact"),
                 batch: args.batch,
             };
-            maintenance_runtime()?.block_on(kinds::counter::compact::run(&opts, &mut std::io::stdout().lock()))
+            maintenance_runtime()?.block_on(maintain::run(&opts, &mut std::io::stdout().lock()))
+        }
+        cli::Command::Maintain(args) => {
+            let opts = maintain::MaintainOptions {
+                rules: &args.rules,
+                backend_url: &args.backend_url,
+                rule: args.rule.as_deref(),
+                job: args.job.as_deref(),
+                batch: args.batch,
+            };
+            maintenance_runtime()?.block_on(maintain::run(&opts, &mut std::io::stdout().lock()))
         }
         cli::Command::Check(args) => {
             let opts = check::CheckOptions {

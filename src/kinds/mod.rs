@@ -1,4 +1,209 @@
 //! Rule kinds: one folder per kind, each owning its whole life.
+//!
+//! A kind is a pattern heatsink can rewrite (`counter`, `ring`, …). Everything about
+//! one kind lives in `src/kinds/<kind>/`: its rule-file section and validation
+//! (`spec.rs`), its planner (`plan.rs`, a [`Rule`] the engine calls), its schema work
+//! (`schema.rs`: DDL from the logical table, backfill, live-schema checks), its
+//! group-commit merge and its maintenance jobs. The [`KINDS`] registry lists them;
+//! the drivers — `serve` (through [`crate::rules`]), `migrate`, `check`, `explain`,
+//! `maintain` — loop over it and over the [`RuleSpec`]s it reads, and never name a
+//! kind.
+//!
+//! The interface is what the drivers need from a rule, not what one kind happens to
+//! do:
+//!
+//! - [`Kind::parse`] reads the kind's sections of a rule file; [`RuleSpec::rule`]
+//!   validates one and builds the planner `serve` uses.
+//! - A plan ([`crate::rewrite::Plan`]) is a list of statements over any number of
+//!   physical tables with a reply shape; a read may be answered from several
+//!   tables at once (one statement with a `UNION ALL`, or several statements whose
+//!   last one answers).
+//! - [`RuleSpec::schema`] checks the rule against the live database and returns a
+//!   [`Migration`]: what `check --backend-url` reports and what `migrate` prints
+//!   and applies.
+//! - [`RuleSpec::jobs`] lists periodic maintenance (compaction, rotation) that
+//!   `heatsink maintain` runs; each run holds a database-wide named lock, so that
+//!   of many proxies or cron entries one does the work at a time.
+//!
+//! Adding a kind: a new folder, one line in [`KINDS`], its tests, and its section in
+//! `rules/README.md` (see `docs/adding-a-kind.md`).
+
+use std::fmt;
+use std::io::Write;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use mysql_async::Conn;
+
+use crate::check::Severity;
+use crate::error::Result;
+use crate::rewrite::Rule;
+use crate::wire::resultset::ColumnDef;
 
 pub mod counter;
+pub mod logical;
 pub mod ring;
+
+/// Every rule kind heatsink knows, in the order their rules are listed.
+pub static KINDS: &[&dyn Kind] = &[&counter::Counter, &ring::Ring];
+
+/// The kind whose rule-file section is `section`.
+pub fn kind(section: &str) -> Option<&'static dyn Kind> {
+    KINDS.iter().copied().find(|k| k.section() == section)
+}
+
+/// One rule kind: reads its rule-file section.
+pub trait Kind: Sync {
+    /// The rule-file section (`[[counter]]` → `counter`), also the kind's name in
+    /// messages.
+    fn section(&self) -> &'static str;
+
+    /// Reads this kind's entries of a rule file, in file order. Gets the whole text
+    /// so that a syntax or shape error carries its line and column; entries are
+    /// validated later, by [`RuleSpec::rule`].
+    fn parse(&self, text: &str) -> std::result::Result<Vec<Arc<dyn RuleSpec>>, toml::de::Error>;
+}
+
+/// Reads the `[[<section>]]` entries of a rule file into `T`, skipping the other
+/// sections (the rule-file reader rejects unknown ones). An error inside an entry
+/// carries its position in the whole text.
+pub fn entries<T: serde::de::DeserializeOwned>(
+    text: &str,
+    section: &'static str,
+) -> std::result::Result<Vec<T>, toml::de::Error> {
+    use serde::de::{Deserializer as _, IgnoredAny, MapAccess, Visitor};
+
+    struct Section<T> {
+        name: &'static str,
+        entries: std::marker::PhantomData<T>,
+    }
+
+    impl<'de, T: serde::Deserialize<'de>> Visitor<'de> for Section<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a rule file with [[{}]] sections", self.name)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Vec<T>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if key == self.name {
+                    out = map.next_value()?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    toml::Deserializer::parse(text)?.deserialize_map(Section {
+        name: section,
+        entries: std::marker::PhantomData,
+    })
+}
+
+/// One rule as written in a rule file, of any kind.
+#[async_trait(?Send)]
+pub trait RuleSpec: Send + Sync + fmt::Debug {
+    /// The kind's section name (`counter`).
+    fn kind(&self) -> &'static str;
+
+    /// The rule's name (unique across the rule set).
+    fn name(&self) -> &str;
+
+    /// The logical table the application uses, as written (`t` or `db.t`).
+    fn table(&self) -> &str;
+
+    /// The physical tables the rule writes besides the logical one, as written.
+    fn physical_tables(&self) -> Vec<String>;
+
+    /// Validates the rule (what needs no database) and builds the planner `serve`
+    /// uses. The reason names the offending key (`slots must be …`).
+    fn rule(&self) -> std::result::Result<Arc<dyn Rule>, String>;
+
+    /// The column list to plan with when no database can be asked: what the rule
+    /// names, with plausible types (`check` and `explain` without `--backend-url`).
+    fn assumed_columns(&self) -> Vec<ColumnDef>;
+
+    /// Checks the rule against the live database (`default_db` holds unqualified
+    /// tables). `Err(Refused)` when the tables cannot carry the rule.
+    async fn schema(
+        &self,
+        conn: &mut Conn,
+        default_db: Option<&str>,
+    ) -> std::result::Result<Box<dyn Migration>, SchemaError>;
+
+    /// Maintenance jobs of this rule, for `heatsink maintain`.
+    fn jobs(&self) -> &'static [Job] {
+        &[]
+    }
+
+    /// Runs one of [`RuleSpec::jobs`] once. The driver holds the job's lock.
+    async fn run_job(&self, job: &str, ctx: &mut JobContext<'_>) -> Result<JobReport> {
+        let _ = ctx;
+        Err(crate::error::Error::new(
+            crate::error::Source::Internal,
+            format!("rule {}: no job named '{job}'", self.name()),
+        ))
+    }
+}
+
+/// Why [`RuleSpec::schema`] did not produce a migration.
+#[derive(Debug)]
+pub enum SchemaError {
+    /// The tables do not fit the rule; the reason is a DBA's to act on.
+    Refused(String),
+    /// The database could not be read (or another failure unrelated to the rule).
+    Failed(crate::error::Error),
+}
+
+impl From<crate::error::Error> for SchemaError {
+    fn from(e: crate::error::Error) -> Self {
+        SchemaError::Failed(e)
+    }
+}
+
+/// What one rule needs from the database, found by [`RuleSpec::schema`].
+#[async_trait(?Send)]
+pub trait Migration: Send {
+    /// What `check --backend-url` reports: missing objects as errors, risks as
+    /// warnings (not what `migrate` would merely do).
+    async fn problems(&self, conn: &mut Conn) -> Result<Vec<(Severity, String)>>;
+
+    /// Prints the plan (`-- …` comments and the statements) and, with `apply`,
+    /// executes it. `migrate` calls this only when every selected rule passed its
+    /// checks.
+    async fn run(&self, conn: &mut Conn, apply: bool, out: &mut dyn Write) -> Result<()>;
+}
+
+/// A maintenance job a kind offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Job {
+    /// Its name (`--job compact`).
+    pub name: &'static str,
+    /// One line for `--help` and listings.
+    pub about: &'static str,
+}
+
+/// What a job gets from the `maintain` driver.
+pub struct JobContext<'a> {
+    /// A connection to the database (`CLIENT_FOUND_ROWS`, TCP).
+    pub conn: &'a mut Conn,
+    /// The database of unqualified tables.
+    pub default_db: Option<&'a str>,
+    /// Rows or keys per batch, for jobs that work in batches.
+    pub batch: usize,
+    /// Where progress lines go.
+    pub out: &'a mut dyn Write,
+}
+
+/// What one run of a job did.
+#[derive(Debug, Default)]
+pub struct JobReport {
+    /// One summary line (`3 keys compacted, 12 slot rows removed`).
+    pub summary: String,
+    /// Items that failed, with the reason; the others were still done.
+    pub failed: Vec<String>,
+}

@@ -4,13 +4,16 @@
 //! valid, empty rule set: pure passthrough). Every file is parsed and validated before
 //! any of it is used; an error names the file, line and reason.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::{Error, Source};
+use crate::check::TestCase;
+use crate::error::{Error, OrErr, Source};
+use crate::kinds::{kind, RuleSpec, KINDS};
+use crate::rewrite::{Engine, Rule};
 
 pub mod spec;
-use crate::rewrite::Engine;
 
 /// A rule-file problem, located.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,16 +22,24 @@ pub struct RuleError {
     pub file: PathBuf,
     /// 1-based line, when known.
     pub line: Option<usize>,
+    /// 1-based column, when known.
+    pub column: Option<usize>,
+    /// The rule the problem is in, as (kind, name), when it is one rule's.
+    pub rule: Option<(&'static str, String)>,
     /// What is wrong, in words a DBA can act on.
     pub reason: String,
 }
 
 impl std::fmt::Display for RuleError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "{}:{}: {}", self.file.display(), l, self.reason),
-            None => write!(f, "{}: {}", self.file.display(), self.reason),
+        write!(f, "{}", self.file.display())?;
+        if let Some(l) = self.line {
+            write!(f, ":{l}")?;
         }
+        if let Some((kind, name)) = &self.rule {
+            write!(f, ": {kind} '{name}'")?;
+        }
+        write!(f, ": {}", self.reason)
     }
 }
 
@@ -76,75 +87,158 @@ pub fn line_of(text: &str, at: usize) -> usize {
         + 1
 }
 
-/// The line where the rule called `name` is defined (where its quoted name first
-/// appears), for error messages.
-fn rule_line(text: &str, name: &str) -> Option<usize> {
-    text.find(&format!("\"{name}\""))
-        .map(|at| line_of(text, at))
+/// 1-based line and column of byte offset `at` in `text`.
+pub fn line_col(text: &str, at: usize) -> (usize, usize) {
+    let at = at.min(text.len());
+    let line = line_of(text, at);
+    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let col = text.get(start..at).map_or(1, |s| s.chars().count() + 1);
+    (line, col)
 }
 
-/// Parses one rule file's text; `file` names it in errors.
-pub fn parse_file(
+/// Lines of the `name = "…"` keys in a file's text, by the name written there (the
+/// first line for a name written more than once): where each rule is, for messages.
+/// One pass over the text, so that locating every rule stays linear in the number of
+/// rules.
+pub fn rule_lines(text: &str) -> HashMap<&str, usize> {
+    let mut out = HashMap::new();
+    for (i, l) in text.lines().enumerate() {
+        let Some(rest) = l.trim_start().strip_prefix("name") else {
+            continue;
+        };
+        let Some(value) = rest.trim_start().strip_prefix('=') else {
+            continue;
+        };
+        let value = value.trim_start();
+        let Some(quote) = value.chars().next().filter(|c| *c == '"' || *c == '\'') else {
+            continue;
+        };
+        let inner = &value[1..];
+        if let Some(end) = inner.find(quote) {
+            out.entry(&inner[..end]).or_insert(i + 1);
+        }
+    }
+    out
+}
+
+/// One rule file, read: its rules (not yet validated) and its test cases.
+#[derive(Debug, Default)]
+pub struct RuleFile {
+    /// The rules, kind by kind in [`KINDS`] order, in file order within a kind.
+    pub specs: Vec<Arc<dyn RuleSpec>>,
+    /// `[[test]]` sections: statements `heatsink check` runs through the rules.
+    pub tests: Vec<TestCase>,
+}
+
+/// Reads one rule file's text: syntax, known sections, each section's keys. `file`
+/// names it in errors.
+pub fn read_text(text: &str, file: &Path) -> Result<RuleFile, RuleError> {
+    let err = |at: Option<usize>, reason: String| {
+        let (line, column) = match at.map(|at| line_col(text, at)) {
+            Some((l, c)) => (Some(l), Some(c)),
+            None => (None, None),
+        };
+        RuleError {
+            file: file.to_path_buf(),
+            line,
+            column,
+            rule: None,
+            reason,
+        }
+    };
+    let toml_err =
+        |e: toml::de::Error| err(e.span().map(|s| s.start), e.message().trim().to_string());
+    let top: toml::Table = toml::from_str(text).map_err(toml_err)?;
+    let mut out = RuleFile::default();
+    for key in top.keys() {
+        if key != TESTS && kind(key).is_none() {
+            let expected: Vec<String> = KINDS
+                .iter()
+                .map(|k| format!("`{}`", k.section()))
+                .chain(std::iter::once(format!("`{TESTS}`")))
+                .collect();
+            return Err(err(
+                section_at(text, key),
+                format!(
+                    "unknown field `{key}`, expected one of {}",
+                    expected.join(", ")
+                ),
+            ));
+        }
+    }
+    for k in KINDS.iter().filter(|k| top.contains_key(k.section())) {
+        out.specs.extend(k.parse(text).map_err(toml_err)?);
+    }
+    if top.contains_key(TESTS) {
+        out.tests = crate::kinds::entries(text, TESTS).map_err(toml_err)?;
+    }
+    Ok(out)
+}
+
+/// The rule-file section holding `heatsink check`'s test cases.
+const TESTS: &str = "test";
+
+/// Byte offset of the top-level `[[key]]`, `[key]` or `key =` in `text`.
+fn section_at(text: &str, key: &str) -> Option<usize> {
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        let code = line.trim_start();
+        let name = code.trim_start_matches('[').trim_start();
+        if name.starts_with(key) && name[key.len()..].trim_start().starts_with([']', '=', '.']) {
+            return Some(at + line.len() - code.len());
+        }
+        at += line.len();
+    }
+    None
+}
+
+/// Reads one rule file's text and validates every rule in it, building the
+/// planners `serve` uses; `file` names it in errors.
+pub fn parse_file(text: &str, file: &Path) -> Result<Vec<Arc<dyn Rule>>, RuleError> {
+    let read = read_text(text, file)?;
+    validate(&read.specs, text, file)
+}
+
+/// Validates `specs` (read from `text`) and builds their planners. A rule's line is
+/// looked up only for an error.
+pub fn validate(
+    specs: &[Arc<dyn RuleSpec>],
     text: &str,
     file: &Path,
-) -> Result<Vec<Arc<dyn crate::rewrite::Rule>>, RuleError> {
-    let err = |line: Option<usize>, reason: String| RuleError {
-        file: file.to_path_buf(),
-        line,
-        reason,
-    };
-    let parsed: spec::RuleFile = toml::from_str(text).map_err(|e| {
-        err(
-            e.span().map(|s| line_of(text, s.start)),
-            e.message().to_string(),
-        )
-    })?;
-    let mut rules: Vec<Arc<dyn crate::rewrite::Rule>> = Vec::new();
-    // A rule's line is looked up only for an error: finding it scans the text, and
-    // doing that for every rule made loading quadratic in the number of rules.
-    for c in &parsed.counter {
-        let rule = crate::kinds::counter::CounterRule::new(c).map_err(|reason| {
-            err(
-                rule_line(text, &c.name),
-                format!("counter '{}': {reason}", c.name),
-            )
-        })?;
-        rules.push(Arc::new(rule));
-    }
-    for r in &parsed.ring {
-        let rule = crate::kinds::ring::RingRule::new(r).map_err(|reason| {
-            err(
-                rule_line(text, &r.name),
-                format!("ring '{}': {reason}", r.name),
-            )
-        })?;
-        rules.push(Arc::new(rule));
-    }
-    Ok(rules)
+) -> Result<Vec<Arc<dyn Rule>>, RuleError> {
+    specs
+        .iter()
+        .map(|s| {
+            s.rule().map_err(|reason| RuleError {
+                file: file.to_path_buf(),
+                line: rule_lines(text).get(s.name()).copied(),
+                column: None,
+                rule: Some((s.kind(), s.name().to_string())),
+                reason,
+            })
+        })
+        .collect()
+}
+
+/// Reads a rule file.
+fn read_file(file: &Path) -> Result<String, Error> {
+    std::fs::read_to_string(file).or_err(Source::Rules, || {
+        format!("reading rule file {}", file.display())
+    })
 }
 
 /// Loads and validates every rule file under `path` and builds an engine.
 pub fn load(path: &Path, cache_capacity: u64) -> Result<Engine, Error> {
     let mut rules = Vec::new();
     // Rule names seen so far, with where they were defined.
-    let mut seen: Vec<(String, (PathBuf, Option<usize>))> = Vec::new();
+    let mut seen: HashMap<String, (PathBuf, Option<usize>)> = HashMap::new();
     for file in rule_files(path)? {
-        let text = std::fs::read_to_string(&file).map_err(|e| {
-            Error::with_cause(
-                Source::Rules,
-                format!("reading rule file {}", file.display()),
-                e,
-            )
-        })?;
-        let parsed = parse_file(&text, &file)
-            .map_err(|e| Error::with_cause(Source::Rules, "invalid rule file", e))?;
+        let text = read_file(&file)?;
+        let parsed = parse_file(&text, &file).or_err(Source::Rules, || "invalid rule file")?;
+        let lines = rule_lines(&text);
         for rule in parsed {
-            let line = rule_line(&text, rule.name());
-            if let Some((other, other_line)) = seen
-                .iter()
-                .find(|(name, _)| name.as_str() == rule.name())
-                .map(|(_, place)| place)
-            {
+            let line = lines.get(rule.name()).copied();
+            if let Some((other, other_line)) = seen.get(rule.name()) {
                 let reason = format!(
                     "rule name '{}' is already used at {}:{}",
                     rule.name(),
@@ -154,46 +248,49 @@ pub fn load(path: &Path, cache_capacity: u64) -> Result<Engine, Error> {
                 let e = RuleError {
                     file: file.clone(),
                     line,
+                    column: None,
+                    rule: None,
                     reason,
                 };
                 return Err(Error::with_cause(Source::Rules, "invalid rule file", e));
             }
-            seen.push((rule.name().to_string(), (file.clone(), line)));
+            seen.insert(rule.name().to_string(), (file.clone(), line));
             rules.push(rule);
         }
     }
     if rules.is_empty() {
         return Ok(Engine::empty());
     }
-    Engine::new(rules, cache_capacity)
-        .map_err(|e| Error::with_cause(Source::Rules, "building rule set", e))
+    Engine::new(rules, cache_capacity).or_err(Source::Rules, || "building rule set")
 }
 
-/// The `[[counter]]` rules under `path`, in file order. Every file is first validated
-/// exactly as `serve` would load it, so maintenance commands never act on a rule set
-/// the proxy would refuse.
-pub fn counter_specs(path: &Path) -> Result<Vec<spec::CounterSpec>, Error> {
+/// Every rule under `path`, in file order, kind by kind within a file. Every file is
+/// first validated exactly as `serve` would load it, so maintenance commands never
+/// act on a rule set the proxy would refuse.
+pub fn specs(path: &Path) -> Result<Vec<Arc<dyn RuleSpec>>, Error> {
     let mut specs = Vec::new();
     for file in rule_files(path)? {
-        let text = std::fs::read_to_string(&file).map_err(|e| {
-            Error::with_cause(
-                Source::Rules,
-                format!("reading rule file {}", file.display()),
-                e,
-            )
-        })?;
-        parse_file(&text, &file)
-            .map_err(|e| Error::with_cause(Source::Rules, "invalid rule file", e))?;
-        let parsed: spec::RuleFile = toml::from_str(&text).map_err(|e| {
-            Error::with_cause(
-                Source::Rules,
-                format!("invalid rule file {}", file.display()),
-                e,
-            )
-        })?;
-        specs.extend(parsed.counter);
+        let text = read_file(&file)?;
+        let read = read_text(&text, &file).or_err(Source::Rules, || "invalid rule file")?;
+        validate(&read.specs, &text, &file).or_err(Source::Rules, || "invalid rule file")?;
+        specs.extend(read.specs);
     }
     Ok(specs)
+}
+
+/// The rules named `only` (an error when there is none), or every rule.
+pub fn select(
+    specs: Vec<Arc<dyn RuleSpec>>,
+    only: Option<&str>,
+) -> Result<Vec<Arc<dyn RuleSpec>>, Error> {
+    let Some(name) = only else {
+        return Ok(specs);
+    };
+    let picked: Vec<_> = specs.into_iter().filter(|s| s.name() == name).collect();
+    if picked.is_empty() {
+        return Err(Error::new(Source::Rules, format!("no rule named '{name}'")));
+    }
+    Ok(picked)
 }
 
 #[cfg(test)]

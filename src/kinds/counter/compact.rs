@@ -1,6 +1,7 @@
-//! `heatsink compact`: folds counter slot deltas back into the base values, online.
+//! The counter's `compact` job (`heatsink maintain --job compact`, or `heatsink
+//! compact`): folds slot deltas back into the base values, online.
 //!
-//! A counter's value is `base + SUM(slot deltas)` (see [`crate::rewrite::counter`]).
+//! A counter's value is `base + SUM(slot deltas)` (see [`super::plan`]).
 //! Slot rows accumulate as keys get incremented; compaction moves their sum into the
 //! logical table's row and deletes them, one key per short transaction:
 //!
@@ -22,35 +23,20 @@
 //! Keys are visited once, in primary-key order, `--batch` at a time, so keys that keep
 //! getting incremented do not keep the command busy forever.
 
-use std::io::Write;
-use std::path::Path;
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
 
+use super::schema::{check_rule, CheckedRule};
+use super::spec::CounterSpec;
 use crate::error::{Error, Result, Source};
-use crate::migrate::{check_rule, connect, default_db, emit, select_rules, values, CheckedRule};
+use crate::kinds::{JobContext, JobReport, SchemaError};
 use crate::rules::spec::quote;
+use crate::schema::values;
 
 /// Attempts per key before a deadlock or lock-wait timeout is reported as a failure.
 const ATTEMPTS: u32 = 5;
-
-/// Keys read per scan of the slot table when `--batch` is not given.
-pub const DEFAULT_BATCH: usize = 1000;
-
-/// What `heatsink compact` was asked to do.
-#[derive(Debug, Clone)]
-pub struct CompactOptions<'a> {
-    /// Rule file or directory of rule files.
-    pub rules: &'a Path,
-    /// `mysql://user:pw@host:port/db` of the database the rules apply to.
-    pub backend_url: &'a str,
-    /// Only this rule, when given.
-    pub rule: Option<&'a str>,
-    /// Keys read per scan of the slot table.
-    pub batch: usize,
-}
 
 /// What one rule's compaction did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -63,67 +49,44 @@ pub struct Stats {
     pub failed: Vec<String>,
 }
 
-/// Compacts every selected counter rule and prints one summary line per rule.
-/// Fails when a rule does not fit its tables or a key could not be compacted (the
-/// other keys are still compacted).
-pub async fn run(opts: &CompactOptions<'_>, out: &mut dyn Write) -> Result<()> {
-    let specs = select_rules(crate::rules::counter_specs(opts.rules)?, opts.rule)?;
-    if specs.is_empty() {
-        emit(out, "no counter rules: nothing to compact")?;
-        return Ok(());
-    }
-    let batch = opts.batch.max(1);
-    let mut conn = connect(opts.backend_url).await?;
-    let default_db = default_db(opts.backend_url)?;
-    let mut failed = Vec::new();
-    for spec in &specs {
-        let rule = check_rule(&mut conn, spec, default_db.as_deref()).await?;
-        if rule.create_table.is_some() {
-            emit(
-                out,
-                &format!(
-                    "rule {}: slot table {} does not exist (run heatsink migrate); nothing to compact",
-                    spec.name,
-                    rule.slot.quoted()
-                ),
-            )?;
-            continue;
+/// The `compact` job: folds every key's slot rows of one rule into its base row.
+/// Keys that could not be compacted are reported in [`JobReport::failed`]; the other
+/// keys are still compacted. A rule whose tables do not fit it is an error.
+pub(crate) async fn job(spec: &CounterSpec, ctx: &mut JobContext<'_>) -> Result<JobReport> {
+    let rule = match check_rule(ctx.conn, spec, ctx.default_db).await {
+        Ok(rule) => rule,
+        Err(SchemaError::Refused(reason)) => {
+            return Err(Error::new(
+                Source::Rules,
+                format!("counter '{}': {reason}", spec.name),
+            ))
         }
-        let stats = compact_rule(&mut conn, &rule, batch).await?;
-        emit(
-            out,
-            &format!(
-                "rule {}: {} keys compacted, {} slot rows removed{}",
-                spec.name,
-                stats.keys,
-                stats.rows,
-                if stats.failed.is_empty() {
-                    String::new()
-                } else {
-                    format!(", {} keys failed", stats.failed.len())
-                }
+        Err(SchemaError::Failed(e)) => return Err(e),
+    };
+    if rule.create_table.is_some() {
+        return Ok(JobReport {
+            summary: format!(
+                "slot table {} does not exist (run heatsink migrate); nothing to compact",
+                rule.slot.quoted()
             ),
-        )?;
-        failed.extend(
-            stats
-                .failed
-                .into_iter()
-                .map(|f| format!("rule {}: {f}", spec.name)),
-        );
+            failed: Vec::new(),
+        });
     }
-    let _ = conn.disconnect().await;
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::new(
-            Source::Backend,
-            format!(
-                "{} keys could not be compacted:\n  {}",
-                failed.len(),
-                failed.join("\n  ")
-            ),
-        ))
-    }
+    let stats = compact_rule(ctx.conn, &rule, ctx.batch.max(1)).await?;
+    let summary = format!(
+        "{} keys compacted, {} slot rows removed{}",
+        stats.keys,
+        stats.rows,
+        if stats.failed.is_empty() {
+            String::new()
+        } else {
+            format!(", {} keys failed", stats.failed.len())
+        }
+    );
+    Ok(JobReport {
+        summary,
+        failed: stats.failed,
+    })
 }
 
 /// The SQL one rule's compaction runs, built once.

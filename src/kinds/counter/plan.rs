@@ -30,6 +30,7 @@ use sqlparser::ast::{
     SetExpr, Statement, TableFactor, TableObject, UnaryOperator, Update,
 };
 
+use super::spec::CounterSpec;
 use crate::rewrite::shape::{
     check_qualifiers, check_update_qualifiers, column_name, ddl_rejection, eq, is_table_ddl,
     is_value, key_equalities, last_ident, mentions_column, parse, replace_reads, requalify,
@@ -39,7 +40,7 @@ use crate::rewrite::{
     Affected, ColumnPatch, IncrementPieces, LiteralClass, Merge, ParamCheck, Plan, PlanContext,
     Reply, Rule, Slot, TableName,
 };
-use crate::rules::spec::{quote, CounterSpec};
+use crate::rules::spec::quote;
 use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
 
 /// A `[[counter]]` rule, ready to plan statements.
@@ -999,11 +1000,12 @@ mod tests {
     /// An engine with one counter rule on `cnt` (one slot) whose other keys are
     /// `section`, and the logical table's `columns` known for database `shop`.
     fn engine_with(section: &str, columns: &[ColumnDef]) -> Engine {
-        let spec: crate::rules::spec::RuleFile = toml::from_str(&format!(
-            "[[counter]]\ncolumns = [\"cnt\"]\nslots = 1\n{section}"
-        ))
+        let spec: Vec<CounterSpec> = crate::kinds::entries(
+            &format!("[[counter]]\ncolumns = [\"cnt\"]\nslots = 1\n{section}"),
+            "counter",
+        )
         .unwrap();
-        let rule = CounterRule::new(&spec.counter[0]).unwrap();
+        let rule = CounterRule::new(&spec[0]).unwrap();
         let e = Engine::new(vec![Arc::new(rule)], 1000).unwrap();
         e.provide_metadata(0, Some("shop"), columns);
         e
@@ -1013,15 +1015,12 @@ mod tests {
 
     #[test]
     fn metadata_is_asked_first() {
-        let spec: crate::rules::spec::RuleFile = toml::from_str(
+        let spec: Vec<CounterSpec> = crate::kinds::entries(
             "[[counter]]\nname = \"x\"\ntable = \"shop.hits\"\ncolumns = [\"cnt\"]\nslots = 4\nslot_table = \"s\"\n",
+            "counter",
         )
         .unwrap();
-        let e = Engine::new(
-            vec![Arc::new(CounterRule::new(&spec.counter[0]).unwrap())],
-            10,
-        )
-        .unwrap();
+        let e = Engine::new(vec![Arc::new(CounterRule::new(&spec[0]).unwrap())], 10).unwrap();
         match decide(&e, "SELECT cnt FROM hits") {
             Decision::NeedMetadata(m) => {
                 assert_eq!(m.sql, "SELECT * FROM `shop`.`hits` LIMIT 0")
@@ -1478,15 +1477,12 @@ mod tests {
 
     #[test]
     fn non_integer_counters_are_refused() {
-        let spec: crate::rules::spec::RuleFile = toml::from_str(
+        let spec: Vec<CounterSpec> = crate::kinds::entries(
             "[[counter]]\nname = \"x\"\ntable = \"hits\"\nkey = [\"slug\"]\ncolumns = [\"cnt\"]\nslots = 4\nslot_table = \"s\"\n",
+            "counter",
         )
         .unwrap();
-        let e = Engine::new(
-            vec![Arc::new(CounterRule::new(&spec.counter[0]).unwrap())],
-            10,
-        )
-        .unwrap();
+        let e = Engine::new(vec![Arc::new(CounterRule::new(&spec[0]).unwrap())], 10).unwrap();
         e.provide_metadata(
             0,
             Some("shop"),

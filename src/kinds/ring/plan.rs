@@ -31,6 +31,7 @@ use sqlparser::ast::{
     Insert, ObjectName, SetExpr, Statement, TableFactor, TableObject, Update,
 };
 
+use super::spec::RingSpec;
 use crate::rewrite::shape::{
     check_qualifiers, check_update_qualifiers, column_def_name, ddl_rejection, eq, is_table_ddl,
     is_value, key_equalities, last_ident, mentions_column, parse, replace_reads, requalify,
@@ -40,7 +41,7 @@ use crate::rewrite::{
     Affected, ColumnPatch, Merge, ParamCheck, Plan, PlanContext, Reply, RingPieces, Rule, Slot,
     TableName,
 };
-use crate::rules::spec::{quote, RingSpec, TableName as SpecTable};
+use crate::rules::spec::{quote, TableName as SpecTable};
 use crate::wire::resultset::ColumnDef;
 
 /// Column flag: AUTO_INCREMENT.
@@ -610,11 +611,10 @@ mod tests {
     /// An engine with one ring rule (size 5, key uid) on
     /// `log(id AUTO_INCREMENT, uid, visitor_uid, last_update)`.
     fn engine(coalesce: bool) -> Engine {
-        let spec: crate::rules::spec::RuleFile = toml::from_str(&format!(
+        let spec: Vec<RingSpec> = crate::kinds::entries(&format!(
             "[[ring]]\nname = \"visits\"\ntable = \"log\"\nkey = [\"uid\"]\nsize = 5\nring_table = \"log_ring\"\nseq_table = \"log_seq\"\ncoalesce = {coalesce}\n"
-        ))
-        .unwrap();
-        let rule = RingRule::new(&spec.ring[0]).unwrap();
+        ), "ring").unwrap();
+        let rule = RingRule::new(&spec[0]).unwrap();
         let e = Engine::new(vec![Arc::new(rule)], 1000).unwrap();
         e.provide_metadata(
             0,

@@ -1,0 +1,528 @@
+//! The counter's schema work: what `heatsink migrate` creates for a counter rule,
+//! and what `check --backend-url` reports about it.
+//!
+//! A `[[counter]]` rule keeps the application's table as the counter's base value and
+//! spreads increments over a slot table (see [`crate::rewrite::counter`]). For every
+//! counter rule this command reads the logical table from `information_schema`, checks
+//! that the rule fits it, and prints the DDL that creates:
+//!
+//! 1. the slot table: the key columns with exactly the logical table's types
+//!    (character set and collation included, so the join on the key compares the same
+//!    way), the slot number column, one `BIGINT NOT NULL DEFAULT 0` column per counter
+//!    (deltas may be negative), `PRIMARY KEY (key…, slot)`, InnoDB, the logical
+//!    table's default character set and collation;
+//! 2. the trigger `<slot_table>_hs_ai`, `AFTER INSERT` on the slot table, which inserts
+//!    the logical row (counters at 0) when an increment names a key that has none yet.
+//!    A counter without key columns needs no trigger: its logical table must hold its
+//!    one row.
+//!
+//! The rule is refused (nothing is printed or created for any rule) when the logical
+//! table is missing, a key or counter column is missing, a counter column is not an
+//! integer, the key columns are not exactly the primary key or a unique key (then
+//! `INSERT IGNORE` would not create exactly one row per key), or an existing slot table
+//! or trigger does not match what the rule needs.
+//!
+//! With `--apply` the statements are executed. They are idempotent (`IF NOT EXISTS`),
+//! so running the command twice is harmless; objects that already exist and match are
+//! reported and left alone.
+//!
+//! The database of a table is the rule's `db.` prefix, else the database of
+//! `--backend-url`. An unqualified slot table lives next to its logical table.
+//!
+//! The checks are shared with [`crate::kinds::counter::compact`], which refuses to touch a rule whose
+//! tables do not fit it.
+
+use std::io::Write;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Row};
+
+use super::spec::CounterSpec;
+use crate::error::{Error, Result, Source};
+use crate::kinds::SchemaError;
+use crate::rules::spec::{quote, TableName};
+use crate::schema::*;
+
+/// Suffix of the trigger that creates missing logical rows.
+pub const TRIGGER_SUFFIX: &str = "_hs_ai";
+
+/// A counter rule checked against the database.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckedRule {
+    /// The rule as written.
+    pub spec: CounterSpec,
+    /// The logical table, database resolved.
+    pub logical: TableName,
+    /// The slot table, database resolved.
+    pub slot: TableName,
+    /// Key columns, spelled as in the logical table.
+    pub key: Vec<String>,
+    /// Counter columns, spelled as in the logical table.
+    pub columns: Vec<String>,
+    /// The slot number column.
+    pub slot_column: String,
+    /// `CREATE TABLE` for a missing slot table; `None` when it exists and matches.
+    pub create_table: Option<String>,
+    /// Trigger name (in the slot table's database).
+    pub trigger_name: String,
+    /// What to do about the trigger.
+    pub trigger: TriggerPlan,
+    /// Remarks for the operator (printed as comments).
+    pub notes: Vec<String>,
+}
+
+impl CheckedRule {
+    pub(crate) fn trigger_quoted(&self) -> String {
+        TableName {
+            db: self.slot.db.clone(),
+            name: self.trigger_name.clone(),
+        }
+        .quoted()
+    }
+}
+
+/// `<slot_table>_hs_ai`, shortened with a hash of the full name when that would exceed
+/// 64 characters.
+pub fn trigger_name(slot_table: &str) -> String {
+    suffixed_name(slot_table, TRIGGER_SUFFIX)
+}
+
+/// Resolves `spec`'s tables to a database: the rule's prefix, else `default_db` (the
+/// URL's); an unqualified slot table lives next to the logical table.
+pub(crate) fn resolve(
+    spec: &CounterSpec,
+    default_db: Option<&str>,
+) -> std::result::Result<(TableName, TableName), SchemaError> {
+    let refuse = SchemaError::Refused;
+    let mut logical = TableName::parse(&spec.table).map_err(refuse)?;
+    let mut slot = TableName::parse(&spec.slot_table).map_err(refuse)?;
+    if logical.db.is_none() {
+        logical.db = Some(default_db.map(str::to_string).ok_or_else(|| {
+            refuse(format!(
+                "table `{}` names no database and --backend-url has none",
+                spec.table
+            ))
+        })?);
+    }
+    if slot.db.is_none() {
+        slot.db = logical.db.clone();
+    }
+    Ok((logical, slot))
+}
+
+/// Checks one counter rule against the database and works out the DDL it needs.
+/// A refusal is [`SchemaError::Refused`]; backend failures are
+/// [`SchemaError::Failed`].
+pub(crate) async fn check_rule(
+    conn: &mut Conn,
+    spec: &CounterSpec,
+    default_db: Option<&str>,
+) -> std::result::Result<CheckedRule, SchemaError> {
+    let refuse = SchemaError::Refused;
+    spec.validate().map_err(refuse)?;
+    let (logical, slot) = resolve(spec, default_db)?;
+    let Some(table) = inspect_table(conn, &logical).await? else {
+        return Err(refuse(format!("table {} does not exist", logical.quoted())));
+    };
+    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
+        return Err(refuse(format!(
+            "{} is a {}, not a base table",
+            logical.quoted(),
+            table.table_type
+        )));
+    }
+    let mut notes = Vec::new();
+
+    // Key columns: present, usable in a primary key, exactly a unique key.
+    let mut key_cols: Vec<Column> = Vec::new();
+    for k in &spec.key {
+        key_cols.push(
+            table
+                .key_column(k, &logical, "a slot table")
+                .map_err(refuse)?
+                .clone(),
+        );
+    }
+    let key: Vec<String> = key_cols.iter().map(|c| c.name.clone()).collect();
+    if !key.is_empty() {
+        if !table.unique.iter().any(|(_, cols)| same_set(cols, &key)) {
+            let have: Vec<String> = table
+                .unique
+                .iter()
+                .map(|(n, cols)| format!("{n} ({})", list(cols)))
+                .collect();
+            let have = if have.is_empty() {
+                "none".to_string()
+            } else {
+                have.join(", ")
+            };
+            return Err(refuse(format!(
+                "key ({}) is neither the primary key nor a unique key of {}, so one row per key is not guaranteed (unique keys: {have})",
+                list(&key),
+                logical.quoted()
+            )));
+        }
+        for c in key_cols.iter().filter(|c| c.nullable) {
+            notes.push(format!(
+                "key column `{}` is nullable; rows whose key is NULL cannot be incremented through slot rows",
+                c.name
+            ));
+        }
+    }
+
+    // Counter columns: present and integer.
+    let mut columns = Vec::new();
+    for c in &spec.columns {
+        let col = table.column(c).ok_or_else(|| {
+            refuse(format!(
+                "counter column `{c}` is not a column of {}",
+                logical.quoted()
+            ))
+        })?;
+        if !col.is_integer() {
+            return Err(refuse(format!(
+                "counter column `{}` of {} is {}, not an integer type",
+                col.name,
+                logical.quoted(),
+                col.column_type
+            )));
+        }
+        columns.push(col.name.clone());
+    }
+    if table
+        .engine
+        .as_deref()
+        .is_some_and(|e| !e.eq_ignore_ascii_case("InnoDB"))
+    {
+        notes.push(format!(
+            "{} uses {}; rewritten statements are only atomic on a transactional engine such as InnoDB",
+            logical.quoted(),
+            table.engine.as_deref().unwrap_or_default()
+        ));
+    }
+
+    let create_table = match inspect_table(conn, &slot).await? {
+        None => Some(create_table_sql(spec, &slot, &table, &key_cols, &columns)),
+        Some(existing) => {
+            let problems = slot_table_problems(spec, &existing, &key_cols, &columns);
+            if !problems.is_empty() {
+                return Err(refuse(format!(
+                    "slot table {} exists but does not match the rule: {}",
+                    slot.quoted(),
+                    problems.join("; ")
+                )));
+            }
+            None
+        }
+    };
+
+    let trigger_name = trigger_name(&slot.name);
+    let trigger = if key.is_empty() {
+        let rows: Vec<Row> = conn
+            .query(format!("SELECT COUNT(*) FROM {}", logical.quoted()))
+            .await
+            .map_err(|e| schema_err(format!("counting rows of {}", logical.quoted()), e))?;
+        let n = rows
+            .first()
+            .and_then(|r| r.get_opt::<u64, usize>(0))
+            .and_then(|r| r.ok())
+            .unwrap_or_default();
+        if n != 1 {
+            notes.push(format!(
+                "{} holds {n} rows; a counter without key columns needs exactly one",
+                logical.quoted()
+            ));
+        }
+        TriggerPlan::NotNeeded
+    } else {
+        let body = trigger_body(&logical, &key, &columns);
+        let trig = TableName {
+            db: slot.db.clone(),
+            name: trigger_name.clone(),
+        };
+        match existing_trigger(conn, &trig).await? {
+            None => TriggerPlan::Create(format!(
+                "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} FOR EACH ROW {body}",
+                trig.quoted(),
+                slot.quoted()
+            )),
+            Some(t) => {
+                let on_slot = t.table.eq_ignore_ascii_case(&slot.name)
+                    && t.timing.eq_ignore_ascii_case("AFTER")
+                    && t.event.eq_ignore_ascii_case("INSERT");
+                let found = normalize(&t.body);
+                // A hand-written equivalent (same INSERT IGNORE into the logical table,
+                // e.g. without the counters) is accepted; anything else is not ours.
+                let creates_row = found.starts_with("insert ignore into")
+                    && found.contains(&logical.name.to_ascii_lowercase());
+                if !on_slot || !creates_row {
+                    return Err(refuse(format!(
+                        "trigger {} exists but is not `AFTER INSERT ON {} FOR EACH ROW {body}` (it is `{} {} ON {} FOR EACH ROW {}`); drop it or rename the slot table",
+                        trig.quoted(),
+                        slot.quoted(),
+                        t.timing,
+                        t.event,
+                        quote(&t.table),
+                        t.body
+                    )));
+                }
+                if found != normalize(&body) {
+                    notes.push(format!(
+                        "trigger {} exists with the body `{}`; left as it is",
+                        trig.quoted(),
+                        t.body
+                    ));
+                }
+                TriggerPlan::Exists
+            }
+        }
+    };
+    let omitted: Vec<String> = table
+        .columns
+        .iter()
+        .filter(|c| !c.omittable && !key.contains(&c.name) && !columns.contains(&c.name))
+        .map(|c| c.name.clone())
+        .collect();
+    if !key.is_empty() && !omitted.is_empty() {
+        notes.push(format!(
+            "{} has no default for {}; rows the trigger creates get the type's implicit default there",
+            logical.quoted(),
+            list(&omitted)
+        ));
+    }
+
+    Ok(CheckedRule {
+        spec: spec.clone(),
+        logical,
+        slot,
+        key,
+        columns,
+        slot_column: spec.slot_column.clone(),
+        create_table,
+        trigger_name,
+        trigger,
+        notes,
+    })
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for the slot table.
+fn create_table_sql(
+    spec: &CounterSpec,
+    slot: &TableName,
+    logical: &Table,
+    key: &[Column],
+    columns: &[String],
+) -> String {
+    let mut lines: Vec<String> = key
+        .iter()
+        .map(|c| format!("  {} {} NOT NULL", quote(&c.name), c.type_sql()))
+        .collect();
+    lines.push(format!(
+        "  {} SMALLINT UNSIGNED NOT NULL",
+        quote(&spec.slot_column)
+    ));
+    for c in columns {
+        lines.push(format!("  {} BIGINT NOT NULL DEFAULT 0", quote(c)));
+    }
+    let pk: Vec<String> = key
+        .iter()
+        .map(|c| quote(&c.name))
+        .chain(std::iter::once(quote(&spec.slot_column)))
+        .collect();
+    lines.push(format!("  PRIMARY KEY ({})", pk.join(", ")));
+    let mut options = "ENGINE=InnoDB".to_string();
+    if let Some(cs) = &logical.charset {
+        options.push_str(&format!(" DEFAULT CHARSET={cs}"));
+    }
+    if let Some(coll) = &logical.collation {
+        options.push_str(&format!(" COLLATE={coll}"));
+    }
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n{}\n) {options}",
+        slot.quoted(),
+        lines.join(",\n")
+    )
+}
+
+/// What is wrong with an existing slot table for this rule (empty: it fits).
+fn slot_table_problems(
+    spec: &CounterSpec,
+    slot: &Table,
+    key: &[Column],
+    columns: &[String],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for k in key {
+        match slot.column(&k.name) {
+            None => problems.push(format!("key column `{}` is missing", k.name)),
+            Some(c) if !c.same_type(k) => problems.push(format!(
+                "key column `{}` is {} but the logical table's is {}",
+                k.name,
+                c.type_sql(),
+                k.type_sql()
+            )),
+            Some(_) => {}
+        }
+    }
+    match slot.column(&spec.slot_column) {
+        None => problems.push(format!("slot column `{}` is missing", spec.slot_column)),
+        Some(c) => match integer_max(&c.data_type, c.is_unsigned()) {
+            None => problems.push(format!(
+                "slot column `{}` is {}, not an integer type",
+                c.name, c.column_type
+            )),
+            Some(max) if max < u64::from(spec.slots.saturating_sub(1)) => problems.push(format!(
+                "slot column `{}` ({}) cannot hold slot {}",
+                c.name,
+                c.column_type,
+                spec.slots - 1
+            )),
+            Some(_) => {}
+        },
+    }
+    for name in columns {
+        match slot.column(name) {
+            None => problems.push(format!("counter column `{name}` is missing")),
+            Some(c) if !c.is_integer() || c.is_unsigned() => problems.push(format!(
+                "counter column `{name}` is {}, not a signed integer (deltas may be negative)",
+                c.column_type
+            )),
+            Some(_) => {}
+        }
+    }
+    let want_pk: Vec<String> = key
+        .iter()
+        .map(|c| c.name.clone())
+        .chain(std::iter::once(spec.slot_column.clone()))
+        .collect();
+    match &slot.primary {
+        Some(pk) if same_set(pk, &want_pk) => {}
+        Some(pk) => problems.push(format!(
+            "primary key is ({}), not ({})",
+            list(pk),
+            list(&want_pk)
+        )),
+        None => problems.push(format!("no primary key; it needs ({})", list(&want_pk))),
+    }
+    for c in &slot.columns {
+        let used = want_pk
+            .iter()
+            .chain(columns)
+            .any(|n| n.eq_ignore_ascii_case(&c.name));
+        if !used && !c.omittable {
+            problems.push(format!(
+                "column `{}` is NOT NULL without a default, so slot inserts would fail",
+                c.name
+            ));
+        }
+    }
+    problems
+}
+
+/// The trigger's statement: create the logical row with counters at 0.
+fn trigger_body(logical: &TableName, key: &[String], columns: &[String]) -> String {
+    let cols: Vec<String> = key.iter().chain(columns).map(|c| quote(c)).collect();
+    let vals: Vec<String> = key
+        .iter()
+        .map(|k| format!("NEW.{}", quote(k)))
+        .chain(columns.iter().map(|_| "0".to_string()))
+        .collect();
+    format!(
+        "INSERT IGNORE INTO {} ({}) VALUES ({})",
+        logical.quoted(),
+        cols.join(", "),
+        vals.join(", ")
+    )
+}
+
+/// Prints one rule's plan and, with `apply`, executes it.
+pub(crate) async fn print_and_apply(
+    conn: &mut Conn,
+    rule: &CheckedRule,
+    apply: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let key = if rule.key.is_empty() {
+        "no key: one global counter".to_string()
+    } else {
+        format!("key {}", list(&rule.key))
+    };
+    emit(
+        out,
+        &format!(
+            "-- rule {}: counter table {} ({key}; counters {}), {} slots in {}",
+            rule.spec.name,
+            rule.logical.quoted(),
+            list(&rule.columns),
+            rule.spec.slots,
+            rule.slot.quoted(),
+        ),
+    )?;
+    for note in &rule.notes {
+        emit(out, &format!("-- note: {note}"))?;
+    }
+    let mut statements: Vec<(&str, String)> = Vec::new();
+    match &rule.create_table {
+        Some(ddl) => statements.push(("created slot table", ddl.clone())),
+        None => emit(
+            out,
+            &format!(
+                "-- slot table {} exists and matches the rule",
+                rule.slot.quoted()
+            ),
+        )?,
+    }
+    match &rule.trigger {
+        TriggerPlan::NotNeeded => emit(
+            out,
+            &format!(
+                "-- no trigger: without key columns the counter is the single row of {}, which must exist",
+                rule.logical.quoted()
+            ),
+        )?,
+        TriggerPlan::Exists => emit(
+            out,
+            &format!("-- trigger {} exists and matches the rule", rule.trigger_quoted()),
+        )?,
+        TriggerPlan::Create(ddl) => statements.push(("created trigger", ddl.clone())),
+    }
+    for (done, sql) in statements {
+        emit(out, &format!("{sql};"))?;
+        if apply {
+            conn.query_drop(sql.as_str()).await.map_err(|e| {
+                Error::with_cause(
+                    Source::Backend,
+                    format!("rule {}: executing `{sql}`", rule.spec.name),
+                    e,
+                )
+            })?;
+            emit(out, &format!("-- applied: {done}"))?;
+        }
+    }
+    emit(out, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trigger_names_fit() {
+        assert_eq!(trigger_name("hits_slots"), "hits_slots_hs_ai");
+        let long = "s".repeat(64);
+        let t = trigger_name(&long);
+        assert_eq!(t.len(), 64);
+        assert!(t.ends_with(TRIGGER_SUFFIX));
+        assert_ne!(t, trigger_name(&format!("{}t", "s".repeat(63))));
+        assert_eq!(trigger_name(&"a".repeat(58)).len(), 64);
+    }
+
+    #[test]
+    fn trigger_body_sets_counters_to_zero() {
+        let t = TableName::parse("shop.hits").unwrap();
+        assert_eq!(
+            trigger_body(&t, &["slug".into()], &["cnt".into()]),
+            "INSERT IGNORE INTO `shop`.`hits` (`slug`, `cnt`) VALUES (NEW.`slug`, 0)"
+        );
+    }
+}

@@ -1,0 +1,1164 @@
+//! The ring's schema work: what `heatsink migrate` creates and backfills for a ring
+//! rule, and what `check --backend-url` reports about it.
+//!
+//! A `[[ring]]` rule stores a "keep the last N per key" log as fixed-size rings (see
+//! [`crate::rewrite::ring`]). From the logical (log) table the command derives:
+//!
+//! 1. the ring table: every logical column with its exact type, character set,
+//!    collation, nullability, default, `ON UPDATE` and `AUTO_INCREMENT` (the log's
+//!    `AUTO_INCREMENT` column gets a secondary `KEY (<ai>)`), but without the log's
+//!    keys; then `<slot_column> SMALLINT UNSIGNED NOT NULL` (`INT UNSIGNED` when
+//!    `size` > 65535) and `<seq_column> BIGINT UNSIGNED NOT NULL`, neither with a
+//!    default; `PRIMARY KEY (key…, slot)`. Key columns are `NOT NULL` there even when
+//!    the log's are nullable (rows with a NULL key cannot be kept);
+//! 2. the sequence table: the key columns (exact types), `<seq_column> BIGINT UNSIGNED
+//!    NOT NULL`, `PRIMARY KEY (key…)`. A ring without key columns has one sequence
+//!    row, held in place by a `single_row` column whose default every insert repeats;
+//! 3. `<ring_table>_hs_seq`, a `BEFORE INSERT` trigger on the ring table that numbers
+//!    every row inserted into it: it takes the key's next sequence number from the
+//!    sequence table (`INSERT … VALUES (NEW.k…, LAST_INSERT_ID(1)) ON DUPLICATE KEY
+//!    UPDATE seq = LAST_INSERT_ID(seq + 1)`, read back with `LAST_INSERT_ID()`, which
+//!    MariaDB restores when the trigger ends) and sets `seq` and `slot = seq % size`.
+//!    The rule's inserts give both as NULL, so without the trigger they fail (1048)
+//!    instead of filling slot 0;
+//! 4. the trigger on the log described below.
+//!
+//! The rule is refused when the log is missing or not a base table, a key column is
+//! missing or TEXT/BLOB, the slot or sequence column name is already a logical column,
+//! `order_by` is not a column, the log has generated columns (ring inserts assign
+//! every column), an existing ring or sequence table does not fit (for instance the
+//! log's `AUTO_INCREMENT` column is not `AUTO_INCREMENT` in the ring), or a trigger of
+//! one of the two names exists that is not `BEFORE INSERT` on the ring, respectively
+//! `AFTER INSERT` on the log.
+//!
+//! **Backfill and the switch.** With `--apply`, when the ring table is new (or it and
+//! the sequence table are both empty, e.g. after an interrupted backfill) and the log
+//! has rows, each key's latest `size` rows are copied into the ring: "latest" by
+//! `order_by` then the primary key, or by the primary key alone. A copied row keeps
+//! its id; its sequence number is its position in the key's full history
+//! (`ROW_NUMBER()` over the key, oldest first) and its slot that number modulo
+//! `size`; the sequence table gets each key's row count, so new inserts continue after
+//! the history. The backfill runs before `<ring_table>_hs_seq` exists (the trigger
+//! would renumber the copied rows; an existing one is dropped for the backfill and
+//! created again). Then the ring's `AUTO_INCREMENT` counter is raised to the log's
+//! (`ALTER TABLE … AUTO_INCREMENT`) when it is lower, so ids keep increasing across the
+//! switch and inserts through heatsink report the ids the log would have given.
+//!
+//! Clients rarely all move to heatsink at the same instant, so the command also
+//! installs `<ring_table>_hs_log`, an `AFTER INSERT` trigger on the log that mirrors a
+//! row appended to the log directly into the ring: the row with its id, slot and
+//! sequence NULL (the ring's trigger numbers it) and the rule's guarded upsert; rows
+//! with a NULL key are skipped; the appending client's `LAST_INSERT_ID()` is untouched.
+//! The backfill, the counter and both triggers' creation happen under `LOCK TABLES log
+//! WRITE, ring WRITE, seq WRITE`, so every row appended to the log is counted exactly
+//! once, backfilled or mirrored: the rule can be switched on while the application
+//! keeps inserting, and no row that belongs in the latest N is lost. Appends and reads
+//! of the log wait for the backfill. Once every client goes through heatsink nothing
+//! appends to the log any more and the trigger is idle; it keeps the ring in step with
+//! writers that bypass heatsink.
+
+use std::io::Write;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+
+use super::spec::RingSpec;
+use crate::error::{Error, Result, Source};
+use crate::kinds::SchemaError;
+use crate::rules::spec::{quote, TableName};
+use crate::schema::*;
+
+/// Suffix of the trigger on a ring rule's log that mirrors direct appends into the ring.
+pub const RING_TRIGGER_SUFFIX: &str = "_hs_log";
+
+/// Suffix of the trigger on a ring table that numbers its rows (sequence and slot).
+pub const SEQ_TRIGGER_SUFFIX: &str = "_hs_seq";
+
+/// Column of a keyless ring's sequence table: every insert repeats its default, so the
+/// table keeps exactly one row.
+pub const SINGLE_ROW: &str = "single_row";
+
+/// The backfill's derived column: a row's position in its key's history (1 = oldest).
+const POS: &str = "__heatsink_pos";
+
+/// The backfill's derived column: the number of rows in the key's history.
+const COUNT: &str = "__heatsink_count";
+
+/// A ring rule checked against the database.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckedRing {
+    /// The rule as written.
+    pub spec: RingSpec,
+    /// The log table, database resolved.
+    pub logical: TableName,
+    /// The ring table, database resolved.
+    pub ring: TableName,
+    /// The sequence table, database resolved.
+    pub seq: TableName,
+    /// Key columns, spelled as in the log.
+    pub key: Vec<String>,
+    /// `CREATE TABLE` for a missing ring table; `None` when it exists and fits.
+    pub create_ring: Option<String>,
+    /// `CREATE TABLE` for a missing sequence table; `None` when it exists and fits.
+    pub create_seq: Option<String>,
+    /// The backfill (ring rows, then sequence values); `None` when the log gives no
+    /// order to tell the latest rows by (then it must be empty).
+    pub backfill: Option<[String; 2]>,
+    /// Whether the backfill is due: the log has rows and the ring and sequence tables
+    /// are new or empty. Checked again under the table locks when applying.
+    pub backfill_due: bool,
+    /// The log's `AUTO_INCREMENT` column, if any.
+    pub auto_inc: Option<String>,
+    /// Unique keys of the log (name, columns) the ring does not enforce: all but a
+    /// key of the `AUTO_INCREMENT` column alone, whose generated ids are unique.
+    pub unenforced_unique: Vec<(String, Vec<String>)>,
+    /// The log's next id when the ring's counter is below it (checked again when
+    /// applying): the ring's `AUTO_INCREMENT` is raised to it.
+    pub raise_auto_inc: Option<u64>,
+    /// The trigger on the ring that numbers its rows.
+    pub seq_trigger_name: TableName,
+    /// What to do about that trigger.
+    pub seq_trigger: TriggerPlan,
+    /// The statement creating it (also to create it again after a backfill).
+    pub create_seq_trigger: String,
+    /// The trigger on the log that mirrors rows appended to it directly.
+    pub trigger_name: TableName,
+    /// What to do about that trigger.
+    pub trigger: TriggerPlan,
+    /// Remarks for the operator (printed as comments).
+    pub notes: Vec<String>,
+}
+
+/// Resolves a ring rule's tables to a database: the rule's prefix, else
+/// `default_db`; unqualified ring and sequence tables live next to the log.
+pub(crate) fn resolve_ring(
+    spec: &RingSpec,
+    default_db: Option<&str>,
+) -> std::result::Result<(TableName, TableName, TableName), SchemaError> {
+    let refuse = SchemaError::Refused;
+    let mut logical = TableName::parse(&spec.table).map_err(refuse)?;
+    let mut ring = TableName::parse(&spec.ring_table).map_err(refuse)?;
+    let mut seq = TableName::parse(&spec.seq_table_name()).map_err(refuse)?;
+    if logical.db.is_none() {
+        logical.db = Some(default_db.map(str::to_string).ok_or_else(|| {
+            refuse(format!(
+                "table `{}` names no database and --backend-url has none",
+                spec.table
+            ))
+        })?);
+    }
+    for t in [&mut ring, &mut seq] {
+        if t.db.is_none() {
+            t.db = logical.db.clone();
+        }
+    }
+    Ok((logical, ring, seq))
+}
+
+/// Checks one ring rule against the database and works out the DDL and backfill it
+/// needs. A refusal is [`SchemaError::Refused`]; backend failures are
+/// [`SchemaError::Failed`].
+pub(crate) async fn check_ring(
+    conn: &mut Conn,
+    spec: &RingSpec,
+    default_db: Option<&str>,
+) -> std::result::Result<CheckedRing, SchemaError> {
+    let refuse = SchemaError::Refused;
+    spec.validate().map_err(refuse)?;
+    let (logical, ring, seq) = resolve_ring(spec, default_db)?;
+    let Some(table) = inspect_table(conn, &logical).await? else {
+        return Err(refuse(format!("table {} does not exist", logical.quoted())));
+    };
+    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
+        return Err(refuse(format!(
+            "{} is a {}, not a base table",
+            logical.quoted(),
+            table.table_type
+        )));
+    }
+    let mut notes = Vec::new();
+    if let Some(c) = table.columns.iter().find(|c| c.extra.contains("generated")) {
+        return Err(refuse(format!(
+            "column `{}` of {} is generated; a ring table cannot hold it (ring inserts assign every column)",
+            c.name,
+            logical.quoted()
+        )));
+    }
+
+    let mut key_cols: Vec<Column> = Vec::new();
+    for k in &spec.key {
+        let col = table
+            .key_column(k, &logical, "a ring table")
+            .map_err(refuse)?;
+        if col.nullable {
+            notes.push(format!(
+                "key column `{}` is nullable in the log but NOT NULL in the ring: rows whose key is NULL cannot be kept (the backfill skips them)",
+                col.name
+            ));
+        }
+        key_cols.push(col.clone());
+    }
+    let key: Vec<String> = key_cols.iter().map(|c| c.name.clone()).collect();
+    for (what, c) in [
+        ("slot_column", &spec.slot_column),
+        ("seq_column", &spec.seq_column),
+    ] {
+        if table.column(c).is_some() {
+            return Err(refuse(format!(
+                "{what} `{c}` is already a column of {}; choose another name",
+                logical.quoted()
+            )));
+        }
+    }
+    let order_by = match &spec.order_by {
+        Some(o) => Some(
+            table
+                .column(o)
+                .ok_or_else(|| {
+                    refuse(format!(
+                        "order_by column `{o}` is not a column of {}",
+                        logical.quoted()
+                    ))
+                })?
+                .name
+                .clone(),
+        ),
+        None => None,
+    };
+    if table
+        .engine
+        .as_deref()
+        .is_some_and(|e| !e.eq_ignore_ascii_case("InnoDB"))
+    {
+        notes.push(format!(
+            "{} uses {}; the ring tables are InnoDB",
+            logical.quoted(),
+            table.engine.as_deref().unwrap_or_default()
+        ));
+    }
+    let auto_inc = table
+        .columns
+        .iter()
+        .find(|c| c.extra.contains("auto_increment"))
+        .map(|c| c.name.clone());
+    if let Some(a) = &auto_inc {
+        notes.push(format!(
+            "`{a}` stays AUTO_INCREMENT in the ring: ids and last_insert_id continue the log's"
+        ));
+    }
+
+    let existing_ring = inspect_table(conn, &ring).await?;
+    let create_ring = match &existing_ring {
+        None => Some(create_ring_sql(spec, &ring, &table, &key)),
+        Some(existing) => {
+            let problems = ring_table_problems(spec, existing, &table, &key);
+            if !problems.is_empty() {
+                return Err(refuse(format!(
+                    "ring table {} exists but does not match the rule: {}",
+                    ring.quoted(),
+                    problems.join("; ")
+                )));
+            }
+            None
+        }
+    };
+    let existing_seq = inspect_table(conn, &seq).await?;
+    let create_seq = match &existing_seq {
+        None => Some(create_seq_sql(spec, &seq, &table, &key_cols)),
+        Some(existing) => {
+            let problems = seq_table_problems(spec, existing, &key_cols);
+            if !problems.is_empty() {
+                return Err(refuse(format!(
+                    "sequence table {} exists but does not match the rule: {}",
+                    seq.quoted(),
+                    problems.join("; ")
+                )));
+            }
+            None
+        }
+    };
+
+    let log_has_rows = table_has_rows(conn, &logical).await?;
+    let ring_has_rows = match existing_ring {
+        Some(_) => table_has_rows(conn, &ring).await?,
+        None => false,
+    };
+    let seq_has_rows = match existing_seq {
+        Some(_) => table_has_rows(conn, &seq).await?,
+        None => false,
+    };
+    let backfill_due = log_has_rows && !ring_has_rows && !seq_has_rows;
+    if log_has_rows && !backfill_due {
+        notes.push(format!(
+            "no backfill: {} already holds rows",
+            if ring_has_rows { &ring } else { &seq }.quoted()
+        ));
+    }
+    let mut order: Vec<String> = order_by.iter().cloned().collect();
+    let tiebreak = table.primary.clone().or_else(|| {
+        table
+            .unique
+            .iter()
+            .find(|(_, cols)| {
+                cols.iter()
+                    .all(|c| table.column(c).is_some_and(|c| !c.nullable))
+            })
+            .map(|(_, cols)| cols.clone())
+    });
+    for c in tiebreak.unwrap_or_default() {
+        if !order.iter().any(|o| o.eq_ignore_ascii_case(&c)) {
+            order.push(c);
+        }
+    }
+    let backfill = if order.is_empty() {
+        if backfill_due {
+            return Err(refuse(format!(
+                "{} has rows but neither order_by nor a primary key says which are the latest; set order_by",
+                logical.quoted()
+            )));
+        }
+        None
+    } else {
+        if backfill_due && order_by.is_some() && table.primary.is_none() {
+            notes.push(format!(
+                "{} has no primary key: rows with equal `{}` are backfilled in an arbitrary order",
+                logical.quoted(),
+                order[0]
+            ));
+        }
+        Some(backfill_sql(
+            spec, &logical, &ring, &seq, &table, &key_cols, &order,
+        ))
+    };
+    let raise_auto_inc = match &auto_inc {
+        Some(a) => {
+            let log_next = next_id(conn, &logical, a).await?;
+            let ring_next = if existing_ring.is_some() {
+                next_id(conn, &ring, a).await?
+            } else {
+                1
+            };
+            (log_next > ring_next).then_some(log_next)
+        }
+        None => None,
+    };
+
+    let seq_trigger_name = TableName {
+        db: ring.db.clone(),
+        name: suffixed_name(&ring.name, SEQ_TRIGGER_SUFFIX),
+    };
+    let seq_body = seq_trigger_body(spec, &seq, &key_cols);
+    let create_seq_trigger = format!(
+        "CREATE TRIGGER IF NOT EXISTS {} BEFORE INSERT ON {} FOR EACH ROW {seq_body}",
+        seq_trigger_name.quoted(),
+        ring.quoted()
+    );
+    let seq_trigger = plan_insert_trigger(
+        conn,
+        &seq_trigger_name,
+        (&ring, "BEFORE"),
+        &seq_body,
+        create_seq_trigger.clone(),
+        &mut notes,
+    )
+    .await?
+    .map_err(refuse)?;
+
+    let trigger_name = TableName {
+        db: logical.db.clone(),
+        name: suffixed_name(&ring.name, RING_TRIGGER_SUFFIX),
+    };
+    let body = ring_trigger_body(spec, &ring, &table, &key_cols);
+    let create = format!(
+        "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} FOR EACH ROW {body}",
+        trigger_name.quoted(),
+        logical.quoted()
+    );
+    let trigger = plan_insert_trigger(
+        conn,
+        &trigger_name,
+        (&logical, "AFTER"),
+        &body,
+        create,
+        &mut notes,
+    )
+    .await?
+    .map_err(refuse)?;
+
+    let unenforced_unique = table
+        .unique
+        .iter()
+        .filter(|(_, cols)| {
+            !matches!((cols.as_slice(), &auto_inc), ([c], Some(a)) if c.eq_ignore_ascii_case(a))
+        })
+        .cloned()
+        .collect();
+    Ok(CheckedRing {
+        spec: spec.clone(),
+        logical,
+        ring,
+        seq,
+        key,
+        create_ring,
+        create_seq,
+        backfill,
+        backfill_due,
+        auto_inc,
+        unenforced_unique,
+        raise_auto_inc,
+        seq_trigger_name,
+        seq_trigger,
+        create_seq_trigger,
+        trigger_name,
+        trigger,
+        notes,
+    })
+}
+
+/// A log column as a ring column: same type, nullability, default, `ON UPDATE` and
+/// `AUTO_INCREMENT`; `NOT NULL` when it is part of the primary key.
+fn ring_column_sql(c: &Column, in_key: bool) -> String {
+    let nullable = c.nullable && !in_key;
+    let mut s = format!(
+        "  {} {} {}",
+        quote(&c.name),
+        c.type_sql(),
+        if nullable { "NULL" } else { "NOT NULL" }
+    );
+    if let Some(d) = &c.default {
+        if nullable || !d.eq_ignore_ascii_case("NULL") {
+            s.push_str(&format!(" DEFAULT {d}"));
+        }
+    }
+    if let Some(on) = on_update(&c.extra) {
+        s.push_str(&format!(" ON UPDATE {on}"));
+    }
+    if c.extra.contains("auto_increment") {
+        s.push_str(" AUTO_INCREMENT");
+    }
+    if c.extra.contains("invisible") {
+        s.push_str(" INVISIBLE");
+    }
+    s
+}
+
+/// The slot column's type for `size` slots.
+fn slot_type(size: u32) -> &'static str {
+    if size > 65_535 {
+        "INT UNSIGNED"
+    } else {
+        "SMALLINT UNSIGNED"
+    }
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for the ring table.
+fn create_ring_sql(spec: &RingSpec, ring: &TableName, logical: &Table, key: &[String]) -> String {
+    let mut lines: Vec<String> = logical
+        .columns
+        .iter()
+        .map(|c| ring_column_sql(c, is_in(key, &c.name)))
+        .collect();
+    lines.push(format!(
+        "  {} {} NOT NULL",
+        quote(&spec.slot_column),
+        slot_type(spec.size)
+    ));
+    lines.push(format!(
+        "  {} BIGINT UNSIGNED NOT NULL",
+        quote(&spec.seq_column)
+    ));
+    let pk: Vec<String> = key
+        .iter()
+        .chain(std::iter::once(&spec.slot_column))
+        .map(|c| quote(c))
+        .collect();
+    lines.push(format!("  PRIMARY KEY ({})", pk.join(", ")));
+    if let Some(ai) = logical
+        .columns
+        .iter()
+        .find(|c| c.extra.contains("auto_increment"))
+    {
+        lines.push(format!("  KEY ({})", quote(&ai.name)));
+    }
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n{}\n) {}",
+        ring.quoted(),
+        lines.join(",\n"),
+        table_options(logical)
+    )
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for the sequence table.
+fn create_seq_sql(spec: &RingSpec, seq: &TableName, logical: &Table, key: &[Column]) -> String {
+    let mut lines: Vec<String> = key
+        .iter()
+        .map(|c| format!("  {} {} NOT NULL", quote(&c.name), c.type_sql()))
+        .collect();
+    let mut pk: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
+    if key.is_empty() {
+        lines.push(format!(
+            "  {} TINYINT UNSIGNED NOT NULL DEFAULT 0",
+            quote(SINGLE_ROW)
+        ));
+        pk.push(quote(SINGLE_ROW));
+    }
+    lines.push(format!(
+        "  {} BIGINT UNSIGNED NOT NULL",
+        quote(&spec.seq_column)
+    ));
+    lines.push(format!("  PRIMARY KEY ({})", pk.join(", ")));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n{}\n) {}",
+        seq.quoted(),
+        lines.join(",\n"),
+        table_options(logical)
+    )
+}
+
+/// Problems of an existing integer column meant to hold values up to `max`.
+fn integer_column_problem(t: &Table, name: &str, what: &str, max: u64) -> Option<String> {
+    match t.column(name) {
+        None => Some(format!("{what} `{name}` is missing")),
+        Some(c) => match integer_max(&c.data_type, c.is_unsigned()) {
+            None => Some(format!(
+                "{what} `{}` is {}, not an integer type",
+                c.name, c.column_type
+            )),
+            Some(m) if m < max => Some(format!(
+                "{what} `{}` ({}) cannot hold {max}",
+                c.name, c.column_type
+            )),
+            Some(_) => None,
+        },
+    }
+}
+
+/// Problems with `t`'s primary key and with columns no ring statement assigns.
+fn key_and_extra_problems(t: &Table, want_pk: &[String], assigned: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    match &t.primary {
+        Some(pk) if same_set(pk, want_pk) => {}
+        Some(pk) => problems.push(format!(
+            "primary key is ({}), not ({})",
+            list(pk),
+            list(want_pk)
+        )),
+        None => problems.push(format!("no primary key; it needs ({})", list(want_pk))),
+    }
+    for c in &t.columns {
+        if !is_in(assigned, &c.name) && !c.omittable {
+            problems.push(format!(
+                "column `{}` is NOT NULL without a default, so inserts would fail",
+                c.name
+            ));
+        }
+    }
+    problems
+}
+
+/// What is wrong with an existing ring table for this rule (empty: it fits).
+fn ring_table_problems(
+    spec: &RingSpec,
+    ring: &Table,
+    logical: &Table,
+    key: &[String],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for l in &logical.columns {
+        match ring.column(&l.name) {
+            None => problems.push(format!("column `{}` is missing", l.name)),
+            Some(c) if !c.same_type(l) => problems.push(format!(
+                "column `{}` is {} but the log's is {}",
+                l.name,
+                c.type_sql(),
+                l.type_sql()
+            )),
+            Some(c)
+                if l.extra.contains("auto_increment") && !c.extra.contains("auto_increment") =>
+            {
+                problems.push(format!(
+                    "column `{}` is not AUTO_INCREMENT (the log's is, and inserts leave it to the table)",
+                    l.name
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    problems.extend(integer_column_problem(
+        ring,
+        &spec.slot_column,
+        "slot column",
+        u64::from(spec.size.saturating_sub(1)),
+    ));
+    problems.extend(integer_column_problem(
+        ring,
+        &spec.seq_column,
+        "sequence column",
+        u64::from(u32::MAX),
+    ));
+    let want_pk: Vec<String> = key
+        .iter()
+        .cloned()
+        .chain(std::iter::once(spec.slot_column.clone()))
+        .collect();
+    let assigned: Vec<String> = logical
+        .columns
+        .iter()
+        .map(|c| c.name.clone())
+        .chain([spec.slot_column.clone(), spec.seq_column.clone()])
+        .collect();
+    problems.extend(key_and_extra_problems(ring, &want_pk, &assigned));
+    problems
+}
+
+/// What is wrong with an existing sequence table for this rule (empty: it fits).
+fn seq_table_problems(spec: &RingSpec, seq: &Table, key: &[Column]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for k in key {
+        match seq.column(&k.name) {
+            None => problems.push(format!("key column `{}` is missing", k.name)),
+            Some(c) if !c.same_type(k) => problems.push(format!(
+                "key column `{}` is {} but the log's is {}",
+                k.name,
+                c.type_sql(),
+                k.type_sql()
+            )),
+            Some(_) => {}
+        }
+    }
+    problems.extend(integer_column_problem(
+        seq,
+        &spec.seq_column,
+        "sequence column",
+        u64::from(u32::MAX),
+    ));
+    let mut want_pk: Vec<String> = key.iter().map(|c| c.name.clone()).collect();
+    if key.is_empty() {
+        want_pk.push(SINGLE_ROW.to_string());
+    }
+    let assigned: Vec<String> = key
+        .iter()
+        .map(|c| c.name.clone())
+        .chain(std::iter::once(spec.seq_column.clone()))
+        .collect();
+    problems.extend(key_and_extra_problems(seq, &want_pk, &assigned));
+    problems
+}
+
+/// The backfill: the latest `size` rows of each key into the ring (with their ids),
+/// and each key's history length into the sequence table.
+fn backfill_sql(
+    spec: &RingSpec,
+    logical: &TableName,
+    ring: &TableName,
+    seq: &TableName,
+    table: &Table,
+    key: &[Column],
+    order: &[String],
+) -> [String; 2] {
+    let keys: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
+    let partition = if keys.is_empty() {
+        String::new()
+    } else {
+        format!("PARTITION BY {} ", keys.join(", "))
+    };
+    let order: Vec<String> = order.iter().map(|c| format!("{} ASC", quote(c))).collect();
+    let not_null: Vec<String> = key
+        .iter()
+        .filter(|c| c.nullable)
+        .map(|c| format!("{} IS NOT NULL", quote(&c.name)))
+        .collect();
+    let filter = if not_null.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", not_null.join(" AND "))
+    };
+    let cols: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
+    let picked: Vec<String> = table
+        .columns
+        .iter()
+        .map(|c| format!("h.{}", quote(&c.name)))
+        .collect();
+    let size = spec.size;
+    let ring_sql = format!(
+        "INSERT INTO {ring} ({cols}, {slot}, {seqc})\nSELECT {picked}, h.{pos} % {size}, h.{pos}\nFROM (SELECT {cols}, ROW_NUMBER() OVER ({partition}ORDER BY {order}) AS {pos}, COUNT(*) OVER ({part_only}) AS {count}\n      FROM {log}{filter}) AS h\nWHERE h.{pos} + {size} > h.{count}",
+        ring = ring.quoted(),
+        cols = cols.join(", "),
+        slot = quote(&spec.slot_column),
+        seqc = quote(&spec.seq_column),
+        picked = picked.join(", "),
+        pos = quote(POS),
+        count = quote(COUNT),
+        order = order.join(", "),
+        part_only = partition.trim_end(),
+        log = logical.quoted(),
+    );
+    let seqc = quote(&spec.seq_column);
+    let seq_sql = if keys.is_empty() {
+        format!(
+            "INSERT INTO {} ({seqc})\nSELECT COUNT(*) FROM {}{filter}\nON DUPLICATE KEY UPDATE {seqc} = GREATEST({seqc}, VALUES({seqc}))",
+            seq.quoted(),
+            logical.quoted()
+        )
+    } else {
+        format!(
+            "INSERT INTO {} ({k}, {seqc})\nSELECT {k}, COUNT(*) FROM {}{filter} GROUP BY {k}\nON DUPLICATE KEY UPDATE {seqc} = GREATEST({seqc}, VALUES({seqc}))",
+            seq.quoted(),
+            logical.quoted(),
+            k = keys.join(", ")
+        )
+    };
+    [ring_sql, seq_sql]
+}
+
+/// `ALTER TABLE ring AUTO_INCREMENT = next`.
+fn raise_auto_inc_sql(ring: &TableName, next: u64) -> String {
+    format!("ALTER TABLE {} AUTO_INCREMENT = {next}", ring.quoted())
+}
+
+/// The body of `<ring_table>_hs_seq`, `BEFORE INSERT` on the ring: takes the key's
+/// next sequence number (`LAST_INSERT_ID(1)` on a key's first insert, since `VALUES
+/// (k, 1)` would leave a stale LAST_INSERT_ID()) and sets the row's sequence and slot.
+/// MariaDB restores the session's LAST_INSERT_ID() when the trigger ends.
+fn seq_trigger_body(spec: &RingSpec, seq: &TableName, key: &[Column]) -> String {
+    let seqc = quote(&spec.seq_column);
+    let mut cols: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
+    let mut vals: Vec<String> = key
+        .iter()
+        .map(|c| format!("NEW.{}", quote(&c.name)))
+        .collect();
+    cols.push(seqc.clone());
+    vals.push("LAST_INSERT_ID(1)".into());
+    format!(
+        "BEGIN INSERT INTO {} ({}) VALUES ({}) ON DUPLICATE KEY UPDATE {seqc} = LAST_INSERT_ID({seqc} + 1); \
+         SET NEW.{seqc} = LAST_INSERT_ID(); SET NEW.{} = NEW.{seqc} % {}; END",
+        seq.quoted(),
+        cols.join(", "),
+        vals.join(", "),
+        quote(&spec.slot_column),
+        spec.size
+    )
+}
+
+/// The body of the trigger that mirrors a row appended to the log directly (by a
+/// client that does not go through heatsink yet) into the ring: the row with its id,
+/// slot and sequence NULL (the ring's `BEFORE INSERT` trigger numbers it), and the
+/// rule's guarded upsert. Rows with a NULL key are skipped.
+fn ring_trigger_body(spec: &RingSpec, ring: &TableName, table: &Table, key: &[Column]) -> String {
+    let seqc = quote(&spec.seq_column);
+    let cols: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
+    let vals: Vec<String> = table
+        .columns
+        .iter()
+        .map(|c| format!("NEW.{}", quote(&c.name)))
+        .collect();
+    let mut update: Vec<String> = table
+        .columns
+        .iter()
+        .filter(|c| !key.iter().any(|k| k.name.eq_ignore_ascii_case(&c.name)))
+        .map(|c| {
+            format!(
+                "{0} = IF(VALUES({seqc}) > {seqc}, VALUES({0}), {0})",
+                quote(&c.name)
+            )
+        })
+        .collect();
+    // Last: the guards above compare with the row's old sequence number.
+    update.push(format!(
+        "{seqc} = IF(VALUES({seqc}) > {seqc}, VALUES({seqc}), {seqc})"
+    ));
+    let insert = format!(
+        "INSERT INTO {} ({}, {}, {seqc}) VALUES ({}, NULL, NULL) ON DUPLICATE KEY UPDATE {}",
+        ring.quoted(),
+        cols.join(", "),
+        quote(&spec.slot_column),
+        vals.join(", "),
+        update.join(", ")
+    );
+    let nullable: Vec<String> = key
+        .iter()
+        .filter(|c| c.nullable)
+        .map(|c| format!("NEW.{} IS NOT NULL", quote(&c.name)))
+        .collect();
+    if nullable.is_empty() {
+        insert
+    } else {
+        format!(
+            "BEGIN IF {} THEN {insert}; END IF; END",
+            nullable.join(" AND ")
+        )
+    }
+}
+
+/// What the locked part of a ring migration did.
+struct RingApplied {
+    /// Ring and sequence rows backfilled.
+    backfilled: Option<Vec<u64>>,
+    /// The ring's new AUTO_INCREMENT counter.
+    raised: Option<u64>,
+    /// Triggers created.
+    created: Vec<String>,
+}
+
+/// Under the table locks: backfill (when still due, without the ring's numbering
+/// trigger), raise the ring's AUTO_INCREMENT counter, create the triggers, commit.
+async fn apply_ring_locked(conn: &mut Conn, rule: &CheckedRing) -> Result<RingApplied> {
+    let name = &rule.spec.name;
+    let due = table_has_rows(conn, &rule.logical).await?
+        && !table_has_rows(conn, &rule.ring).await?
+        && !table_has_rows(conn, &rule.seq).await?;
+    let backfilled = match (&rule.backfill, due) {
+        (Some([ring_sql, seq_sql]), true) => {
+            // The numbering trigger would renumber the copied rows.
+            let drop = format!("DROP TRIGGER IF EXISTS {}", rule.seq_trigger_name.quoted());
+            run_sql(conn, name, &drop).await?;
+            Some(run_all(conn, name, &[ring_sql, seq_sql]).await?)
+        }
+        (None, true) => {
+            return Err(Error::new(
+                Source::Rules,
+                format!(
+                    "ring '{name}': {} has rows but neither order_by nor a primary key says which are the latest; set order_by",
+                    rule.logical.quoted()
+                ),
+            ))
+        }
+        (_, false) => None,
+    };
+    let mut raised = None;
+    if let Some(ai) = &rule.auto_inc {
+        let log_next = next_id(conn, &rule.logical, ai).await?;
+        if log_next > next_id(conn, &rule.ring, ai).await? {
+            // ALTER TABLE commits the backfill.
+            run_sql(conn, name, &raise_auto_inc_sql(&rule.ring, log_next)).await?;
+            raised = Some(log_next);
+        }
+    }
+    let mut created = Vec::new();
+    if backfilled.is_some() || matches!(rule.seq_trigger, TriggerPlan::Create(_)) {
+        run_sql(conn, name, &rule.create_seq_trigger).await?;
+        created.push(rule.seq_trigger_name.quoted());
+    }
+    if let TriggerPlan::Create(ddl) = &rule.trigger {
+        run_sql(conn, name, ddl).await?;
+        created.push(rule.trigger_name.quoted());
+    }
+    run_sql(conn, name, "COMMIT").await?;
+    Ok(RingApplied {
+        backfilled,
+        raised,
+        created,
+    })
+}
+
+/// Prints one ring rule's plan and, with `apply`, executes it.
+pub(crate) async fn print_and_apply_ring(
+    conn: &mut Conn,
+    rule: &CheckedRing,
+    apply: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let name = &rule.spec.name;
+    let key = if rule.key.is_empty() {
+        "no key: one ring".to_string()
+    } else {
+        format!("key {}", list(&rule.key))
+    };
+    emit(
+        out,
+        &format!(
+            "-- rule {name}: ring of {} rows per key for log {} ({key}) in {}, sequences in {}",
+            rule.spec.size,
+            rule.logical.quoted(),
+            rule.ring.quoted(),
+            rule.seq.quoted(),
+        ),
+    )?;
+    for note in &rule.notes {
+        emit(out, &format!("-- note: {note}"))?;
+    }
+    for (what, ddl, table) in [
+        ("ring table", &rule.create_ring, &rule.ring),
+        ("sequence table", &rule.create_seq, &rule.seq),
+    ] {
+        match ddl {
+            Some(sql) => {
+                emit(out, &format!("{sql};"))?;
+                if apply {
+                    run_sql(conn, name, sql).await?;
+                    emit(out, &format!("-- applied: created {what}"))?;
+                }
+            }
+            None => emit(
+                out,
+                &format!("-- {what} {} exists and matches the rule", table.quoted()),
+            )?,
+        }
+    }
+    let backfill = rule.backfill.as_ref().filter(|_| rule.backfill_due);
+    let create_seq_trigger = matches!(rule.seq_trigger, TriggerPlan::Create(_));
+    let create_log_trigger = matches!(rule.trigger, TriggerPlan::Create(_));
+    for (exists, t) in [
+        (!create_seq_trigger, &rule.seq_trigger_name),
+        (!create_log_trigger, &rule.trigger_name),
+    ] {
+        if exists {
+            emit(out, &format!("-- trigger {} exists", t.quoted()))?;
+        }
+    }
+    if !(rule.backfill_due || create_seq_trigger || create_log_trigger) {
+        // Nothing to lock for; at most the counter to raise.
+        if let (Some(next), Some(ai)) = (rule.raise_auto_inc, &rule.auto_inc) {
+            emit(out, &format!("{};", raise_auto_inc_sql(&rule.ring, next)))?;
+            if apply {
+                let next = next_id(conn, &rule.logical, ai).await?;
+                if next > next_id(conn, &rule.ring, ai).await? {
+                    run_sql(conn, name, &raise_auto_inc_sql(&rule.ring, next)).await?;
+                    emit(
+                        out,
+                        &format!(
+                            "-- applied: AUTO_INCREMENT of {} raised to {next}",
+                            rule.ring.quoted()
+                        ),
+                    )?;
+                }
+            }
+        }
+        return emit(out, "");
+    }
+
+    // The log stays locked from the backfill until both triggers exist, so every row
+    // appended to it is either backfilled or mirrored.
+    let lock = format!(
+        "LOCK TABLES {} WRITE, {} WRITE, {} WRITE",
+        rule.logical.quoted(),
+        rule.ring.quoted(),
+        rule.seq.quoted()
+    );
+    if create_seq_trigger {
+        emit(
+            out,
+            &format!(
+                "-- trigger {}: numbers every row inserted into {} (the key's next sequence number and its slot)",
+                rule.seq_trigger_name.quoted(),
+                rule.ring.quoted()
+            ),
+        )?;
+    } else if backfill.is_some() {
+        emit(
+            out,
+            &format!(
+                "-- trigger {}: dropped for the backfill (it would renumber the copied rows) and created again",
+                rule.seq_trigger_name.quoted()
+            ),
+        )?;
+    }
+    if create_log_trigger {
+        emit(
+            out,
+            &format!(
+                "-- trigger {}: rows appended to {} directly (by clients not yet going through heatsink) are mirrored into the ring",
+                rule.trigger_name.quoted(),
+                rule.logical.quoted()
+            ),
+        )?;
+    }
+    emit(out, "SET autocommit = 0;")?;
+    emit(out, &format!("{lock};"))?;
+    if let Some([ring_sql, seq_sql]) = backfill {
+        if !create_seq_trigger {
+            emit(
+                out,
+                &format!("DROP TRIGGER IF EXISTS {};", rule.seq_trigger_name.quoted()),
+            )?;
+        }
+        emit(
+            out,
+            &format!(
+                "-- backfill: the latest {} rows of each key of {} with their ids, numbered by their position in the key's history",
+                rule.spec.size,
+                rule.logical.quoted()
+            ),
+        )?;
+        emit(out, &format!("{ring_sql};"))?;
+        emit(out, &format!("{seq_sql};"))?;
+    }
+    if let Some(next) = rule.raise_auto_inc {
+        emit(
+            out,
+            "-- ids continue the log's (applied with the log's counter under the locks)",
+        )?;
+        emit(out, &format!("{};", raise_auto_inc_sql(&rule.ring, next)))?;
+    }
+    emit(out, "DELIMITER ;;")?;
+    if create_seq_trigger || backfill.is_some() {
+        emit(out, &format!("{};;", rule.create_seq_trigger))?;
+    }
+    if let TriggerPlan::Create(ddl) = &rule.trigger {
+        emit(out, &format!("{ddl};;"))?;
+    }
+    emit(out, "DELIMITER ;")?;
+    emit(out, "COMMIT;")?;
+    emit(out, "UNLOCK TABLES;")?;
+    emit(out, "SET autocommit = 1;")?;
+    if apply {
+        run_all(conn, name, &["SET autocommit = 0", &lock]).await?;
+        let done = apply_ring_locked(conn, rule).await;
+        if done.is_err() {
+            let _ = conn.query_drop("ROLLBACK").await;
+        }
+        let _ = conn.query_drop("UNLOCK TABLES").await;
+        let _ = conn.query_drop("SET autocommit = 1").await;
+        let done = done?;
+        if let Some(counts) = done.backfilled {
+            emit(
+                out,
+                &format!(
+                    "-- applied: backfilled {} ring rows and {} sequence rows",
+                    counts[0], counts[1]
+                ),
+            )?;
+        }
+        if let Some(next) = done.raised {
+            emit(
+                out,
+                &format!(
+                    "-- applied: AUTO_INCREMENT of {} raised to {next}",
+                    rule.ring.quoted()
+                ),
+            )?;
+        }
+        for t in done.created {
+            emit(out, &format!("-- applied: created trigger {t}"))?;
+        }
+    }
+    emit(out, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn col(name: &str, column_type: &str, nullable: bool, default: Option<&str>) -> Column {
+        Column {
+            name: name.into(),
+            data_type: column_type
+                .split(['(', ' '])
+                .next()
+                .unwrap_or_default()
+                .into(),
+            column_type: column_type.into(),
+            charset: None,
+            collation: None,
+            nullable,
+            omittable: nullable || default.is_some(),
+            default: default.map(str::to_string),
+            extra: String::new(),
+        }
+    }
+
+    #[test]
+    fn ring_columns_copy_the_log_with_auto_increment() {
+        let mut id = col("id", "int(11)", false, None);
+        id.extra = "auto_increment".into();
+        assert_eq!(
+            ring_column_sql(&id, false),
+            "  `id` int(11) NOT NULL AUTO_INCREMENT"
+        );
+        let mut ts = col("ts", "timestamp(3)", false, Some("current_timestamp(3)"));
+        ts.extra = "on update current_timestamp(3)".into();
+        assert_eq!(
+            ring_column_sql(&ts, false),
+            "  `ts` timestamp(3) NOT NULL DEFAULT current_timestamp(3) ON UPDATE current_timestamp(3)"
+        );
+        let k = col("uid", "int(11)", true, Some("NULL"));
+        assert_eq!(ring_column_sql(&k, true), "  `uid` int(11) NOT NULL");
+        assert_eq!(
+            ring_column_sql(&k, false),
+            "  `uid` int(11) NULL DEFAULT NULL"
+        );
+        assert_eq!(
+            on_update("on update current_timestamp(), invisible"),
+            Some("current_timestamp()")
+        );
+        assert_eq!(on_update("auto_increment"), None);
+        assert_eq!(slot_type(65_535), "SMALLINT UNSIGNED");
+        assert_eq!(slot_type(65_536), "INT UNSIGNED");
+        assert_eq!(suffixed_name("r", RING_TRIGGER_SUFFIX), "r_hs_log");
+        assert_eq!(suffixed_name("r", SEQ_TRIGGER_SUFFIX), "r_hs_seq");
+        for suffix in [RING_TRIGGER_SUFFIX, SEQ_TRIGGER_SUFFIX] {
+            let long = suffixed_name(&"r".repeat(64), suffix);
+            assert_eq!(long.len(), 64);
+            assert!(long.ends_with(suffix));
+        }
+    }
+
+    fn ring_fixture() -> (Vec<RingSpec>, Table, Column) {
+        let spec: Vec<RingSpec> = crate::kinds::entries(
+            "[[ring]]\nname = \"v\"\ntable = \"log\"\nkey = [\"uid\"]\nsize = 5\nring_table = \"r\"\n",
+            "ring",
+        )
+        .unwrap();
+        let mut id = col("id", "int(11)", false, None);
+        id.extra = "auto_increment".into();
+        let uid = col("uid", "int(11)", true, None);
+        let table = Table {
+            table_type: "BASE TABLE".into(),
+            engine: Some("InnoDB".into()),
+            collation: None,
+            charset: None,
+            columns: vec![id, uid.clone(), col("v", "int(11)", false, None)],
+            primary: Some(vec!["id".into()]),
+            unique: Vec::new(),
+        };
+        (spec, table, uid)
+    }
+
+    #[test]
+    fn ring_table_keeps_auto_increment_with_a_key() {
+        let (spec, table, _) = ring_fixture();
+        assert_eq!(
+            create_ring_sql(
+                &spec[0],
+                &TableName::parse("d.r").unwrap(),
+                &table,
+                &["uid".into()]
+            ),
+            "CREATE TABLE IF NOT EXISTS `d`.`r` (\n  `id` int(11) NOT NULL AUTO_INCREMENT,\n  `uid` int(11) NOT NULL,\n  \
+             `v` int(11) NOT NULL,\n  `slot` SMALLINT UNSIGNED NOT NULL,\n  `seq` BIGINT UNSIGNED NOT NULL,\n  \
+             PRIMARY KEY (`uid`, `slot`),\n  KEY (`id`)\n) ENGINE=InnoDB"
+        );
+    }
+
+    #[test]
+    fn ring_triggers_number_and_mirror_rows() {
+        let (spec, table, uid) = ring_fixture();
+        let seq = TableName::parse("d.r_seq").unwrap();
+        assert_eq!(
+            seq_trigger_body(&spec[0], &seq, std::slice::from_ref(&uid)),
+            "BEGIN INSERT INTO `d`.`r_seq` (`uid`, `seq`) VALUES (NEW.`uid`, LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE `seq` = LAST_INSERT_ID(`seq` + 1); \
+             SET NEW.`seq` = LAST_INSERT_ID(); SET NEW.`slot` = NEW.`seq` % 5; END"
+        );
+        assert_eq!(
+            seq_trigger_body(&spec[0], &seq, &[]),
+            "BEGIN INSERT INTO `d`.`r_seq` (`seq`) VALUES (LAST_INSERT_ID(1)) \
+             ON DUPLICATE KEY UPDATE `seq` = LAST_INSERT_ID(`seq` + 1); \
+             SET NEW.`seq` = LAST_INSERT_ID(); SET NEW.`slot` = NEW.`seq` % 5; END"
+        );
+        let ring = TableName::parse("d.r").unwrap();
+        let upsert = "INSERT INTO `d`.`r` (`id`, `uid`, `v`, `slot`, `seq`) VALUES (NEW.`id`, NEW.`uid`, NEW.`v`, NULL, NULL) \
+             ON DUPLICATE KEY UPDATE `id` = IF(VALUES(`seq`) > `seq`, VALUES(`id`), `id`), `v` = IF(VALUES(`seq`) > `seq`, VALUES(`v`), `v`), \
+             `seq` = IF(VALUES(`seq`) > `seq`, VALUES(`seq`), `seq`)";
+        assert_eq!(
+            ring_trigger_body(&spec[0], &ring, &table, std::slice::from_ref(&uid)),
+            format!("BEGIN IF NEW.`uid` IS NOT NULL THEN {upsert}; END IF; END")
+        );
+        let mut not_null = uid;
+        not_null.nullable = false;
+        assert_eq!(
+            ring_trigger_body(&spec[0], &ring, &table, &[not_null]),
+            upsert
+        );
+    }
+}

@@ -1,0 +1,122 @@
+//! `heatsink maintain`: runs the rules' maintenance jobs once.
+//!
+//! Each kind lists its jobs ([`crate::kinds::RuleSpec::jobs`]: the counter's
+//! `compact`, …); this driver runs every job of every selected rule, or only the
+//! one named by `--job`. A job run holds a named lock on the database
+//! (`GET_LOCK('heatsink:<rule>:<job>', 0)`): when several proxies' sidecars or cron
+//! entries start the same job, one runs it and the others skip it, so scheduling
+//! it everywhere is safe. `heatsink compact` is `maintain --job compact`.
+
+use std::io::Write;
+use std::path::Path;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+
+use crate::error::{Error, OrErr, Result, Source};
+use crate::kinds::{JobContext, RuleSpec};
+use crate::schema::{connect, default_db, emit};
+
+/// Keys or rows per batch when `--batch` is not given.
+pub const DEFAULT_BATCH: usize = 1000;
+
+/// What `heatsink maintain` was asked to do.
+#[derive(Debug, Clone)]
+pub struct MaintainOptions<'a> {
+    /// Rule file or directory of rule files.
+    pub rules: &'a Path,
+    /// `mysql://user:pw@host:port/db` of the database the rules apply to.
+    pub backend_url: &'a str,
+    /// Only this rule, when given.
+    pub rule: Option<&'a str>,
+    /// Only this job, when given.
+    pub job: Option<&'a str>,
+    /// Keys or rows per batch, for jobs that work in batches.
+    pub batch: usize,
+}
+
+/// Runs the selected jobs once and prints one summary line per rule and job. Fails
+/// when a rule does not fit its tables or an item of a job failed (the other items
+/// are still done).
+pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> {
+    let specs = crate::rules::select(crate::rules::specs(opts.rules)?, opts.rule)?;
+    let work: Vec<(&dyn RuleSpec, &str)> = specs
+        .iter()
+        .flat_map(|s| s.jobs().iter().map(move |j| (s.as_ref(), j.name)))
+        .filter(|(_, job)| opts.job.is_none_or(|want| want == *job))
+        .collect();
+    if work.is_empty() {
+        if let Some(rule) = opts.rule {
+            return Err(Error::new(
+                Source::Rules,
+                format!(
+                    "rule '{rule}' has no maintenance job{}",
+                    opts.job.map(|j| format!(" '{j}'")).unwrap_or_default()
+                ),
+            ));
+        }
+        let what = opts.job.unwrap_or("maintenance");
+        emit(out, &format!("no rules with a {what} job: nothing to do"))?;
+        return Ok(());
+    }
+    let mut conn = connect(opts.backend_url).await?;
+    let default_db = default_db(opts.backend_url)?;
+    let mut failed = Vec::new();
+    for (spec, job) in work {
+        let lock = format!("heatsink:{}:{job}", spec.name());
+        if !take_lock(&mut conn, &lock).await? {
+            emit(
+                out,
+                &format!(
+                    "rule {}: {job} is running elsewhere (lock '{lock}' is held); skipped",
+                    spec.name()
+                ),
+            )?;
+            continue;
+        }
+        let mut ctx = JobContext {
+            conn: &mut conn,
+            default_db: default_db.as_deref(),
+            batch: opts.batch.max(1),
+            out: &mut *out,
+        };
+        let report = spec.run_job(job, &mut ctx).await;
+        release_lock(&mut conn, &lock).await?;
+        let report = report?;
+        emit(out, &format!("rule {}: {}", spec.name(), report.summary))?;
+        failed.extend(
+            report
+                .failed
+                .into_iter()
+                .map(|f| format!("rule {}: {f}", spec.name())),
+        );
+    }
+    let _ = conn.disconnect().await;
+    if failed.is_empty() {
+        return Ok(());
+    }
+    Err(Error::new(
+        Source::Backend,
+        format!(
+            "{} items could not be maintained:\n  {}",
+            failed.len(),
+            failed.join("\n  ")
+        ),
+    ))
+}
+
+/// Takes the named lock without waiting; `false` when another connection holds it.
+async fn take_lock(conn: &mut Conn, name: &str) -> Result<bool> {
+    let got: Option<Option<i64>> = conn
+        .exec_first("SELECT GET_LOCK(?, 0)", (name,))
+        .await
+        .or_err(Source::Backend, || format!("taking lock '{name}'"))?;
+    Ok(got.flatten() == Some(1))
+}
+
+/// Releases the named lock.
+async fn release_lock(conn: &mut Conn, name: &str) -> Result<()> {
+    conn.exec_drop("DO RELEASE_LOCK(?)", (name,))
+        .await
+        .or_err(Source::Backend, || format!("releasing lock '{name}'"))
+}

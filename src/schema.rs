@@ -1,0 +1,540 @@
+//! The live schema, as maintenance commands and kinds' schema work read it: a
+//! connection for maintenance work, tables and their columns and keys from
+//! `information_schema`, triggers, and small helpers for running DDL and printing
+//! what was done. Each kind's own DDL, backfill and checks are in
+//! `src/kinds/<kind>/schema.rs`; `heatsink migrate` (`crate::migrate`) drives them.
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, OptsBuilder, Row, Value};
+use std::io::Write;
+
+use crate::error::{Error, Result, Source};
+use crate::rules::spec::{quote, TableName};
+
+/// Longest identifier MySQL/MariaDB accept.
+pub(crate) const MAX_IDENT: usize = 64;
+
+/// Writes one line.
+pub(crate) fn emit(out: &mut dyn Write, line: &str) -> Result<()> {
+    writeln!(out, "{line}").map_err(|e| Error::with_cause(Source::Internal, "writing output", e))
+}
+
+/// `` `a`, `b` `` for messages and DDL.
+pub(crate) fn list(cols: &[String]) -> String {
+    cols.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ")
+}
+
+/// Connects for maintenance work: TCP even for `localhost`, and `CLIENT_FOUND_ROWS` so
+/// an `UPDATE` reports the rows it matched (compaction relies on that).
+pub(crate) async fn connect(url: &str) -> Result<Conn> {
+    let opts = Opts::from_url(url)
+        .map_err(|e| Error::with_cause(Source::Internal, "invalid --backend-url", e))?;
+    let opts = OptsBuilder::from_opts(opts)
+        .prefer_socket(false)
+        .client_found_rows(true)
+        .stmt_cache_size(64);
+    Conn::new(opts).await.map_err(|e| {
+        Error::with_cause(Source::Backend, format!("connecting to {}", redact(url)), e)
+    })
+}
+
+/// The database named in the URL, if any.
+pub(crate) fn default_db(url: &str) -> Result<Option<String>> {
+    let opts = Opts::from_url(url)
+        .map_err(|e| Error::with_cause(Source::Internal, "invalid --backend-url", e))?;
+    Ok(opts.db_name().filter(|d| !d.is_empty()).map(str::to_string))
+}
+
+/// The URL without its password, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let auth = &url[scheme + 3..at];
+            let user = auth.split(':').next().unwrap_or_default();
+            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// A backend error while reading the schema.
+pub(crate) fn schema_err(what: String, e: mysql_async::Error) -> Error {
+    Error::with_cause(Source::Backend, what, e)
+}
+
+/// One column of a table, as `information_schema.COLUMNS` describes it.
+#[derive(Debug, Clone)]
+pub(crate) struct Column {
+    /// Name as the server spells it.
+    pub name: String,
+    /// `DATA_TYPE`, lower case: `int`, `varchar`, …
+    pub data_type: String,
+    /// `COLUMN_TYPE`, the full type to copy: `varchar(64)`, `int(10) unsigned`, …
+    pub column_type: String,
+    /// Character set of a text column.
+    pub charset: Option<String>,
+    /// Collation of a text column.
+    pub collation: Option<String>,
+    /// `IS_NULLABLE = 'YES'`.
+    pub nullable: bool,
+    /// Whether an INSERT that omits the column succeeds in strict mode: it has a
+    /// default, is nullable, auto-increment or generated.
+    pub omittable: bool,
+    /// `COLUMN_DEFAULT`: the default as an SQL expression (`'abc'`, `0`, `NULL`,
+    /// `current_timestamp(6)`); `None` when the column has none.
+    pub default: Option<String>,
+    /// `EXTRA`, lower case: `auto_increment`, `on update current_timestamp(6)`,
+    /// `stored generated`, `invisible`, …
+    pub extra: String,
+}
+
+impl Column {
+    /// `TINYINT` … `BIGINT`, signed or not.
+    pub(crate) fn is_integer(&self) -> bool {
+        integer_max(&self.data_type, false).is_some()
+    }
+
+    pub(crate) fn is_unsigned(&self) -> bool {
+        self.column_type.to_ascii_lowercase().contains("unsigned")
+    }
+
+    /// The type as DDL: `varchar(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin`.
+    pub(crate) fn type_sql(&self) -> String {
+        let mut s = self.column_type.clone();
+        if let Some(cs) = &self.charset {
+            s.push_str(&format!(" CHARACTER SET {cs}"));
+        }
+        if let Some(coll) = &self.collation {
+            s.push_str(&format!(" COLLATE {coll}"));
+        }
+        s
+    }
+
+    /// Same type, character set and collation.
+    pub(crate) fn same_type(&self, other: &Column) -> bool {
+        self.column_type.eq_ignore_ascii_case(&other.column_type)
+            && opt_eq(&self.charset, &other.charset)
+            && opt_eq(&self.collation, &other.collation)
+    }
+}
+
+pub(crate) fn opt_eq(a: &Option<String>, b: &Option<String>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// Largest value an integer `DATA_TYPE` holds; `None` for other types.
+pub(crate) fn integer_max(data_type: &str, unsigned: bool) -> Option<u64> {
+    let bits = match data_type.to_ascii_lowercase().as_str() {
+        "tinyint" => 8,
+        "smallint" => 16,
+        "mediumint" => 24,
+        "int" | "integer" => 32,
+        "bigint" => 64,
+        _ => return None,
+    };
+    Some(if unsigned {
+        u64::MAX >> (64 - bits)
+    } else {
+        (u64::MAX >> (64 - bits)) >> 1
+    })
+}
+
+/// A table as `information_schema` describes it.
+#[derive(Debug, Clone)]
+pub(crate) struct Table {
+    /// `TABLE_TYPE`: `BASE TABLE`, `VIEW`, …
+    pub table_type: String,
+    /// Storage engine (none for a view).
+    pub engine: Option<String>,
+    /// Default collation.
+    pub collation: Option<String>,
+    /// Default character set (from the collation).
+    pub charset: Option<String>,
+    /// Columns in table order.
+    pub columns: Vec<Column>,
+    /// Primary key columns in key order, when there is one.
+    pub primary: Option<Vec<String>>,
+    /// Unique keys (primary key included) that cover whole columns: name and columns.
+    pub unique: Vec<(String, Vec<String>)>,
+}
+
+impl Table {
+    /// Key column `k` of this (logical) table, `logical`: refused when it is missing
+    /// or TEXT/BLOB, which the primary key of `physical` ("a ring table") cannot hold.
+    pub(crate) fn key_column(
+        &self,
+        k: &str,
+        logical: &TableName,
+        physical: &str,
+    ) -> std::result::Result<&Column, String> {
+        let col = self
+            .column(k)
+            .ok_or_else(|| format!("key column `{k}` is not a column of {}", logical.quoted()))?;
+        if col.data_type.contains("blob") || col.data_type.contains("text") {
+            return Err(format!(
+                "key column `{}` is {}, which {physical}'s primary key cannot hold",
+                col.name, col.column_type
+            ));
+        }
+        Ok(col)
+    }
+
+    pub(crate) fn column(&self, name: &str) -> Option<&Column> {
+        self.columns
+            .iter()
+            .find(|c| c.name.eq_ignore_ascii_case(name))
+    }
+}
+
+pub(crate) fn text(row: &Row, i: usize) -> Option<String> {
+    row.get_opt::<Option<String>, usize>(i)
+        .and_then(|r| r.ok())
+        .flatten()
+}
+
+/// Reads a table's description; `None` when it does not exist.
+pub(crate) async fn inspect_table(conn: &mut Conn, t: &TableName) -> Result<Option<Table>> {
+    let db = t.db.clone().unwrap_or_default();
+    let name = t.name.clone();
+    let what = || format!("reading the schema of {}", t.quoted());
+    let rows: Vec<Row> = conn
+        .exec(
+            "SELECT t.TABLE_TYPE, t.ENGINE, t.TABLE_COLLATION, c.CHARACTER_SET_NAME \
+             FROM information_schema.TABLES t \
+             LEFT JOIN information_schema.COLLATIONS c ON c.COLLATION_NAME = t.TABLE_COLLATION \
+             WHERE t.TABLE_SCHEMA = ? AND t.TABLE_NAME = ?",
+            (db.clone(), name.clone()),
+        )
+        .await
+        .map_err(|e| schema_err(what(), e))?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let mut table = Table {
+        table_type: text(row, 0).unwrap_or_default(),
+        engine: text(row, 1),
+        collation: text(row, 2),
+        charset: text(row, 3),
+        columns: Vec::new(),
+        primary: None,
+        unique: Vec::new(),
+    };
+    let rows: Vec<Row> = conn
+        .exec(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME, COLLATION_NAME, \
+                    IS_NULLABLE, COLUMN_DEFAULT, EXTRA \
+             FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+            (db.clone(), name.clone()),
+        )
+        .await
+        .map_err(|e| schema_err(what(), e))?;
+    for row in &rows {
+        let nullable = text(row, 5).is_some_and(|v| v.eq_ignore_ascii_case("YES"));
+        let extra = text(row, 7).unwrap_or_default().to_ascii_lowercase();
+        let default = text(row, 6);
+        let has_default = default.is_some();
+        table.columns.push(Column {
+            name: text(row, 0).unwrap_or_default(),
+            data_type: text(row, 1).unwrap_or_default().to_ascii_lowercase(),
+            column_type: text(row, 2).unwrap_or_default(),
+            charset: text(row, 3),
+            collation: text(row, 4),
+            nullable,
+            omittable: nullable
+                || has_default
+                || extra.contains("auto_increment")
+                || extra.contains("generated"),
+            default,
+            extra,
+        });
+    }
+    let rows: Vec<Row> = conn
+        .exec(
+            "SELECT INDEX_NAME, COLUMN_NAME, SUB_PART \
+             FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND NON_UNIQUE = 0 \
+             ORDER BY INDEX_NAME, SEQ_IN_INDEX",
+            (db, name),
+        )
+        .await
+        .map_err(|e| schema_err(what(), e))?;
+    // (name, columns, covers whole columns)
+    let mut keys: Vec<(String, Vec<String>, bool)> = Vec::new();
+    for row in &rows {
+        let index = text(row, 0).unwrap_or_default();
+        let column = text(row, 1).unwrap_or_default();
+        let whole = text(row, 2).is_none();
+        match keys.last_mut() {
+            Some((n, cols, w)) if *n == index => {
+                cols.push(column);
+                *w &= whole;
+            }
+            _ => keys.push((index, vec![column], whole)),
+        }
+    }
+    for (index, cols, whole) in keys {
+        if index == "PRIMARY" {
+            table.primary = Some(cols.clone());
+        }
+        if whole {
+            table.unique.push((index, cols));
+        }
+    }
+    Ok(Some(table))
+}
+
+/// Whether two column lists name the same set of columns.
+pub(crate) fn same_set(a: &[String], b: &[String]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .all(|x| b.iter().any(|y| x.eq_ignore_ascii_case(y)))
+        && b.iter()
+            .all(|y| a.iter().any(|x| x.eq_ignore_ascii_case(y)))
+}
+
+/// What to do about the trigger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TriggerPlan {
+    /// A counter without key columns: nothing to create.
+    NotNeeded,
+    /// The trigger exists with the expected body.
+    Exists,
+    /// Create it with this statement.
+    Create(String),
+}
+
+/// `<base><suffix>`, shortened with a hash of `base` when that would exceed 64
+/// characters.
+pub(crate) fn suffixed_name(base: &str, suffix: &str) -> String {
+    let full = format!("{base}{suffix}");
+    if full.len() <= MAX_IDENT {
+        return full;
+    }
+    // FNV-1a: stable across builds and platforms.
+    let mut h: u32 = 0x811c_9dc5;
+    for b in base.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    let keep = MAX_IDENT - suffix.len() - 9;
+    // Rule identifiers are ASCII, so any byte index is a character boundary.
+    let prefix: String = base.chars().take(keep).collect();
+    format!("{prefix}_{h:08x}{suffix}")
+}
+
+/// An existing trigger, as `information_schema.TRIGGERS` describes it.
+pub(crate) struct ExistingTrigger {
+    pub table: String,
+    pub timing: String,
+    pub event: String,
+    pub body: String,
+}
+
+pub(crate) async fn existing_trigger(
+    conn: &mut Conn,
+    t: &TableName,
+) -> Result<Option<ExistingTrigger>> {
+    let rows: Vec<Row> = conn
+        .exec(
+            "SELECT EVENT_OBJECT_TABLE, ACTION_TIMING, EVENT_MANIPULATION, ACTION_STATEMENT \
+             FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = ? AND TRIGGER_NAME = ?",
+            (t.db.clone().unwrap_or_default(), t.name.clone()),
+        )
+        .await
+        .map_err(|e| schema_err(format!("reading trigger {}", t.quoted()), e))?;
+    Ok(rows.first().map(|r| ExistingTrigger {
+        table: text(r, 0).unwrap_or_default(),
+        timing: text(r, 1).unwrap_or_default(),
+        event: text(r, 2).unwrap_or_default(),
+        body: text(r, 3).unwrap_or_default(),
+    }))
+}
+
+/// What to do about `name`, a trigger of a ring rule that must be `<timing> INSERT
+/// ON <table>` (`on`) with `body`: create it with `create` when it is missing; keep
+/// one that exists (with a note when its body differs). `Err(reason)` when a trigger
+/// of that name does something else.
+pub(crate) async fn plan_insert_trigger(
+    conn: &mut Conn,
+    name: &TableName,
+    (on, timing): (&TableName, &str),
+    body: &str,
+    create: String,
+    notes: &mut Vec<String>,
+) -> Result<std::result::Result<TriggerPlan, String>> {
+    let Some(t) = existing_trigger(conn, name).await? else {
+        return Ok(Ok(TriggerPlan::Create(create)));
+    };
+    let fits = t.table.eq_ignore_ascii_case(&on.name)
+        && t.timing.eq_ignore_ascii_case(timing)
+        && t.event.eq_ignore_ascii_case("INSERT");
+    if !fits {
+        return Ok(Err(format!(
+            "trigger {} exists but is not `{timing} INSERT ON {}`; drop it or rename the ring table",
+            name.quoted(),
+            on.quoted()
+        )));
+    }
+    if normalize(&t.body) != normalize(body) {
+        notes.push(format!(
+            "trigger {} exists with another body; left as it is (drop it and run migrate again to replace it)",
+            name.quoted()
+        ));
+    }
+    Ok(Ok(TriggerPlan::Exists))
+}
+
+/// Collapses whitespace and case for comparing SQL text.
+pub(crate) fn normalize(sql: &str) -> String {
+    sql.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim_end_matches(';')
+        .to_ascii_lowercase()
+}
+
+/// Values of a row, NULL for missing cells.
+pub(crate) fn values(row: Row) -> Vec<Value> {
+    row.unwrap_raw()
+        .into_iter()
+        .map(|v| v.unwrap_or(Value::NULL))
+        .collect()
+}
+
+/// Whether a query returns at least one row.
+pub(crate) async fn has_rows(conn: &mut Conn, sql: String, what: String) -> Result<bool> {
+    let rows: Vec<Row> = conn.query(sql).await.map_err(|e| schema_err(what, e))?;
+    Ok(!rows.is_empty())
+}
+
+/// Whether table `t` holds a row.
+pub(crate) async fn table_has_rows(conn: &mut Conn, t: &TableName) -> Result<bool> {
+    has_rows(
+        conn,
+        format!("SELECT 1 FROM {} LIMIT 1", t.quoted()),
+        format!("reading {}", t.quoted()),
+    )
+    .await
+}
+
+/// Runs one statement, mapping failures to a backend error naming the rule.
+pub(crate) async fn run_sql(conn: &mut Conn, rule: &str, sql: &str) -> Result<u64> {
+    conn.query_drop(sql).await.map_err(|e| {
+        Error::with_cause(
+            Source::Backend,
+            format!("rule {rule}: executing `{sql}`"),
+            e,
+        )
+    })?;
+    Ok(conn.affected_rows())
+}
+
+/// Runs `sql`s in order, stopping at the first failure.
+pub(crate) async fn run_all(conn: &mut Conn, rule: &str, sql: &[&str]) -> Result<Vec<u64>> {
+    let mut affected = Vec::with_capacity(sql.len());
+    for s in sql {
+        affected.push(run_sql(conn, rule, s).await?);
+    }
+    Ok(affected)
+}
+
+/// The id an insert into `t` would generate for its AUTO_INCREMENT column `col`: the
+/// table's counter, and at least one above the largest id present.
+pub(crate) async fn next_id(conn: &mut Conn, t: &TableName, col: &str) -> Result<u64> {
+    let what = || format!("reading the AUTO_INCREMENT counter of {}", t.quoted());
+    let rows: Vec<Row> = conn
+        .exec(
+            "SELECT AUTO_INCREMENT FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (t.db.clone().unwrap_or_default(), t.name.clone()),
+        )
+        .await
+        .map_err(|e| schema_err(what(), e))?;
+    let counter = rows
+        .first()
+        .and_then(|r| r.get_opt::<u64, usize>(0))
+        .and_then(|r| r.ok())
+        .unwrap_or(1);
+    let rows: Vec<Row> = conn
+        .query(format!(
+            "SELECT GREATEST(COALESCE(MAX({}), 0), 0) + 1 FROM {}",
+            quote(col),
+            t.quoted()
+        ))
+        .await
+        .map_err(|e| schema_err(what(), e))?;
+    let above_max = rows
+        .first()
+        .and_then(|r| r.get_opt::<u64, usize>(0))
+        .and_then(|r| r.ok())
+        .unwrap_or(1);
+    Ok(counter.max(above_max))
+}
+
+pub(crate) fn is_in(cols: &[String], name: &str) -> bool {
+    cols.iter().any(|c| c.eq_ignore_ascii_case(name))
+}
+
+/// The `ON UPDATE` expression of a column's `EXTRA`, if any.
+pub(crate) fn on_update(extra: &str) -> Option<&str> {
+    let at = extra.find("on update ")?;
+    let rest = &extra[at + "on update ".len()..];
+    let end = rest.find(',').unwrap_or(rest.len());
+    Some(rest[..end].trim()).filter(|s| !s.is_empty())
+}
+
+/// `ENGINE=InnoDB` and the log's default character set and collation.
+pub(crate) fn table_options(logical: &Table) -> String {
+    let mut options = "ENGINE=InnoDB".to_string();
+    if let Some(cs) = &logical.charset {
+        options.push_str(&format!(" DEFAULT CHARSET={cs}"));
+    }
+    if let Some(coll) = &logical.collation {
+        options.push_str(&format!(" COLLATE={coll}"));
+    }
+    options
+}
+
+/// Whether the server has `INSERT … RETURNING` (MariaDB ≥ 10.5).
+pub(crate) async fn has_returning(conn: &mut Conn) -> Result<bool> {
+    let version: Option<String> = conn
+        .query_first("SELECT VERSION()")
+        .await
+        .map_err(|e| Error::with_cause(Source::Backend, "reading the server version", e))?;
+    Ok(version.is_some_and(|v| crate::wire::handshake::has_returning(&v)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_ranges() {
+        assert_eq!(integer_max("tinyint", true), Some(255));
+        assert_eq!(integer_max("smallint", false), Some(32767));
+        assert_eq!(integer_max("bigint", true), Some(u64::MAX));
+        assert_eq!(integer_max("decimal", false), None);
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            redact("mysql://u:secret@127.0.0.1:3306/db"),
+            "mysql://u@127.0.0.1:3306/db"
+        );
+        assert_eq!(redact("mysql://127.0.0.1/db"), "mysql://127.0.0.1/db");
+    }
+
+    #[test]
+    fn sql_comparison_ignores_layout() {
+        assert_eq!(
+            normalize("INSERT  IGNORE\n INTO x;"),
+            normalize("insert ignore into x")
+        );
+    }
+}

@@ -46,6 +46,9 @@ use crate::wire::resultset::ColumnDef;
 /// Column flag: AUTO_INCREMENT.
 const AUTO_INCREMENT_FLAG: u16 = 0x0200;
 
+/// Execute-time checks of parameters: (parameter index, check).
+type ParamChecks = Vec<(usize, ParamCheck)>;
+
 /// A `[[ring]]` rule, ready to plan statements.
 pub struct RingRule {
     /// Rule name from the file.
@@ -307,7 +310,7 @@ impl RingRule {
         }
         // Sequence last: MySQL applies the assignments left to right, and the guards
         // above must compare with the row's old sequence number.
-        update.push(format!("{seq} = {}", guarded(&seq)));
+        update.push(format!("{seq} = {}", guarded(seq)));
         update
     }
 
@@ -319,7 +322,7 @@ impl RingRule {
         cols: &[String],
         rows: &[Vec<Expr>],
         ctx: &PlanContext<'_>,
-    ) -> Result<(Vec<String>, Vec<(usize, ParamCheck)>), String> {
+    ) -> Result<(Vec<String>, ParamChecks), String> {
         let mut values = Vec::with_capacity(rows.len());
         let mut param_checks = Vec::new();
         for row in rows {

@@ -42,6 +42,12 @@ use crate::rewrite::{
 use crate::rules::spec::{quote, CounterSpec};
 use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
 
+/// Counter increments: (column, delta) pairs.
+type Increments = Vec<(String, Expr)>;
+
+/// Execute-time checks of parameters: (parameter index, check).
+type ParamChecks = Vec<(usize, ParamCheck)>;
+
 /// A `[[counter]]` rule, ready to plan statements.
 pub struct CounterRule {
     /// Rule name from the file.
@@ -220,32 +226,7 @@ impl CounterRule {
             ));
         }
         check_update_qualifiers(u)?;
-        let mut increments = Vec::new();
-        let mut sets = 0usize;
-        let mut others = 0usize;
-        for a in &u.assignments {
-            let AssignmentTarget::ColumnName(col) = &a.target else {
-                return Err("tuple assignments cannot be rewritten".into());
-            };
-            let col = last_ident(col);
-            if !self.is_counter(&col) {
-                others += 1;
-                if self.mentions_counter(&a.value) {
-                    return Err(format!("`{col}` is assigned from a counter column, which this rule keeps in slot rows"));
-                }
-                continue;
-            }
-            match increment_of(&col, &a.value) {
-                Some(delta) => increments.push((col, delta)),
-                None if is_value(&a.value) => sets += 1,
-                None => {
-                    return Err(format!(
-                        "SET {col} = {} cannot be rewritten: a counter can only be incremented (`{col} = {col} + n`, `{col} = {col} - n`) or set to a value",
-                        a.value
-                    ))
-                }
-            }
-        }
+        let (increments, sets, others) = self.sort_assignments(u)?;
         if let Some(w) = &u.selection {
             if self.mentions_counter(w) {
                 return Err("a WHERE condition on a counter column cannot be rewritten (the stored value is only the base)".into());
@@ -263,31 +244,9 @@ impl CounterRule {
                     "an UPDATE that increments a counter may not also set other columns".into(),
                 );
             }
-            if !u.order_by.is_empty() {
-                return Err("ORDER BY in a counter increment cannot be rewritten".into());
-            }
-            let increments = combine_increments(increments);
-            let mut param_checks = Vec::new();
-            for (col, delta) in &increments {
-                check_delta(col, delta, ctx, &mut param_checks)?;
-            }
-            let keys = self.key_values(u.selection.as_ref())?;
-            let limit_zero = match &u.limit {
-                None => false,
-                Some(l) => match ctx.literal_class(l) {
-                    Some(LiteralClass::Integer { digits: 0 }) => true,
-                    Some(LiteralClass::Integer { .. }) => false,
-                    _ => {
-                        return Err(format!(
-                        "LIMIT {l} in a counter increment cannot be rewritten; use LIMIT 1 or none"
-                    ))
-                    }
-                },
-            };
-            let meta = self.meta(ctx)?;
-            if self.check_keys(&keys, &meta, ctx, &mut param_checks)? == Keys::MatchNothing
-                || limit_zero
-            {
+            let Some((increments, keys, param_checks)) =
+                self.check_increment(u, ctx, increments)?
+            else {
                 // MariaDB matches no row: the statement itself changes nothing on
                 // the logical table and gives the UPDATE's own answer.
                 return Ok(Some(Plan {
@@ -295,7 +254,7 @@ impl CounterRule {
                     reply: Reply::OkOf(0),
                     ..Default::default()
                 }));
-            }
+            };
             let slot = ctx.random_below(self.slots).to_string();
             let sql = self.upsert_sql(name, &keys, &slot, &increments);
             // Group commit: merged executions rebuild the upsert from these pieces
@@ -338,6 +297,80 @@ impl CounterRule {
             atomic: true,
             ..Default::default()
         }))
+    }
+
+    /// Sorts an UPDATE's assignments into counter increments `(column, delta)`, the
+    /// number of counters set to a value, and the number of other columns assigned;
+    /// an error for tuple assignments, other counter expressions, and other columns
+    /// assigned from a counter.
+    fn sort_assignments(&self, u: &Update) -> Result<(Increments, usize, usize), String> {
+        let mut increments = Vec::new();
+        let mut sets = 0usize;
+        let mut others = 0usize;
+        for a in &u.assignments {
+            let AssignmentTarget::ColumnName(col) = &a.target else {
+                return Err("tuple assignments cannot be rewritten".into());
+            };
+            let col = last_ident(col);
+            if !self.is_counter(&col) {
+                others += 1;
+                if self.mentions_counter(&a.value) {
+                    return Err(format!("`{col}` is assigned from a counter column, which this rule keeps in slot rows"));
+                }
+                continue;
+            }
+            match increment_of(&col, &a.value) {
+                Some(delta) => increments.push((col, delta)),
+                None if is_value(&a.value) => sets += 1,
+                None => {
+                    return Err(format!(
+                        "SET {col} = {} cannot be rewritten: a counter can only be incremented (`{col} = {col} + n`, `{col} = {col} - n`) or set to a value",
+                        a.value
+                    ))
+                }
+            }
+        }
+        Ok((increments, sets, others))
+    }
+
+    /// Checks an increment-only UPDATE: its deltas (combined per column), its
+    /// `key = value` condition and its LIMIT. Gives the combined increments, the key
+    /// values and the execute-time parameter checks, or `None` when MariaDB would
+    /// match no row.
+    fn check_increment(
+        &self,
+        u: &Update,
+        ctx: &PlanContext<'_>,
+        increments: Vec<(String, Expr)>,
+    ) -> Result<Option<(Increments, Vec<Expr>, ParamChecks)>, String> {
+        if !u.order_by.is_empty() {
+            return Err("ORDER BY in a counter increment cannot be rewritten".into());
+        }
+        let increments = combine_increments(increments);
+        let mut param_checks = Vec::new();
+        for (col, delta) in &increments {
+            check_delta(col, delta, ctx, &mut param_checks)?;
+        }
+        let keys = self.key_values(u.selection.as_ref())?;
+        let limit_zero = match &u.limit {
+            None => false,
+            Some(l) => match ctx.literal_class(l) {
+                Some(LiteralClass::Integer { digits: 0 }) => true,
+                Some(LiteralClass::Integer { .. }) => false,
+                _ => {
+                    return Err(format!(
+                        "LIMIT {l} in a counter increment cannot be rewritten; use LIMIT 1 or none"
+                    ))
+                }
+            },
+        };
+        let meta = self.meta(ctx)?;
+        if self.check_keys(&keys, &meta, ctx, &mut param_checks)? == Keys::MatchNothing
+            || limit_zero
+        {
+            return Ok(None);
+        }
+        Ok(Some((increments, keys, param_checks)))
     }
 
     /// Whether the slot upsert stores each key value as the very value the UPDATE's

@@ -26,8 +26,8 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use sqlparser::ast::{
-    AssignmentTarget, BinaryOperator, Delete, Expr, FromTable, Insert, ObjectName, OnInsert, Query,
-    SetExpr, Statement, TableFactor, TableObject, UnaryOperator, Update,
+    Assignment, AssignmentTarget, BinaryOperator, Delete, Expr, FromTable, Insert, ObjectName,
+    OnInsert, Query, SetExpr, Statement, TableFactor, TableObject, UnaryOperator, Update,
 };
 
 use crate::rewrite::shape::{
@@ -646,6 +646,37 @@ impl CounterRule {
             }
             keys.push(v.clone());
         }
+        let (incs, param_checks) = self.insert_increments(assignments, &cols, row, ctx)?;
+        // The base row: the original insert with counters at zero, ignoring a
+        // duplicate key (then the row exists and only the slot grows).
+        let base = self.base_insert_sql(name, &cols, row);
+        let slot = ctx.random_below(self.slots).to_string();
+        let mut statements = parse(&base)?;
+        statements.extend(parse(&self.upsert_sql(name, &keys, &slot, &incs))?);
+        Ok(Some(Plan {
+            statements,
+            reply: Reply::Ok {
+                affected_rows: Affected::InsertedOrUpdated { probe: 0 },
+                info: None,
+                last_insert_id: None,
+            },
+            atomic: true,
+            param_checks,
+            ..Default::default()
+        }))
+    }
+
+    /// The counter increments of an `INSERT … ON DUPLICATE KEY UPDATE c = c + n`
+    /// (whose inserted counter values must equal their increments), and the
+    /// execute-time checks of their parameters.
+    fn insert_increments(
+        &self,
+        assignments: &[Assignment],
+        cols: &[String],
+        row: &[Expr],
+        ctx: &PlanContext<'_>,
+    ) -> Result<(Increments, ParamChecks), String> {
+        let value_of = |c: &str| cols.iter().position(|x| eq(x, c)).map(|i| &row[i]);
         let mut incs = Vec::new();
         let mut param_checks = Vec::new();
         for a in assignments {
@@ -682,8 +713,12 @@ impl CounterRule {
             check_delta(&col, &delta, ctx, &mut param_checks)?;
             incs.push((col, delta));
         }
-        // The base row: the original insert with counters at zero, ignoring a
-        // duplicate key (then the row exists and only the slot grows).
+        Ok((incs, param_checks))
+    }
+
+    /// `INSERT IGNORE INTO t (…) VALUES (…)`: the insert's row with its counter
+    /// columns at zero.
+    fn base_insert_sql(&self, name: &ObjectName, cols: &[String], row: &[Expr]) -> String {
         let base_vals: Vec<String> = cols
             .iter()
             .zip(row)
@@ -695,25 +730,11 @@ impl CounterRule {
                 }
             })
             .collect();
-        let base = format!(
+        format!(
             "INSERT IGNORE INTO {name} ({}) VALUES ({})",
             cols.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", "),
             base_vals.join(", ")
-        );
-        let slot = ctx.random_below(self.slots).to_string();
-        let mut statements = parse(&base)?;
-        statements.extend(parse(&self.upsert_sql(name, &keys, &slot, &incs))?);
-        Ok(Some(Plan {
-            statements,
-            reply: Reply::Ok {
-                affected_rows: Affected::InsertedOrUpdated { probe: 0 },
-                info: None,
-                last_insert_id: None,
-            },
-            atomic: true,
-            param_checks,
-            ..Default::default()
-        }))
+        )
     }
 
     fn query_reads_ours(&self, q: &Query, ctx: &PlanContext<'_>) -> bool {

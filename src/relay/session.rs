@@ -684,20 +684,7 @@ impl Session {
             cmd::PING | cmd::STMT_CLOSE | cmd::STMT_RESET | cmd::STMT_SEND_LONG_DATA => None,
             _ => self.merged_warnings.take(),
         };
-        if self.pending_insert_id.is_some() {
-            match code {
-                // Both start the session afresh.
-                cmd::CHANGE_USER | cmd::RESET_CONNECTION => self.pending_insert_id = None,
-                // Restored once the statement is known (a merged ring insert sets it
-                // anew); the others cannot read it.
-                cmd::QUERY | cmd::QUIT | cmd::PING => {}
-                cmd::STMT_EXECUTE
-                    if statement_id(&c.payload())
-                        .and_then(|id| self.prepared.get(&id))
-                        .is_some_and(|p| p.merge.is_some()) => {}
-                _ => self.restore_insert_id().await?,
-            }
-        }
+        self.restore_pending_insert_id(code, &c).await?;
         let kind = match code {
             cmd::QUERY => return self.query(c, merged_warnings).await.map(|_| true),
             cmd::STMT_PREPARE => return self.prepare(c).await.map(|_| true),
@@ -725,46 +712,8 @@ impl Session {
                 self.backend.write_all(&c.raw).await?;
                 return Ok(true);
             }
-            cmd::STMT_EXECUTE => {
-                self.info.count_statement();
-                if let Some(id) = statement_id(&c.payload()) {
-                    if let Some(p) = self.prepared.get(&id) {
-                        // Executes the plan made at prepare time, whatever rule set is
-                        // in force now.
-                        let rule = p.rule.clone();
-                        let started = Instant::now();
-                        self.answered_error = false;
-                        self.rewrite_names = self.shared.engine.load().message_names();
-                        let r = self.execute_rewrite(id, &c).await;
-                        self.record_rewrite(&rule, started, r.is_err());
-                        r?;
-                        return Ok(true);
-                    }
-                }
-                let started = Instant::now();
-                if self.lexing_prepared {
-                    self.lexing = None;
-                }
-                self.forward(&c).await?;
-                self.relay_response(ResponseKind::Generic, 0, c.last_seq)
-                    .await?;
-                self.shared.stats.backend_latency.observe(started.elapsed());
-                return Ok(true);
-            }
-            cmd::CHANGE_USER => {
-                self.prepared.clear();
-                self.lexing = None;
-                self.lexing_prepared = false;
-                // The new session takes the server's global value again.
-                self.packet_limit = None;
-                self.backend.write_all(&c.raw).await?;
-                self.set_current_db(change_user_db(&c.payload()));
-                self.leave_pristine();
-                if let Some(user) = change_user_name(&c.payload()) {
-                    self.info.set_user(&user);
-                }
-                return self.auth_exchange(0).await.map(|_| true);
-            }
+            cmd::STMT_EXECUTE => return self.stmt_execute(&c).await.map(|_| true),
+            cmd::CHANGE_USER => return self.change_user(&c).await.map(|_| true),
             cmd::PROCESS_INFO => ResponseKind::Generic,
             cmd::STMT_BULK_EXECUTE => {
                 if let Some(id) = statement_id(&c.payload()) {
@@ -809,12 +758,86 @@ impl Session {
         };
         self.forward(&c).await?;
         let r = self.relay_response(kind, 0, c.last_seq).await?;
+        self.after_command(code, &c, r.parser.errored);
+        Ok(true)
+    }
+
+    /// Before a command: restores the LAST_INSERT_ID() a merged write left pending
+    /// on the backend session, unless the command starts the session afresh, cannot
+    /// read it, or restores it itself once its statement is known.
+    async fn restore_pending_insert_id(&mut self, code: u8, c: &Logical) -> Result<()> {
+        if self.pending_insert_id.is_none() {
+            return Ok(());
+        }
+        match code {
+            // Both start the session afresh.
+            cmd::CHANGE_USER | cmd::RESET_CONNECTION => self.pending_insert_id = None,
+            // Restored once the statement is known (a merged ring insert sets it
+            // anew); the others cannot read it.
+            cmd::QUERY | cmd::QUIT | cmd::PING => {}
+            cmd::STMT_EXECUTE
+                if statement_id(&c.payload())
+                    .and_then(|id| self.prepared.get(&id))
+                    .is_some_and(|p| p.merge.is_some()) => {}
+            _ => self.restore_insert_id().await?,
+        }
+        Ok(())
+    }
+
+    /// COM_STMT_EXECUTE: runs the plan made at prepare time for a rewritten
+    /// statement, else forwards the command and relays its response.
+    async fn stmt_execute(&mut self, c: &Logical) -> Result<()> {
+        self.info.count_statement();
+        if let Some(id) = statement_id(&c.payload()) {
+            if let Some(p) = self.prepared.get(&id) {
+                // Executes the plan made at prepare time, whatever rule set is
+                // in force now.
+                let rule = p.rule.clone();
+                let started = Instant::now();
+                self.answered_error = false;
+                self.rewrite_names = self.shared.engine.load().message_names();
+                let r = self.execute_rewrite(id, c).await;
+                self.record_rewrite(&rule, started, r.is_err());
+                r?;
+                return Ok(());
+            }
+        }
+        let started = Instant::now();
+        if self.lexing_prepared {
+            self.lexing = None;
+        }
+        self.forward(c).await?;
+        self.relay_response(ResponseKind::Generic, 0, c.last_seq)
+            .await?;
+        self.shared.stats.backend_latency.observe(started.elapsed());
+        Ok(())
+    }
+
+    /// COM_CHANGE_USER: forgets the session's state and relays the authentication.
+    async fn change_user(&mut self, c: &Logical) -> Result<bool> {
+        self.prepared.clear();
+        self.lexing = None;
+        self.lexing_prepared = false;
+        // The new session takes the server's global value again.
+        self.packet_limit = None;
+        self.backend.write_all(&c.raw).await?;
+        self.set_current_db(change_user_db(&c.payload()));
+        self.leave_pristine();
+        if let Some(user) = change_user_name(&c.payload()) {
+            self.info.set_user(&user);
+        }
+        self.auth_exchange(0).await
+    }
+
+    /// After a relayed COM_RESET_CONNECTION or COM_INIT_DB (`errored`: the server
+    /// answered ERR): the session state they reset or change.
+    fn after_command(&mut self, code: u8, c: &Logical, errored: bool) {
         if code == cmd::RESET_CONNECTION {
             // Character set and sql_mode are the connection's defaults again.
             self.lexing = None;
             self.lexing_prepared = false;
         }
-        if code == cmd::RESET_CONNECTION && !r.parser.errored {
+        if code == cmd::RESET_CONNECTION && !errored {
             self.prepared.clear();
             self.packet_limit = None;
             // Settings are back to the connection defaults.
@@ -823,12 +846,11 @@ impl Session {
             // another one (then the session stays out of group commit).
             self.charset_changed = !self.pristine;
         }
-        if code == cmd::INIT_DB && !r.parser.errored {
+        if code == cmd::INIT_DB && !errored {
             self.set_current_db(Some(
                 String::from_utf8_lossy(&c.payload()[1..]).into_owned(),
             ));
         }
-        Ok(true)
     }
 
     async fn forward(&mut self, c: &Logical) -> Result<()> {

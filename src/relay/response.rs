@@ -163,62 +163,14 @@ impl ResponseParser {
     /// payload when `len <= WHOLE_PACKET_LIMIT`, else at least its first byte.
     pub fn feed(&mut self, payload: &[u8], len: usize) -> Result<Step, ProtocolViolation> {
         if self.kind == ResponseKind::Single {
-            if let Some(&b) = payload.first() {
-                if b == OK || b == EOF {
-                    self.last_status = packets::parse_ok(payload)
-                        .map(|o| o.status)
-                        .or_else(|| packets::terminator_status(payload, false));
-                }
-                self.errored = b == ERR;
-            }
-            self.state = State::Finished;
-            return Ok(Step::Done);
+            return Ok(self.feed_single(payload));
         }
         // No response packet of any state is empty (a row has at least one column).
         let Some(&first) = payload.first() else {
             return Err(self.violation("empty packet".into()));
         };
         match self.state {
-            State::First => match first {
-                OK if self.kind == ResponseKind::Prepare => {
-                    if payload.len() < 9 {
-                        return Err(self.violation("short prepare OK".into()));
-                    }
-                    let p = PrepareOk {
-                        statement_id: u32::from_le_bytes([
-                            payload[1], payload[2], payload[3], payload[4],
-                        ]),
-                        columns: u16::from_le_bytes([payload[5], payload[6]]),
-                        params: u16::from_le_bytes([payload[7], payload[8]]),
-                    };
-                    self.prepare_ok = Some(p);
-                    self.state = State::PrepareParams(p.params, p.columns);
-                    Ok(self.prepare_next())
-                }
-                OK => {
-                    self.oks += 1;
-                    let st = packets::parse_ok(payload).map(|o| o.status);
-                    if st.is_none() {
-                        return Err(self.violation("short OK packet".into()));
-                    }
-                    Ok(self.after_result(st))
-                }
-                ERR => Ok(self.finish_err()),
-                LOCAL_INFILE if self.kind == ResponseKind::Generic => Ok(Step::LocalInfile),
-                _ if self.kind == ResponseKind::Generic && len <= Self::WHOLE_PACKET_LIMIT => {
-                    match lenenc_int(payload) {
-                        Some((n, used)) if n > 0 && used == payload.len() => {
-                            self.result_sets += 1;
-                            self.state = State::Columns(n);
-                            Ok(Step::More)
-                        }
-                        _ => Err(self.violation(format!(
-                            "expected OK, ERR or column count, got {first:#04x} ({len} bytes)"
-                        ))),
-                    }
-                }
-                _ => Err(self.violation(format!("unexpected first byte {first:#04x}"))),
-            },
+            State::First => self.feed_first(payload, len, first),
             State::Columns(n) => {
                 if first == ERR {
                     return Ok(self.finish_err());
@@ -232,24 +184,7 @@ impl ResponseParser {
                 };
                 Ok(Step::More)
             }
-            State::ColumnsEof => {
-                if first == ERR {
-                    return Ok(self.finish_err());
-                }
-                if !self.is_terminator(first, len) {
-                    return Err(self.violation(format!("expected EOF, got {first:#04x}")));
-                }
-                let st = packets::terminator_status(payload, false);
-                self.last_status = st.or(self.last_status);
-                // A cursor was opened (COM_STMT_EXECUTE with a cursor type): rows come
-                // later through COM_STMT_FETCH.
-                if st.unwrap_or(0) & status::CURSOR_EXISTS != 0 {
-                    self.state = State::Finished;
-                    return Ok(Step::Done);
-                }
-                self.state = State::Rows;
-                Ok(Step::More)
-            }
+            State::ColumnsEof => self.feed_columns_eof(payload, len, first),
             State::Rows => {
                 if first == ERR && len <= Self::WHOLE_PACKET_LIMIT {
                     return Ok(self.finish_err());
@@ -321,6 +256,97 @@ impl ResponseParser {
             }
             State::Finished => Err(self.violation("data after the end of a response".into())),
         }
+    }
+
+    /// [`ResponseParser::feed`] for a response of a single packet (OK or ERR).
+    fn feed_single(&mut self, payload: &[u8]) -> Step {
+        if let Some(&b) = payload.first() {
+            if b == OK || b == EOF {
+                self.last_status = packets::parse_ok(payload)
+                    .map(|o| o.status)
+                    .or_else(|| packets::terminator_status(payload, false));
+            }
+            self.errored = b == ERR;
+        }
+        self.state = State::Finished;
+        Step::Done
+    }
+
+    /// [`ResponseParser::feed`] for the first packet of a response: OK (or a prepare
+    /// OK), ERR, a LOCAL INFILE request, or a result set's column count. `first` is
+    /// the payload's first byte.
+    fn feed_first(
+        &mut self,
+        payload: &[u8],
+        len: usize,
+        first: u8,
+    ) -> Result<Step, ProtocolViolation> {
+        match first {
+            OK if self.kind == ResponseKind::Prepare => {
+                if payload.len() < 9 {
+                    return Err(self.violation("short prepare OK".into()));
+                }
+                let p = PrepareOk {
+                    statement_id: u32::from_le_bytes([
+                        payload[1], payload[2], payload[3], payload[4],
+                    ]),
+                    columns: u16::from_le_bytes([payload[5], payload[6]]),
+                    params: u16::from_le_bytes([payload[7], payload[8]]),
+                };
+                self.prepare_ok = Some(p);
+                self.state = State::PrepareParams(p.params, p.columns);
+                Ok(self.prepare_next())
+            }
+            OK => {
+                self.oks += 1;
+                let st = packets::parse_ok(payload).map(|o| o.status);
+                if st.is_none() {
+                    return Err(self.violation("short OK packet".into()));
+                }
+                Ok(self.after_result(st))
+            }
+            ERR => Ok(self.finish_err()),
+            LOCAL_INFILE if self.kind == ResponseKind::Generic => Ok(Step::LocalInfile),
+            _ if self.kind == ResponseKind::Generic && len <= Self::WHOLE_PACKET_LIMIT => {
+                match lenenc_int(payload) {
+                    Some((n, used)) if n > 0 && used == payload.len() => {
+                        self.result_sets += 1;
+                        self.state = State::Columns(n);
+                        Ok(Step::More)
+                    }
+                    _ => Err(self.violation(format!(
+                        "expected OK, ERR or column count, got {first:#04x} ({len} bytes)"
+                    ))),
+                }
+            }
+            _ => Err(self.violation(format!("unexpected first byte {first:#04x}"))),
+        }
+    }
+
+    /// [`ResponseParser::feed`] for the EOF packet after a result set's column
+    /// definitions (or an ERR in its place). `first` is the payload's first byte.
+    fn feed_columns_eof(
+        &mut self,
+        payload: &[u8],
+        len: usize,
+        first: u8,
+    ) -> Result<Step, ProtocolViolation> {
+        if first == ERR {
+            return Ok(self.finish_err());
+        }
+        if !self.is_terminator(first, len) {
+            return Err(self.violation(format!("expected EOF, got {first:#04x}")));
+        }
+        let st = packets::terminator_status(payload, false);
+        self.last_status = st.or(self.last_status);
+        // A cursor was opened (COM_STMT_EXECUTE with a cursor type): rows come
+        // later through COM_STMT_FETCH.
+        if st.unwrap_or(0) & status::CURSOR_EXISTS != 0 {
+            self.state = State::Finished;
+            return Ok(Step::Done);
+        }
+        self.state = State::Rows;
+        Ok(Step::More)
     }
 
     /// Called after the LOCAL INFILE data was relayed: the server answers OK or ERR.

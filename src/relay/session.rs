@@ -345,13 +345,60 @@ impl Session {
         self.backend_id = info.connection_id;
         self.info.set_backend_id(info.connection_id);
         self.returning = crate::wire::handshake::has_returning(&info.server_version);
-        let backend_tls = match &tls.backend {
+        let backend_tls = self
+            .choose_backend_tls(tls, &info, &shared.config.backend)
+            .await?;
+        self.client.write_all(&greeting.raw).await?;
+
+        let Some((mut hello, h, client_extra)) = self.client_hello(tls, &info).await? else {
+            return Ok(false);
+        };
+        self.deprecate_eof = h.capabilities & caps::DEPRECATE_EOF != 0;
+        self.extended_metadata = h.ext_capabilities & crate::wire::ext_caps::EXTENDED_METADATA != 0;
+        self.set_current_db(h.database.clone());
+        self.identity = h.user.as_bytes().to_vec();
+        self.identity.push(0);
+        self.identity
+            .push(hello.raw.get(4 + 8).copied().unwrap_or(0));
+        self.info.set_user(&h.user);
+
+        let mut backend_extra = 0u8;
+        if let Some(b) = backend_tls {
+            self.upgrade_backend(b, &hello, &shared.config.backend)
+                .await?;
+            backend_extra = 1;
+        }
+        debug!(
+            peer = %self.peer,
+            id = self.backend_id,
+            user = %h.user,
+            client_tls = ?self.client.io.describe(),
+            backend_tls = ?self.backend.io.describe(),
+            "handshake"
+        );
+        set_client_ssl(&mut hello.raw[4..], self.backend.io.is_tls());
+        let delta = backend_extra.wrapping_sub(client_extra);
+        shift_seq(&mut hello.raw, delta);
+        self.backend.write_all(&hello.raw).await?;
+        self.auth_exchange(delta).await
+    }
+
+    /// The backend TLS to use: the configured one when the greeting offers TLS. With
+    /// `backend_tls = required` and no offer, the client gets an ERR instead of a
+    /// greeting. `backend` is the backend's address, for the message.
+    async fn choose_backend_tls<'t>(
+        &mut self,
+        tls: &'t Tls,
+        info: &Greeting,
+        backend: &str,
+    ) -> Result<Option<&'t tls::BackendTls>> {
+        Ok(match &tls.backend {
             Some(b) if info.backend_capabilities & caps::SSL != 0 => Some(b),
             Some(b) if b.required => {
                 // Refused before the client says anything: an ERR instead of a greeting.
                 let msg = format!(
                     "Unable to connect to foreign data source: the backend {} does not offer TLS (backend_tls = required)",
-                    shared.config.backend
+                    backend
                 );
                 let _ = self
                     .client
@@ -366,10 +413,19 @@ impl Session {
                 None
             }
             None => None,
-        };
-        self.client.write_all(&greeting.raw).await?;
+        })
+    }
 
-        let (mut hello, mut h) = self.read_client_hello(&info).await?;
+    /// Reads the client's handshake response, upgrading the client leg to TLS first
+    /// when the client asks with an SSLRequest. Gives the response and how many
+    /// packets the client leg counted before it that the backend leg did not, or
+    /// `None` when a plain connection was refused (`tls_required`).
+    async fn client_hello(
+        &mut self,
+        tls: &Tls,
+        info: &Greeting,
+    ) -> Result<Option<(Logical, ClientHello, u8)>> {
+        let (mut hello, mut h) = self.read_client_hello(info).await?;
         // Packets the client leg counted before its handshake response that the
         // backend leg did not, and the reverse.
         let mut client_extra = 0u8;
@@ -382,7 +438,7 @@ impl Session {
                 ));
             };
             tls::accept(acceptor, &mut self.client).await?;
-            (hello, h) = self.read_client_hello(&info).await?;
+            (hello, h) = self.read_client_hello(info).await?;
             if h.ssl_request {
                 self.refuse_handshake(hello.last_seq, "SSLRequest over TLS")
                     .await;
@@ -400,61 +456,48 @@ impl Session {
                 )
                 .await;
             info!(peer = %self.peer, user = %h.user, "plain connection refused (tls_required)");
-            return Ok(false);
+            return Ok(None);
         }
-        self.deprecate_eof = h.capabilities & caps::DEPRECATE_EOF != 0;
-        self.extended_metadata = h.ext_capabilities & crate::wire::ext_caps::EXTENDED_METADATA != 0;
-        self.set_current_db(h.database.clone());
-        self.identity = h.user.as_bytes().to_vec();
-        self.identity.push(0);
-        self.identity
-            .push(hello.raw.get(4 + 8).copied().unwrap_or(0));
-        self.info.set_user(&h.user);
+        Ok(Some((hello, h, client_extra)))
+    }
 
-        let mut backend_extra = 0u8;
-        if let Some(b) = backend_tls {
-            // The proxy's own SSLRequest: the first 32 bytes of the client's response
-            // (capabilities, max packet, charset) with CLIENT_SSL.
-            let Some(head) = hello.raw.get(4..36) else {
-                return Err(Error::client("handshake response too short"));
-            };
-            let mut request = head.to_vec();
-            set_client_ssl(&mut request, true);
-            self.backend.write_packet(1, &request).await?;
-            if let Err(e) = tls::connect(b, &mut self.backend).await {
-                let why = e
-                    .cause
-                    .as_ref()
-                    .map(|c| c.to_string())
-                    .unwrap_or_else(|| e.context.clone());
-                let msg = format!(
-                    "Unable to connect to foreign data source: TLS to the backend {} failed: {why}",
-                    shared.config.backend
-                );
-                let _ = self
-                    .client
-                    .write_packet(
-                        hello.last_seq.wrapping_add(1),
-                        &err_of(tls::ERR_BACKEND_TLS, &msg),
-                    )
-                    .await;
-                return Err(e);
-            }
-            backend_extra = 1;
+    /// Upgrades the backend leg to TLS with the proxy's own SSLRequest. A failure is
+    /// also reported to the client, as ERR. `backend` is the backend's address, for
+    /// the message.
+    async fn upgrade_backend(
+        &mut self,
+        b: &tls::BackendTls,
+        hello: &Logical,
+        backend: &str,
+    ) -> Result<()> {
+        // The proxy's own SSLRequest: the first 32 bytes of the client's response
+        // (capabilities, max packet, charset) with CLIENT_SSL.
+        let Some(head) = hello.raw.get(4..36) else {
+            return Err(Error::client("handshake response too short"));
+        };
+        let mut request = head.to_vec();
+        set_client_ssl(&mut request, true);
+        self.backend.write_packet(1, &request).await?;
+        if let Err(e) = tls::connect(b, &mut self.backend).await {
+            let why = e
+                .cause
+                .as_ref()
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| e.context.clone());
+            let msg = format!(
+                "Unable to connect to foreign data source: TLS to the backend {} failed: {why}",
+                backend
+            );
+            let _ = self
+                .client
+                .write_packet(
+                    hello.last_seq.wrapping_add(1),
+                    &err_of(tls::ERR_BACKEND_TLS, &msg),
+                )
+                .await;
+            return Err(e);
         }
-        debug!(
-            peer = %self.peer,
-            id = self.backend_id,
-            user = %h.user,
-            client_tls = ?self.client.io.describe(),
-            backend_tls = ?self.backend.io.describe(),
-            "handshake"
-        );
-        set_client_ssl(&mut hello.raw[4..], self.backend.io.is_tls());
-        let delta = backend_extra.wrapping_sub(client_extra);
-        shift_seq(&mut hello.raw, delta);
-        self.backend.write_all(&hello.raw).await?;
-        self.auth_exchange(delta).await
+        Ok(())
     }
 
     /// Reads and patches the client's handshake response (or SSLRequest); a malformed
@@ -641,20 +684,7 @@ impl Session {
             cmd::PING | cmd::STMT_CLOSE | cmd::STMT_RESET | cmd::STMT_SEND_LONG_DATA => None,
             _ => self.merged_warnings.take(),
         };
-        if self.pending_insert_id.is_some() {
-            match code {
-                // Both start the session afresh.
-                cmd::CHANGE_USER | cmd::RESET_CONNECTION => self.pending_insert_id = None,
-                // Restored once the statement is known (a merged ring insert sets it
-                // anew); the others cannot read it.
-                cmd::QUERY | cmd::QUIT | cmd::PING => {}
-                cmd::STMT_EXECUTE
-                    if statement_id(&c.payload())
-                        .and_then(|id| self.prepared.get(&id))
-                        .is_some_and(|p| p.merge.is_some()) => {}
-                _ => self.restore_insert_id().await?,
-            }
-        }
+        self.restore_pending_insert_id(code, &c).await?;
         let kind = match code {
             cmd::QUERY => return self.query(c, merged_warnings).await.map(|_| true),
             cmd::STMT_PREPARE => return self.prepare(c).await.map(|_| true),
@@ -682,46 +712,8 @@ impl Session {
                 self.backend.write_all(&c.raw).await?;
                 return Ok(true);
             }
-            cmd::STMT_EXECUTE => {
-                self.info.count_statement();
-                if let Some(id) = statement_id(&c.payload()) {
-                    if let Some(p) = self.prepared.get(&id) {
-                        // Executes the plan made at prepare time, whatever rule set is
-                        // in force now.
-                        let rule = p.rule.clone();
-                        let started = Instant::now();
-                        self.answered_error = false;
-                        self.rewrite_names = self.shared.engine.load().message_names();
-                        let r = self.execute_rewrite(id, &c).await;
-                        self.record_rewrite(&rule, started, r.is_err());
-                        r?;
-                        return Ok(true);
-                    }
-                }
-                let started = Instant::now();
-                if self.lexing_prepared {
-                    self.lexing = None;
-                }
-                self.forward(&c).await?;
-                self.relay_response(ResponseKind::Generic, 0, c.last_seq)
-                    .await?;
-                self.shared.stats.backend_latency.observe(started.elapsed());
-                return Ok(true);
-            }
-            cmd::CHANGE_USER => {
-                self.prepared.clear();
-                self.lexing = None;
-                self.lexing_prepared = false;
-                // The new session takes the server's global value again.
-                self.packet_limit = None;
-                self.backend.write_all(&c.raw).await?;
-                self.set_current_db(change_user_db(&c.payload()));
-                self.leave_pristine();
-                if let Some(user) = change_user_name(&c.payload()) {
-                    self.info.set_user(&user);
-                }
-                return self.auth_exchange(0).await.map(|_| true);
-            }
+            cmd::STMT_EXECUTE => return self.stmt_execute(&c).await.map(|_| true),
+            cmd::CHANGE_USER => return self.change_user(&c).await.map(|_| true),
             cmd::PROCESS_INFO => ResponseKind::Generic,
             cmd::STMT_BULK_EXECUTE => {
                 if let Some(id) = statement_id(&c.payload()) {
@@ -766,12 +758,86 @@ impl Session {
         };
         self.forward(&c).await?;
         let r = self.relay_response(kind, 0, c.last_seq).await?;
+        self.after_command(code, &c, r.parser.errored);
+        Ok(true)
+    }
+
+    /// Before a command: restores the LAST_INSERT_ID() a merged write left pending
+    /// on the backend session, unless the command starts the session afresh, cannot
+    /// read it, or restores it itself once its statement is known.
+    async fn restore_pending_insert_id(&mut self, code: u8, c: &Logical) -> Result<()> {
+        if self.pending_insert_id.is_none() {
+            return Ok(());
+        }
+        match code {
+            // Both start the session afresh.
+            cmd::CHANGE_USER | cmd::RESET_CONNECTION => self.pending_insert_id = None,
+            // Restored once the statement is known (a merged ring insert sets it
+            // anew); the others cannot read it.
+            cmd::QUERY | cmd::QUIT | cmd::PING => {}
+            cmd::STMT_EXECUTE
+                if statement_id(&c.payload())
+                    .and_then(|id| self.prepared.get(&id))
+                    .is_some_and(|p| p.merge.is_some()) => {}
+            _ => self.restore_insert_id().await?,
+        }
+        Ok(())
+    }
+
+    /// COM_STMT_EXECUTE: runs the plan made at prepare time for a rewritten
+    /// statement, else forwards the command and relays its response.
+    async fn stmt_execute(&mut self, c: &Logical) -> Result<()> {
+        self.info.count_statement();
+        if let Some(id) = statement_id(&c.payload()) {
+            if let Some(p) = self.prepared.get(&id) {
+                // Executes the plan made at prepare time, whatever rule set is
+                // in force now.
+                let rule = p.rule.clone();
+                let started = Instant::now();
+                self.answered_error = false;
+                self.rewrite_names = self.shared.engine.load().message_names();
+                let r = self.execute_rewrite(id, c).await;
+                self.record_rewrite(&rule, started, r.is_err());
+                r?;
+                return Ok(());
+            }
+        }
+        let started = Instant::now();
+        if self.lexing_prepared {
+            self.lexing = None;
+        }
+        self.forward(c).await?;
+        self.relay_response(ResponseKind::Generic, 0, c.last_seq)
+            .await?;
+        self.shared.stats.backend_latency.observe(started.elapsed());
+        Ok(())
+    }
+
+    /// COM_CHANGE_USER: forgets the session's state and relays the authentication.
+    async fn change_user(&mut self, c: &Logical) -> Result<bool> {
+        self.prepared.clear();
+        self.lexing = None;
+        self.lexing_prepared = false;
+        // The new session takes the server's global value again.
+        self.packet_limit = None;
+        self.backend.write_all(&c.raw).await?;
+        self.set_current_db(change_user_db(&c.payload()));
+        self.leave_pristine();
+        if let Some(user) = change_user_name(&c.payload()) {
+            self.info.set_user(&user);
+        }
+        self.auth_exchange(0).await
+    }
+
+    /// After a relayed COM_RESET_CONNECTION or COM_INIT_DB (`errored`: the server
+    /// answered ERR): the session state they reset or change.
+    fn after_command(&mut self, code: u8, c: &Logical, errored: bool) {
         if code == cmd::RESET_CONNECTION {
             // Character set and sql_mode are the connection's defaults again.
             self.lexing = None;
             self.lexing_prepared = false;
         }
-        if code == cmd::RESET_CONNECTION && !r.parser.errored {
+        if code == cmd::RESET_CONNECTION && !errored {
             self.prepared.clear();
             self.packet_limit = None;
             // Settings are back to the connection defaults.
@@ -780,12 +846,11 @@ impl Session {
             // another one (then the session stays out of group commit).
             self.charset_changed = !self.pristine;
         }
-        if code == cmd::INIT_DB && !r.parser.errored {
+        if code == cmd::INIT_DB && !errored {
             self.set_current_db(Some(
                 String::from_utf8_lossy(&c.payload()[1..]).into_owned(),
             ));
         }
-        Ok(true)
     }
 
     async fn forward(&mut self, c: &Logical) -> Result<()> {

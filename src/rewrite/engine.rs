@@ -302,35 +302,8 @@ impl Engine {
         else {
             return Decision::Passthrough;
         };
-        if let Some(flag) = lexing.refused_mode {
-            return Decision::Reject(Rejection {
-                rule: self.names[rules[0]].clone(),
-                reason: format!(
-                    "the statement names table '{table}' but the session's sql_mode has {flag}, under which heatsink cannot keep the statement's meaning"
-                ),
-            });
-        }
-        if !ctx.prepared && tokens.iter().any(|t| t.kind == TokenKind::Param) {
-            // `?` is a syntax error in a text statement: the server answers it, and
-            // the rewrite must not turn it into something else.
-            return Decision::Passthrough;
-        }
-        if let Some(what) = misread_modifier(sql, &tokens) {
-            return Decision::Reject(Rejection {
-                rule: self.names[rules[0]].clone(),
-                reason: format!(
-                    "the statement names table '{table}' but `{what}` cannot be rewritten (the parser would read the modifier as the table)"
-                ),
-            });
-        }
-        let depth = sqltok::nesting_bound(sql, &tokens);
-        if depth > MAX_NESTING {
-            return Decision::Reject(Rejection {
-                rule: self.names[rules[0]].clone(),
-                reason: format!(
-                    "the statement names table '{table}' but nests up to {depth} operators or parentheses deep; rules read statements up to {MAX_NESTING} deep"
-                ),
-            });
+        if let Some(d) = self.refuse_named(sql, &tokens, lexing, ctx.prepared, rules[0], &table) {
+            return d;
         }
         for &ri in &rules {
             let db = self.rules[ri]
@@ -361,44 +334,97 @@ impl Engine {
             ctx,
         };
 
-        let mut key = Vec::with_capacity(sql.len() + 16);
+        let outcome = self.cached_outcome(&st);
+        self.decision(&outcome, &st)
+    }
+
+    /// The refusal (or passthrough) of a statement that names a ruled table before
+    /// any rule plans it: a refused `sql_mode`, `?` in a text statement, a modifier
+    /// the parser would misread, or nesting too deep. `rule` is the first named rule
+    /// and `table` the first named table.
+    fn refuse_named(
+        &self,
+        sql: &[u8],
+        tokens: &[Token],
+        lexing: Lexing,
+        prepared: bool,
+        rule: usize,
+        table: &str,
+    ) -> Option<Decision> {
+        if let Some(flag) = lexing.refused_mode {
+            return Some(Decision::Reject(Rejection {
+                rule: self.names[rule].clone(),
+                reason: format!(
+                    "the statement names table '{table}' but the session's sql_mode has {flag}, under which heatsink cannot keep the statement's meaning"
+                ),
+            }));
+        }
+        if !prepared && tokens.iter().any(|t| t.kind == TokenKind::Param) {
+            // `?` is a syntax error in a text statement: the server answers it, and
+            // the rewrite must not turn it into something else.
+            return Some(Decision::Passthrough);
+        }
+        if let Some(what) = misread_modifier(sql, tokens) {
+            return Some(Decision::Reject(Rejection {
+                rule: self.names[rule].clone(),
+                reason: format!(
+                    "the statement names table '{table}' but `{what}` cannot be rewritten (the parser would read the modifier as the table)"
+                ),
+            }));
+        }
+        let depth = sqltok::nesting_bound(sql, tokens);
+        if depth > MAX_NESTING {
+            return Some(Decision::Reject(Rejection {
+                rule: self.names[rule].clone(),
+                reason: format!(
+                    "the statement names table '{table}' but nests up to {depth} operators or parentheses deep; rules read statements up to {MAX_NESTING} deep"
+                ),
+            }));
+        }
+        None
+    }
+
+    /// The cached outcome for a named statement, planned and cached on a miss: looked
+    /// up by fingerprint, then by the literals the plan depends on or by the exact
+    /// text when the fingerprint's entry says so.
+    fn cached_outcome(&self, st: &Named<'_, '_>) -> Arc<Cached> {
+        let mut key = Vec::with_capacity(st.sql.len() + 16);
         cache::key_header(
             &mut key,
             KeyKind::Fingerprint,
-            ctx.prepared,
-            lexing.mode,
-            ctx.current_db,
+            st.ctx.prepared,
+            st.lexing.mode,
+            st.ctx.current_db,
         );
         sqltok::normalize(
-            sql,
+            st.sql,
             &st.tokens,
             Mode::Fingerprint,
             &mut key,
             &mut Vec::new(),
         );
-        sqltok::class_signature(sql, &st.tokens, &mut key);
+        sqltok::class_signature(st.sql, &st.tokens, &mut key);
 
-        let outcome = match self.cache.get(&key) {
-            None => self.plan_marked(&st, key, None),
+        match self.cache.get(&key) {
+            None => self.plan_marked(st, key, None),
             Some(found) => match &*found {
                 Cached::DependsOn(deps) => {
-                    let dk = cache::depends_key(&key, sql, &st.literals, deps);
+                    let dk = cache::depends_key(&key, st.sql, &st.literals, deps);
                     match self.cache.get(&dk) {
                         Some(o) => o,
-                        None => self.plan_marked(&st, key, Some(deps)),
+                        None => self.plan_marked(st, key, Some(deps)),
                     }
                 }
                 Cached::ExactText => {
-                    let ek = exact_key(&st);
+                    let ek = exact_key(st);
                     match self.cache.get(&ek) {
                         Some(o) => o,
-                        None => self.plan_exact(&st, ek),
+                        None => self.plan_exact(st, ek),
                     }
                 }
                 _ => found,
             },
-        };
-        self.decision(&outcome, &st)
+        }
     }
 
     /// The rules whose tables the statement names as identifiers (bare, backticked,

@@ -26,8 +26,8 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use sqlparser::ast::{
-    AssignmentTarget, BinaryOperator, Delete, Expr, FromTable, Insert, ObjectName, OnInsert, Query,
-    SetExpr, Statement, TableFactor, TableObject, UnaryOperator, Update,
+    Assignment, AssignmentTarget, BinaryOperator, Delete, Expr, FromTable, Insert, ObjectName,
+    OnInsert, Query, SetExpr, Statement, TableFactor, TableObject, UnaryOperator, Update,
 };
 
 use super::spec::CounterSpec;
@@ -42,6 +42,12 @@ use crate::rewrite::{
 };
 use crate::rules::spec::quote;
 use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
+
+/// Counter increments: (column, delta) pairs.
+type Increments = Vec<(String, Expr)>;
+
+/// Execute-time checks of parameters: (parameter index, check).
+type ParamChecks = Vec<(usize, ParamCheck)>;
 
 /// A `[[counter]]` rule, ready to plan statements.
 pub struct CounterRule {
@@ -221,32 +227,7 @@ impl CounterRule {
             ));
         }
         check_update_qualifiers(u)?;
-        let mut increments = Vec::new();
-        let mut sets = 0usize;
-        let mut others = 0usize;
-        for a in &u.assignments {
-            let AssignmentTarget::ColumnName(col) = &a.target else {
-                return Err("tuple assignments cannot be rewritten".into());
-            };
-            let col = last_ident(col);
-            if !self.is_counter(&col) {
-                others += 1;
-                if self.mentions_counter(&a.value) {
-                    return Err(format!("`{col}` is assigned from a counter column, which this rule keeps in slot rows"));
-                }
-                continue;
-            }
-            match increment_of(&col, &a.value) {
-                Some(delta) => increments.push((col, delta)),
-                None if is_value(&a.value) => sets += 1,
-                None => {
-                    return Err(format!(
-                        "SET {col} = {} cannot be rewritten: a counter can only be incremented (`{col} = {col} + n`, `{col} = {col} - n`) or set to a value",
-                        a.value
-                    ))
-                }
-            }
-        }
+        let (increments, sets, others) = self.sort_assignments(u)?;
         if let Some(w) = &u.selection {
             if self.mentions_counter(w) {
                 return Err("a WHERE condition on a counter column cannot be rewritten (the stored value is only the base)".into());
@@ -264,31 +245,9 @@ impl CounterRule {
                     "an UPDATE that increments a counter may not also set other columns".into(),
                 );
             }
-            if !u.order_by.is_empty() {
-                return Err("ORDER BY in a counter increment cannot be rewritten".into());
-            }
-            let increments = combine_increments(increments);
-            let mut param_checks = Vec::new();
-            for (col, delta) in &increments {
-                check_delta(col, delta, ctx, &mut param_checks)?;
-            }
-            let keys = self.key_values(u.selection.as_ref())?;
-            let limit_zero = match &u.limit {
-                None => false,
-                Some(l) => match ctx.literal_class(l) {
-                    Some(LiteralClass::Integer { digits: 0 }) => true,
-                    Some(LiteralClass::Integer { .. }) => false,
-                    _ => {
-                        return Err(format!(
-                        "LIMIT {l} in a counter increment cannot be rewritten; use LIMIT 1 or none"
-                    ))
-                    }
-                },
-            };
-            let meta = self.meta(ctx)?;
-            if self.check_keys(&keys, &meta, ctx, &mut param_checks)? == Keys::MatchNothing
-                || limit_zero
-            {
+            let Some((increments, keys, param_checks)) =
+                self.check_increment(u, ctx, increments)?
+            else {
                 // MariaDB matches no row: the statement itself changes nothing on
                 // the logical table and gives the UPDATE's own answer.
                 return Ok(Some(Plan {
@@ -296,7 +255,7 @@ impl CounterRule {
                     reply: Reply::OkOf(0),
                     ..Default::default()
                 }));
-            }
+            };
             let slot = ctx.random_below(self.slots).to_string();
             let sql = self.upsert_sql(name, &keys, &slot, &increments);
             // Group commit: merged executions rebuild the upsert from these pieces
@@ -339,6 +298,80 @@ impl CounterRule {
             atomic: true,
             ..Default::default()
         }))
+    }
+
+    /// Sorts an UPDATE's assignments into counter increments `(column, delta)`, the
+    /// number of counters set to a value, and the number of other columns assigned;
+    /// an error for tuple assignments, other counter expressions, and other columns
+    /// assigned from a counter.
+    fn sort_assignments(&self, u: &Update) -> Result<(Increments, usize, usize), String> {
+        let mut increments = Vec::new();
+        let mut sets = 0usize;
+        let mut others = 0usize;
+        for a in &u.assignments {
+            let AssignmentTarget::ColumnName(col) = &a.target else {
+                return Err("tuple assignments cannot be rewritten".into());
+            };
+            let col = last_ident(col);
+            if !self.is_counter(&col) {
+                others += 1;
+                if self.mentions_counter(&a.value) {
+                    return Err(format!("`{col}` is assigned from a counter column, which this rule keeps in slot rows"));
+                }
+                continue;
+            }
+            match increment_of(&col, &a.value) {
+                Some(delta) => increments.push((col, delta)),
+                None if is_value(&a.value) => sets += 1,
+                None => {
+                    return Err(format!(
+                        "SET {col} = {} cannot be rewritten: a counter can only be incremented (`{col} = {col} + n`, `{col} = {col} - n`) or set to a value",
+                        a.value
+                    ))
+                }
+            }
+        }
+        Ok((increments, sets, others))
+    }
+
+    /// Checks an increment-only UPDATE: its deltas (combined per column), its
+    /// `key = value` condition and its LIMIT. Gives the combined increments, the key
+    /// values and the execute-time parameter checks, or `None` when MariaDB would
+    /// match no row.
+    fn check_increment(
+        &self,
+        u: &Update,
+        ctx: &PlanContext<'_>,
+        increments: Vec<(String, Expr)>,
+    ) -> Result<Option<(Increments, Vec<Expr>, ParamChecks)>, String> {
+        if !u.order_by.is_empty() {
+            return Err("ORDER BY in a counter increment cannot be rewritten".into());
+        }
+        let increments = combine_increments(increments);
+        let mut param_checks = Vec::new();
+        for (col, delta) in &increments {
+            check_delta(col, delta, ctx, &mut param_checks)?;
+        }
+        let keys = self.key_values(u.selection.as_ref())?;
+        let limit_zero = match &u.limit {
+            None => false,
+            Some(l) => match ctx.literal_class(l) {
+                Some(LiteralClass::Integer { digits: 0 }) => true,
+                Some(LiteralClass::Integer { .. }) => false,
+                _ => {
+                    return Err(format!(
+                        "LIMIT {l} in a counter increment cannot be rewritten; use LIMIT 1 or none"
+                    ))
+                }
+            },
+        };
+        let meta = self.meta(ctx)?;
+        if self.check_keys(&keys, &meta, ctx, &mut param_checks)? == Keys::MatchNothing
+            || limit_zero
+        {
+            return Ok(None);
+        }
+        Ok(Some((increments, keys, param_checks)))
     }
 
     /// Whether the slot upsert stores each key value as the very value the UPDATE's
@@ -614,6 +647,37 @@ impl CounterRule {
             }
             keys.push(v.clone());
         }
+        let (incs, param_checks) = self.insert_increments(assignments, &cols, row, ctx)?;
+        // The base row: the original insert with counters at zero, ignoring a
+        // duplicate key (then the row exists and only the slot grows).
+        let base = self.base_insert_sql(name, &cols, row);
+        let slot = ctx.random_below(self.slots).to_string();
+        let mut statements = parse(&base)?;
+        statements.extend(parse(&self.upsert_sql(name, &keys, &slot, &incs))?);
+        Ok(Some(Plan {
+            statements,
+            reply: Reply::Ok {
+                affected_rows: Affected::InsertedOrUpdated { probe: 0 },
+                info: None,
+                last_insert_id: None,
+            },
+            atomic: true,
+            param_checks,
+            ..Default::default()
+        }))
+    }
+
+    /// The counter increments of an `INSERT … ON DUPLICATE KEY UPDATE c = c + n`
+    /// (whose inserted counter values must equal their increments), and the
+    /// execute-time checks of their parameters.
+    fn insert_increments(
+        &self,
+        assignments: &[Assignment],
+        cols: &[String],
+        row: &[Expr],
+        ctx: &PlanContext<'_>,
+    ) -> Result<(Increments, ParamChecks), String> {
+        let value_of = |c: &str| cols.iter().position(|x| eq(x, c)).map(|i| &row[i]);
         let mut incs = Vec::new();
         let mut param_checks = Vec::new();
         for a in assignments {
@@ -650,8 +714,12 @@ impl CounterRule {
             check_delta(&col, &delta, ctx, &mut param_checks)?;
             incs.push((col, delta));
         }
-        // The base row: the original insert with counters at zero, ignoring a
-        // duplicate key (then the row exists and only the slot grows).
+        Ok((incs, param_checks))
+    }
+
+    /// `INSERT IGNORE INTO t (…) VALUES (…)`: the insert's row with its counter
+    /// columns at zero.
+    fn base_insert_sql(&self, name: &ObjectName, cols: &[String], row: &[Expr]) -> String {
         let base_vals: Vec<String> = cols
             .iter()
             .zip(row)
@@ -663,25 +731,11 @@ impl CounterRule {
                 }
             })
             .collect();
-        let base = format!(
+        format!(
             "INSERT IGNORE INTO {name} ({}) VALUES ({})",
             cols.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", "),
             base_vals.join(", ")
-        );
-        let slot = ctx.random_below(self.slots).to_string();
-        let mut statements = parse(&base)?;
-        statements.extend(parse(&self.upsert_sql(name, &keys, &slot, &incs))?);
-        Ok(Some(Plan {
-            statements,
-            reply: Reply::Ok {
-                affected_rows: Affected::InsertedOrUpdated { probe: 0 },
-                info: None,
-                last_insert_id: None,
-            },
-            atomic: true,
-            param_checks,
-            ..Default::default()
-        }))
+        )
     }
 
     fn query_reads_ours(&self, q: &Query, ctx: &PlanContext<'_>) -> bool {

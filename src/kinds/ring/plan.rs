@@ -47,6 +47,9 @@ use crate::wire::resultset::ColumnDef;
 /// Column flag: AUTO_INCREMENT.
 const AUTO_INCREMENT_FLAG: u16 = 0x0200;
 
+/// Execute-time checks of parameters: (parameter index, check).
+type ParamChecks = Vec<(usize, ParamCheck)>;
+
 /// A `[[ring]]` rule, ready to plan statements.
 pub struct RingRule {
     /// Rule name from the file.
@@ -168,37 +171,7 @@ impl RingRule {
         if ins.on.is_some() {
             return Err("ON DUPLICATE KEY UPDATE into a ring table cannot be rewritten".into());
         }
-        // Rows as (column, value) lists.
-        let (cols, rows): (Vec<String>, Vec<Vec<Expr>>) = if !ins.assignments.is_empty() {
-            let mut cols = Vec::new();
-            let mut row = Vec::new();
-            for a in &ins.assignments {
-                let AssignmentTarget::ColumnName(c) = &a.target else {
-                    return Err("tuple assignments cannot be rewritten".into());
-                };
-                cols.push(last_ident(c));
-                row.push(a.value.clone());
-            }
-            (cols, vec![row])
-        } else {
-            let rows = match ins.source.as_deref().map(|q| q.body.as_ref()) {
-                Some(SetExpr::Values(v)) => &v.rows,
-                _ => {
-                    return Err("INSERT … SELECT into a ring table cannot be rewritten; insert rows with VALUES".into())
-                }
-            };
-            let cols: Vec<String> = if ins.columns.is_empty() {
-                meta.iter().map(column_def_name).collect()
-            } else {
-                ins.columns.iter().map(last_ident).collect()
-            };
-            (cols, rows.iter().map(|r| r.content.clone()).collect())
-        };
-        for c in &cols {
-            if !meta.iter().any(|d| eq(&column_def_name(d), c)) {
-                return Err(format!("table {} has no column `{c}`", self.tables[0]));
-            }
-        }
+        let (cols, rows) = self.insert_rows(ins, meta)?;
         // The log's AUTO_INCREMENT column stays AUTO_INCREMENT in the ring, so ids
         // and last_insert_id behave as in the log: generated when left out or given
         // NULL/0, globally increasing, also when a row replaces an older one.
@@ -211,52 +184,8 @@ impl RingRule {
         let mut ring_cols: Vec<String> = cols.iter().map(|c| quote(c)).collect();
         ring_cols.push(slot);
         ring_cols.push(seq.clone());
-        let guarded = |c: &str| format!("IF(VALUES({seq}) > {seq}, VALUES({c}), {c})");
-        let mut update: Vec<String> = Vec::with_capacity(meta.len() + 1);
-        for c in meta.iter().map(column_def_name).filter(|c| !self.is_key(c)) {
-            let q = quote(&c);
-            if ai_column.as_deref().is_some_and(|ai| eq(ai, &c)) {
-                update.push(format!("{q} = LAST_INSERT_ID({})", guarded(&q)));
-            } else {
-                update.push(format!("{q} = {}", guarded(&q)));
-            }
-        }
-        // Sequence last: MySQL applies the assignments left to right, and the guards
-        // above must compare with the row's old sequence number.
-        update.push(format!("{seq} = {}", guarded(&seq)));
-        let mut values = Vec::with_capacity(rows.len());
-        let mut param_checks = Vec::new();
-        for row in &rows {
-            if row.len() != cols.len() {
-                return Err("the column list and the VALUES list differ in length".into());
-            }
-            for k in &self.key {
-                let v = cols
-                    .iter()
-                    .position(|c| eq(c, k))
-                    .map(|i| &row[i])
-                    .ok_or_else(|| format!("the INSERT must give the key column `{k}`"))?;
-                if !is_value(v) {
-                    return Err(format!("the key column `{k}` must be given a value"));
-                }
-                if let Some(Slot::Param(j)) = ctx.slot(v) {
-                    // The same for a NULL parameter, found at execute time.
-                    param_checks.push((j, ParamCheck::NotNull));
-                }
-                if matches!(v, Expr::Value(x) if x.value == sqlparser::ast::Value::Null) {
-                    // The ring's primary key cannot hold it, and the log's errors for
-                    // it (1048, or a conversion error first) cannot be reproduced.
-                    return Err(format!("a NULL key (`{k}`) cannot be stored in the ring"));
-                }
-            }
-            // Slot and sequence are assigned by the ring table's BEFORE INSERT
-            // trigger (heatsink migrate); NULL makes a missing trigger fail loudly
-            // (1048) instead of filling slot 0.
-            let mut vals: Vec<String> = row.iter().map(ToString::to_string).collect();
-            vals.push("NULL".into());
-            vals.push("NULL".into());
-            values.push(format!("({})", vals.join(", ")));
-        }
+        let update = self.upsert_assignments(meta, &seq, ai_column.as_deref());
+        let (values, param_checks) = self.value_tuples(&cols, &rows, ctx)?;
         // IGNORE keeps its meaning in the upsert: values the column cannot hold are
         // converted with a warning instead of failing the statement.
         let prefix = format!(
@@ -318,6 +247,117 @@ impl RingRule {
             merge,
             param_checks,
         }))
+    }
+
+    /// The rows of an `INSERT` into the log as a column list and one value list per
+    /// row (`INSERT … SET` gives one row); an error for `INSERT … SELECT`, tuple
+    /// assignments and columns the log does not have.
+    fn insert_rows(
+        &self,
+        ins: &Insert,
+        meta: &[ColumnDef],
+    ) -> Result<(Vec<String>, Vec<Vec<Expr>>), String> {
+        let (cols, rows): (Vec<String>, Vec<Vec<Expr>>) = if !ins.assignments.is_empty() {
+            let mut cols = Vec::new();
+            let mut row = Vec::new();
+            for a in &ins.assignments {
+                let AssignmentTarget::ColumnName(c) = &a.target else {
+                    return Err("tuple assignments cannot be rewritten".into());
+                };
+                cols.push(last_ident(c));
+                row.push(a.value.clone());
+            }
+            (cols, vec![row])
+        } else {
+            let rows = match ins.source.as_deref().map(|q| q.body.as_ref()) {
+                Some(SetExpr::Values(v)) => &v.rows,
+                _ => {
+                    return Err("INSERT … SELECT into a ring table cannot be rewritten; insert rows with VALUES".into())
+                }
+            };
+            let cols: Vec<String> = if ins.columns.is_empty() {
+                meta.iter().map(column_def_name).collect()
+            } else {
+                ins.columns.iter().map(last_ident).collect()
+            };
+            (cols, rows.iter().map(|r| r.content.clone()).collect())
+        };
+        for c in &cols {
+            if !meta.iter().any(|d| eq(&column_def_name(d), c)) {
+                return Err(format!("table {} has no column `{c}`", self.tables[0]));
+            }
+        }
+        Ok((cols, rows))
+    }
+
+    /// The upsert's `ON DUPLICATE KEY UPDATE` assignments: every non-key column of
+    /// the log guarded by the sequence column `seq` (quoted), the AUTO_INCREMENT
+    /// column through `LAST_INSERT_ID()`, and the sequence column itself last.
+    fn upsert_assignments(
+        &self,
+        meta: &[ColumnDef],
+        seq: &str,
+        ai_column: Option<&str>,
+    ) -> Vec<String> {
+        let guarded = |c: &str| format!("IF(VALUES({seq}) > {seq}, VALUES({c}), {c})");
+        let mut update: Vec<String> = Vec::with_capacity(meta.len() + 1);
+        for c in meta.iter().map(column_def_name).filter(|c| !self.is_key(c)) {
+            let q = quote(&c);
+            if ai_column.is_some_and(|ai| eq(ai, &c)) {
+                update.push(format!("{q} = LAST_INSERT_ID({})", guarded(&q)));
+            } else {
+                update.push(format!("{q} = {}", guarded(&q)));
+            }
+        }
+        // Sequence last: MySQL applies the assignments left to right, and the guards
+        // above must compare with the row's old sequence number.
+        update.push(format!("{seq} = {}", guarded(seq)));
+        update
+    }
+
+    /// One `(v, …, NULL, NULL)` tuple per row, and the execute-time checks of key
+    /// parameters; an error for a row of the wrong length or a key column that is
+    /// missing, not a value, or NULL.
+    fn value_tuples(
+        &self,
+        cols: &[String],
+        rows: &[Vec<Expr>],
+        ctx: &PlanContext<'_>,
+    ) -> Result<(Vec<String>, ParamChecks), String> {
+        let mut values = Vec::with_capacity(rows.len());
+        let mut param_checks = Vec::new();
+        for row in rows {
+            if row.len() != cols.len() {
+                return Err("the column list and the VALUES list differ in length".into());
+            }
+            for k in &self.key {
+                let v = cols
+                    .iter()
+                    .position(|c| eq(c, k))
+                    .map(|i| &row[i])
+                    .ok_or_else(|| format!("the INSERT must give the key column `{k}`"))?;
+                if !is_value(v) {
+                    return Err(format!("the key column `{k}` must be given a value"));
+                }
+                if let Some(Slot::Param(j)) = ctx.slot(v) {
+                    // The same for a NULL parameter, found at execute time.
+                    param_checks.push((j, ParamCheck::NotNull));
+                }
+                if matches!(v, Expr::Value(x) if x.value == sqlparser::ast::Value::Null) {
+                    // The ring's primary key cannot hold it, and the log's errors for
+                    // it (1048, or a conversion error first) cannot be reproduced.
+                    return Err(format!("a NULL key (`{k}`) cannot be stored in the ring"));
+                }
+            }
+            // Slot and sequence are assigned by the ring table's BEFORE INSERT
+            // trigger (heatsink migrate); NULL makes a missing trigger fail loudly
+            // (1048) instead of filling slot 0.
+            let mut vals: Vec<String> = row.iter().map(ToString::to_string).collect();
+            vals.push("NULL".into());
+            vals.push("NULL".into());
+            values.push(format!("({})", vals.join(", ")));
+        }
+        Ok((values, param_checks))
     }
 
     fn plan_delete(

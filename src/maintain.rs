@@ -3,7 +3,7 @@
 //! Each kind lists its jobs ([`crate::kinds::RuleSpec::jobs`]: the counter's
 //! `compact`, …); this driver runs every job of every selected rule, or only the
 //! one named by `--job`. A job run holds a named lock on the database
-//! (`GET_LOCK('heatsink:<rule>:<job>', 0)`): when several proxies' sidecars or cron
+//! (`GET_LOCK('heatsink:<job>:<db>.<table>', 0)`): when several proxies' sidecars or cron
 //! entries start the same job, one runs it and the others skip it, so scheduling
 //! it everywhere is safe. `heatsink compact` is `maintain --job compact`.
 
@@ -63,7 +63,7 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
     let default_db = default_db(opts.backend_url)?;
     let mut failed = Vec::new();
     for (spec, job) in work {
-        let lock = format!("heatsink:{}:{job}", spec.name());
+        let lock = lock_name(spec, job, default_db.as_deref());
         if !take_lock(&mut conn, &lock).await? {
             emit(
                 out,
@@ -103,6 +103,27 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
             failed.join("\n  ")
         ),
     ))
+}
+
+/// The lock of `job` on `spec`'s logical table: `heatsink:<job>:<db>.<table>`, so
+/// that proxies sharing a database share it, whatever they call the rule (a hash of
+/// that when it would exceed the server's 64 characters).
+fn lock_name(spec: &dyn RuleSpec, job: &str, default_db: Option<&str>) -> String {
+    let mut table = spec.table().to_string();
+    if !table.contains('.') {
+        table = format!("{}.{table}", default_db.unwrap_or_default());
+    }
+    let name = format!("heatsink:{job}:{table}");
+    if name.len() <= 64 {
+        return name;
+    }
+    // FNV-1a: stable across builds, so every proxy computes the same name.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("heatsink:{h:016x}")
 }
 
 /// Takes the named lock without waiting; `false` when another connection holds it.

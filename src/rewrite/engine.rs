@@ -173,7 +173,7 @@ impl Engine {
                         });
                     }
                 }
-                p.tables.push((ri, t.db.clone()));
+                p.tables.push((ri, t.db.as_deref().map(Arc::from)));
             }
         }
         let prefilter = Prefilter::new(patterns.iter().map(|p| &p.name))

@@ -86,6 +86,7 @@ use std::sync::Arc;
 
 use sqlparser::ast::{Expr, ObjectName, Statement, Value};
 
+pub use crate::rules::spec::TableName;
 pub use engine::{parse_statements, Engine, MAX_NESTING};
 pub use sqltok::{LexMode, LiteralClass, LiteralKind, Slot};
 
@@ -845,34 +846,6 @@ pub struct ColumnPatch {
     /// temporary table; it then reports no key flags and no AUTO_INCREMENT for the
     /// logical table's columns either, so the arriving flags are kept.
     pub keyed: Vec<String>,
-}
-
-/// A table a rule is about.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct TableName {
-    /// The database, or `None` for a table of this name in any database.
-    pub db: Option<Arc<str>>,
-    /// The table name (unqualified). Matched ASCII case-insensitively.
-    pub name: Arc<str>,
-}
-
-impl TableName {
-    /// A table name, optionally qualified by its database.
-    pub fn new(db: Option<&str>, name: &str) -> Self {
-        TableName {
-            db: db.map(Arc::from),
-            name: Arc::from(name),
-        }
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.db {
-            Some(db) => write!(f, "{db}.{}", self.name),
-            None => f.write_str(&self.name),
-        }
-    }
 }
 
 /// What a rule wants to run instead of a statement.

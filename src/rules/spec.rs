@@ -3,7 +3,9 @@
 
 use serde::Deserialize;
 
-/// A table name as written in a rule: `table` or `db.table`.
+/// A table name: as written in a rule (`table` or `db.table`), as a rule is about it
+/// (the engine matches the name ASCII case-insensitively; no database means a table
+/// of this name in any database), or resolved to its database by schema work.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TableName {
     /// Database, when the rule names one; otherwise the rule applies in any database.
@@ -13,6 +15,14 @@ pub struct TableName {
 }
 
 impl TableName {
+    /// A table name, optionally qualified by its database.
+    pub fn new(db: Option<&str>, name: &str) -> Self {
+        TableName {
+            db: db.map(str::to_string),
+            name: name.to_string(),
+        }
+    }
+
     /// Parses `table` or `db.table` (identifiers only: letters, digits, `_`, `$`).
     pub fn parse(s: &str) -> Result<TableName, String> {
         let parts: Vec<&str> = s.split('.').collect();

@@ -31,10 +31,11 @@ use sqlparser::ast::{
 };
 
 use super::spec::CounterSpec;
+use crate::kinds::logical::LogicalTable;
 use crate::rewrite::shape::{
     check_qualifiers, check_update_qualifiers, column_name, ddl_rejection, eq, is_table_ddl,
     is_value, key_equalities, last_ident, mentions_column, parse, replace_reads, requalify,
-    target_qualifier, unsupported_clauses, ColumnsByDb,
+    target_qualifier, unsupported_clauses,
 };
 use crate::rewrite::{
     Affected, ColumnPatch, IncrementPieces, LiteralClass, Merge, ParamCheck, Plan, PlanContext,
@@ -53,12 +54,10 @@ type ParamChecks = Vec<(usize, ParamCheck)>;
 pub struct CounterRule {
     /// Rule name from the file.
     name: String,
-    /// The logical table (one entry, the table statements name).
-    tables: Vec<TableName>,
+    /// The logical table, its key columns and its columns.
+    logical: LogicalTable,
     /// Slot table as written in the rule (`db.t` or `t`).
-    slot_table: crate::rules::spec::TableName,
-    /// Key columns (lower-cased for comparison; written as configured).
-    key: Vec<String>,
+    slot_table: TableName,
     /// Counter columns.
     columns: Vec<String>,
     /// Slot number column.
@@ -69,26 +68,22 @@ pub struct CounterRule {
     coalesce: bool,
     /// `mode = "shadow"`: decisions are only counted and logged.
     shadow: bool,
-    /// The logical table's columns, learned from the database once per database.
-    meta: ColumnsByDb,
 }
 
 impl CounterRule {
     /// Builds the rule from a validated spec.
     pub fn new(spec: &CounterSpec) -> Result<Self, String> {
         spec.validate()?;
-        let table = crate::rules::spec::TableName::parse(&spec.table)?;
+        let table = TableName::parse(&spec.table)?;
         Ok(CounterRule {
             name: spec.name.clone(),
-            tables: vec![TableName::new(table.db.as_deref(), &table.name)],
-            slot_table: crate::rules::spec::TableName::parse(&spec.slot_table)?,
-            key: spec.key.clone(),
+            logical: LogicalTable::new(table, spec.key.clone()),
+            slot_table: TableName::parse(&spec.slot_table)?,
             columns: spec.columns.clone(),
             slot_column: spec.slot_column.clone(),
             slots: spec.slots,
             coalesce: spec.coalesce,
             shadow: spec.mode == crate::rules::spec::Mode::Shadow,
-            meta: ColumnsByDb::new(TableName::new(table.db.as_deref(), &table.name)),
         })
     }
 
@@ -96,25 +91,18 @@ impl CounterRule {
         self.columns.iter().any(|c| eq(c, col))
     }
 
-    fn is_key(&self, col: &str) -> bool {
-        self.key.iter().any(|c| eq(c, col))
-    }
-
     /// The slot table's SQL name, qualified like the statement's reference to the
     /// logical table when the rule does not name a database.
     fn slot_sql(&self, logical: &ObjectName) -> String {
-        if self.slot_table.db.is_some() || logical.0.len() < 2 {
-            return self.slot_table.quoted();
-        }
-        let db = logical.0[0].to_string();
-        format!("{db}.{}", quote(&self.slot_table.name))
+        self.logical.physical_sql(&self.slot_table, logical)
     }
 
     /// `SELECT … FROM <logical> h` computing each counter as base + SUM(slots).
     fn derived_sql(&self, logical: &ObjectName, meta: &[ColumnDef]) -> Result<String, String> {
         let slot = self.slot_sql(logical);
         let join: Vec<String> = self
-            .key
+            .logical
+            .key()
             .iter()
             .map(|k| format!("`hs_s`.{0} = `hs_h`.{0}", quote(k)))
             .collect();
@@ -146,17 +134,13 @@ impl CounterRule {
         ))
     }
 
-    fn meta(&self, ctx: &PlanContext<'_>) -> Result<Arc<Vec<ColumnDef>>, String> {
-        self.meta.get(ctx.table_db(&self.tables[0]))
-    }
-
     /// Replaces every read of the logical table by the derived table. `Ok(None)` when
     /// the statement does not read it as a table.
     fn plan_read(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
-        let meta = self.meta(ctx)?;
+        let meta = self.logical.columns(ctx)?;
         let meta = meta.as_slice();
         let mut stmt = stmt.clone();
-        let aliases = replace_reads(&mut stmt, &|n| self.names_ours(n, ctx), &|n| {
+        let aliases = replace_reads(&mut stmt, &|n| self.logical.named_by(n, ctx), &|n| {
             self.derived_sql(n, meta)
         })?;
         if aliases.is_empty() {
@@ -185,10 +169,6 @@ impl CounterRule {
         }))
     }
 
-    fn names_ours(&self, name: &ObjectName, ctx: &PlanContext<'_>) -> bool {
-        ctx.names_table(name, &self.tables[0])
-    }
-
     fn plan_update(
         &self,
         u: &Update,
@@ -196,25 +176,25 @@ impl CounterRule {
         ctx: &PlanContext<'_>,
     ) -> Result<Option<Plan>, String> {
         let target = match &u.table.relation {
-            TableFactor::Table { name, .. } if self.names_ours(name, ctx) => Some(name),
+            TableFactor::Table { name, .. } if self.logical.named_by(name, ctx) => Some(name),
             _ => None,
         };
         let in_joins = u
             .table
             .joins
             .iter()
-            .any(|j| self.factor_is_ours(&j.relation, ctx))
+            .any(|j| self.logical.is_factor(&j.relation, ctx))
             || u.from.is_some();
         let Some(name) = target else {
             if in_joins
                 && u.table
                     .joins
                     .iter()
-                    .any(|j| self.factor_is_ours(&j.relation, ctx))
+                    .any(|j| self.logical.is_factor(&j.relation, ctx))
             {
                 return Err(format!(
                     "a multi-table UPDATE that joins counter table {} cannot be rewritten",
-                    self.tables[0]
+                    self.logical.name()
                 ));
             }
             return self.plan_read(stmt, ctx);
@@ -223,7 +203,7 @@ impl CounterRule {
         if !u.table.joins.is_empty() || u.from.is_some() {
             return Err(format!(
                 "a multi-table UPDATE of counter table {} cannot be rewritten",
-                self.tables[0]
+                self.logical.name()
             ));
         }
         check_update_qualifiers(u)?;
@@ -365,7 +345,7 @@ impl CounterRule {
                 }
             },
         };
-        let meta = self.meta(ctx)?;
+        let meta = self.logical.columns(ctx)?;
         if self.check_keys(&keys, &meta, ctx, &mut param_checks)? == Keys::MatchNothing
             || limit_zero
         {
@@ -389,11 +369,11 @@ impl CounterRule {
         param_checks: &mut Vec<(usize, ParamCheck)>,
     ) -> Result<Keys, String> {
         let mut out = Keys::Exact;
-        for (k, v) in self.key.iter().zip(keys) {
+        for (k, v) in self.logical.key().iter().zip(keys) {
             let def = meta
                 .iter()
                 .find(|d| eq(&String::from_utf8_lossy(&d.org_name), k))
-                .ok_or_else(|| format!("table {} has no column `{k}`", self.tables[0]))?;
+                .ok_or_else(|| format!("table {} has no column `{k}`", self.logical.name()))?;
             let mut e = v;
             let mut negative = false;
             loop {
@@ -483,10 +463,6 @@ impl CounterRule {
         Ok(out)
     }
 
-    fn factor_is_ours(&self, f: &TableFactor, ctx: &PlanContext<'_>) -> bool {
-        matches!(f, TableFactor::Table { name, .. } if self.names_ours(name, ctx))
-    }
-
     /// `DELETE FROM slots [WHERE …]` for a WHERE that may only name key columns.
     fn clear_slots_sql(
         &self,
@@ -495,10 +471,10 @@ impl CounterRule {
     ) -> Result<String, String> {
         let mut sql = format!("DELETE FROM {}", self.slot_sql(logical));
         if let Some(w) = selection {
-            let w = requalify(w, |c| self.is_key(c)).map_err(|what| {
+            let w = requalify(w, |c| self.logical.is_key(c)).map_err(|what| {
                 format!(
                     "the WHERE condition uses {what}; only the key columns ({}) can select counters to set or delete",
-                    self.key.join(", ")
+                    self.logical.key().join(", ")
                 )
             })?;
             sql.push_str(&format!(" WHERE {w}"));
@@ -509,13 +485,14 @@ impl CounterRule {
     /// The values of every key column in a `k1 = v1 AND k2 = v2` condition, in key
     /// order; an error for any other shape.
     fn key_values(&self, selection: Option<&Expr>) -> Result<Vec<Expr>, String> {
-        key_equalities(&self.key, selection).ok_or_else(|| {
-            if self.key.is_empty() {
+        key_equalities(self.logical.key(), selection).ok_or_else(|| {
+            if self.logical.key().is_empty() {
                 "this counter has no key columns: increment it without WHERE".to_string()
             } else {
                 format!(
                     "an increment must select one counter with `{}`",
-                    self.key
+                    self.logical
+                        .key()
                         .iter()
                         .map(|k| format!("{k} = value"))
                         .collect::<Vec<_>>()
@@ -532,7 +509,7 @@ impl CounterRule {
         slot: &str,
         incs: &[(String, Expr)],
     ) -> String {
-        let mut cols: Vec<String> = self.key.iter().map(|k| quote(k)).collect();
+        let mut cols: Vec<String> = self.logical.key().iter().map(|k| quote(k)).collect();
         cols.push(quote(&self.slot_column));
         let mut vals: Vec<String> = keys.iter().map(ToString::to_string).collect();
         vals.push(slot.to_string());
@@ -559,7 +536,7 @@ impl CounterRule {
         slot: &str,
         incs: &[(String, Expr)],
     ) -> Vec<String> {
-        let mut cols: Vec<String> = self.key.iter().map(|k| quote(k)).collect();
+        let mut cols: Vec<String> = self.logical.key().iter().map(|k| quote(k)).collect();
         cols.push(quote(&self.slot_column));
         cols.extend(incs.iter().map(|(c, _)| quote(c)));
         let upd: Vec<String> = incs
@@ -594,7 +571,7 @@ impl CounterRule {
         let TableObject::TableName(name) = &ins.table else {
             return self.plan_read(stmt, ctx);
         };
-        if !self.names_ours(name, ctx) {
+        if !self.logical.named_by(name, ctx) {
             return self.plan_read(stmt, ctx);
         }
         if ins.replace_into {
@@ -638,8 +615,8 @@ impl CounterRule {
             return Err("the column list and the VALUES list differ in length".into());
         }
         let value_of = |c: &str| cols.iter().position(|x| eq(x, c)).map(|i| &row[i]);
-        let mut keys = Vec::with_capacity(self.key.len());
-        for k in &self.key {
+        let mut keys = Vec::with_capacity(self.logical.key().len());
+        for k in self.logical.key() {
             let v =
                 value_of(k).ok_or_else(|| format!("the INSERT must give the key column `{k}`"))?;
             if !is_value(v) {
@@ -741,7 +718,7 @@ impl CounterRule {
     fn query_reads_ours(&self, q: &Query, ctx: &PlanContext<'_>) -> bool {
         let mut found = false;
         let _ = sqlparser::ast::visit_relations(q, |r| {
-            if self.names_ours(r, ctx) {
+            if self.logical.named_by(r, ctx) {
                 found = true;
             }
             ControlFlow::<()>::Continue(())
@@ -759,10 +736,10 @@ impl CounterRule {
             FromTable::WithFromKeyword(f) | FromTable::WithoutKeyword(f) => f,
         };
         let ours_in_from = from.iter().any(|t| {
-            self.factor_is_ours(&t.relation, ctx)
+            self.logical.is_factor(&t.relation, ctx)
                 || t.joins
                     .iter()
-                    .any(|j| self.factor_is_ours(&j.relation, ctx))
+                    .any(|j| self.logical.is_factor(&j.relation, ctx))
         });
         let multi = !d.tables.is_empty()
             || d.using.is_some()
@@ -775,7 +752,7 @@ impl CounterRule {
         if multi {
             return Err(format!(
                 "a multi-table DELETE involving counter table {} cannot be rewritten",
-                self.tables[0]
+                self.logical.name()
             ));
         }
         let TableFactor::Table { name, .. } = &from[0].relation else {
@@ -817,7 +794,7 @@ impl Rule for CounterRule {
     }
 
     fn tables(&self) -> &[TableName] {
-        &self.tables
+        self.logical.tables()
     }
 
     fn shadow(&self) -> bool {
@@ -825,21 +802,21 @@ impl Rule for CounterRule {
     }
 
     fn metadata_query(&self, current_db: Option<&str>) -> Option<String> {
-        self.meta.query(current_db)
+        self.logical.metadata_query(current_db)
     }
 
     fn provide_metadata(&self, current_db: Option<&str>, columns: &[ColumnDef]) {
-        self.meta.provide(current_db, columns);
+        self.logical.provide_metadata(current_db, columns);
     }
 
     fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
-        let meta = self.meta(ctx)?;
-        for c in self.key.iter().chain(&self.columns) {
+        let meta = self.logical.columns(ctx)?;
+        for c in self.logical.key().iter().chain(&self.columns) {
             if !meta
                 .iter()
                 .any(|d| eq(&String::from_utf8_lossy(&d.org_name), c))
             {
-                return Err(format!("table {} has no column `{c}`", self.tables[0]));
+                return Err(format!("table {} has no column `{c}`", self.logical.name()));
             }
         }
         for d in meta
@@ -864,7 +841,7 @@ impl Rule for CounterRule {
             _ if is_table_ddl(stmt) => Err(ddl_rejection(
                 stmt,
                 "counter",
-                &self.tables[0],
+                self.logical.name(),
                 "slot table",
             )),
             _ => self.plan_read(stmt, ctx),

@@ -32,16 +32,17 @@ use sqlparser::ast::{
 };
 
 use super::spec::RingSpec;
+use crate::kinds::logical::LogicalTable;
 use crate::rewrite::shape::{
     check_qualifiers, check_update_qualifiers, column_def_name, ddl_rejection, eq, is_table_ddl,
     is_value, key_equalities, last_ident, mentions_column, parse, replace_reads, requalify,
-    target_qualifier, unsupported_clauses, ColumnsByDb,
+    target_qualifier, unsupported_clauses,
 };
 use crate::rewrite::{
     Affected, ColumnPatch, Merge, ParamCheck, Plan, PlanContext, Reply, RingPieces, Rule, Slot,
     TableName,
 };
-use crate::rules::spec::{quote, TableName as SpecTable};
+use crate::rules::spec::quote;
 use crate::wire::resultset::ColumnDef;
 
 /// Column flag: AUTO_INCREMENT.
@@ -54,12 +55,10 @@ type ParamChecks = Vec<(usize, ParamCheck)>;
 pub struct RingRule {
     /// Rule name from the file.
     name: String,
-    /// The logical table (one entry).
-    tables: Vec<TableName>,
+    /// The logical table, its key columns and its columns.
+    logical: LogicalTable,
     /// Ring table as written in the rule.
-    ring_table: SpecTable,
-    /// Key columns.
-    key: Vec<String>,
+    ring_table: TableName,
     /// Slot column of the ring table.
     slot_column: String,
     /// Sequence column of the ring and sequence tables.
@@ -68,48 +67,28 @@ pub struct RingRule {
     shadow: bool,
     /// `coalesce = true`: concurrent autocommit inserts may be merged into one write.
     coalesce: bool,
-    /// The logical table's columns, learned once per database.
-    meta: ColumnsByDb,
 }
 
 impl RingRule {
     /// Builds the rule from a validated spec.
     pub fn new(spec: &RingSpec) -> Result<Self, String> {
         spec.validate()?;
-        let table = SpecTable::parse(&spec.table)?;
-        let logical = TableName::new(table.db.as_deref(), &table.name);
+        let table = TableName::parse(&spec.table)?;
         Ok(RingRule {
             name: spec.name.clone(),
-            tables: vec![logical.clone()],
-            ring_table: SpecTable::parse(&spec.ring_table)?,
-            key: spec.key.clone(),
+            logical: LogicalTable::new(table, spec.key.clone()),
+            ring_table: TableName::parse(&spec.ring_table)?,
             slot_column: spec.slot_column.clone(),
             seq_column: spec.seq_column.clone(),
             shadow: spec.mode == crate::rules::spec::Mode::Shadow,
             coalesce: spec.coalesce,
-            meta: ColumnsByDb::new(logical),
         })
-    }
-
-    fn is_key(&self, col: &str) -> bool {
-        self.key.iter().any(|k| eq(k, col))
-    }
-
-    fn names_ours(&self, name: &ObjectName, ctx: &PlanContext<'_>) -> bool {
-        ctx.names_table(name, &self.tables[0])
-    }
-
-    fn factor_is_ours(&self, f: &TableFactor, ctx: &PlanContext<'_>) -> bool {
-        matches!(f, TableFactor::Table { name, .. } if self.names_ours(name, ctx))
     }
 
     /// A physical table's SQL name, qualified like the statement's reference to the
     /// logical table when the rule does not name a database.
-    fn physical(&self, t: &SpecTable, logical: &ObjectName) -> String {
-        if t.db.is_some() || logical.0.len() < 2 {
-            return t.quoted();
-        }
-        format!("{}.{}", logical.0[0], quote(&t.name))
+    fn physical(&self, t: &TableName, logical: &ObjectName) -> String {
+        self.logical.physical_sql(t, logical)
     }
 
     fn plan_read(
@@ -120,7 +99,7 @@ impl RingRule {
     ) -> Result<Option<Plan>, String> {
         let cols: Vec<String> = meta.iter().map(|d| quote(&column_def_name(d))).collect();
         let mut stmt = stmt.clone();
-        let aliases = replace_reads(&mut stmt, &|n| self.names_ours(n, ctx), &|n| {
+        let aliases = replace_reads(&mut stmt, &|n| self.logical.named_by(n, ctx), &|n| {
             Ok(format!(
                 "SELECT {} FROM {}",
                 cols.join(", "),
@@ -145,7 +124,8 @@ impl RingRule {
                 keyed: meta
                     .iter()
                     .filter(|d| {
-                        self.is_key(&column_def_name(d)) || d.flags & AUTO_INCREMENT_FLAG != 0
+                        self.logical.is_key(&column_def_name(d))
+                            || d.flags & AUTO_INCREMENT_FLAG != 0
                     })
                     .map(|d| column_def_name(d).to_ascii_lowercase())
                     .collect(),
@@ -164,7 +144,7 @@ impl RingRule {
         let TableObject::TableName(name) = &ins.table else {
             return self.plan_read(stmt, ctx, meta);
         };
-        if !self.names_ours(name, ctx) {
+        if !self.logical.named_by(name, ctx) {
             return self.plan_read(stmt, ctx, meta);
         }
         unsupported_clauses(stmt)?;
@@ -213,7 +193,8 @@ impl RingRule {
         let aux = if mergeable || returning {
             let first = &rows[0];
             let order: Vec<String> = self
-                .key
+                .logical
+                .key()
                 .iter()
                 .filter_map(|k| cols.iter().position(|c| eq(c, k)))
                 .map(|i| first[i].to_string())
@@ -284,7 +265,7 @@ impl RingRule {
         };
         for c in &cols {
             if !meta.iter().any(|d| eq(&column_def_name(d), c)) {
-                return Err(format!("table {} has no column `{c}`", self.tables[0]));
+                return Err(format!("table {} has no column `{c}`", self.logical.name()));
             }
         }
         Ok((cols, rows))
@@ -301,7 +282,11 @@ impl RingRule {
     ) -> Vec<String> {
         let guarded = |c: &str| format!("IF(VALUES({seq}) > {seq}, VALUES({c}), {c})");
         let mut update: Vec<String> = Vec::with_capacity(meta.len() + 1);
-        for c in meta.iter().map(column_def_name).filter(|c| !self.is_key(c)) {
+        for c in meta
+            .iter()
+            .map(column_def_name)
+            .filter(|c| !self.logical.is_key(c))
+        {
             let q = quote(&c);
             if ai_column.is_some_and(|ai| eq(ai, &c)) {
                 update.push(format!("{q} = LAST_INSERT_ID({})", guarded(&q)));
@@ -330,7 +315,7 @@ impl RingRule {
             if row.len() != cols.len() {
                 return Err("the column list and the VALUES list differ in length".into());
             }
-            for k in &self.key {
+            for k in self.logical.key() {
                 let v = cols
                     .iter()
                     .position(|c| eq(c, k))
@@ -371,10 +356,10 @@ impl RingRule {
             FromTable::WithFromKeyword(f) | FromTable::WithoutKeyword(f) => f,
         };
         let ours = from.iter().any(|t| {
-            self.factor_is_ours(&t.relation, ctx)
+            self.logical.is_factor(&t.relation, ctx)
                 || t.joins
                     .iter()
-                    .any(|j| self.factor_is_ours(&j.relation, ctx))
+                    .any(|j| self.logical.is_factor(&j.relation, ctx))
         });
         if !ours {
             return self.plan_read(stmt, ctx, meta);
@@ -387,7 +372,7 @@ impl RingRule {
         if multi {
             return Err(format!(
                 "a multi-table DELETE involving ring table {} cannot be rewritten",
-                self.tables[0]
+                self.logical.name()
             ));
         }
         let TableFactor::Table { name, .. } = &from[0].relation else {
@@ -402,13 +387,16 @@ impl RingRule {
         // can be deleted exactly.
         let whole = match &d.selection {
             None => true,
-            Some(w) => !self.key.is_empty() && key_equalities(&self.key, Some(w)).is_some(),
+            Some(w) => {
+                !self.logical.key().is_empty()
+                    && key_equalities(self.logical.key(), Some(w)).is_some()
+            }
         };
         if !whole || d.limit.is_some() {
             return Err(format!(
                 "deleting some of a key's rows from ring table {} cannot be rewritten (later inserts would replace a row the table keeps); delete whole keys with `{}`",
-                self.tables[0],
-                self.key
+                self.logical.name(),
+                self.logical.key()
                     .iter()
                     .map(|k| format!("{k} = value"))
                     .collect::<Vec<_>>()
@@ -461,19 +449,19 @@ impl RingRule {
         meta: &[ColumnDef],
     ) -> Result<Option<Plan>, String> {
         let target = match &u.table.relation {
-            TableFactor::Table { name, .. } if self.names_ours(name, ctx) => Some(name),
+            TableFactor::Table { name, .. } if self.logical.named_by(name, ctx) => Some(name),
             _ => None,
         };
         let joined = u
             .table
             .joins
             .iter()
-            .any(|j| self.factor_is_ours(&j.relation, ctx));
+            .any(|j| self.logical.is_factor(&j.relation, ctx));
         let Some(name) = target else {
             if joined {
                 return Err(format!(
                     "a multi-table UPDATE that joins ring table {} cannot be rewritten",
-                    self.tables[0]
+                    self.logical.name()
                 ));
             }
             return self.plan_read(stmt, ctx, meta);
@@ -482,7 +470,7 @@ impl RingRule {
         if !u.table.joins.is_empty() || u.from.is_some() {
             return Err(format!(
                 "a multi-table UPDATE of ring table {} cannot be rewritten",
-                self.tables[0]
+                self.logical.name()
             ));
         }
         check_update_qualifiers(u)?;
@@ -493,7 +481,7 @@ impl RingRule {
                 return Err("tuple assignments cannot be rewritten".into());
             };
             let col = last_ident(col);
-            if self.is_key(&col) {
+            if self.logical.is_key(&col) {
                 return Err(format!(
                     "updating the key column `{col}` would move rows between rings; delete and insert instead"
                 ));
@@ -507,7 +495,7 @@ impl RingRule {
             crate::rewrite::shape::conjuncts(w, &mut terms);
             let key_terms: Vec<&Expr> = terms
                 .into_iter()
-                .filter(|t| mentions_column(t, |c| self.is_key(c)))
+                .filter(|t| mentions_column(t, |c| self.logical.is_key(c)))
                 .collect();
             let cond =
                 key_terms
@@ -520,12 +508,13 @@ impl RingRule {
                             right: Box::new((*t).clone()),
                         })
                     });
-            !self.key.is_empty() && key_equalities(&self.key, cond.as_ref()).is_some()
+            !self.logical.key().is_empty()
+                && key_equalities(self.logical.key(), cond.as_ref()).is_some()
         });
-        if !keyed && !self.key.is_empty() {
+        if !keyed && !self.logical.key().is_empty() {
             return Err(format!(
                 "an UPDATE of a ring must select its key with `{}`; updating rows by other conditions cannot be rewritten",
-                self.key
+                self.logical.key()
                     .iter()
                     .map(|k| format!("{k} = value"))
                     .collect::<Vec<_>>()
@@ -591,7 +580,7 @@ impl Rule for RingRule {
     }
 
     fn tables(&self) -> &[TableName] {
-        &self.tables
+        self.logical.tables()
     }
 
     fn shadow(&self) -> bool {
@@ -599,32 +588,32 @@ impl Rule for RingRule {
     }
 
     fn metadata_query(&self, current_db: Option<&str>) -> Option<String> {
-        self.meta.query(current_db)
+        self.logical.metadata_query(current_db)
     }
 
     fn physical_tables(&self) -> Vec<(String, String)> {
         vec![(
             self.ring_table.name.clone(),
-            self.tables[0].name.to_string(),
+            self.logical.name().name.to_string(),
         )]
     }
 
     fn provide_metadata(&self, current_db: Option<&str>, columns: &[ColumnDef]) {
-        self.meta.provide(current_db, columns);
+        self.logical.provide_metadata(current_db, columns);
     }
 
     fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
-        let meta = self.meta.get(ctx.table_db(&self.tables[0]))?;
-        for k in &self.key {
+        let meta = self.logical.columns(ctx)?;
+        for k in self.logical.key() {
             if !meta.iter().any(|d| eq(&column_def_name(d), k)) {
-                return Err(format!("table {} has no column `{k}`", self.tables[0]));
+                return Err(format!("table {} has no column `{k}`", self.logical.name()));
             }
         }
         for c in [&self.slot_column, &self.seq_column] {
             if meta.iter().any(|d| eq(&column_def_name(d), c)) {
                 return Err(format!(
                     "table {} already has a column `{c}`; choose another slot_column/seq_column",
-                    self.tables[0]
+                    self.logical.name()
                 ));
             }
         }
@@ -633,9 +622,12 @@ impl Rule for RingRule {
             Statement::Update(u) => self.plan_update(u, stmt, ctx, &meta),
             Statement::Delete(d) => self.plan_delete(d, stmt, ctx, &meta),
             Statement::Query(_) => self.plan_read(stmt, ctx, &meta),
-            _ if is_table_ddl(stmt) => {
-                Err(ddl_rejection(stmt, "ring", &self.tables[0], "ring table"))
-            }
+            _ if is_table_ddl(stmt) => Err(ddl_rejection(
+                stmt,
+                "ring",
+                self.logical.name(),
+                "ring table",
+            )),
             _ => self.plan_read(stmt, ctx, &meta),
         }
     }

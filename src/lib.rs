@@ -96,7 +96,10 @@ pub fn run(cli: cli::Cli) -> Result<()> {
                 rule: args.rule.as_deref(),
                 batch: args.batch,
             };
-            maintenance_runtime()?.block_on(kinds::counter::compact::run(&opts, &mut std::io::stdout().lock()))
+            maintenance_runtime()?.block_on(kinds::counter::compact::run(
+                &opts,
+                &mut std::io::stdout().lock(),
+            ))
         }
         cli::Command::Check(args) => {
             let opts = check::CheckOptions {

@@ -30,14 +30,15 @@ use sqlparser::ast::{
     SetExpr, Statement, TableFactor, TableObject, UnaryOperator, Update,
 };
 
+use super::merge::{IncrementPieces, Increments};
 use crate::rewrite::shape::{
     check_qualifiers, check_update_qualifiers, column_name, ddl_rejection, eq, is_table_ddl,
     is_value, key_equalities, last_ident, mentions_column, parse, replace_reads, requalify,
     target_qualifier, unsupported_clauses, ColumnsByDb,
 };
 use crate::rewrite::{
-    Affected, ColumnPatch, IncrementPieces, LiteralClass, Merge, ParamCheck, Plan, PlanContext,
-    Reply, Rule, Slot, TableName,
+    Affected, ColumnPatch, LiteralClass, ParamCheck, Plan, PlanContext, Reply, Rule, Slot,
+    TableName,
 };
 use crate::rules::spec::{quote, CounterSpec};
 use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
@@ -304,10 +305,10 @@ impl CounterRule {
             let (aux, merge) = if self.coalesce && !ctx.prepared {
                 (
                     self.merge_pieces(name, &keys, &slot, &increments),
-                    Merge::Increment,
+                    Some(Increments::merger()),
                 )
             } else {
-                (Vec::new(), Merge::No)
+                (Vec::new(), None)
             };
             return Ok(Some(Plan {
                 statements: parse(&sql)?,

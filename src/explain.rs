@@ -296,10 +296,9 @@ impl Planner {
                 } else {
                     "one statement, inside the client's transaction when one is open".to_string()
                 };
-                match rw.merge {
-                    crate::rewrite::Merge::Increment => t.push_str("; concurrent autocommit increments of the same counter may be merged into one write (coalesce)"),
-                    crate::rewrite::Merge::RingInsert => t.push_str("; concurrent autocommit inserts into the same ring may be merged into one multi-row write, answered after it committed (coalesce)"),
-                    crate::rewrite::Merge::No => {}
+                if let Some(merging) = rw.merge.as_ref().and_then(|m| m.explain()) {
+                    t.push_str("; ");
+                    t.push_str(merging);
                 }
                 e.transaction = Some(t);
                 e.assumed_columns = assumed;

@@ -5,8 +5,9 @@
 //! GET only, no dependencies.
 //!
 //! Also home of the counters that are more than one number: [`Histogram`] (fixed
-//! buckets, lock-free) and the per-rule [`RuleStats`] in a [`RuleTable`] that is
-//! rebuilt whenever the rule set is reloaded.
+//! buckets, lock-free), the per-rule [`RuleStats`] in a [`RuleTable`] that is
+//! rebuilt whenever the rule set is reloaded, and [`MergedItems`], one counter per
+//! rule kind that merges writes.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -19,6 +20,7 @@ use tracing::{debug, info};
 
 use crate::error::{Error, Result, Source};
 use crate::relay::Shared;
+use crate::rewrite::merge::MergeMetric;
 
 /// Renders every counter in Prometheus text exposition format.
 pub fn render(shared: &Shared) -> String {
@@ -60,18 +62,9 @@ pub fn render(shared: &Shared) -> String {
         "counter",
         s.coalesced_writes.load(Relaxed),
     );
-    counter(
-        "heatsink_coalesced_increments_total",
-        "Counter increments written as part of a merged write.",
-        "counter",
-        s.coalesced_increments.load(Relaxed),
-    );
-    counter(
-        "heatsink_coalesced_rows_total",
-        "Ring rows written as part of a merged write.",
-        "counter",
-        s.coalesced_rows.load(Relaxed),
-    );
+    for (metric, v) in s.coalesced_items.iter() {
+        counter(metric.name, metric.help, "counter", v);
+    }
     let _ = writeln!(
         out,
         "# HELP heatsink_statements_total Statements by outcome.\n# TYPE heatsink_statements_total counter"
@@ -215,6 +208,38 @@ impl Histogram {
         }
         let sum = self.sum_ns.load(Relaxed) as f64 / 1e9;
         let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
+    }
+}
+
+/// Items (increments, rows, …) written as part of a merged write (group commit),
+/// one counter per rule kind's [`MergeMetric`] (`crate::kinds::merge_metrics`),
+/// each rendered under the kind's own name.
+#[derive(Debug)]
+pub struct MergedItems {
+    counts: Vec<(&'static MergeMetric, AtomicU64)>,
+}
+
+impl Default for MergedItems {
+    fn default() -> Self {
+        MergedItems {
+            counts: crate::kinds::merge_metrics()
+                .map(|m| (m, AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+}
+
+impl MergedItems {
+    /// Adds `n` to the counter of `metric` (one of `crate::kinds::merge_metrics`).
+    pub fn add(&self, metric: &MergeMetric, n: u64) {
+        if let Some((_, c)) = self.counts.iter().find(|(m, _)| m.name == metric.name) {
+            c.fetch_add(n, Relaxed);
+        }
+    }
+
+    /// Every counter with its value, in `crate::kinds::merge_metrics` order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static MergeMetric, u64)> + '_ {
+        self.counts.iter().map(|(m, c)| (*m, c.load(Relaxed)))
     }
 }
 

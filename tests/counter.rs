@@ -492,6 +492,11 @@ slot_table = "stats_slots"
             "UPDATE {t} SET bytes = bytes + 100, views = views + 2 WHERE id = 1",
             "UPDATE {t} SET views = views + 1 WHERE id = 2",
             "UPDATE {t} SET bytes = bytes - 50 WHERE id = 1",
+            // Alone (in a transaction): no id, LAST_INSERT_ID() untouched.
+            "BEGIN",
+            "UPDATE {t} SET views = views + 5, bytes = bytes + 7 WHERE id = 1",
+            "SELECT LAST_INSERT_ID()",
+            "COMMIT",
             "SELECT * FROM {t} ORDER BY id",
             "SELECT views, bytes FROM {t} WHERE id = 1",
             "SELECT id FROM {t} WHERE bytes > 1000 ORDER BY id",

@@ -37,6 +37,7 @@ use mysql_async::Conn;
 
 use crate::check::Severity;
 use crate::error::Result;
+use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::wire::resultset::ColumnDef;
 
@@ -46,6 +47,12 @@ pub mod ring;
 
 /// Every rule kind heatsink knows, in the order their rules are listed.
 pub static KINDS: &[&dyn Kind] = &[&counter::Counter, &ring::Ring];
+
+/// The merged-items metric of every kind that merges writes (group commit), in
+/// [`KINDS`] order: the order `/metrics` shows them.
+pub fn merge_metrics() -> impl Iterator<Item = &'static MergeMetric> {
+    KINDS.iter().filter_map(|k| k.merge_metric())
+}
 
 /// The kind whose rule-file section is `section`.
 pub fn kind(section: &str) -> Option<&'static dyn Kind> {
@@ -62,6 +69,12 @@ pub trait Kind: Sync {
     /// so that a syntax or shape error carries its line and column; entries are
     /// validated later, by [`RuleSpec::rule`].
     fn parse(&self, text: &str) -> std::result::Result<Vec<Arc<dyn RuleSpec>>, toml::de::Error>;
+
+    /// The counter of items this kind's merged writes carry (group commit, see
+    /// [`crate::rewrite::Merger`]), when its plans merge.
+    fn merge_metric(&self) -> Option<&'static MergeMetric> {
+        None
+    }
 }
 
 /// Reads the `[[<section>]]` entries of a rule file into `T`, skipping the other
@@ -206,4 +219,41 @@ pub struct JobReport {
     pub summary: String,
     /// Items that failed, with the reason; the others were still done.
     pub failed: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::MergedItems;
+
+    #[test]
+    fn merged_items_keep_their_metric_names() {
+        let items = MergedItems::default();
+        for m in [
+            counter::merge::Increments::merger(),
+            ring::merge::Inserts::merger(true),
+        ] {
+            assert!(merge_metrics().any(|x| std::ptr::eq(x, m.metric())));
+        }
+        items.add(&counter::merge::METRIC, 3);
+        items.add(&ring::merge::METRIC, 5);
+        items.add(&ring::merge::METRIC, 1);
+        let shown: Vec<(&str, u64)> = items.iter().map(|(m, v)| (m.name, v)).collect();
+        assert_eq!(
+            shown,
+            [
+                ("heatsink_coalesced_increments_total", 3),
+                ("heatsink_coalesced_rows_total", 6)
+            ]
+        );
+    }
+
+    #[test]
+    fn sections_are_unique() {
+        let mut sections: Vec<&str> = KINDS.iter().map(|k| k.section()).collect();
+        sections.sort_unstable();
+        sections.dedup();
+        assert_eq!(sections.len(), KINDS.len());
+        assert!(!sections.contains(&"test"));
+    }
 }

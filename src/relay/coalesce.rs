@@ -1,11 +1,11 @@
 //! Group commit: concurrent autocommit writes to one target merged into one write.
 //!
-//! Two kinds of writes merge:
-//! - counter increments (`coalesce = true` on a `[[counter]]`): concurrent
-//!   increments of the same counter become one slot upsert of +Σn;
-//! - ring inserts (`coalesce = true` on a `[[ring]]`): concurrent inserts into the
-//!   same ring become one multi-row upsert, rows ordered by key so that every
-//!   writer takes the keys' locks in the same order.
+//! What merges, and how, is the rule kind's business ([`crate::rewrite::Merger`],
+//! `kinds/<kind>/merge.rs`; for example counter increments become one slot upsert
+//! of the summed deltas, ring inserts one multi-row upsert). Here a member
+//! contributes a [`Part`]: its numbers are summed over the batch (a part whose sum
+//! would overflow is not merged), its items and text are bounded by the kind's
+//! [`Limits`].
 //!
 //! Per target at most one merged write is in flight: the session that finds the
 //! target idle becomes the *leader* and writes its own part at once (no added
@@ -30,30 +30,7 @@ use crate::wire::packets::OkSummary;
 /// it receives.
 pub type Outcome = Result<OkSummary, Vec<u8>>;
 
-/// Rows of ring inserts merged into one statement at most (the statement must stay
-/// well below max_allowed_packet, and one write should not hold many locks).
-pub const MAX_ROWS: u64 = 512;
-/// Bytes of VALUES text merged into one statement at most (a part that alone is
-/// larger is written on its own): far below any max_allowed_packet a server is
-/// likely to run with, which would otherwise drop the connection.
-pub const MAX_VALUES_BYTES: usize = 64 * 1024;
-
-/// One member's contribution to a merged write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Part {
-    /// A counter increment: one delta per counter column.
-    Deltas(Vec<i64>),
-    /// Ring rows: the rendered VALUES tuples (`(…), (…)`), how many rows they are,
-    /// and the rendered key of the first row, by which parts are ordered.
-    Rows {
-        /// `(…), (…)` as rendered from the member's statement.
-        values: Vec<u8>,
-        /// Number of rows in `values`.
-        rows: u64,
-        /// The key values of the first row, as rendered.
-        order: Vec<u8>,
-    },
-}
+pub use crate::rewrite::merge::{Limits, Part};
 
 /// Writes merged into one.
 #[derive(Debug)]
@@ -63,71 +40,61 @@ pub struct Batch {
     /// Member `i`'s channel; `None` for the member holding the batch (and for one
     /// whose session went away).
     waiters: Vec<Option<oneshot::Sender<Signal>>>,
-    /// Summed deltas of the counter parts, one per counter column.
+    /// Summed [`Part::sums`] of the parts.
     pub sums: Vec<i64>,
-    /// Rows of the ring parts.
-    rows: u64,
-    /// VALUES bytes of the ring parts.
+    /// Items of the parts.
+    items: u64,
+    /// Text bytes of the parts.
     bytes: usize,
+    /// The batch's bounds.
+    limits: Limits,
 }
 
 impl Batch {
     /// A batch holding one part, of the member holding it.
-    pub fn new(part: Part) -> Self {
+    pub fn new(part: Part, limits: Limits) -> Self {
         let mut b = Batch {
             parts: Vec::new(),
             waiters: Vec::new(),
-            sums: Vec::new(),
-            rows: 0,
+            sums: vec![0; part.sums.len()],
+            items: 0,
             bytes: 0,
+            limits,
         };
-        if let Part::Deltas(d) = &part {
-            b.sums = vec![0; d.len()];
-        }
         b.push(part, None);
         b
     }
 
-    /// Adds a part unless the batch cannot take it (a counter sum would overflow,
-    /// the column count differs, a ring batch is full); the part is returned then.
+    /// Adds a part unless the batch cannot take it (a sum would overflow, the
+    /// number of sums differs, the batch is full); the part is returned then.
     fn try_add(&mut self, part: Part, waiter: oneshot::Sender<Signal>) -> Result<(), Part> {
-        match &part {
-            Part::Deltas(d) => {
-                if d.len() != self.sums.len() {
-                    return Err(part);
-                }
-                let sums: Option<Vec<i64>> = self
-                    .sums
-                    .iter()
-                    .zip(d)
-                    .map(|(a, b)| a.checked_add(*b))
-                    .collect();
-                if sums.is_none() {
-                    return Err(part);
-                }
-            }
-            Part::Rows { values, rows, .. } => {
-                if self.rows + rows > MAX_ROWS || self.bytes + values.len() > MAX_VALUES_BYTES {
-                    return Err(part);
-                }
-            }
+        if part.sums.len() != self.sums.len() {
+            return Err(part);
+        }
+        let sums: Option<Vec<i64>> = self
+            .sums
+            .iter()
+            .zip(&part.sums)
+            .map(|(a, b)| a.checked_add(*b))
+            .collect();
+        let items = self.items.checked_add(part.items);
+        let bytes = self.bytes.checked_add(part.text.len());
+        if sums.is_none()
+            || items.is_none_or(|n| n > self.limits.items)
+            || bytes.is_none_or(|n| n > self.limits.bytes)
+        {
+            return Err(part);
         }
         self.push(part, Some(waiter));
         Ok(())
     }
 
     fn push(&mut self, part: Part, waiter: Option<oneshot::Sender<Signal>>) {
-        match &part {
-            Part::Deltas(d) => {
-                for (s, v) in self.sums.iter_mut().zip(d) {
-                    *s = s.saturating_add(*v);
-                }
-            }
-            Part::Rows { values, rows, .. } => {
-                self.rows += rows;
-                self.bytes += values.len();
-            }
+        for (s, v) in self.sums.iter_mut().zip(&part.sums) {
+            *s = s.saturating_add(*v);
         }
+        self.items = self.items.saturating_add(part.items);
+        self.bytes = self.bytes.saturating_add(part.text.len());
         self.parts.push(part);
         self.waiters.push(waiter);
     }
@@ -137,9 +104,9 @@ impl Batch {
         self.parts.len()
     }
 
-    /// Rows of the ring parts.
-    pub fn rows(&self) -> u64 {
-        self.rows
+    /// Items of the parts.
+    pub fn items(&self) -> u64 {
+        self.items
     }
 }
 
@@ -183,21 +150,21 @@ pub struct Coalescer {
 }
 
 impl Coalescer {
-    /// Joins the group of target `key` with a part. `None` when the part cannot be
-    /// merged (a counter sum would overflow, the pending batch is full): the caller
-    /// writes it alone.
-    pub fn join(&self, key: &[u8], part: Part) -> Option<Role> {
+    /// Joins the group of target `key` with a part; a batch of this target is
+    /// bounded by `limits`. `None` when the part cannot be merged (a sum would
+    /// overflow, the pending batch is full): the caller writes it alone.
+    pub fn join(&self, key: &[u8], part: Part, limits: Limits) -> Option<Role> {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         let g = groups.entry(key.to_vec()).or_default();
         if !g.in_flight {
             g.in_flight = true;
-            return Some(Role::Lead(Batch::new(part), 0));
+            return Some(Role::Lead(Batch::new(part, limits), 0));
         }
         let (tx, rx) = oneshot::channel();
         match &mut g.pending {
             Some(batch) => batch.try_add(part, tx).ok()?,
             None => {
-                let mut batch = Batch::new(part);
+                let mut batch = Batch::new(part, limits);
                 batch.waiters[0] = Some(tx);
                 g.pending = Some(batch);
             }
@@ -251,7 +218,7 @@ impl LeaderGuard {
         }
     }
 
-    /// The summed deltas to write.
+    /// The summed numbers of the parts ([`Part::sums`]).
     pub fn sums(&self) -> &[i64] {
         self.batch.as_ref().map_or(&[], |b| &b.sums)
     }
@@ -295,69 +262,34 @@ impl Drop for LeaderGuard {
     }
 }
 
-/// Parses a rendered delta (`5`, `-3`, `-(5)`, `+2`, `(7)`) as an integer.
-pub fn parse_delta(text: &[u8]) -> Option<i64> {
-    let s = std::str::from_utf8(text).ok()?.trim();
-    let mut negative = false;
-    let mut rest = s;
-    loop {
-        rest = rest.trim();
-        if let Some(r) = rest.strip_prefix('-') {
-            negative = !negative;
-            rest = r;
-        } else if let Some(r) = rest.strip_prefix('+') {
-            rest = r;
-        } else if let Some(r) = rest
-            .strip_prefix('(')
-            .and_then(|r| r.trim_end().strip_suffix(')'))
-        {
-            rest = r;
-        } else {
-            break;
-        }
-    }
-    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let v: i64 = rest.parse().ok()?;
-    Some(if negative { v.checked_neg()? } else { v })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn d(v: i64) -> Part {
-        Part::Deltas(vec![v])
-    }
+    const NONE: Limits = Limits::NONE;
 
-    #[test]
-    fn deltas() {
-        assert_eq!(parse_delta(b"5"), Some(5));
-        assert_eq!(parse_delta(b"-(5)"), Some(-5));
-        assert_eq!(parse_delta(b"-(-5)"), Some(5));
-        assert_eq!(parse_delta(b" ( 7 ) "), Some(7));
-        assert_eq!(parse_delta(b"'5'"), None);
-        assert_eq!(parse_delta(b"1.5"), None);
-        assert_eq!(parse_delta(b"0x10"), None);
-        assert_eq!(parse_delta(b""), None);
-        assert_eq!(parse_delta(b"99999999999999999999"), None);
+    fn d(v: i64) -> Part {
+        Part {
+            sums: vec![v],
+            items: 1,
+            ..Part::default()
+        }
     }
 
     #[tokio::test]
     async fn batches_form_while_a_write_is_in_flight() {
         let c = Arc::new(Coalescer::default());
-        let Some(Role::Lead(first, 0)) = c.join(b"k", d(1)) else {
+        let Some(Role::Lead(first, 0)) = c.join(b"k", d(1), NONE) else {
             panic!()
         };
-        let Some(Role::Wait(w1)) = c.join(b"k", d(2)) else {
+        let Some(Role::Wait(w1)) = c.join(b"k", d(2), NONE) else {
             panic!()
         };
-        let Some(Role::Wait(w2)) = c.join(b"k", d(3)) else {
+        let Some(Role::Wait(w2)) = c.join(b"k", d(3), NONE) else {
             panic!()
         };
-        // Another counter is independent.
-        assert!(matches!(c.join(b"other", d(1)), Some(Role::Lead(..))));
+        // Another target is independent.
+        assert!(matches!(c.join(b"other", d(1), NONE), Some(Role::Lead(..))));
         let g = LeaderGuard::new(c.clone(), b"k".to_vec(), first);
         assert_eq!(g.sums(), &[1]);
         g.resolve(Ok(OkSummary::default()));
@@ -370,18 +302,18 @@ mod tests {
         let g = LeaderGuard::new(c.clone(), b"k".to_vec(), next);
         g.resolve(Ok(OkSummary::default()));
         assert!(matches!(w2.await.unwrap(), Signal::Done(Ok(_))));
-        // The counter is idle again.
-        assert!(matches!(c.join(b"k", d(1)), Some(Role::Lead(..))));
+        // The target is idle again.
+        assert!(matches!(c.join(b"k", d(1), NONE), Some(Role::Lead(..))));
     }
 
     #[tokio::test]
     async fn a_failed_leader_reports_and_hands_over() {
         let c = Arc::new(Coalescer::default());
-        let Some(Role::Lead(first, 0)) = c.join(b"k", d(1)) else {
+        let Some(Role::Lead(first, 0)) = c.join(b"k", d(1), NONE) else {
             panic!()
         };
         let g = LeaderGuard::new(c.clone(), b"k".to_vec(), first);
-        let Some(Role::Wait(w1)) = c.join(b"k", d(2)) else {
+        let Some(Role::Wait(w1)) = c.join(b"k", d(2), NONE) else {
             panic!()
         };
         drop(g);
@@ -391,38 +323,44 @@ mod tests {
     #[test]
     fn overflow_is_not_merged() {
         let c = Coalescer::default();
-        let _lead = c.join(b"k", d(1));
-        assert!(c.join(b"k", d(i64::MAX)).is_some());
-        assert!(c.join(b"k", d(1)).is_none());
+        let _lead = c.join(b"k", d(1), NONE);
+        assert!(c.join(b"k", d(i64::MAX), NONE).is_some());
+        assert!(c.join(b"k", d(1), NONE).is_none());
     }
 
+    const BOUNDED: Limits = Limits {
+        items: 512,
+        bytes: 64 * 1024,
+    };
+
     fn rows(n: u64, order: &str) -> Part {
-        Part::Rows {
-            values: b"(1)".repeat(n as usize),
-            rows: n,
+        Part {
+            text: b"(1)".repeat(n as usize),
+            items: n,
             order: order.as_bytes().to_vec(),
+            ..Part::default()
         }
     }
 
     #[tokio::test]
-    async fn ring_batches_are_bounded_and_answered_per_member() {
+    async fn batches_are_bounded_and_answered_per_member() {
         let c = Arc::new(Coalescer::default());
-        let Some(Role::Lead(first, 0)) = c.join(b"r", rows(1, "1")) else {
+        let Some(Role::Lead(first, 0)) = c.join(b"r", rows(1, "1"), BOUNDED) else {
             panic!()
         };
-        let Some(Role::Wait(w1)) = c.join(b"r", rows(MAX_ROWS - 1, "2")) else {
+        let Some(Role::Wait(w1)) = c.join(b"r", rows(BOUNDED.items - 1, "2"), BOUNDED) else {
             panic!()
         };
-        let Some(Role::Wait(w2)) = c.join(b"r", rows(1, "3")) else {
+        let Some(Role::Wait(w2)) = c.join(b"r", rows(1, "3"), BOUNDED) else {
             panic!()
         };
         // The pending batch is full.
-        assert!(c.join(b"r", rows(1, "4")).is_none());
+        assert!(c.join(b"r", rows(1, "4"), BOUNDED).is_none());
         LeaderGuard::new(c.clone(), b"r".to_vec(), first).resolve(Ok(OkSummary::default()));
         let Signal::Lead(next, 0) = w1.await.unwrap() else {
             panic!()
         };
-        assert_eq!((next.members(), next.rows()), (2, MAX_ROWS));
+        assert_eq!((next.members(), next.items()), (2, BOUNDED.items));
         LeaderGuard::new(c.clone(), b"r".to_vec(), next).resolve_each(|i| {
             assert_eq!(i, 1);
             Signal::Alone

@@ -2,21 +2,25 @@
 //! backend connection, and answering each member as its own statement would have
 //! been answered.
 //!
-//! - Counter increments: the leader writes one slot upsert of the summed deltas;
-//!   every member gets "1 row affected". If that write fails (other than by a lock
-//!   conflict, which is retried), every member runs its own increment alone.
-//! - Ring inserts: the leader writes one multi-row upsert into the ring, the parts
-//!   ordered by their key so that every writer takes the keys' sequence and ring
-//!   rows in the same order. With an AUTO_INCREMENT column the statement ends in
-//!   `RETURNING <id>` (MariaDB ≥ 10.5): MariaDB returns one id per row in VALUES
-//!   order, so each member learns the id of its own first row — its
-//!   last_insert_id — and the session's `LAST_INSERT_ID()` is set to it before
-//!   the member's next statement that is not itself a merged ring insert.
-//! - Prepared ring inserts merge too: each execute's parameter values are written as
+//! The rule kind's [`Merger`] (`kinds/<kind>/merge.rs`, carried by the rewrite)
+//! says what an execution contributes and to which group, builds the merged
+//! statement of a batch and derives each member's OK from the write's response;
+//! everything else is here and the same for every kind:
+//!
+//! - The leader writes the merged statement on its connection. When the merger
+//!   names a column to return ([`Merger::returning`], MariaDB ≥ 10.5), the
+//!   statement ends in `RETURNING <column>`: MariaDB returns one value per item in
+//!   statement order, from which each member learns its last_insert_id, and that
+//!   member's `LAST_INSERT_ID()` is set to it before its next statement that is not
+//!   itself merged (`Session::pending_insert_id`). Without `RETURNING` support such
+//!   executions do not merge.
+//! - Prepared executes merge too: each execute's parameter values are written as
 //!   literals into the rewrite's pieces (`wire::literal`; values without an exact
 //!   literal, such as BIT or MYSQL_TYPE_TIMESTAMP ones, keep the execute a prepared
-//!   statement of its own). The OK of an INSERT is the same in both protocols.
-//! - A merged write that warned is followed by `SHOW WARNINGS` on the leader's
+//!   statement of its own), and the merger rebuilds the text statement from them.
+//!   The OK of an INSERT is the same in both protocols.
+//! - A merged write that warned, of a kind whose warnings are routed by row
+//!   ([`Merger::routes_warnings`]), is followed by `SHOW WARNINGS` on the leader's
 //!   connection: a warning `at row N` goes to the member holding row N (renumbered
 //!   within its rows), one without a row number to every member, so each OK
 //!   carries its own count and a SHOW WARNINGS right after lists its own rows
@@ -24,15 +28,19 @@
 //! - A merged write that fails with a lock conflict is retried; one that fails
 //!   otherwise wrote nothing (one statement in autocommit mode) and may have failed
 //!   because of one member's values, so every member then runs its own statement
-//!   alone and gets its own answer.
+//!   alone and gets its own answer (or, as the merger decides
+//!   ([`Merger::alone_after_failure`]), gets the write's error).
+//! - An execution running alone whose answer needs every row's value
+//!   ([`Merger::returning_alone`]) runs with `RETURNING` too.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use super::coalesce::{parse_delta, LeaderGuard, Outcome, Part, Role, Signal};
+use super::coalesce::{LeaderGuard, Outcome, Part, Role, Signal};
 use super::session::Session;
 use super::splice::{backoff, execute_params, Collected, MAX_ATTEMPTS, RETRYABLE};
 use crate::error::Result;
-use crate::rewrite::{IncrementPieces, Merge, Reply, Rewritten, RingPieces};
+use crate::rewrite::merge::{Limits, Member, Written};
+use crate::rewrite::{Merger, Reply, Rewritten};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
 use crate::wire::resultset::{text_cells, text_row};
 use crate::wire::{literal, status};
@@ -44,57 +52,37 @@ impl Session {
     /// its SET history. A merged write runs with the leader's privileges and
     /// settings, so the group key holds the user, character set and SET history.
     pub(super) fn merge_part(&self, rw: &Rewritten) -> Option<(Vec<u8>, Part)> {
-        if rw.merge == Merge::No
-            || !self.pristine
+        let m = rw.merge.as_ref()?;
+        if !self.pristine
             || self.status & status::IN_TRANS != 0
             || self.status & status::AUTOCOMMIT == 0
         {
             return None;
         }
-        let (target, part) = match rw.merge {
-            Merge::Increment => {
-                let p = IncrementPieces::of(&rw.aux)?;
-                let deltas: Option<Vec<i64>> = p.deltas.iter().map(|d| parse_delta(d)).collect();
-                ([p.prefix, p.keys], Part::Deltas(deltas?))
-            }
-            Merge::RingInsert => {
-                let p = RingPieces::of(&rw.aux)?;
-                // Per-row ids come back only through RETURNING.
-                if !p.ai_column.is_empty() && !self.returning {
-                    return None;
-                }
-                let rows = std::str::from_utf8(p.rows).ok()?.parse().ok()?;
-                (
-                    [p.prefix, p.suffix],
-                    Part::Rows {
-                        values: p.tuples.clone(),
-                        rows,
-                        order: p.order.clone(),
-                    },
-                )
-            }
-            _ => return None,
-        };
+        let (target, part) = m.part(&rw.aux)?;
+        // Per-item values come back only through RETURNING.
+        if m.returning(&rw.aux).is_some() && !self.returning {
+            return None;
+        }
         let mut key = Vec::with_capacity(128);
-        for piece in [
+        let session = [
             rw.rule.as_bytes(),
             &self.identity,
             &self.session_sets,
             self.current_db.as_deref().unwrap_or("").as_bytes(),
-            target[0],
-            target[1],
-        ] {
+        ];
+        for piece in session.into_iter().chain(target) {
             key.extend_from_slice(&(piece.len() as u32).to_le_bytes());
             key.extend_from_slice(piece);
         }
         Some((key, part))
     }
 
-    /// A prepared ring insert's execute as the text rewrite it makes, each parameter
-    /// written as a literal (`wire::literal`), for a merged write or a run with
-    /// `RETURNING`. `None` when the statement has no pieces, a value has no exact
-    /// literal, or the session's character set is unknown or was changed by a `SET`
-    /// (string parameters are sent in it).
+    /// A prepared execute as the text rewrite it makes, each parameter written as a
+    /// literal (`wire::literal`) into the rewrite's pieces, for a merged write or a
+    /// run with `RETURNING`. `None` when the statement has no pieces, a value has no
+    /// exact literal, or the session's character set is unknown or was changed by a
+    /// `SET` (string parameters are sent in it).
     pub(super) fn execute_as_text(&mut self, id: u32, payload: &[u8]) -> Option<Rewritten> {
         if self.charset_changed {
             return None;
@@ -120,9 +108,7 @@ impl Session {
             out.extend_from_slice(text.get(at..)?);
             aux.push(out);
         }
-        let mut sql = aux.first()?.clone();
-        sql.extend_from_slice(aux.get(1)?);
-        sql.extend_from_slice(aux.get(2)?);
+        let sql = m.merger.statement(&aux)?;
         Some(Rewritten {
             rule: p.rule.clone(),
             statements: vec![sql],
@@ -132,7 +118,7 @@ impl Session {
             aux,
             aux_holes: Vec::new(),
             param_checks: Vec::new(),
-            merge: m.kind,
+            merge: Some(m.merger.clone()),
         })
     }
 
@@ -146,7 +132,8 @@ impl Session {
         cmd_seq: u8,
     ) -> Result<()> {
         let coalescer = self.shared.coalescer.clone();
-        match coalescer.join(&key, part) {
+        let limits = rw.merge.as_ref().map_or(Limits::NONE, |m| m.limits());
+        match coalescer.join(&key, part, limits) {
             Some(Role::Lead(batch, me)) => {
                 self.lead(LeaderGuard::new(coalescer, key, batch), me, rw, cmd_seq)
                     .await
@@ -165,10 +152,7 @@ impl Session {
         rw: &Rewritten,
         cmd_seq: u8,
     ) -> Result<()> {
-        let mine = match rw.merge {
-            Merge::RingInsert => self.write_ring_rows(guard, me, rw).await?,
-            _ => self.write_increments(guard, rw).await?,
-        };
+        let mine = self.write_merged(guard, me, rw).await?;
         self.answer_member(mine, rw, cmd_seq).await
     }
 
@@ -215,114 +199,68 @@ impl Session {
         }
     }
 
-    /// Writes the summed increments; every member gets the same outcome.
-    async fn write_increments(&mut self, guard: LeaderGuard, rw: &Rewritten) -> Result<Signal> {
-        let members = guard.batch.as_ref().map_or(1, |b| b.members()) as u64;
-        let Some(p) = IncrementPieces::of(&rw.aux) else {
-            // Not a merged increment after all: every member runs its own.
-            guard.resolve_each(|_| Signal::Alone);
-            return Ok(Signal::Alone);
-        };
-        let mut sql = Vec::with_capacity(256);
-        sql.extend_from_slice(p.prefix);
-        if !p.keys.is_empty() {
-            sql.extend_from_slice(p.keys);
-            sql.extend_from_slice(b", ");
-        }
-        sql.extend_from_slice(p.slot);
-        for s in guard.sums() {
-            sql.extend_from_slice(format!(", {s}").as_bytes());
-        }
-        sql.extend_from_slice(p.suffix);
-        let outcome: Outcome = self.run_retrying(&sql, true).await?.map(|c| {
-            let o = c.ok().unwrap_or_default();
-            OkSummary {
-                affected_rows: 1,
-                last_insert_id: 0,
-                status: 0,
-                warnings: o.warnings,
-            }
-        });
-        if outcome.is_err() && members > 1 {
-            // Nothing was written (one statement in autocommit), and the error may
-            // be one member's doing (a sum out of range, say): each member runs its
-            // own increment, so only a statement that fails alone gets an error.
-            guard.resolve_each(|_| Signal::Alone);
-            return Ok(Signal::Alone);
-        }
-        let stats = &self.shared.stats;
-        count_merged(
-            members,
-            &stats.coalesced_writes,
-            &stats.coalesced_increments,
-            members,
-        );
-        guard.resolve(outcome.clone());
-        Ok(Signal::Done(outcome))
-    }
-
-    /// Writes the rows of every part as one statement, parts ordered by key.
-    async fn write_ring_rows(
+    /// Writes the batch as the merger merges it, tells every member its outcome
+    /// and returns this session's (member `me`).
+    async fn write_merged(
         &mut self,
         guard: LeaderGuard,
         me: usize,
         rw: &Rewritten,
     ) -> Result<Signal> {
-        let parts: Vec<(&[u8], u64, &[u8])> = guard
-            .parts()
-            .iter()
-            .map(|p| match p {
-                Part::Rows {
-                    values,
-                    rows,
-                    order,
-                } => (values.as_slice(), *rows, order.as_slice()),
-                Part::Deltas(_) => (&[][..], 0, &[][..]),
-            })
-            .collect();
-        let mut order: Vec<usize> = (0..parts.len()).collect();
-        order.sort_by(|a, b| parts[*a].2.cmp(parts[*b].2));
-        let Some(pieces) = RingPieces::of(&rw.aux) else {
-            // Not a ring insert's pieces: every member runs its own insert.
+        let parts = guard.parts();
+        let members = parts.len();
+        let merged = rw
+            .merge
+            .as_ref()
+            .and_then(|m| Some((m, m.merged(&rw.aux, parts, guard.sums())?)));
+        let Some((m, merged)) = merged else {
+            // Not pieces the merger knows: every member runs its own statement.
             guard.resolve_each(|_| Signal::Alone);
             return Ok(Signal::Alone);
         };
-        let ai = pieces.ai_column;
-        let bytes: usize = parts.iter().map(|p| p.0.len() + 2).sum();
-        let mut sql = Vec::with_capacity(pieces.prefix.len() + bytes + pieces.suffix.len() + 32);
-        sql.extend_from_slice(pieces.prefix);
-        // The first row of each part, counted in statement order.
-        let mut first_row = vec![0u64; parts.len()];
+        // Each part's first item, counted in statement order.
+        let items: Vec<u64> = parts.iter().map(|p| p.items).collect();
+        let mut first = vec![0u64; members];
         let mut total = 0u64;
-        for (n, &i) in order.iter().enumerate() {
-            if n > 0 {
-                sql.extend_from_slice(b", ");
+        for &i in &merged.order {
+            if let Some(f) = first.get_mut(i) {
+                *f = total;
             }
-            sql.extend_from_slice(parts[i].0);
-            first_row[i] = total;
-            total += parts[i].1;
+            total += items.get(i).copied().unwrap_or(0);
         }
-        sql.extend_from_slice(pieces.suffix);
-        if !ai.is_empty() {
+        let mut sql = merged.sql;
+        let returning = m.returning(&rw.aux);
+        if let Some(column) = returning {
             sql.extend_from_slice(b" RETURNING ");
-            sql.extend_from_slice(ai);
+            sql.extend_from_slice(column);
         }
         let written = match self.run_retrying(&sql, true).await? {
-            Ok(c) if ai.is_empty() => c.ok().map(|o| (Vec::new(), o.warnings)),
+            Ok(c) if returning.is_none() => c.ok().map(|o| Written {
+                ids: Vec::new(),
+                warnings: o.warnings,
+            }),
             Ok(c) => returned_ids(&c.packets, self.deprecate_eof)
-                .filter(|(ids, _)| ids.len() as u64 == total),
-            // Nothing was written: each member runs its own statement.
-            Err(_) => {
+                .filter(|(ids, _)| ids.len() as u64 == total)
+                .map(|(ids, warnings)| Written { ids, warnings }),
+            // Nothing was written (one statement in autocommit), and the error may
+            // be one member's doing: each member runs its own statement, so only a
+            // statement that fails alone gets an error.
+            Err(_) if m.alone_after_failure(members) => {
                 guard.resolve_each(|_| Signal::Alone);
                 return Ok(Signal::Alone);
             }
+            Err(payload) => {
+                self.count_merged(m.as_ref(), members, total);
+                let outcome: Outcome = Err(payload);
+                guard.resolve(outcome.clone());
+                return Ok(Signal::Done(outcome));
+            }
         };
-        let rows_of: Vec<u64> = parts.iter().map(|p| p.1).collect();
         let own_warnings = match &written {
-            Some((_, w)) if *w > 0 => {
+            Some(w) if w.warnings > 0 && m.routes_warnings() => {
                 // The rows are written: whatever happens here, every member gets its
                 // OK (with the write's count if need be).
-                match self.warnings_by_part(&first_row, &rows_of, *w).await {
+                match self.warnings_by_part(&first, &items, w.warnings).await {
                     Ok(counts) => counts,
                     Err(e) => {
                         tracing::warn!(id = self.backend_id, error = %e, "could not read a merged write's warnings");
@@ -333,45 +271,40 @@ impl Session {
             _ => None,
         };
         let signal = |i: usize| -> Signal {
-            match &written {
-                Some((ids, warnings)) => {
-                    let ok = OkSummary {
-                        affected_rows: rows_of[i],
-                        last_insert_id: ids.get(first_row[i] as usize).copied().unwrap_or(0),
-                        status: 0,
-                        warnings: *warnings,
-                    };
-                    match &own_warnings {
-                        Some(rows) => Signal::Warned(
-                            OkSummary {
-                                warnings: rows[i].len().min(usize::from(u16::MAX)) as u16,
-                                ..ok
-                            },
-                            rows[i].clone(),
-                        ),
-                        None => Signal::Done(Ok(ok)),
-                    }
-                }
-                None => Signal::Done(Err(err_of(
-                    errors::UNKNOWN,
-                    "heatsink: a merged ring insert was written but its response was not understood",
-                ))),
+            let member = Member {
+                first: first.get(i).copied().unwrap_or(0),
+                items: items.get(i).copied().unwrap_or(0),
+            };
+            match m.answer(written.as_ref(), member) {
+                Ok(ok) => match own_warnings.as_ref().and_then(|w| w.get(i)) {
+                    Some(rows) => Signal::Warned(
+                        OkSummary {
+                            warnings: rows.len().min(usize::from(u16::MAX)) as u16,
+                            ..ok
+                        },
+                        rows.clone(),
+                    ),
+                    None => Signal::Done(Ok(ok)),
+                },
+                Err(message) => Signal::Done(Err(err_of(errors::UNKNOWN, message))),
             }
         };
         let mine = signal(me);
-        let stats = &self.shared.stats;
-        let members = parts.len() as u64;
-        count_merged(
-            members,
-            &stats.coalesced_writes,
-            &stats.coalesced_rows,
-            total,
-        );
+        self.count_merged(m.as_ref(), members, total);
         guard.resolve_each(signal);
         Ok(mine)
     }
 
-    /// Each part's own SHOW WARNINGS rows after a merged ring write that warned,
+    /// Counts a merged write of `members` members that wrote `items` items.
+    fn count_merged(&self, merger: &dyn Merger, members: usize, items: u64) {
+        if members > 1 {
+            let stats = &self.shared.stats;
+            stats.coalesced_writes.fetch_add(1, Ordering::Relaxed);
+            stats.coalesced_items.add(merger.metric(), items);
+        }
+    }
+
+    /// Each part's own SHOW WARNINGS rows after a merged write that warned,
     /// from the write's `SHOW WARNINGS` on this connection: a warning `at row N`
     /// belongs to the part holding row N (parts start at `first_row`, 0-based, and
     /// hold `rows_of` rows) and is renumbered within it, one without a row number
@@ -437,8 +370,10 @@ impl Session {
                     Reply::Ok { info, .. } => info.clone(),
                     _ => None,
                 };
-                if rw.merge == Merge::RingInsert
-                    && RingPieces::of(&rw.aux).is_some_and(|p| !p.ai_column.is_empty())
+                if rw
+                    .merge
+                    .as_ref()
+                    .is_some_and(|m| m.returning(&rw.aux).is_some())
                 {
                     // The write ran on the leader's connection: this session's
                     // LAST_INSERT_ID() still has its old value.
@@ -461,19 +396,20 @@ impl Session {
         }
     }
 
-    /// The AUTO_INCREMENT column to return when a ring insert of several rows runs on
-    /// its own: the OK packet of its upsert reports the id of its first row that took
-    /// a new slot rather than its first row's, `RETURNING` gives every row's.
+    /// The column to return when the rewrite runs alone and its answer needs every
+    /// row's value ([`Merger::returning_alone`]; for example the OK packet of an
+    /// upsert of several rows reports the id of its first row that took a new slot
+    /// rather than its first row's, `RETURNING` gives every row's).
     pub(super) fn returning_column(&self, rw: &Rewritten) -> Option<Vec<u8>> {
-        let p = RingPieces::of(&rw.aux).filter(|p| !p.ai_column.is_empty())?;
-        let rows: u64 = std::str::from_utf8(p.rows).ok()?.parse().ok()?;
-        (self.returning && rows > 1 && rw.statements.len() == 1 && rw.param_map.is_none())
-            .then(|| p.ai_column.clone())
+        let column = rw.merge.as_ref()?.returning_alone(&rw.aux)?;
+        (self.returning && rw.statements.len() == 1 && rw.param_map.is_none())
+            .then(|| column.to_vec())
     }
 
-    /// Runs a ring insert's single statement with `RETURNING column` (lock conflicts
+    /// Runs a rewrite's single statement with `RETURNING column` (lock conflicts
     /// retried outside a client transaction, as any rewrite) and answers as the
-    /// plain insert would have: its rows, its first row's id.
+    /// original statement would have, as the merger derives it: its rows, its first
+    /// row's id.
     pub(super) async fn run_returning(
         &mut self,
         rw: &Rewritten,
@@ -489,21 +425,24 @@ impl Session {
             Ok(c) => c,
             Err(payload) => return self.reply(cmd_seq, &payload).await,
         };
-        let Some((ids, warnings)) = returned_ids(&c.packets, self.deprecate_eof) else {
-            let msg = "heatsink: a ring insert was written but its response was not understood";
-            return self.reply(cmd_seq, &err_of(errors::UNKNOWN, msg)).await;
+        let written = returned_ids(&c.packets, self.deprecate_eof)
+            .map(|(ids, warnings)| Written { ids, warnings });
+        let answer = match &rw.merge {
+            Some(m) => m.answer_alone(written.as_ref()),
+            None => Err("heatsink: internal error: a rewrite without a merger ran with RETURNING"),
         };
-        let first = ids.first().copied().unwrap_or(0);
-        self.pending_insert_id = Some(first);
-        let (affected, info) = match &rw.reply {
-            Reply::Ok { info, .. } => (ids.len() as u64, info.clone()),
-            _ => (ids.len() as u64, None),
+        let ok = match answer {
+            Ok(ok) => ok,
+            Err(message) => return self.reply(cmd_seq, &err_of(errors::UNKNOWN, message)).await,
+        };
+        self.pending_insert_id = Some(ok.last_insert_id);
+        let info = match &rw.reply {
+            Reply::Ok { info, .. } => info.clone(),
+            _ => None,
         };
         let ok = OkSummary {
-            affected_rows: affected,
-            last_insert_id: first,
             status: self.status,
-            warnings,
+            ..ok
         };
         self.reply(
             cmd_seq,
@@ -512,8 +451,9 @@ impl Session {
         .await
     }
 
-    /// Sets the session's `LAST_INSERT_ID()` to what the last merged ring insert
-    /// would have left, before a statement that might read it.
+    /// Sets the session's `LAST_INSERT_ID()` to what the last merged write that
+    /// returned ids (or run with `RETURNING`) would have left, before a statement
+    /// that might read it.
     pub(super) async fn restore_insert_id(&mut self) -> Result<()> {
         if let Some(id) = self.pending_insert_id.take() {
             let c = self
@@ -523,7 +463,7 @@ impl Session {
                 tracing::warn!(
                     id = self.backend_id,
                     error = ?packets::parse_err(&e.payload),
-                    "could not restore LAST_INSERT_ID() after a merged ring insert"
+                    "could not restore LAST_INSERT_ID() after a merged write"
                 );
             }
         }
@@ -541,14 +481,6 @@ fn warning_row(message: &[u8]) -> Option<(u64, usize)> {
         return None;
     }
     Some((std::str::from_utf8(digits).ok()?.parse().ok()?, at))
-}
-
-/// Counts a merged write of `members` members that wrote `items` increments or rows.
-fn count_merged(members: u64, writes: &AtomicU64, of_kind: &AtomicU64, items: u64) {
-    if members > 1 {
-        writes.fetch_add(1, Ordering::Relaxed);
-        of_kind.fetch_add(items, Ordering::Relaxed);
-    }
 }
 
 /// The ids of a `… RETURNING id` result set (one column), and its warning count.

@@ -7,8 +7,8 @@
 //! - [`coalesce`]: group commit: who writes a merged batch, who waits.
 //! - `splice`: running rewritten statements on the client's connection and shaping
 //!   the reply the original statement would have produced.
-//! - `merge`: writing a merged batch (counter increments, ring inserts) and
-//!   answering each member.
+//! - `merge`: writing a merged batch as the rule kind's merger
+//!   (`rewrite::Merger`) builds it, and answering each member.
 
 pub mod coalesce;
 mod merge;

@@ -58,10 +58,8 @@ pub struct Stats {
     pub rejected: AtomicU64,
     /// Merged writes (group commit) holding more than one statement.
     pub coalesced_writes: AtomicU64,
-    /// Counter increments that were part of a merged write.
-    pub coalesced_increments: AtomicU64,
-    /// Ring rows that were part of a merged write.
-    pub coalesced_rows: AtomicU64,
+    /// Items (of each rule kind) that were part of a merged write.
+    pub coalesced_items: crate::metrics::MergedItems,
     /// Backend responses that were ERR packets, and backend connections lost while a
     /// statement was in flight.
     pub backend_errors: AtomicU64,
@@ -89,7 +87,7 @@ pub struct Shared {
     pub rules: ArcSwap<RuleTable>,
     /// Live sessions, for the admin port's `SHOW SESSIONS`.
     pub sessions: Registry,
-    /// Group commit of counter increments.
+    /// Group commit of merged writes.
     pub coalescer: Arc<super::coalesce::Coalescer>,
     /// TLS material loaded at startup (client certificate, backend trust).
     pub tls: Tls,
@@ -262,12 +260,12 @@ pub(super) struct Session {
     /// session left `pristine` (prepared string parameters are then not written as
     /// literals).
     pub(super) charset_changed: bool,
-    /// The backend is MariaDB ≥ 10.5, which has `INSERT … RETURNING` (merged ring
-    /// inserts learn each row's AUTO_INCREMENT id from it).
+    /// The backend is MariaDB ≥ 10.5, which has `INSERT … RETURNING` (merged writes
+    /// learn each row's AUTO_INCREMENT id from it, see `relay::merge`).
     pub(super) returning: bool,
-    /// The value the session's `LAST_INSERT_ID()` must have after a merged ring
-    /// insert that ran on another connection; set on the backend before the next
-    /// statement that could read it.
+    /// The value the session's `LAST_INSERT_ID()` must have after a merged write
+    /// that returned ids and ran on another connection (or a write run with
+    /// `RETURNING`); set on the backend before the next statement that could read it.
     pub(super) pending_insert_id: Option<u64>,
     /// Once the session ran a rewritten statement: the rules' physical table names
     /// with the logical ones to show instead in the server's error messages and in

@@ -19,7 +19,7 @@ use bytes::BytesMut;
 use super::response::{ResponseKind, ResponseParser};
 use super::session::{Diagnostics, Session};
 use crate::error::{Error, Result, Source};
-use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, Merge, Reply, Rewritten};
+use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, Reply, Rewritten};
 use crate::wire::io::{frame_into, Logical, Packet};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary, Renames};
 use crate::wire::resultset::{
@@ -55,17 +55,18 @@ pub struct PreparedRewrite {
     pub long_data: bool,
     /// Checks of each execute's parameter values (see [`Rewritten::param_checks`]).
     pub checks: Vec<(usize, crate::rewrite::ParamCheck)>,
-    /// A ring insert: the plan's pieces, with holes for the parameters (see
-    /// [`Rewritten::aux_holes`]), from which an execute becomes a text statement
-    /// when it merges or needs `RETURNING`.
+    /// A rewrite with a merger: the plan's pieces, with holes for the parameters
+    /// (see [`Rewritten::aux_holes`]), from which an execute becomes a text
+    /// statement when it merges or needs `RETURNING`.
     pub merge: Option<PreparedMerge>,
 }
 
 /// The merge pieces of a prepared rewrite.
 #[derive(Debug, Clone)]
 pub struct PreparedMerge {
-    /// How executes merge (`Merge::No`: never, but the pieces still serve).
-    pub kind: Merge,
+    /// The kind's merger (it may only serve `RETURNING`: see
+    /// [`crate::rewrite::Merger::returning_alone`]).
+    pub merger: std::sync::Arc<dyn crate::rewrite::Merger>,
     /// `aux` of the rewrite, `?` where parameters go.
     pub aux: Vec<Vec<u8>>,
     /// Per `aux` text: (byte offset of a `?`, client parameter index).
@@ -791,13 +792,15 @@ impl Session {
                 atomic: rw.atomic,
                 long_data: false,
                 checks: rw.param_checks.clone(),
-                merge: (!rw.aux.is_empty() && rw.aux_holes.len() == rw.aux.len()).then(|| {
-                    PreparedMerge {
-                        kind: rw.merge,
+                merge: rw
+                    .merge
+                    .clone()
+                    .filter(|_| !rw.aux.is_empty() && rw.aux_holes.len() == rw.aux.len())
+                    .map(|merger| PreparedMerge {
+                        merger,
                         aux: rw.aux.clone(),
                         holes: rw.aux_holes.clone(),
-                    }
-                }),
+                    }),
             },
         );
         self.client.write_all(&out).await
@@ -859,8 +862,8 @@ impl Session {
             );
             return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
         }
-        // A ring insert that merges, or that needs RETURNING for its ids, runs as
-        // the text statement its parameters make.
+        // An execute that merges, or that needs RETURNING for its ids, runs as the
+        // text statement its parameters make.
         if let Some(rw) = self.execute_as_text(id, &payload) {
             if let Some((key, part)) = self.merge_part(&rw) {
                 return self.run_merged(key, part, &rw, cmd_seq).await;

@@ -39,7 +39,7 @@ pub struct Template {
     /// The statements commit together.
     pub atomic: bool,
     /// Concurrent executions may be merged (see [`crate::rewrite::Plan::merge`]).
-    pub merge: crate::rewrite::Merge,
+    pub merge: Option<std::sync::Arc<dyn crate::rewrite::Merger>>,
     /// Checks of each execute's parameters (see [`crate::rewrite::Plan::param_checks`]).
     pub param_checks: Vec<(usize, crate::rewrite::ParamCheck)>,
 }
@@ -104,7 +104,7 @@ impl Template {
             aux: Vec::new(),
             reply: crate::rewrite::Reply::Last,
             atomic: false,
-            merge: crate::rewrite::Merge::No,
+            merge: None,
             param_checks: Vec::new(),
         })
     }
@@ -143,7 +143,7 @@ impl Template {
             atomic: self.atomic,
             aux,
             aux_holes,
-            merge: self.merge,
+            merge: self.merge.clone(),
             param_checks: if prepared {
                 self.param_checks.clone()
             } else {

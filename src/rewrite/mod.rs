@@ -14,8 +14,13 @@
 //!   the marked text the parser sees.
 //! - `cache.rs`: moka cache from fingerprint to a cached outcome; a rewrite is cached
 //!   as a template into which the literals of each new statement are copied.
-//! - [`Rule`]: one implementation per rule kind, each in its own file. A rule sees a
-//!   parsed statement and returns what to run instead, or a reason to refuse it.
+//! - [`Rule`]: one implementation per rule kind, each in its own folder
+//!   (`kinds/<kind>/`). A rule sees a parsed statement and returns what to run
+//!   instead, or a reason to refuse it.
+//! - `merge.rs`: [`Merger`], the kind's half of group commit. A plan that may merge
+//!   carries the kind's merger ([`Plan::merge`]) and the pieces it reads
+//!   ([`Plan::aux`], rendered per execution like the statements); the engine and
+//!   the connection layer never look inside the pieces.
 //!
 //! # How a plan is built (once per fingerprint)
 //!
@@ -68,11 +73,15 @@
 //!   since the plan is then cached per value. Parameters of prepared statements have
 //!   no value at plan time ([`Slot::Param`]).
 //! - Ask for proxy-chosen values with [`PlanContext::random_below`].
+//! - To let concurrent autocommit executions merge into one write, implement
+//!   [`Merger`] in `kinds/<kind>/merge.rs`, put the pieces it needs in
+//!   [`Plan::aux`] and the merger in [`Plan::merge`].
 //! - Strings the rule introduces itself are printed by sqlparser without backslash
 //!   escaping: keep them free of quotes and backslashes.
 
 mod cache;
 mod engine;
+pub mod merge;
 pub mod prefilter;
 pub mod shape;
 pub mod sqltok;
@@ -88,6 +97,7 @@ use sqlparser::ast::{Expr, ObjectName, Statement, Value};
 
 pub use crate::rules::spec::TableName;
 pub use engine::{parse_statements, Engine, MAX_NESTING};
+pub use merge::Merger;
 pub use sqltok::{LexMode, LiteralClass, LiteralKind, Slot};
 
 /// A statement's fingerprint: literals replaced by `?`, parameters by `?p`,
@@ -537,9 +547,9 @@ pub struct Rewritten {
     /// (byte offset) and which original parameter each takes. Empty for text
     /// statements.
     pub aux_holes: Vec<Vec<(usize, usize)>>,
-    /// Whether and how concurrent autocommit executions of this rewrite for the same
-    /// target may be merged into one write (see [`Plan::merge`]).
-    pub merge: Merge,
+    /// The kind's group-commit half: how concurrent autocommit executions of this
+    /// rewrite for the same target merge into one write (see [`Plan::merge`]).
+    pub merge: Option<Arc<dyn Merger>>,
     /// Only for prepared statements: the checks each execute's parameters must pass
     /// (see [`Plan::param_checks`]).
     pub param_checks: Vec<(usize, ParamCheck)>,
@@ -667,121 +677,6 @@ impl ParamCheck {
     }
 }
 
-/// How concurrent autocommit executions of a rewrite may be merged into one write by
-/// the connection layer's group commit (`relay::coalesce`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Merge {
-    /// Never: every execution runs its own statements.
-    #[default]
-    No,
-    /// A counter increment; `aux` holds its [`IncrementPieces`]: merged increments
-    /// become one upsert of the summed deltas.
-    Increment,
-    /// A ring insert; `aux` holds its [`RingPieces`]: merged inserts become one
-    /// multi-row upsert. (Ring inserts that do not merge carry the same `aux`.)
-    RingInsert,
-}
-
-/// The pieces of a mergeable counter increment ([`Merge::Increment`]), by name: the
-/// merged upsert is `prefix + keys + ", " + slot + ", " + Σdeltas… + suffix` (no key:
-/// `prefix + slot …`). [`Plan::aux`] holds them in this order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IncrementPieces<'a, T> {
-    /// `INSERT INTO slots (keys…, slot, counters…) VALUES (`.
-    pub prefix: &'a T,
-    /// The key values, comma-separated (empty for a global counter).
-    pub keys: &'a T,
-    /// `) ON DUPLICATE KEY UPDATE c = c + VALUES(c), …`.
-    pub suffix: &'a T,
-    /// The slot number.
-    pub slot: &'a T,
-    /// One delta per counter column, in the column list's order.
-    pub deltas: &'a [T],
-}
-
-impl<'a, T> IncrementPieces<'a, T> {
-    /// Reads the pieces from `aux` (rendered or not); `None` for another layout.
-    pub fn of(aux: &'a [T]) -> Option<Self> {
-        match aux {
-            [prefix, keys, suffix, slot, deltas @ ..] if !deltas.is_empty() => Some(Self {
-                prefix,
-                keys,
-                suffix,
-                slot,
-                deltas,
-            }),
-            _ => None,
-        }
-    }
-}
-
-impl<T: Clone> IncrementPieces<'_, T> {
-    /// The pieces as [`Plan::aux`] holds them.
-    pub fn to_aux(&self) -> Vec<T> {
-        let mut aux = vec![
-            self.prefix.clone(),
-            self.keys.clone(),
-            self.suffix.clone(),
-            self.slot.clone(),
-        ];
-        aux.extend_from_slice(self.deltas);
-        aux
-    }
-}
-
-/// The pieces of a ring insert ([`Merge::RingInsert`]), by name: merged inserts
-/// become `prefix + tuples, tuples… (ordered by `order`) + suffix`. [`Plan::aux`]
-/// holds them in this order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingPieces<'a, T> {
-    /// `INSERT INTO ring (columns…, slot, seq) VALUES `.
-    pub prefix: &'a T,
-    /// This insert's VALUES tuples.
-    pub tuples: &'a T,
-    /// ` ON DUPLICATE KEY UPDATE …` (the guarded assignments).
-    pub suffix: &'a T,
-    /// The key values of the first row: merged parts are ordered by them.
-    pub order: &'a T,
-    /// How many rows the insert has (decimal text).
-    pub rows: &'a T,
-    /// The log's AUTO_INCREMENT column, quoted, or empty.
-    pub ai_column: &'a T,
-}
-
-impl<'a, T> RingPieces<'a, T> {
-    /// Reads the pieces from `aux` (rendered or not); `None` for another layout.
-    pub fn of(aux: &'a [T]) -> Option<Self> {
-        match aux {
-            [prefix, tuples, suffix, order, rows, ai_column] => Some(Self {
-                prefix,
-                tuples,
-                suffix,
-                order,
-                rows,
-                ai_column,
-            }),
-            _ => None,
-        }
-    }
-}
-
-impl<T: Clone> RingPieces<'_, T> {
-    /// The pieces as [`Plan::aux`] holds them.
-    pub fn to_aux(&self) -> Vec<T> {
-        [
-            self.prefix,
-            self.tuples,
-            self.suffix,
-            self.order,
-            self.rows,
-            self.ai_column,
-        ]
-        .into_iter()
-        .cloned()
-        .collect()
-    }
-}
-
 /// How the client's answer to a rewritten statement is built.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum Reply {
@@ -863,12 +758,13 @@ pub struct Plan {
     /// The statements must commit together (see [`Rewritten::atomic`]).
     pub atomic: bool,
     /// Texts rendered like the statements (markers replaced by the values of each
-    /// execution) but not run: pieces a rule kind's executor reassembles, such as
-    /// the parts of a mergeable increment.
+    /// execution) but not run: pieces only the kind's [`Plan::merge`] reads (what
+    /// they are and in which order is the kind's business).
     pub aux: Vec<String>,
-    /// Executions may be merged by the connection layer's group commit; `aux` then
-    /// holds the pieces [`Merge`] describes.
-    pub merge: Merge,
+    /// The kind's group-commit half ([`Merger`], in `kinds/<kind>/merge.rs`): how
+    /// the connection layer merges concurrent executions and answers each, from the
+    /// pieces in `aux`. `None`: every execution runs its own statements.
+    pub merge: Option<Arc<dyn Merger>>,
     /// For prepared statements: (client parameter index, check) for each parameter
     /// whose value decides whether the rewrite keeps the statement's meaning.
     pub param_checks: Vec<(usize, ParamCheck)>,

@@ -8,6 +8,7 @@
 //! - `compact.rs`: the `compact` maintenance job, folding slot deltas into the base.
 
 pub mod compact;
+pub mod merge;
 pub mod plan;
 pub mod schema;
 pub mod spec;
@@ -25,6 +26,7 @@ use crate::check::Severity;
 use crate::error::Result;
 use crate::kinds::logical::{assumed_column, Assumed};
 use crate::kinds::{Job, JobContext, JobReport, Kind, Migration, RuleSpec, SchemaError};
+use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;
 use crate::schema::TriggerPlan;
@@ -44,6 +46,10 @@ impl Kind for Counter {
             .into_iter()
             .map(|s| Arc::new(s) as Arc<dyn RuleSpec>)
             .collect())
+    }
+
+    fn merge_metric(&self) -> Option<&'static MergeMetric> {
+        Some(&merge::METRIC)
     }
 }
 

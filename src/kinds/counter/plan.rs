@@ -30,6 +30,7 @@ use sqlparser::ast::{
     OnInsert, Query, SetExpr, Statement, TableFactor, TableObject, UnaryOperator, Update,
 };
 
+use super::merge::{IncrementPieces, Increments};
 use super::spec::CounterSpec;
 use crate::kinds::logical::LogicalTable;
 use crate::rewrite::shape::{
@@ -38,14 +39,14 @@ use crate::rewrite::shape::{
     target_qualifier, unsupported_clauses,
 };
 use crate::rewrite::{
-    Affected, ColumnPatch, IncrementPieces, LiteralClass, Merge, ParamCheck, Plan, PlanContext,
-    Reply, Rule, Slot, TableName,
+    Affected, ColumnPatch, LiteralClass, ParamCheck, Plan, PlanContext, Reply, Rule, Slot,
+    TableName,
 };
 use crate::rules::spec::quote;
 use crate::wire::resultset::{types, ColumnDef, UNSIGNED_FLAG};
 
 /// Counter increments: (column, delta) pairs.
-type Increments = Vec<(String, Expr)>;
+type ColumnDeltas = Vec<(String, Expr)>;
 
 /// Execute-time checks of parameters: (parameter index, check).
 type ParamChecks = Vec<(usize, ParamCheck)>;
@@ -244,10 +245,10 @@ impl CounterRule {
             let (aux, merge) = if self.coalesce && !ctx.prepared {
                 (
                     self.merge_pieces(name, &keys, &slot, &increments),
-                    Merge::Increment,
+                    Some(Increments::merger()),
                 )
             } else {
-                (Vec::new(), Merge::No)
+                (Vec::new(), None)
             };
             return Ok(Some(Plan {
                 statements: parse(&sql)?,
@@ -284,7 +285,7 @@ impl CounterRule {
     /// number of counters set to a value, and the number of other columns assigned;
     /// an error for tuple assignments, other counter expressions, and other columns
     /// assigned from a counter.
-    fn sort_assignments(&self, u: &Update) -> Result<(Increments, usize, usize), String> {
+    fn sort_assignments(&self, u: &Update) -> Result<(ColumnDeltas, usize, usize), String> {
         let mut increments = Vec::new();
         let mut sets = 0usize;
         let mut others = 0usize;
@@ -323,7 +324,7 @@ impl CounterRule {
         u: &Update,
         ctx: &PlanContext<'_>,
         increments: Vec<(String, Expr)>,
-    ) -> Result<Option<(Increments, Vec<Expr>, ParamChecks)>, String> {
+    ) -> Result<Option<(ColumnDeltas, Vec<Expr>, ParamChecks)>, String> {
         if !u.order_by.is_empty() {
             return Err("ORDER BY in a counter increment cannot be rewritten".into());
         }
@@ -653,7 +654,7 @@ impl CounterRule {
         cols: &[String],
         row: &[Expr],
         ctx: &PlanContext<'_>,
-    ) -> Result<(Increments, ParamChecks), String> {
+    ) -> Result<(ColumnDeltas, ParamChecks), String> {
         let value_of = |c: &str| cols.iter().position(|x| eq(x, c)).map(|i| &row[i]);
         let mut incs = Vec::new();
         let mut param_checks = Vec::new();

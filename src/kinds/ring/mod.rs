@@ -6,6 +6,7 @@
 //! - `schema.rs`: the ring and sequence tables, triggers and backfill `heatsink
 //!   migrate` creates, and what `check --backend-url` reports.
 
+pub mod merge;
 pub mod plan;
 pub mod schema;
 pub mod spec;
@@ -23,6 +24,7 @@ use crate::check::Severity;
 use crate::error::Result;
 use crate::kinds::logical::{assumed_column, Assumed};
 use crate::kinds::{Kind, Migration, RuleSpec, SchemaError};
+use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;
 use crate::schema::TriggerPlan;
@@ -42,6 +44,10 @@ impl Kind for Ring {
             .into_iter()
             .map(|s| Arc::new(s) as Arc<dyn RuleSpec>)
             .collect())
+    }
+
+    fn merge_metric(&self) -> Option<&'static MergeMetric> {
+        Some(&merge::METRIC)
     }
 }
 

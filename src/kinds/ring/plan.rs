@@ -31,6 +31,7 @@ use sqlparser::ast::{
     Insert, ObjectName, SetExpr, Statement, TableFactor, TableObject, Update,
 };
 
+use super::merge::{Inserts, RingPieces};
 use super::spec::RingSpec;
 use crate::kinds::logical::LogicalTable;
 use crate::rewrite::shape::{
@@ -39,8 +40,7 @@ use crate::rewrite::shape::{
     target_qualifier, unsupported_clauses,
 };
 use crate::rewrite::{
-    Affected, ColumnPatch, Merge, ParamCheck, Plan, PlanContext, Reply, RingPieces, Rule, Slot,
-    TableName,
+    Affected, ColumnPatch, ParamCheck, Plan, PlanContext, Reply, Rule, Slot, TableName,
 };
 use crate::rules::spec::quote;
 use crate::wire::resultset::ColumnDef;
@@ -211,11 +211,7 @@ impl RingRule {
         } else {
             Vec::new()
         };
-        let merge = if mergeable {
-            Merge::RingInsert
-        } else {
-            Merge::No
-        };
+        let merge = (!aux.is_empty()).then(|| Inserts::merger(mergeable));
         Ok(Some(Plan {
             statements,
             reply: Reply::Ok {
@@ -640,6 +636,11 @@ mod tests {
     use crate::rewrite::{Decision, Engine, Rewritten};
     use crate::wire::resultset::types;
 
+    /// The rewrite's executions merge (its merger yields a part).
+    fn merges(r: &Rewritten) -> bool {
+        r.merge.as_ref().is_some_and(|m| m.part(&r.aux).is_some())
+    }
+
     /// An engine with one ring rule (size 5, key uid) on
     /// `log(id AUTO_INCREMENT, uid, visitor_uid, last_update)`.
     fn engine(coalesce: bool) -> Engine {
@@ -683,7 +684,7 @@ mod tests {
                 last_insert_id: Some(0),
             }
         );
-        assert_eq!(r.merge, Merge::No);
+        assert!(r.merge.is_none());
         // Nothing to merge or return: no pieces rendered per execution.
         assert!(r.aux.is_empty());
         // INSERT … SET, REPLACE and a qualified name: the same upsert.
@@ -735,7 +736,7 @@ mod tests {
             }
         );
         // Pieces for running it with `RETURNING id`, though it does not merge.
-        assert_eq!(r.merge, Merge::No);
+        assert!(!merges(&r));
         assert_eq!(r.aux.len(), 6);
         assert_eq!(r.aux[5], b"`id`");
     }
@@ -785,7 +786,7 @@ mod tests {
             &e,
             "INSERT INTO log (visitor_uid, uid, last_update) VALUES (7, 5, NOW(6)), (8, 6, NOW(6))",
         );
-        assert_eq!(r.merge, Merge::RingInsert);
+        assert!(merges(&r));
         let aux: Vec<String> = r
             .aux
             .iter()
@@ -805,18 +806,15 @@ mod tests {
             "INSERT INTO log (uid, visitor_uid, last_update) VALUES (5, CONNECTION_ID(), NOW())",
             "INSERT INTO log (id, uid, visitor_uid, last_update) VALUES (NULL, 5, 7, NOW())",
         ] {
-            assert_eq!(rewrite(&e, sql).merge, Merge::No, "{sql}");
+            assert!(!merges(&rewrite(&e, sql)), "{sql}");
         }
-        assert!(matches!(
-            decide(
-                &e,
-                "INSERT INTO log (uid, visitor_uid, last_update) VALUES (5, 1, UTC_TIMESTAMP())"
-            ),
-            Decision::Rewrite(Rewritten {
-                merge: Merge::RingInsert,
-                ..
-            })
-        ));
+        match decide(
+            &e,
+            "INSERT INTO log (uid, visitor_uid, last_update) VALUES (5, 1, UTC_TIMESTAMP())",
+        ) {
+            Decision::Rewrite(r) => assert!(merges(&r)),
+            other => panic!("{other:?}"),
+        }
         // Prepared: the pieces keep `?`, and say where each parameter goes.
         let r = match e.decide(
             b"INSERT INTO log (visitor_uid, uid, last_update) VALUES (?, ?, NOW(6))",
@@ -830,7 +828,7 @@ mod tests {
             Decision::Rewrite(r) => r,
             other => panic!("{other:?}"),
         };
-        assert_eq!(r.merge, Merge::RingInsert);
+        assert!(merges(&r));
         assert_eq!(r.aux[1], b"(?, ?, NOW(6), NULL, NULL)");
         assert_eq!(r.aux[3], b"?");
         assert_eq!(r.aux_holes[1], vec![(1, 0), (4, 1)]);

@@ -8,8 +8,13 @@
 //! - [`relay`]: the data path — one task per client, a 1:1 backend connection, the
 //!   response state machine, and the hook where rewritten statements are spliced in.
 //! - [`rewrite`]: the rewrite engine — pre-filter on ruled table names, tokenizer and
-//!   fingerprints, plan cache, the [`rewrite::Rule`] trait rule kinds implement.
-//! - [`rules`]: rule files — loading, validation, building an engine.
+//!   fingerprints, plan cache, shape guards, the [`rewrite::Rule`] and
+//!   [`rewrite::Merger`] traits rule kinds implement.
+//! - [`kinds`]: the rule kinds, one folder each (`counter`, `ring`), each owning its
+//!   rule-file section, planner, group-commit merge, schema work and maintenance
+//!   jobs; [`kinds::KINDS`] is the registry every driver loops over.
+//! - [`rules`]: rule files — reading them through the registry, validation, building
+//!   an engine.
 //! - [`server`]: accept loop, connection limit, graceful shutdown.
 //! - [`tls`]: TLS towards clients (terminated by the proxy) and towards the backend;
 //!   the socket type of both legs.
@@ -19,11 +24,12 @@
 //!   reload, explain; and the registry of live sessions it lists.
 //! - [`metrics`]: the `/metrics`, `/healthz` and `/readyz` HTTP endpoint, latency
 //!   histograms and per-rule counters.
-//! - [`migrate`] and [`compact`]: maintenance commands for counter rules — create
-//!   slot tables and triggers, fold slot deltas back into the base values.
-//! - [`check`] and [`explain`]: rules as a DBA's tool — validate a rule set (also
-//!   against the live schema) and run its test cases; show what the proxy would do
-//!   with a statement.
+//! - [`migrate`], [`maintain`], [`check`] and [`explain`]: rules as a DBA's tool —
+//!   create the tables and triggers rules need, run their maintenance jobs, validate a
+//!   rule set (also against the live schema) and run its test cases, show what the
+//!   proxy would do with a statement. Drivers over [`kinds::RuleSpec`]: none names a
+//!   kind.
+//! - [`schema`]: the live schema as kinds' schema work reads it.
 //! - [`config`] and [`cli`]: settings (flag > env > file > default) and subcommands.
 //! - [`error`]: errors tagged with their source (client, backend, rules, internal).
 //!

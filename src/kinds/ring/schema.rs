@@ -1017,44 +1017,8 @@ pub(crate) async fn print_and_apply_ring(
     apply: bool,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let name = &rule.spec.name;
-    let key = if rule.key.is_empty() {
-        "no key: one ring".to_string()
-    } else {
-        format!("key {}", list(&rule.key))
-    };
-    emit(
-        out,
-        &format!(
-            "-- rule {name}: ring of {} rows per key for log {} ({key}) in {}, sequences in {}",
-            rule.spec.size,
-            rule.logical.quoted(),
-            rule.ring.quoted(),
-            rule.seq.quoted(),
-        ),
-    )?;
-    for note in &rule.notes {
-        emit(out, &format!("-- note: {note}"))?;
-    }
-    for (what, ddl, table) in [
-        ("ring table", &rule.create_ring, &rule.ring),
-        ("sequence table", &rule.create_seq, &rule.seq),
-    ] {
-        match ddl {
-            Some(sql) => {
-                emit(out, &format!("{sql};"))?;
-                if apply {
-                    run_sql(conn, name, sql).await?;
-                    emit(out, &format!("-- applied: created {what}"))?;
-                }
-            }
-            None => emit(
-                out,
-                &format!("-- {what} {} exists and matches the rule", table.quoted()),
-            )?,
-        }
-    }
-    let backfill = rule.backfill.as_ref().filter(|_| rule.backfill_due);
+    print_ring_header(rule, out)?;
+    print_and_apply_ring_tables(conn, rule, apply, out).await?;
     let create_seq_trigger = matches!(rule.seq_trigger, TriggerPlan::Create(_));
     let create_log_trigger = matches!(rule.trigger, TriggerPlan::Create(_));
     for (exists, t) in [
@@ -1067,22 +1031,7 @@ pub(crate) async fn print_and_apply_ring(
     }
     if !(rule.backfill_due || create_seq_trigger || create_log_trigger) {
         // Nothing to lock for; at most the counter to raise.
-        if let (Some(next), Some(ai)) = (rule.raise_auto_inc, &rule.auto_inc) {
-            emit(out, &format!("{};", raise_auto_inc_sql(&rule.ring, next)))?;
-            if apply {
-                let next = next_id(conn, &rule.logical, ai).await?;
-                if next > next_id(conn, &rule.ring, ai).await? {
-                    run_sql(conn, name, &raise_auto_inc_sql(&rule.ring, next)).await?;
-                    emit(
-                        out,
-                        &format!(
-                            "-- applied: AUTO_INCREMENT of {} raised to {next}",
-                            rule.ring.quoted()
-                        ),
-                    )?;
-                }
-            }
-        }
+        print_and_apply_raise(conn, rule, apply, out).await?;
         return emit(out, "");
     }
 
@@ -1094,7 +1043,101 @@ pub(crate) async fn print_and_apply_ring(
         rule.ring.quoted(),
         rule.seq.quoted()
     );
-    if create_seq_trigger {
+    print_trigger_purposes(rule, out)?;
+    print_locked_script(rule, &lock, out)?;
+    if apply {
+        apply_locked_and_report(conn, rule, &lock, out).await?;
+    }
+    emit(out, "")
+}
+
+/// Prints a ring rule's header line and its notes.
+fn print_ring_header(rule: &CheckedRing, out: &mut dyn Write) -> Result<()> {
+    let key = if rule.key.is_empty() {
+        "no key: one ring".to_string()
+    } else {
+        format!("key {}", list(&rule.key))
+    };
+    emit(
+        out,
+        &format!(
+            "-- rule {}: ring of {} rows per key for log {} ({key}) in {}, sequences in {}",
+            rule.spec.name,
+            rule.spec.size,
+            rule.logical.quoted(),
+            rule.ring.quoted(),
+            rule.seq.quoted(),
+        ),
+    )?;
+    for note in &rule.notes {
+        emit(out, &format!("-- note: {note}"))?;
+    }
+    Ok(())
+}
+
+/// Prints the `CREATE TABLE` of a missing ring or sequence table (and, with `apply`,
+/// runs it), or that the table exists and matches.
+async fn print_and_apply_ring_tables(
+    conn: &mut Conn,
+    rule: &CheckedRing,
+    apply: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    for (what, ddl, table) in [
+        ("ring table", &rule.create_ring, &rule.ring),
+        ("sequence table", &rule.create_seq, &rule.seq),
+    ] {
+        match ddl {
+            Some(sql) => {
+                emit(out, &format!("{sql};"))?;
+                if apply {
+                    run_sql(conn, &rule.spec.name, sql).await?;
+                    emit(out, &format!("-- applied: created {what}"))?;
+                }
+            }
+            None => emit(
+                out,
+                &format!("-- {what} {} exists and matches the rule", table.quoted()),
+            )?,
+        }
+    }
+    Ok(())
+}
+
+/// When there is nothing to lock for: prints the raise of the ring's
+/// `AUTO_INCREMENT` counter, if due, and with `apply` raises it when it is still
+/// below the log's.
+async fn print_and_apply_raise(
+    conn: &mut Conn,
+    rule: &CheckedRing,
+    apply: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let (Some(next), Some(ai)) = (rule.raise_auto_inc, &rule.auto_inc) else {
+        return Ok(());
+    };
+    emit(out, &format!("{};", raise_auto_inc_sql(&rule.ring, next)))?;
+    if apply {
+        let next = next_id(conn, &rule.logical, ai).await?;
+        if next > next_id(conn, &rule.ring, ai).await? {
+            run_sql(conn, &rule.spec.name, &raise_auto_inc_sql(&rule.ring, next)).await?;
+            emit(
+                out,
+                &format!(
+                    "-- applied: AUTO_INCREMENT of {} raised to {next}",
+                    rule.ring.quoted()
+                ),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Prints what the triggers created under the locks do (and that the numbering
+/// trigger is dropped for the backfill when it already exists).
+fn print_trigger_purposes(rule: &CheckedRing, out: &mut dyn Write) -> Result<()> {
+    let backfill = rule.backfill.as_ref().filter(|_| rule.backfill_due);
+    if matches!(rule.seq_trigger, TriggerPlan::Create(_)) {
         emit(
             out,
             &format!(
@@ -1112,7 +1155,7 @@ pub(crate) async fn print_and_apply_ring(
             ),
         )?;
     }
-    if create_log_trigger {
+    if matches!(rule.trigger, TriggerPlan::Create(_)) {
         emit(
             out,
             &format!(
@@ -1122,6 +1165,14 @@ pub(crate) async fn print_and_apply_ring(
             ),
         )?;
     }
+    Ok(())
+}
+
+/// Prints the script run under `lock`: the backfill, the counter's raise and the
+/// triggers' creation, committed before the tables are unlocked.
+fn print_locked_script(rule: &CheckedRing, lock: &str, out: &mut dyn Write) -> Result<()> {
+    let backfill = rule.backfill.as_ref().filter(|_| rule.backfill_due);
+    let create_seq_trigger = matches!(rule.seq_trigger, TriggerPlan::Create(_));
     emit(out, "SET autocommit = 0;")?;
     emit(out, &format!("{lock};"))?;
     if let Some([ring_sql, seq_sql]) = backfill {
@@ -1159,39 +1210,47 @@ pub(crate) async fn print_and_apply_ring(
     emit(out, "DELIMITER ;")?;
     emit(out, "COMMIT;")?;
     emit(out, "UNLOCK TABLES;")?;
-    emit(out, "SET autocommit = 1;")?;
-    if apply {
-        run_all(conn, name, &["SET autocommit = 0", &lock]).await?;
-        let done = apply_ring_locked(conn, rule).await;
-        if done.is_err() {
-            let _ = conn.query_drop("ROLLBACK").await;
-        }
-        let _ = conn.query_drop("UNLOCK TABLES").await;
-        let _ = conn.query_drop("SET autocommit = 1").await;
-        let done = done?;
-        if let Some(counts) = done.backfilled {
-            emit(
-                out,
-                &format!(
-                    "-- applied: backfilled {} ring rows and {} sequence rows",
-                    counts[0], counts[1]
-                ),
-            )?;
-        }
-        if let Some(next) = done.raised {
-            emit(
-                out,
-                &format!(
-                    "-- applied: AUTO_INCREMENT of {} raised to {next}",
-                    rule.ring.quoted()
-                ),
-            )?;
-        }
-        for t in done.created {
-            emit(out, &format!("-- applied: created trigger {t}"))?;
-        }
+    emit(out, "SET autocommit = 1;")
+}
+
+/// Runs the locked part under `lock` (rolled back on failure; the tables are
+/// unlocked and autocommit restored either way) and prints what it did.
+async fn apply_locked_and_report(
+    conn: &mut Conn,
+    rule: &CheckedRing,
+    lock: &str,
+    out: &mut dyn Write,
+) -> Result<()> {
+    run_all(conn, &rule.spec.name, &["SET autocommit = 0", lock]).await?;
+    let done = apply_ring_locked(conn, rule).await;
+    if done.is_err() {
+        let _ = conn.query_drop("ROLLBACK").await;
     }
-    emit(out, "")
+    let _ = conn.query_drop("UNLOCK TABLES").await;
+    let _ = conn.query_drop("SET autocommit = 1").await;
+    let done = done?;
+    if let Some(counts) = done.backfilled {
+        emit(
+            out,
+            &format!(
+                "-- applied: backfilled {} ring rows and {} sequence rows",
+                counts[0], counts[1]
+            ),
+        )?;
+    }
+    if let Some(next) = done.raised {
+        emit(
+            out,
+            &format!(
+                "-- applied: AUTO_INCREMENT of {} raised to {next}",
+                rule.ring.quoted()
+            ),
+        )?;
+    }
+    for t in done.created {
+        emit(out, &format!("-- applied: created trigger {t}"))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

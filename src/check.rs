@@ -612,35 +612,10 @@ pub async fn check(opts: &CheckOptions<'_>) -> Result<Report> {
         tests_skipped: None,
     };
 
-    let url_db = match opts.backend_url {
-        Some(url) => crate::schema::default_db(url)?,
-        None => None,
-    };
-    let default_db = opts.db.map(str::to_string).or(url_db);
     let mut conn = None;
     if let Some(url) = opts.backend_url {
-        let mut c = crate::schema::connect(url).await?;
+        conn = Some(check_live(url, opts.db, &files, &mut problems).await?);
         report.live = true;
-        for f in &files {
-            let Some(parsed) = f.parsed.as_ref().filter(|_| f.valid) else {
-                continue; // invalid file: already reported
-            };
-            let rule_line = rule_lines(&f.text);
-            for s in &parsed.specs {
-                let found = live_problems(&mut c, s.as_ref(), default_db.as_deref()).await?;
-                for (severity, reason) in found {
-                    problems.push(Problem {
-                        file: Some(f.path.display().to_string()),
-                        line: rule_line.get(s.name()).copied(),
-                        column: None,
-                        rule: Some(s.name().to_string()),
-                        severity,
-                        reason,
-                    });
-                }
-            }
-        }
-        conn = Some(c);
     }
 
     let cases: usize = files
@@ -651,61 +626,7 @@ pub async fn check(opts: &CheckOptions<'_>) -> Result<Report> {
     if cases > 0 && !static_ok {
         report.tests_skipped = Some("fix the problems above first".into());
     } else if cases > 0 {
-        let mut assumed = HashMap::new();
-        let mut all_rules = Vec::new();
-        for f in &files {
-            if let Some(parsed) = &f.parsed {
-                for s in &parsed.specs {
-                    assumed.insert(s.name().to_string(), s.assumed_columns());
-                }
-            }
-            all_rules.extend(f.rules.iter().cloned());
-        }
-        let without_db = all_rules
-            .iter()
-            .any(|r| r.tables().iter().any(|t| t.db.is_none()));
-        let columns = match conn.take() {
-            Some(c) => Columns::Backend(c),
-            None => Columns::Assumed(assumed),
-        };
-        match Planner::new(all_rules, columns) {
-            Err(e) => problems.push(Problem {
-                file: None,
-                line: None,
-                column: None,
-                rule: None,
-                severity: Severity::Error,
-                reason: format!("the rule set cannot be built: {e}"),
-            }),
-            Ok(mut planner) => {
-                report.assumed_columns = planner.assumes_columns();
-                let (db, _) = crate::explain::planning_db(
-                    opts.db,
-                    opts.backend_url,
-                    planner.assumes_columns(),
-                    without_db,
-                )?;
-                for f in &files {
-                    let Some(parsed) = &f.parsed else { continue };
-                    let lines = test_lines(&f.text);
-                    for (i, case) in parsed.tests.iter().enumerate() {
-                        let case_db = case.db.as_deref().or(db.as_deref());
-                        let sql = case.sql.trim().trim_end_matches(';').trim_end();
-                        let got = planner.explain(sql, case_db).await;
-                        let failure = judge(case, &got);
-                        report.tests.push(TestResult {
-                            file: f.path.display().to_string(),
-                            line: lines.get(i).copied(),
-                            case: case.clone(),
-                            pass: failure.is_none(),
-                            failure,
-                            got,
-                        });
-                    }
-                }
-                conn = planner.into_conn();
-            }
-        }
+        conn = run_test_cases(opts, &files, conn.take(), &mut report, &mut problems).await?;
     }
     if let Some(c) = conn {
         let _ = c.disconnect().await;
@@ -714,6 +635,110 @@ pub async fn check(opts: &CheckOptions<'_>) -> Result<Report> {
         && report.tests.iter().all(|t| t.pass);
     report.problems = problems;
     Ok(report)
+}
+
+/// Connects to `url` and checks every rule of the valid files against the live
+/// schema (tables that name no database are in `db`, else the URL's), adding what
+/// it finds to `problems`. Returns the connection for the test cases.
+async fn check_live(
+    url: &str,
+    db: Option<&str>,
+    files: &[LoadedFile],
+    problems: &mut Vec<Problem>,
+) -> Result<mysql_async::Conn> {
+    let url_db = crate::schema::default_db(url)?;
+    let default_db = db.map(str::to_string).or(url_db);
+    let mut c = crate::schema::connect(url).await?;
+    for f in files {
+        let Some(parsed) = f.parsed.as_ref().filter(|_| f.valid) else {
+            continue; // invalid file: already reported
+        };
+        let rule_line = rule_lines(&f.text);
+        for s in &parsed.specs {
+            let found = live_problems(&mut c, s.as_ref(), default_db.as_deref()).await?;
+            for (severity, reason) in found {
+                problems.push(Problem {
+                    file: Some(f.path.display().to_string()),
+                    line: rule_line.get(s.name()).copied(),
+                    column: None,
+                    rule: Some(s.name().to_string()),
+                    severity,
+                    reason,
+                });
+            }
+        }
+    }
+    Ok(c)
+}
+
+/// Runs every file's test cases through a planner over all the rules (column lists
+/// read through `conn`, else assumed from the rules) and records the results in
+/// `report`; a rule set that cannot be built is a problem. Returns the connection
+/// again, if there is one still.
+async fn run_test_cases(
+    opts: &CheckOptions<'_>,
+    files: &[LoadedFile],
+    conn: Option<mysql_async::Conn>,
+    report: &mut Report,
+    problems: &mut Vec<Problem>,
+) -> Result<Option<mysql_async::Conn>> {
+    let mut assumed = HashMap::new();
+    let mut all_rules = Vec::new();
+    for f in files {
+        if let Some(parsed) = &f.parsed {
+            for s in &parsed.specs {
+                assumed.insert(s.name().to_string(), s.assumed_columns());
+            }
+        }
+        all_rules.extend(f.rules.iter().cloned());
+    }
+    let without_db = all_rules
+        .iter()
+        .any(|r| r.tables().iter().any(|t| t.db.is_none()));
+    let columns = match conn {
+        Some(c) => Columns::Backend(c),
+        None => Columns::Assumed(assumed),
+    };
+    let mut planner = match Planner::new(all_rules, columns) {
+        Ok(planner) => planner,
+        Err(e) => {
+            problems.push(Problem {
+                file: None,
+                line: None,
+                column: None,
+                rule: None,
+                severity: Severity::Error,
+                reason: format!("the rule set cannot be built: {e}"),
+            });
+            return Ok(None);
+        }
+    };
+    report.assumed_columns = planner.assumes_columns();
+    let (db, _) = crate::explain::planning_db(
+        opts.db,
+        opts.backend_url,
+        planner.assumes_columns(),
+        without_db,
+    )?;
+    for f in files {
+        let Some(parsed) = &f.parsed else { continue };
+        let lines = test_lines(&f.text);
+        for (i, case) in parsed.tests.iter().enumerate() {
+            let case_db = case.db.as_deref().or(db.as_deref());
+            let sql = case.sql.trim().trim_end_matches(';').trim_end();
+            let got = planner.explain(sql, case_db).await;
+            let failure = judge(case, &got);
+            report.tests.push(TestResult {
+                file: f.path.display().to_string(),
+                line: lines.get(i).copied(),
+                case: case.clone(),
+                pass: failure.is_none(),
+                failure,
+                got,
+            });
+        }
+    }
+    Ok(planner.into_conn())
 }
 
 #[cfg(test)]

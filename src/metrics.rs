@@ -5,9 +5,8 @@
 //! GET only, no dependencies.
 //!
 //! Also home of the counters that are more than one number: [`Histogram`] (fixed
-//! buckets, lock-free), the per-rule [`RuleStats`] in a [`RuleTable`] that is
-//! rebuilt whenever the rule set is reloaded, and [`MergedItems`], one counter per
-//! rule kind that merges writes.
+//! buckets, lock-free) and the per-rule [`RuleStats`] in a [`RuleTable`] that is
+//! rebuilt whenever the rule set is reloaded.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -26,60 +25,113 @@ use crate::rewrite::merge::MergeMetric;
 pub fn render(shared: &Shared) -> String {
     let s = &shared.stats;
     let mut out = String::with_capacity(1024);
-    let mut counter = |name: &str, help: &str, kind: &str, v: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    };
-    counter(
-        "heatsink_connections_total",
-        "Client connections accepted.",
-        "counter",
-        s.connections_total.load(Relaxed),
-    );
-    counter(
-        "heatsink_connections_active",
-        "Client connections open now.",
-        "gauge",
-        s.connections_active.load(Relaxed),
-    );
-    counter(
-        "heatsink_connections_refused_total",
-        "Client connections refused by max_connections.",
-        "counter",
-        s.connections_refused.load(Relaxed),
-    );
-    counter(
-        "heatsink_backend_connect_errors_total",
-        "Backend connections that could not be opened.",
-        "counter",
-        s.backend_connect_errors.load(Relaxed),
-    );
-    counter(
-        "heatsink_coalesced_writes_total",
-        "Merged writes (group commit) holding more than one statement.",
-        "counter",
-        s.coalesced_writes.load(Relaxed),
-    );
-    for (metric, v) in s.coalesced_items.iter() {
-        counter(metric.name, metric.help, "counter", v);
+    // (name, help, type, value) of the metrics that are a single number.
+    let scalars = [
+        (
+            "heatsink_connections_total",
+            "Client connections accepted.",
+            "counter",
+            s.connections_total.load(Relaxed),
+        ),
+        (
+            "heatsink_connections_active",
+            "Client connections open now.",
+            "gauge",
+            s.connections_active.load(Relaxed),
+        ),
+        (
+            "heatsink_connections_refused_total",
+            "Client connections refused by max_connections.",
+            "counter",
+            s.connections_refused.load(Relaxed),
+        ),
+        (
+            "heatsink_backend_connect_errors_total",
+            "Backend connections that could not be opened.",
+            "counter",
+            s.backend_connect_errors.load(Relaxed),
+        ),
+        (
+            "heatsink_coalesced_writes_total",
+            "Merged writes (group commit) holding more than one statement.",
+            "counter",
+            s.coalesced_writes.load(Relaxed),
+        ),
+    ];
+    for (name, help, kind, v) in scalars {
+        write_scalar(&mut out, name, help, kind, v);
     }
+    for (metric, v) in s.coalesced_items.iter() {
+        write_scalar(&mut out, metric.name, metric.help, "counter", v);
+    }
+    write_labelled(
+        &mut out,
+        ("heatsink_statements_total", "Statements by outcome."),
+        "outcome",
+        &[
+            ("passthrough", s.passthrough.load(Relaxed)),
+            ("rewritten", s.rewritten.load(Relaxed)),
+            ("rejected", s.rejected.load(Relaxed)),
+        ],
+    );
+    let table = shared.rules.load();
+    write_rule_statements(&mut out, &table);
+    write_labelled(
+        &mut out,
+        ("heatsink_rule_reloads_total", "Rule set reloads by result."),
+        "result",
+        &[
+            ("ok", s.reloads_ok.load(Relaxed)),
+            ("error", s.reloads_failed.load(Relaxed)),
+        ],
+    );
+    write_scalar(
+        &mut out,
+        "heatsink_rules_loaded",
+        "Rules in the rule set in force.",
+        "gauge",
+        table.len() as u64,
+    );
+    write_scalar(
+        &mut out,
+        "heatsink_backend_errors_total",
+        "Backend responses that were errors, and backend connections lost mid-statement.",
+        "counter",
+        s.backend_errors.load(Relaxed),
+    );
+    s.rewrite_latency.render(
+        &mut out,
+        "heatsink_rewrite_duration_seconds",
+        "Rewritten statements: from the decision to the client's answer.",
+    );
+    s.backend_latency.render(
+        &mut out,
+        "heatsink_backend_duration_seconds",
+        "Passthrough statements: from forwarding to the end of the backend's response.",
+    );
+    out
+}
+
+/// Writes a metric that is one number: its `HELP` and `TYPE` lines and its value.
+fn write_scalar(out: &mut String, name: &str, help: &str, kind: &str, v: u64) {
     let _ = writeln!(
         out,
-        "# HELP heatsink_statements_total Statements by outcome.\n# TYPE heatsink_statements_total counter"
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
     );
-    for (outcome, v) in [
-        ("passthrough", s.passthrough.load(Relaxed)),
-        ("rewritten", s.rewritten.load(Relaxed)),
-        ("rejected", s.rejected.load(Relaxed)),
-    ] {
-        let _ = writeln!(
-            out,
-            "heatsink_statements_total{{outcome=\"{outcome}\"}} {v}"
-        );
+}
+
+/// Writes a counter with one label: its `HELP` and `TYPE` lines, then a sample per
+/// `(label value, count)`.
+fn write_labelled(out: &mut String, (name, help): (&str, &str), label: &str, v: &[(&str, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (value, v) in v {
+        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {v}");
     }
-    let table = shared.rules.load();
+}
+
+/// Writes `heatsink_rule_statements_total`: per rule of `table`, the statements it
+/// acted on by outcome.
+fn write_rule_statements(out: &mut String, table: &RuleTable) {
     let _ = writeln!(
         out,
         "# HELP heatsink_rule_statements_total Statements a rule acted on, by rule and outcome.\n# TYPE heatsink_rule_statements_total counter"
@@ -99,40 +151,6 @@ pub fn render(shared: &Shared) -> String {
             );
         }
     }
-    let _ = writeln!(
-        out,
-        "# HELP heatsink_rule_reloads_total Rule set reloads by result.\n# TYPE heatsink_rule_reloads_total counter"
-    );
-    for (result, v) in [
-        ("ok", s.reloads_ok.load(Relaxed)),
-        ("error", s.reloads_failed.load(Relaxed)),
-    ] {
-        let _ = writeln!(
-            out,
-            "heatsink_rule_reloads_total{{result=\"{result}\"}} {v}"
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP heatsink_rules_loaded Rules in the rule set in force.\n# TYPE heatsink_rules_loaded gauge\nheatsink_rules_loaded {}",
-        table.len()
-    );
-    let _ = writeln!(
-        out,
-        "# HELP heatsink_backend_errors_total Backend responses that were errors, and backend connections lost mid-statement.\n# TYPE heatsink_backend_errors_total counter\nheatsink_backend_errors_total {}",
-        s.backend_errors.load(Relaxed)
-    );
-    s.rewrite_latency.render(
-        &mut out,
-        "heatsink_rewrite_duration_seconds",
-        "Rewritten statements: from the decision to the client's answer.",
-    );
-    s.backend_latency.render(
-        &mut out,
-        "heatsink_backend_duration_seconds",
-        "Passthrough statements: from forwarding to the end of the backend's response.",
-    );
-    out
 }
 
 /// Escapes a Prometheus label value (backslash, double quote, newline).

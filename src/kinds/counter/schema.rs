@@ -110,6 +110,9 @@ pub(crate) fn resolve(
     Ok((logical, slot))
 }
 
+/// A schema check's outcome: refusals and backend failures are [`SchemaError`]s.
+type SchemaResult<T> = std::result::Result<T, SchemaError>;
+
 /// Checks one counter rule against the database and works out the DDL it needs.
 /// A refusal is [`SchemaError::Refused`]; backend failures are
 /// [`SchemaError::Failed`].
@@ -117,178 +120,30 @@ pub(crate) async fn check_rule(
     conn: &mut Conn,
     spec: &CounterSpec,
     default_db: Option<&str>,
-) -> std::result::Result<CheckedRule, SchemaError> {
-    let refuse = SchemaError::Refused;
-    spec.validate().map_err(refuse)?;
+) -> SchemaResult<CheckedRule> {
+    spec.validate().map_err(SchemaError::Refused)?;
     let (logical, slot) = resolve(spec, default_db)?;
-    let Some(table) = inspect_table(conn, &logical).await? else {
-        return Err(refuse(format!("table {} does not exist", logical.quoted())));
-    };
-    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
-        return Err(refuse(format!(
-            "{} is a {}, not a base table",
-            logical.quoted(),
-            table.table_type
-        )));
-    }
+    let table = inspect_logical(conn, &logical).await?;
     let mut notes = Vec::new();
-
-    // Key columns: present, usable in a primary key, exactly a unique key.
-    let mut key_cols: Vec<Column> = Vec::new();
-    for k in &spec.key {
-        key_cols.push(
-            table
-                .key_column(k, &logical, "a slot table")
-                .map_err(refuse)?
-                .clone(),
-        );
-    }
+    let key_cols = counter_key_columns(spec, &table, &logical, &mut notes)?;
     let key: Vec<String> = key_cols.iter().map(|c| c.name.clone()).collect();
-    if !key.is_empty() {
-        if !table.unique.iter().any(|(_, cols)| same_set(cols, &key)) {
-            let have: Vec<String> = table
-                .unique
-                .iter()
-                .map(|(n, cols)| format!("{n} ({})", list(cols)))
-                .collect();
-            let have = if have.is_empty() {
-                "none".to_string()
-            } else {
-                have.join(", ")
-            };
-            return Err(refuse(format!(
-                "key ({}) is neither the primary key nor a unique key of {}, so one row per key is not guaranteed (unique keys: {have})",
-                list(&key),
-                logical.quoted()
-            )));
-        }
-        for c in key_cols.iter().filter(|c| c.nullable) {
-            notes.push(format!(
-                "key column `{}` is nullable; rows whose key is NULL cannot be incremented through slot rows",
-                c.name
-            ));
-        }
-    }
-
-    // Counter columns: present and integer.
-    let mut columns = Vec::new();
-    for c in &spec.columns {
-        let col = table.column(c).ok_or_else(|| {
-            refuse(format!(
-                "counter column `{c}` is not a column of {}",
-                logical.quoted()
-            ))
-        })?;
-        if !col.is_integer() {
-            return Err(refuse(format!(
-                "counter column `{}` of {} is {}, not an integer type",
-                col.name,
-                logical.quoted(),
-                col.column_type
-            )));
-        }
-        columns.push(col.name.clone());
-    }
-    if table
-        .engine
-        .as_deref()
-        .is_some_and(|e| !e.eq_ignore_ascii_case("InnoDB"))
-    {
-        notes.push(format!(
-            "{} uses {}; rewritten statements are only atomic on a transactional engine such as InnoDB",
-            logical.quoted(),
-            table.engine.as_deref().unwrap_or_default()
-        ));
-    }
-
-    let create_table = match inspect_table(conn, &slot).await? {
-        None => Some(create_table_sql(spec, &slot, &table, &key_cols, &columns)),
-        Some(existing) => {
-            let problems = slot_table_problems(spec, &existing, &key_cols, &columns);
-            if !problems.is_empty() {
-                return Err(refuse(format!(
-                    "slot table {} exists but does not match the rule: {}",
-                    slot.quoted(),
-                    problems.join("; ")
-                )));
-            }
-            None
-        }
-    };
+    let columns = counter_columns(spec, &table, &logical)?;
+    note_engine(&table, &logical, &mut notes);
+    let create_table = plan_slot_table(conn, spec, &slot, &table, &key_cols, &columns).await?;
 
     let trigger_name = trigger_name(&slot.name);
     let trigger = if key.is_empty() {
-        let rows: Vec<Row> = conn
-            .query(format!("SELECT COUNT(*) FROM {}", logical.quoted()))
-            .await
-            .map_err(|e| schema_err(format!("counting rows of {}", logical.quoted()), e))?;
-        let n = rows
-            .first()
-            .and_then(|r| r.get_opt::<u64, usize>(0))
-            .and_then(|r| r.ok())
-            .unwrap_or_default();
-        if n != 1 {
-            notes.push(format!(
-                "{} holds {n} rows; a counter without key columns needs exactly one",
-                logical.quoted()
-            ));
-        }
+        note_single_row(conn, &logical, &mut notes).await?;
         TriggerPlan::NotNeeded
     } else {
-        let body = trigger_body(&logical, &key, &columns);
         let trig = TableName {
             db: slot.db.clone(),
             name: trigger_name.clone(),
         };
-        match existing_trigger(conn, &trig).await? {
-            None => TriggerPlan::Create(format!(
-                "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} FOR EACH ROW {body}",
-                trig.quoted(),
-                slot.quoted()
-            )),
-            Some(t) => {
-                let on_slot = t.table.eq_ignore_ascii_case(&slot.name)
-                    && t.timing.eq_ignore_ascii_case("AFTER")
-                    && t.event.eq_ignore_ascii_case("INSERT");
-                let found = normalize(&t.body);
-                // A hand-written equivalent (same INSERT IGNORE into the logical table,
-                // e.g. without the counters) is accepted; anything else is not ours.
-                let creates_row = found.starts_with("insert ignore into")
-                    && found.contains(&logical.name.to_ascii_lowercase());
-                if !on_slot || !creates_row {
-                    return Err(refuse(format!(
-                        "trigger {} exists but is not `AFTER INSERT ON {} FOR EACH ROW {body}` (it is `{} {} ON {} FOR EACH ROW {}`); drop it or rename the slot table",
-                        trig.quoted(),
-                        slot.quoted(),
-                        t.timing,
-                        t.event,
-                        quote(&t.table),
-                        t.body
-                    )));
-                }
-                if found != normalize(&body) {
-                    notes.push(format!(
-                        "trigger {} exists with the body `{}`; left as it is",
-                        trig.quoted(),
-                        t.body
-                    ));
-                }
-                TriggerPlan::Exists
-            }
-        }
+        plan_slot_trigger(conn, (&logical, &slot), &trig, &key, &columns, &mut notes).await?
     };
-    let omitted: Vec<String> = table
-        .columns
-        .iter()
-        .filter(|c| !c.omittable && !key.contains(&c.name) && !columns.contains(&c.name))
-        .map(|c| c.name.clone())
-        .collect();
-    if !key.is_empty() && !omitted.is_empty() {
-        notes.push(format!(
-            "{} has no default for {}; rows the trigger creates get the type's implicit default there",
-            logical.quoted(),
-            list(&omitted)
-        ));
+    if !key.is_empty() {
+        note_omitted_columns(&table, &logical, (&key, &columns), &mut notes);
     }
 
     Ok(CheckedRule {
@@ -303,6 +158,233 @@ pub(crate) async fn check_rule(
         trigger,
         notes,
     })
+}
+
+/// Reads the logical table; refused when it is missing or not a base table.
+async fn inspect_logical(conn: &mut Conn, logical: &TableName) -> SchemaResult<Table> {
+    let refuse = SchemaError::Refused;
+    let Some(table) = inspect_table(conn, logical).await? else {
+        return Err(refuse(format!("table {} does not exist", logical.quoted())));
+    };
+    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
+        return Err(refuse(format!(
+            "{} is a {}, not a base table",
+            logical.quoted(),
+            table.table_type
+        )));
+    }
+    Ok(table)
+}
+
+/// Key columns: present, usable in a primary key, exactly a unique key (refused
+/// otherwise); a note for each nullable one.
+fn counter_key_columns(
+    spec: &CounterSpec,
+    table: &Table,
+    logical: &TableName,
+    notes: &mut Vec<String>,
+) -> SchemaResult<Vec<Column>> {
+    let mut key_cols: Vec<Column> = Vec::new();
+    for k in &spec.key {
+        key_cols.push(
+            table
+                .key_column(k, logical, "a slot table")
+                .map_err(SchemaError::Refused)?
+                .clone(),
+        );
+    }
+    if key_cols.is_empty() {
+        return Ok(key_cols);
+    }
+    let key: Vec<String> = key_cols.iter().map(|c| c.name.clone()).collect();
+    if !table.unique.iter().any(|(_, cols)| same_set(cols, &key)) {
+        let have: Vec<String> = table
+            .unique
+            .iter()
+            .map(|(n, cols)| format!("{n} ({})", list(cols)))
+            .collect();
+        let have = if have.is_empty() {
+            "none".to_string()
+        } else {
+            have.join(", ")
+        };
+        return Err(SchemaError::Refused(format!(
+            "key ({}) is neither the primary key nor a unique key of {}, so one row per key is not guaranteed (unique keys: {have})",
+            list(&key),
+            logical.quoted()
+        )));
+    }
+    for c in key_cols.iter().filter(|c| c.nullable) {
+        notes.push(format!(
+            "key column `{}` is nullable; rows whose key is NULL cannot be incremented through slot rows",
+            c.name
+        ));
+    }
+    Ok(key_cols)
+}
+
+/// Counter columns, spelled as in the logical table: refused when one is missing or
+/// not of an integer type.
+fn counter_columns(
+    spec: &CounterSpec,
+    table: &Table,
+    logical: &TableName,
+) -> SchemaResult<Vec<String>> {
+    let mut columns = Vec::new();
+    for c in &spec.columns {
+        let col = table.column(c).ok_or_else(|| {
+            SchemaError::Refused(format!(
+                "counter column `{c}` is not a column of {}",
+                logical.quoted()
+            ))
+        })?;
+        if !col.is_integer() {
+            return Err(SchemaError::Refused(format!(
+                "counter column `{}` of {} is {}, not an integer type",
+                col.name,
+                logical.quoted(),
+                col.column_type
+            )));
+        }
+        columns.push(col.name.clone());
+    }
+    Ok(columns)
+}
+
+/// Notes a logical table whose engine is not InnoDB (rewritten statements are only
+/// atomic on a transactional engine).
+fn note_engine(table: &Table, logical: &TableName, notes: &mut Vec<String>) {
+    if table
+        .engine
+        .as_deref()
+        .is_some_and(|e| !e.eq_ignore_ascii_case("InnoDB"))
+    {
+        notes.push(format!(
+            "{} uses {}; rewritten statements are only atomic on a transactional engine such as InnoDB",
+            logical.quoted(),
+            table.engine.as_deref().unwrap_or_default()
+        ));
+    }
+}
+
+/// `CREATE TABLE` for the slot table when it is missing; refused when it exists but
+/// does not match the rule.
+async fn plan_slot_table(
+    conn: &mut Conn,
+    spec: &CounterSpec,
+    slot: &TableName,
+    table: &Table,
+    key_cols: &[Column],
+    columns: &[String],
+) -> SchemaResult<Option<String>> {
+    let Some(existing) = inspect_table(conn, slot).await? else {
+        return Ok(Some(create_table_sql(spec, slot, table, key_cols, columns)));
+    };
+    let problems = slot_table_problems(spec, &existing, key_cols, columns);
+    if !problems.is_empty() {
+        return Err(SchemaError::Refused(format!(
+            "slot table {} exists but does not match the rule: {}",
+            slot.quoted(),
+            problems.join("; ")
+        )));
+    }
+    Ok(None)
+}
+
+/// For a counter without key columns: notes a logical table that does not hold
+/// exactly one row.
+async fn note_single_row(
+    conn: &mut Conn,
+    logical: &TableName,
+    notes: &mut Vec<String>,
+) -> SchemaResult<()> {
+    let rows: Vec<Row> = conn
+        .query(format!("SELECT COUNT(*) FROM {}", logical.quoted()))
+        .await
+        .map_err(|e| schema_err(format!("counting rows of {}", logical.quoted()), e))?;
+    let n = rows
+        .first()
+        .and_then(|r| r.get_opt::<u64, usize>(0))
+        .and_then(|r| r.ok())
+        .unwrap_or_default();
+    if n != 1 {
+        notes.push(format!(
+            "{} holds {n} rows; a counter without key columns needs exactly one",
+            logical.quoted()
+        ));
+    }
+    Ok(())
+}
+
+/// What to do about `trig`, the slot table's trigger that creates missing logical
+/// rows: create it when missing, keep an equivalent one (with a note when its body
+/// differs); refused when a trigger of that name does something else.
+async fn plan_slot_trigger(
+    conn: &mut Conn,
+    (logical, slot): (&TableName, &TableName),
+    trig: &TableName,
+    key: &[String],
+    columns: &[String],
+    notes: &mut Vec<String>,
+) -> SchemaResult<TriggerPlan> {
+    let body = trigger_body(logical, key, columns);
+    let Some(t) = existing_trigger(conn, trig).await? else {
+        return Ok(TriggerPlan::Create(format!(
+            "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} FOR EACH ROW {body}",
+            trig.quoted(),
+            slot.quoted()
+        )));
+    };
+    let on_slot = t.table.eq_ignore_ascii_case(&slot.name)
+        && t.timing.eq_ignore_ascii_case("AFTER")
+        && t.event.eq_ignore_ascii_case("INSERT");
+    let found = normalize(&t.body);
+    // A hand-written equivalent (same INSERT IGNORE into the logical table,
+    // e.g. without the counters) is accepted; anything else is not ours.
+    let creates_row = found.starts_with("insert ignore into")
+        && found.contains(&logical.name.to_ascii_lowercase());
+    if !on_slot || !creates_row {
+        return Err(SchemaError::Refused(format!(
+            "trigger {} exists but is not `AFTER INSERT ON {} FOR EACH ROW {body}` (it is `{} {} ON {} FOR EACH ROW {}`); drop it or rename the slot table",
+            trig.quoted(),
+            slot.quoted(),
+            t.timing,
+            t.event,
+            quote(&t.table),
+            t.body
+        )));
+    }
+    if found != normalize(&body) {
+        notes.push(format!(
+            "trigger {} exists with the body `{}`; left as it is",
+            trig.quoted(),
+            t.body
+        ));
+    }
+    Ok(TriggerPlan::Exists)
+}
+
+/// Notes the logical table's columns without a default that the trigger's rows
+/// leave out (neither key nor counter columns).
+fn note_omitted_columns(
+    table: &Table,
+    logical: &TableName,
+    (key, columns): (&[String], &[String]),
+    notes: &mut Vec<String>,
+) {
+    let omitted: Vec<String> = table
+        .columns
+        .iter()
+        .filter(|c| !c.omittable && !key.contains(&c.name) && !columns.contains(&c.name))
+        .map(|c| c.name.clone())
+        .collect();
+    if !omitted.is_empty() {
+        notes.push(format!(
+            "{} has no default for {}; rows the trigger creates get the type's implicit default there",
+            logical.quoted(),
+            list(&omitted)
+        ));
+    }
 }
 
 /// `CREATE TABLE IF NOT EXISTS` for the slot table.

@@ -155,6 +155,9 @@ pub(crate) fn resolve_ring(
     Ok((logical, ring, seq))
 }
 
+/// A schema check's outcome: refusals and backend failures are [`SchemaError`]s.
+type SchemaResult<T> = std::result::Result<T, SchemaError>;
+
 /// Checks one ring rule against the database and works out the DDL and backfill it
 /// needs. A refusal is [`SchemaError::Refused`]; backend failures are
 /// [`SchemaError::Failed`].
@@ -162,237 +165,46 @@ pub(crate) async fn check_ring(
     conn: &mut Conn,
     spec: &RingSpec,
     default_db: Option<&str>,
-) -> std::result::Result<CheckedRing, SchemaError> {
+) -> SchemaResult<CheckedRing> {
     let refuse = SchemaError::Refused;
     spec.validate().map_err(refuse)?;
     let (logical, ring, seq) = resolve_ring(spec, default_db)?;
-    let Some(table) = inspect_table(conn, &logical).await? else {
-        return Err(refuse(format!("table {} does not exist", logical.quoted())));
-    };
-    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
-        return Err(refuse(format!(
-            "{} is a {}, not a base table",
-            logical.quoted(),
-            table.table_type
-        )));
-    }
+    let table = inspect_log(conn, &logical).await?;
     let mut notes = Vec::new();
-    if let Some(c) = table.columns.iter().find(|c| c.extra.contains("generated")) {
-        return Err(refuse(format!(
-            "column `{}` of {} is generated; a ring table cannot hold it (ring inserts assign every column)",
-            c.name,
-            logical.quoted()
-        )));
-    }
-
-    let mut key_cols: Vec<Column> = Vec::new();
-    for k in &spec.key {
-        let col = table
-            .key_column(k, &logical, "a ring table")
-            .map_err(refuse)?;
-        if col.nullable {
-            notes.push(format!(
-                "key column `{}` is nullable in the log but NOT NULL in the ring: rows whose key is NULL cannot be kept (the backfill skips them)",
-                col.name
-            ));
-        }
-        key_cols.push(col.clone());
-    }
+    let key_cols = ring_key_columns(spec, &table, &logical, &mut notes)?;
     let key: Vec<String> = key_cols.iter().map(|c| c.name.clone()).collect();
-    for (what, c) in [
-        ("slot_column", &spec.slot_column),
-        ("seq_column", &spec.seq_column),
-    ] {
-        if table.column(c).is_some() {
-            return Err(refuse(format!(
-                "{what} `{c}` is already a column of {}; choose another name",
-                logical.quoted()
-            )));
-        }
-    }
-    let order_by = match &spec.order_by {
-        Some(o) => Some(
-            table
-                .column(o)
-                .ok_or_else(|| {
-                    refuse(format!(
-                        "order_by column `{o}` is not a column of {}",
-                        logical.quoted()
-                    ))
-                })?
-                .name
-                .clone(),
-        ),
-        None => None,
-    };
-    if table
-        .engine
-        .as_deref()
-        .is_some_and(|e| !e.eq_ignore_ascii_case("InnoDB"))
-    {
-        notes.push(format!(
-            "{} uses {}; the ring tables are InnoDB",
-            logical.quoted(),
-            table.engine.as_deref().unwrap_or_default()
-        ));
-    }
-    let auto_inc = table
-        .columns
-        .iter()
-        .find(|c| c.extra.contains("auto_increment"))
-        .map(|c| c.name.clone());
-    if let Some(a) = &auto_inc {
-        notes.push(format!(
-            "`{a}` stays AUTO_INCREMENT in the ring: ids and last_insert_id continue the log's"
-        ));
-    }
+    check_ring_column_names(spec, &table, &logical)?;
+    let order_by = order_by_column(spec, &table, &logical)?;
+    note_engine(&table, &logical, &mut notes);
+    let auto_inc = auto_increment_column(&table, &mut notes);
 
     let existing_ring = inspect_table(conn, &ring).await?;
-    let create_ring = match &existing_ring {
-        None => Some(create_ring_sql(spec, &ring, &table, &key)),
-        Some(existing) => {
-            let problems = ring_table_problems(spec, existing, &table, &key);
-            if !problems.is_empty() {
-                return Err(refuse(format!(
-                    "ring table {} exists but does not match the rule: {}",
-                    ring.quoted(),
-                    problems.join("; ")
-                )));
-            }
-            None
-        }
-    };
+    let create_ring = plan_ring_table(spec, &ring, existing_ring.as_ref(), &table, &key)?;
     let existing_seq = inspect_table(conn, &seq).await?;
-    let create_seq = match &existing_seq {
-        None => Some(create_seq_sql(spec, &seq, &table, &key_cols)),
-        Some(existing) => {
-            let problems = seq_table_problems(spec, existing, &key_cols);
-            if !problems.is_empty() {
-                return Err(refuse(format!(
-                    "sequence table {} exists but does not match the rule: {}",
-                    seq.quoted(),
-                    problems.join("; ")
-                )));
-            }
-            None
-        }
-    };
+    let create_seq = plan_seq_table(spec, &seq, existing_seq.as_ref(), &table, &key_cols)?;
 
-    let log_has_rows = table_has_rows(conn, &logical).await?;
-    let ring_has_rows = match existing_ring {
-        Some(_) => table_has_rows(conn, &ring).await?,
-        None => false,
-    };
-    let seq_has_rows = match existing_seq {
-        Some(_) => table_has_rows(conn, &seq).await?,
-        None => false,
-    };
-    let backfill_due = log_has_rows && !ring_has_rows && !seq_has_rows;
-    if log_has_rows && !backfill_due {
-        notes.push(format!(
-            "no backfill: {} already holds rows",
-            if ring_has_rows { &ring } else { &seq }.quoted()
-        ));
-    }
-    let mut order: Vec<String> = order_by.iter().cloned().collect();
-    let tiebreak = table.primary.clone().or_else(|| {
-        table
-            .unique
-            .iter()
-            .find(|(_, cols)| {
-                cols.iter()
-                    .all(|c| table.column(c).is_some_and(|c| !c.nullable))
-            })
-            .map(|(_, cols)| cols.clone())
-    });
-    for c in tiebreak.unwrap_or_default() {
-        if !order.iter().any(|o| o.eq_ignore_ascii_case(&c)) {
-            order.push(c);
-        }
-    }
-    let backfill = if order.is_empty() {
-        if backfill_due {
-            return Err(refuse(format!(
-                "{} has rows but neither order_by nor a primary key says which are the latest; set order_by",
-                logical.quoted()
-            )));
-        }
-        None
-    } else {
-        if backfill_due && order_by.is_some() && table.primary.is_none() {
-            notes.push(format!(
-                "{} has no primary key: rows with equal `{}` are backfilled in an arbitrary order",
-                logical.quoted(),
-                order[0]
-            ));
-        }
-        Some(backfill_sql(
-            spec, &logical, &ring, &seq, &table, &key_cols, &order,
-        ))
-    };
-    let raise_auto_inc = match &auto_inc {
-        Some(a) => {
-            let log_next = next_id(conn, &logical, a).await?;
-            let ring_next = if existing_ring.is_some() {
-                next_id(conn, &ring, a).await?
-            } else {
-                1
-            };
-            (log_next > ring_next).then_some(log_next)
-        }
-        None => None,
-    };
-
-    let seq_trigger_name = TableName {
-        db: ring.db.clone(),
-        name: suffixed_name(&ring.name, SEQ_TRIGGER_SUFFIX),
-    };
-    let seq_body = seq_trigger_body(spec, &seq, &key_cols);
-    let create_seq_trigger = format!(
-        "CREATE TRIGGER IF NOT EXISTS {} BEFORE INSERT ON {} FOR EACH ROW {seq_body}",
-        seq_trigger_name.quoted(),
-        ring.quoted()
-    );
-    let seq_trigger = plan_insert_trigger(
-        conn,
-        &seq_trigger_name,
-        (&ring, "BEFORE"),
-        &seq_body,
-        create_seq_trigger.clone(),
+    let tables = [&logical, &ring, &seq];
+    let existing = (existing_ring.is_some(), existing_seq.is_some());
+    let backfill_due = check_backfill_due(conn, tables, existing, &mut notes).await?;
+    let order = backfill_order(&table, order_by.as_deref());
+    let backfill = plan_backfill(
+        spec,
+        tables,
+        &table,
+        &key_cols,
+        (&order, order_by.is_some()),
+        backfill_due,
         &mut notes,
-    )
-    .await?
-    .map_err(refuse)?;
+    )?;
+    let raise_auto_inc =
+        ring_auto_inc_raise(conn, &logical, &ring, existing_ring.is_some(), &auto_inc).await?;
 
-    let trigger_name = TableName {
-        db: logical.db.clone(),
-        name: suffixed_name(&ring.name, RING_TRIGGER_SUFFIX),
-    };
-    let body = ring_trigger_body(spec, &ring, &table, &key_cols);
-    let create = format!(
-        "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} FOR EACH ROW {body}",
-        trigger_name.quoted(),
-        logical.quoted()
-    );
-    let trigger = plan_insert_trigger(
-        conn,
-        &trigger_name,
-        (&logical, "AFTER"),
-        &body,
-        create,
-        &mut notes,
-    )
-    .await?
-    .map_err(refuse)?;
+    let (seq_trigger_name, create_seq_trigger, seq_trigger) =
+        plan_seq_trigger(conn, spec, &ring, &seq, &key_cols, &mut notes).await?;
+    let (trigger_name, trigger) =
+        plan_log_trigger(conn, spec, (&logical, &ring), &table, &key_cols, &mut notes).await?;
 
-    let unenforced_unique = table
-        .unique
-        .iter()
-        .filter(|(_, cols)| {
-            !matches!((cols.as_slice(), &auto_inc), ([c], Some(a)) if c.eq_ignore_ascii_case(a))
-        })
-        .cloned()
-        .collect();
+    let unenforced_unique = unenforced_unique_keys(&table, &auto_inc);
     Ok(CheckedRing {
         spec: spec.clone(),
         logical,
@@ -413,6 +225,353 @@ pub(crate) async fn check_ring(
         trigger,
         notes,
     })
+}
+
+/// Reads the log table; refused when it is missing, not a base table, or has
+/// generated columns (ring inserts assign every column).
+async fn inspect_log(conn: &mut Conn, logical: &TableName) -> SchemaResult<Table> {
+    let refuse = SchemaError::Refused;
+    let Some(table) = inspect_table(conn, logical).await? else {
+        return Err(refuse(format!("table {} does not exist", logical.quoted())));
+    };
+    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
+        return Err(refuse(format!(
+            "{} is a {}, not a base table",
+            logical.quoted(),
+            table.table_type
+        )));
+    }
+    if let Some(c) = table.columns.iter().find(|c| c.extra.contains("generated")) {
+        return Err(refuse(format!(
+            "column `{}` of {} is generated; a ring table cannot hold it (ring inserts assign every column)",
+            c.name,
+            logical.quoted()
+        )));
+    }
+    Ok(table)
+}
+
+/// The rule's key columns as the log defines them, with a note for each nullable one
+/// (it is `NOT NULL` in the ring). Refused when one is missing or TEXT/BLOB.
+fn ring_key_columns(
+    spec: &RingSpec,
+    table: &Table,
+    logical: &TableName,
+    notes: &mut Vec<String>,
+) -> SchemaResult<Vec<Column>> {
+    let mut key_cols: Vec<Column> = Vec::new();
+    for k in &spec.key {
+        let col = table
+            .key_column(k, logical, "a ring table")
+            .map_err(SchemaError::Refused)?;
+        if col.nullable {
+            notes.push(format!(
+                "key column `{}` is nullable in the log but NOT NULL in the ring: rows whose key is NULL cannot be kept (the backfill skips them)",
+                col.name
+            ));
+        }
+        key_cols.push(col.clone());
+    }
+    Ok(key_cols)
+}
+
+/// Refuses a slot or sequence column name that is already a column of the log.
+fn check_ring_column_names(
+    spec: &RingSpec,
+    table: &Table,
+    logical: &TableName,
+) -> SchemaResult<()> {
+    for (what, c) in [
+        ("slot_column", &spec.slot_column),
+        ("seq_column", &spec.seq_column),
+    ] {
+        if table.column(c).is_some() {
+            return Err(SchemaError::Refused(format!(
+                "{what} `{c}` is already a column of {}; choose another name",
+                logical.quoted()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The rule's `order_by` column, spelled as in the log; refused when the log has no
+/// such column.
+fn order_by_column(
+    spec: &RingSpec,
+    table: &Table,
+    logical: &TableName,
+) -> SchemaResult<Option<String>> {
+    let Some(o) = &spec.order_by else {
+        return Ok(None);
+    };
+    let col = table.column(o).ok_or_else(|| {
+        SchemaError::Refused(format!(
+            "order_by column `{o}` is not a column of {}",
+            logical.quoted()
+        ))
+    })?;
+    Ok(Some(col.name.clone()))
+}
+
+/// Notes a log whose engine is not InnoDB (the ring tables are).
+fn note_engine(table: &Table, logical: &TableName, notes: &mut Vec<String>) {
+    if table
+        .engine
+        .as_deref()
+        .is_some_and(|e| !e.eq_ignore_ascii_case("InnoDB"))
+    {
+        notes.push(format!(
+            "{} uses {}; the ring tables are InnoDB",
+            logical.quoted(),
+            table.engine.as_deref().unwrap_or_default()
+        ));
+    }
+}
+
+/// The log's `AUTO_INCREMENT` column, if any, with a note that the ring keeps it.
+fn auto_increment_column(table: &Table, notes: &mut Vec<String>) -> Option<String> {
+    let auto_inc = table
+        .columns
+        .iter()
+        .find(|c| c.extra.contains("auto_increment"))
+        .map(|c| c.name.clone());
+    if let Some(a) = &auto_inc {
+        notes.push(format!(
+            "`{a}` stays AUTO_INCREMENT in the ring: ids and last_insert_id continue the log's"
+        ));
+    }
+    auto_inc
+}
+
+/// `CREATE TABLE` for the ring table when it is missing (`existing` is `None`);
+/// refused when it exists but does not match the rule.
+fn plan_ring_table(
+    spec: &RingSpec,
+    ring: &TableName,
+    existing: Option<&Table>,
+    table: &Table,
+    key: &[String],
+) -> SchemaResult<Option<String>> {
+    let Some(existing) = existing else {
+        return Ok(Some(create_ring_sql(spec, ring, table, key)));
+    };
+    let problems = ring_table_problems(spec, existing, table, key);
+    if !problems.is_empty() {
+        return Err(SchemaError::Refused(format!(
+            "ring table {} exists but does not match the rule: {}",
+            ring.quoted(),
+            problems.join("; ")
+        )));
+    }
+    Ok(None)
+}
+
+/// `CREATE TABLE` for the sequence table when it is missing (`existing` is `None`);
+/// refused when it exists but does not match the rule.
+fn plan_seq_table(
+    spec: &RingSpec,
+    seq: &TableName,
+    existing: Option<&Table>,
+    table: &Table,
+    key_cols: &[Column],
+) -> SchemaResult<Option<String>> {
+    let Some(existing) = existing else {
+        return Ok(Some(create_seq_sql(spec, seq, table, key_cols)));
+    };
+    let problems = seq_table_problems(spec, existing, key_cols);
+    if !problems.is_empty() {
+        return Err(SchemaError::Refused(format!(
+            "sequence table {} exists but does not match the rule: {}",
+            seq.quoted(),
+            problems.join("; ")
+        )));
+    }
+    Ok(None)
+}
+
+/// Whether the backfill is due: the log (`tables[0]`) has rows and neither the ring
+/// nor the sequence table (`tables[1]`, `tables[2]`; `exists` says which exist) does.
+/// Notes a skipped backfill.
+async fn check_backfill_due(
+    conn: &mut Conn,
+    [logical, ring, seq]: [&TableName; 3],
+    (ring_exists, seq_exists): (bool, bool),
+    notes: &mut Vec<String>,
+) -> SchemaResult<bool> {
+    let log_has_rows = table_has_rows(conn, logical).await?;
+    let ring_has_rows = if ring_exists {
+        table_has_rows(conn, ring).await?
+    } else {
+        false
+    };
+    let seq_has_rows = if seq_exists {
+        table_has_rows(conn, seq).await?
+    } else {
+        false
+    };
+    let backfill_due = log_has_rows && !ring_has_rows && !seq_has_rows;
+    if log_has_rows && !backfill_due {
+        notes.push(format!(
+            "no backfill: {} already holds rows",
+            if ring_has_rows { ring } else { seq }.quoted()
+        ));
+    }
+    Ok(backfill_due)
+}
+
+/// The order that tells a key's latest rows: `order_by`, then the primary key (else
+/// the first unique key of `NOT NULL` columns) for ties. Empty when there is none.
+fn backfill_order(table: &Table, order_by: Option<&str>) -> Vec<String> {
+    let mut order: Vec<String> = order_by.iter().map(|o| o.to_string()).collect();
+    let tiebreak = table.primary.clone().or_else(|| {
+        table
+            .unique
+            .iter()
+            .find(|(_, cols)| {
+                cols.iter()
+                    .all(|c| table.column(c).is_some_and(|c| !c.nullable))
+            })
+            .map(|(_, cols)| cols.clone())
+    });
+    for c in tiebreak.unwrap_or_default() {
+        if !order.iter().any(|o| o.eq_ignore_ascii_case(&c)) {
+            order.push(c);
+        }
+    }
+    order
+}
+
+/// The backfill statements in `order` (`has_order_by`: it starts with `order_by`);
+/// `None` when there is no order, refused when a due backfill has none.
+fn plan_backfill(
+    spec: &RingSpec,
+    [logical, ring, seq]: [&TableName; 3],
+    table: &Table,
+    key_cols: &[Column],
+    (order, has_order_by): (&[String], bool),
+    backfill_due: bool,
+    notes: &mut Vec<String>,
+) -> SchemaResult<Option<[String; 2]>> {
+    if order.is_empty() {
+        if backfill_due {
+            return Err(SchemaError::Refused(format!(
+                "{} has rows but neither order_by nor a primary key says which are the latest; set order_by",
+                logical.quoted()
+            )));
+        }
+        return Ok(None);
+    }
+    if backfill_due && has_order_by && table.primary.is_none() {
+        notes.push(format!(
+            "{} has no primary key: rows with equal `{}` are backfilled in an arbitrary order",
+            logical.quoted(),
+            order[0]
+        ));
+    }
+    Ok(Some(backfill_sql(
+        spec, logical, ring, seq, table, key_cols, order,
+    )))
+}
+
+/// The log's next id when the ring's `AUTO_INCREMENT` counter (1 for a new ring) is
+/// below it; `None` without an `AUTO_INCREMENT` column.
+async fn ring_auto_inc_raise(
+    conn: &mut Conn,
+    logical: &TableName,
+    ring: &TableName,
+    ring_exists: bool,
+    auto_inc: &Option<String>,
+) -> SchemaResult<Option<u64>> {
+    let Some(a) = auto_inc else {
+        return Ok(None);
+    };
+    let log_next = next_id(conn, logical, a).await?;
+    let ring_next = if ring_exists {
+        next_id(conn, ring, a).await?
+    } else {
+        1
+    };
+    Ok((log_next > ring_next).then_some(log_next))
+}
+
+/// The ring's numbering trigger: its name, its `CREATE TRIGGER` and what to do about
+/// it; refused when a trigger of that name does something else.
+async fn plan_seq_trigger(
+    conn: &mut Conn,
+    spec: &RingSpec,
+    ring: &TableName,
+    seq: &TableName,
+    key_cols: &[Column],
+    notes: &mut Vec<String>,
+) -> SchemaResult<(TableName, String, TriggerPlan)> {
+    let seq_trigger_name = TableName {
+        db: ring.db.clone(),
+        name: suffixed_name(&ring.name, SEQ_TRIGGER_SUFFIX),
+    };
+    let seq_body = seq_trigger_body(spec, seq, key_cols);
+    let create_seq_trigger = format!(
+        "CREATE TRIGGER IF NOT EXISTS {} BEFORE INSERT ON {} FOR EACH ROW {seq_body}",
+        seq_trigger_name.quoted(),
+        ring.quoted()
+    );
+    let seq_trigger = plan_insert_trigger(
+        conn,
+        &seq_trigger_name,
+        (ring, "BEFORE"),
+        &seq_body,
+        create_seq_trigger.clone(),
+        notes,
+    )
+    .await?
+    .map_err(SchemaError::Refused)?;
+    Ok((seq_trigger_name, create_seq_trigger, seq_trigger))
+}
+
+/// The log's mirroring trigger: its name and what to do about it; refused when a
+/// trigger of that name does something else.
+async fn plan_log_trigger(
+    conn: &mut Conn,
+    spec: &RingSpec,
+    (logical, ring): (&TableName, &TableName),
+    table: &Table,
+    key_cols: &[Column],
+    notes: &mut Vec<String>,
+) -> SchemaResult<(TableName, TriggerPlan)> {
+    let trigger_name = TableName {
+        db: logical.db.clone(),
+        name: suffixed_name(&ring.name, RING_TRIGGER_SUFFIX),
+    };
+    let body = ring_trigger_body(spec, ring, table, key_cols);
+    let create = format!(
+        "CREATE TRIGGER IF NOT EXISTS {} AFTER INSERT ON {} FOR EACH ROW {body}",
+        trigger_name.quoted(),
+        logical.quoted()
+    );
+    let trigger = plan_insert_trigger(
+        conn,
+        &trigger_name,
+        (logical, "AFTER"),
+        &body,
+        create,
+        notes,
+    )
+    .await?
+    .map_err(SchemaError::Refused)?;
+    Ok((trigger_name, trigger))
+}
+
+/// The log's unique keys the ring does not enforce: all but a key of the
+/// `AUTO_INCREMENT` column alone.
+fn unenforced_unique_keys(table: &Table, auto_inc: &Option<String>) -> Vec<(String, Vec<String>)> {
+    table
+        .unique
+        .iter()
+        .filter(|(_, cols)| {
+            !matches!((cols.as_slice(), auto_inc), ([c], Some(a)) if c.eq_ignore_ascii_case(a))
+        })
+        .cloned()
+        .collect()
 }
 
 /// A log column as a ring column: same type, nullability, default, `ON UPDATE` and
@@ -858,44 +1017,8 @@ pub(crate) async fn print_and_apply_ring(
     apply: bool,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let name = &rule.spec.name;
-    let key = if rule.key.is_empty() {
-        "no key: one ring".to_string()
-    } else {
-        format!("key {}", list(&rule.key))
-    };
-    emit(
-        out,
-        &format!(
-            "-- rule {name}: ring of {} rows per key for log {} ({key}) in {}, sequences in {}",
-            rule.spec.size,
-            rule.logical.quoted(),
-            rule.ring.quoted(),
-            rule.seq.quoted(),
-        ),
-    )?;
-    for note in &rule.notes {
-        emit(out, &format!("-- note: {note}"))?;
-    }
-    for (what, ddl, table) in [
-        ("ring table", &rule.create_ring, &rule.ring),
-        ("sequence table", &rule.create_seq, &rule.seq),
-    ] {
-        match ddl {
-            Some(sql) => {
-                emit(out, &format!("{sql};"))?;
-                if apply {
-                    run_sql(conn, name, sql).await?;
-                    emit(out, &format!("-- applied: created {what}"))?;
-                }
-            }
-            None => emit(
-                out,
-                &format!("-- {what} {} exists and matches the rule", table.quoted()),
-            )?,
-        }
-    }
-    let backfill = rule.backfill.as_ref().filter(|_| rule.backfill_due);
+    print_ring_header(rule, out)?;
+    print_and_apply_ring_tables(conn, rule, apply, out).await?;
     let create_seq_trigger = matches!(rule.seq_trigger, TriggerPlan::Create(_));
     let create_log_trigger = matches!(rule.trigger, TriggerPlan::Create(_));
     for (exists, t) in [
@@ -908,22 +1031,7 @@ pub(crate) async fn print_and_apply_ring(
     }
     if !(rule.backfill_due || create_seq_trigger || create_log_trigger) {
         // Nothing to lock for; at most the counter to raise.
-        if let (Some(next), Some(ai)) = (rule.raise_auto_inc, &rule.auto_inc) {
-            emit(out, &format!("{};", raise_auto_inc_sql(&rule.ring, next)))?;
-            if apply {
-                let next = next_id(conn, &rule.logical, ai).await?;
-                if next > next_id(conn, &rule.ring, ai).await? {
-                    run_sql(conn, name, &raise_auto_inc_sql(&rule.ring, next)).await?;
-                    emit(
-                        out,
-                        &format!(
-                            "-- applied: AUTO_INCREMENT of {} raised to {next}",
-                            rule.ring.quoted()
-                        ),
-                    )?;
-                }
-            }
-        }
+        print_and_apply_raise(conn, rule, apply, out).await?;
         return emit(out, "");
     }
 
@@ -935,7 +1043,101 @@ pub(crate) async fn print_and_apply_ring(
         rule.ring.quoted(),
         rule.seq.quoted()
     );
-    if create_seq_trigger {
+    print_trigger_purposes(rule, out)?;
+    print_locked_script(rule, &lock, out)?;
+    if apply {
+        apply_locked_and_report(conn, rule, &lock, out).await?;
+    }
+    emit(out, "")
+}
+
+/// Prints a ring rule's header line and its notes.
+fn print_ring_header(rule: &CheckedRing, out: &mut dyn Write) -> Result<()> {
+    let key = if rule.key.is_empty() {
+        "no key: one ring".to_string()
+    } else {
+        format!("key {}", list(&rule.key))
+    };
+    emit(
+        out,
+        &format!(
+            "-- rule {}: ring of {} rows per key for log {} ({key}) in {}, sequences in {}",
+            rule.spec.name,
+            rule.spec.size,
+            rule.logical.quoted(),
+            rule.ring.quoted(),
+            rule.seq.quoted(),
+        ),
+    )?;
+    for note in &rule.notes {
+        emit(out, &format!("-- note: {note}"))?;
+    }
+    Ok(())
+}
+
+/// Prints the `CREATE TABLE` of a missing ring or sequence table (and, with `apply`,
+/// runs it), or that the table exists and matches.
+async fn print_and_apply_ring_tables(
+    conn: &mut Conn,
+    rule: &CheckedRing,
+    apply: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    for (what, ddl, table) in [
+        ("ring table", &rule.create_ring, &rule.ring),
+        ("sequence table", &rule.create_seq, &rule.seq),
+    ] {
+        match ddl {
+            Some(sql) => {
+                emit(out, &format!("{sql};"))?;
+                if apply {
+                    run_sql(conn, &rule.spec.name, sql).await?;
+                    emit(out, &format!("-- applied: created {what}"))?;
+                }
+            }
+            None => emit(
+                out,
+                &format!("-- {what} {} exists and matches the rule", table.quoted()),
+            )?,
+        }
+    }
+    Ok(())
+}
+
+/// When there is nothing to lock for: prints the raise of the ring's
+/// `AUTO_INCREMENT` counter, if due, and with `apply` raises it when it is still
+/// below the log's.
+async fn print_and_apply_raise(
+    conn: &mut Conn,
+    rule: &CheckedRing,
+    apply: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let (Some(next), Some(ai)) = (rule.raise_auto_inc, &rule.auto_inc) else {
+        return Ok(());
+    };
+    emit(out, &format!("{};", raise_auto_inc_sql(&rule.ring, next)))?;
+    if apply {
+        let next = next_id(conn, &rule.logical, ai).await?;
+        if next > next_id(conn, &rule.ring, ai).await? {
+            run_sql(conn, &rule.spec.name, &raise_auto_inc_sql(&rule.ring, next)).await?;
+            emit(
+                out,
+                &format!(
+                    "-- applied: AUTO_INCREMENT of {} raised to {next}",
+                    rule.ring.quoted()
+                ),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Prints what the triggers created under the locks do (and that the numbering
+/// trigger is dropped for the backfill when it already exists).
+fn print_trigger_purposes(rule: &CheckedRing, out: &mut dyn Write) -> Result<()> {
+    let backfill = rule.backfill.as_ref().filter(|_| rule.backfill_due);
+    if matches!(rule.seq_trigger, TriggerPlan::Create(_)) {
         emit(
             out,
             &format!(
@@ -953,7 +1155,7 @@ pub(crate) async fn print_and_apply_ring(
             ),
         )?;
     }
-    if create_log_trigger {
+    if matches!(rule.trigger, TriggerPlan::Create(_)) {
         emit(
             out,
             &format!(
@@ -963,6 +1165,14 @@ pub(crate) async fn print_and_apply_ring(
             ),
         )?;
     }
+    Ok(())
+}
+
+/// Prints the script run under `lock`: the backfill, the counter's raise and the
+/// triggers' creation, committed before the tables are unlocked.
+fn print_locked_script(rule: &CheckedRing, lock: &str, out: &mut dyn Write) -> Result<()> {
+    let backfill = rule.backfill.as_ref().filter(|_| rule.backfill_due);
+    let create_seq_trigger = matches!(rule.seq_trigger, TriggerPlan::Create(_));
     emit(out, "SET autocommit = 0;")?;
     emit(out, &format!("{lock};"))?;
     if let Some([ring_sql, seq_sql]) = backfill {
@@ -1000,39 +1210,47 @@ pub(crate) async fn print_and_apply_ring(
     emit(out, "DELIMITER ;")?;
     emit(out, "COMMIT;")?;
     emit(out, "UNLOCK TABLES;")?;
-    emit(out, "SET autocommit = 1;")?;
-    if apply {
-        run_all(conn, name, &["SET autocommit = 0", &lock]).await?;
-        let done = apply_ring_locked(conn, rule).await;
-        if done.is_err() {
-            let _ = conn.query_drop("ROLLBACK").await;
-        }
-        let _ = conn.query_drop("UNLOCK TABLES").await;
-        let _ = conn.query_drop("SET autocommit = 1").await;
-        let done = done?;
-        if let Some(counts) = done.backfilled {
-            emit(
-                out,
-                &format!(
-                    "-- applied: backfilled {} ring rows and {} sequence rows",
-                    counts[0], counts[1]
-                ),
-            )?;
-        }
-        if let Some(next) = done.raised {
-            emit(
-                out,
-                &format!(
-                    "-- applied: AUTO_INCREMENT of {} raised to {next}",
-                    rule.ring.quoted()
-                ),
-            )?;
-        }
-        for t in done.created {
-            emit(out, &format!("-- applied: created trigger {t}"))?;
-        }
+    emit(out, "SET autocommit = 1;")
+}
+
+/// Runs the locked part under `lock` (rolled back on failure; the tables are
+/// unlocked and autocommit restored either way) and prints what it did.
+async fn apply_locked_and_report(
+    conn: &mut Conn,
+    rule: &CheckedRing,
+    lock: &str,
+    out: &mut dyn Write,
+) -> Result<()> {
+    run_all(conn, &rule.spec.name, &["SET autocommit = 0", lock]).await?;
+    let done = apply_ring_locked(conn, rule).await;
+    if done.is_err() {
+        let _ = conn.query_drop("ROLLBACK").await;
     }
-    emit(out, "")
+    let _ = conn.query_drop("UNLOCK TABLES").await;
+    let _ = conn.query_drop("SET autocommit = 1").await;
+    let done = done?;
+    if let Some(counts) = done.backfilled {
+        emit(
+            out,
+            &format!(
+                "-- applied: backfilled {} ring rows and {} sequence rows",
+                counts[0], counts[1]
+            ),
+        )?;
+    }
+    if let Some(next) = done.raised {
+        emit(
+            out,
+            &format!(
+                "-- applied: AUTO_INCREMENT of {} raised to {next}",
+                rule.ring.quoted()
+            ),
+        )?;
+    }
+    for t in done.created {
+        emit(out, &format!("-- applied: created trigger {t}"))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -304,6 +304,8 @@ struct Seen {
     table: TableName,
     /// Its physical tables.
     physical: Vec<TableName>,
+    /// Its kind, when rules of that kind may share a logical table.
+    shares: Option<&'static str>,
 }
 
 /// The rules met so far, indexed by name and by lower-cased table name (logical and
@@ -327,6 +329,7 @@ impl Rules {
             .filter_map(|t| TableName::parse(t).ok())
             .collect();
         let name = spec.name();
+        let shares = spec.shares_table().then(|| spec.kind());
         let tables = || std::iter::once(&logical).chain(&physical);
         // Only rules with the same name or a table of the same name can clash.
         let mut candidates: Vec<usize> = self.by_name.get(name).cloned().unwrap_or_default();
@@ -339,7 +342,7 @@ impl Rules {
         candidates.dedup();
         let mut reasons = Vec::new();
         for o in candidates.iter().map(|&i| &self.seen[i]) {
-            clashes(name, &logical, &physical, o, &mut reasons);
+            clashes((name, shares), &logical, &physical, o, &mut reasons);
         }
         let index = self.seen.len();
         self.by_name
@@ -357,14 +360,16 @@ impl Rules {
             at,
             table: logical,
             physical,
+            shares,
         });
         reasons
     }
 }
 
-/// How rule `name` on `logical` (writing `physical`) clashes with rule `o`.
+/// How rule `name` on `logical` (writing `physical`) clashes with rule `o`. Rules of
+/// a kind whose rules share tables may have the same logical table.
 fn clashes(
-    name: &str,
+    (name, shares): (&str, Option<&'static str>),
     logical: &TableName,
     physical: &[TableName],
     o: &Seen,
@@ -377,7 +382,8 @@ fn clashes(
         ));
         return;
     }
-    if overlaps(logical, &o.table) {
+    let shared = shares.is_some() && shares == o.shares;
+    if overlaps(logical, &o.table) && !shared {
         reasons.push(format!(
             "table `{logical}` is also the table of rule '{other}' ({at}); one table can have one rule"
         ));

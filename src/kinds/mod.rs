@@ -44,9 +44,10 @@ use crate::wire::resultset::ColumnDef;
 pub mod counter;
 pub mod logical;
 pub mod ring;
+pub mod rollup;
 
 /// Every rule kind heatsink knows, in the order their rules are listed.
-pub static KINDS: &[&dyn Kind] = &[&counter::Counter, &ring::Ring];
+pub static KINDS: &[&dyn Kind] = &[&counter::Counter, &ring::Ring, &rollup::Rollup];
 
 /// The merged-items metric of every kind that merges writes (group commit), in
 /// [`KINDS`] order: the order `/metrics` shows them.
@@ -131,6 +132,12 @@ pub trait RuleSpec: Send + Sync + fmt::Debug {
 
     /// The physical tables the rule writes besides the logical one, as written.
     fn physical_tables(&self) -> Vec<String>;
+
+    /// Whether other rules of this kind may be about the same logical table (several
+    /// rollups of one log). Rules of other kinds never may.
+    fn shares_table(&self) -> bool {
+        false
+    }
 
     /// Validates the rule (what needs no database) and builds the planner `serve`
     /// uses. The reason names the offending key (`slots must be …`).

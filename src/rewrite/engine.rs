@@ -165,7 +165,8 @@ impl Engine {
                         (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
                         _ => true,
                     };
-                    if *other != ri && overlap {
+                    let shared = r.sharing().is_some() && rules[*other].sharing().is_some();
+                    if *other != ri && overlap && !shared {
                         return Err(EngineError::SharedTable {
                             first: names[*other].to_string(),
                             second: names[ri].to_string(),
@@ -645,7 +646,10 @@ impl Engine {
         rules: &[usize],
     ) -> Result<Option<(usize, Plan)>, Rejection> {
         let mut found: Option<(usize, Plan)> = None;
-        for &ri in rules {
+        // Rules that share a table are asked in their rank order.
+        let mut order = rules.to_vec();
+        order.sort_by_key(|&ri| self.rules[ri].sharing().unwrap_or(0));
+        for ri in order {
             let rule = &self.rules[ri];
             let planned = catch_unwind(AssertUnwindSafe(|| rule.plan(stmt, pctx)))
                 .unwrap_or_else(|_| Err("internal error: the rule failed while planning".into()));
@@ -659,6 +663,9 @@ impl Engine {
                 Ok(None) => {}
                 Ok(Some(plan)) => {
                     if let Some((first, _)) = &found {
+                        if rule.sharing().is_some() && self.rules[*first].sharing().is_some() {
+                            continue; // an earlier (smaller) rule of the table answers
+                        }
                         return Err(Rejection {
                             rule: self.names[*first].clone(),
                             reason: format!(

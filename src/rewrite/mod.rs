@@ -823,6 +823,14 @@ pub trait Rule: Send + Sync {
     /// the application named, as (physical, logical) table names: the server's
     /// messages about a rewritten statement (``… for column `db`.`ring`.`c` …``) are
     /// shown with the logical name.
+    /// Whether other rules may be about the same table, and in which order the
+    /// engine asks them: `Some(rank)` for rules that share (lower ranks first — the
+    /// smallest rollup of a log before larger ones; the first plan wins), `None`
+    /// (default) for a rule that must be its table's only rule.
+    fn sharing(&self) -> Option<u32> {
+        None
+    }
+
     fn physical_tables(&self) -> Vec<(String, String)> {
         Vec::new()
     }

@@ -1,0 +1,105 @@
+//! The rollup kind: aggregate reads over a huge append-only log answered exactly from
+//! rollup tables that triggers keep current.
+//!
+//! - `spec.rs`: the `[[rollup]]` section and its validation;
+//! - `schema.rs`: the rollup table, the triggers on the log that keep it exact for
+//!   every write (through heatsink or not), the online backfill, and what `check
+//!   --backend-url` reports;
+//! - `plan.rs`: the planner ([`RollupRule`]): aggregate reads of the log answered
+//!   from the rollup (whole buckets) and the log (ragged edges).
+//!
+//! Several rollups may cover one log; they share its table
+//! ([`crate::rewrite::Rule::sharing`]) and the smallest that can answer a read does.
+
+pub mod plan;
+mod read;
+pub mod schema;
+pub mod spec;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use mysql_async::Conn;
+
+pub use plan::RollupRule;
+pub use spec::RollupSpec;
+
+use crate::kinds::logical::{assumed_column, Assumed};
+use crate::kinds::{Kind, Migration, RuleSpec, SchemaError};
+use crate::rewrite::Rule;
+use crate::rules::spec::TableName;
+use crate::wire::resultset::ColumnDef;
+
+/// The rollup kind, as the registry lists it.
+pub struct Rollup;
+
+impl Kind for Rollup {
+    fn section(&self) -> &'static str {
+        "rollup"
+    }
+
+    fn parse(&self, text: &str) -> std::result::Result<Vec<Arc<dyn RuleSpec>>, toml::de::Error> {
+        let specs: Vec<RollupSpec> = crate::kinds::entries(text, self.section())?;
+        Ok(specs
+            .into_iter()
+            .map(|s| Arc::new(s) as Arc<dyn RuleSpec>)
+            .collect())
+    }
+}
+
+#[async_trait(?Send)]
+impl RuleSpec for RollupSpec {
+    fn kind(&self) -> &'static str {
+        Rollup.section()
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn physical_tables(&self) -> Vec<String> {
+        vec![self.rollup_table.clone()]
+    }
+
+    fn shares_table(&self) -> bool {
+        true
+    }
+
+    fn rule(&self) -> std::result::Result<Arc<dyn Rule>, String> {
+        self.validate()?;
+        Ok(Arc::new(RollupRule::new(self)?))
+    }
+
+    /// Dimensions as `VARCHAR(255)` keys, the time column as `DATETIME(6)`, measured
+    /// columns as `BIGINT`.
+    fn assumed_columns(&self) -> Vec<ColumnDef> {
+        let Ok(table) = TableName::parse(&self.table) else {
+            return Vec::new();
+        };
+        let measured: Vec<String> = self
+            .parsed_measures()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|m| m.column().map(str::to_string))
+            .collect();
+        let dims = self.dimensions.iter().map(|d| (d.clone(), Assumed::Key));
+        let time = std::iter::once((self.time.clone(), Assumed::Time));
+        let measures = measured.into_iter().map(|c| (c, Assumed::Integer));
+        dims.chain(time)
+            .chain(measures)
+            .map(|(name, shape)| assumed_column(&table.name, &name, shape))
+            .collect()
+    }
+
+    async fn schema(
+        &self,
+        conn: &mut Conn,
+        default_db: Option<&str>,
+    ) -> std::result::Result<Box<dyn Migration>, SchemaError> {
+        Ok(Box::new(schema::check(conn, self, default_db).await?))
+    }
+}

@@ -40,11 +40,18 @@ pub fn tail(s: &str, lines: usize) -> String {
 
 /// A temporary rules directory holding one file, `file`, with `toml`.
 pub fn rules_dir(file: &str, toml: &str) -> tempfile::TempDir {
+    rules_dir_with(&[(file, toml)])
+}
+
+/// A temporary rules directory holding `files` (name, text).
+pub fn rules_dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
         .prefix("heatsink-rules-")
         .tempdir()
         .expect("rules tempdir");
-    std::fs::write(dir.path().join(file), toml).expect("write rules");
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).expect("write rules");
+    }
     dir
 }
 

@@ -31,12 +31,20 @@
 //! - [`differential`]: `Differential::start(&kind).run(&Config::from_env(..))` runs
 //!   seeded statements of a rule [`differential::Kind`] through heatsink and on a plain
 //!   reference table, comparing every answer and the logical state (tests/fuzz.rs).
-//! - [`fixture`]: `create_counter_db(db, table_options, rows)` and `counter_rule(name)`:
-//!   the counter tables and rule several test files share.
-//! - [`free_port()`], [`target_dir()`].
+//! - [`cli`]: `heatsink(args)` and `Cli::new(args).stdin(..).run()` run the binary's
+//!   one-shot subcommands (exit code, stdout, stderr) with a time limit; `migrate`,
+//!   `migrate_ok`; `run_limited(cmd, stdin, limit)` for other programs.
+//! - [`fixture`]: `fresh_db(db, ddl)`; `Rule::counter(..)` / `Rule::ring(..)` (rule TOML
+//!   builders); `Env::builder(db).schema(ddl).rule(file, toml).migrate().metrics()
+//!   .admin(pw).start()`: one test's database, rules directory (schema made by
+//!   `heatsink migrate --apply`) and proxy; `create_counter_db(db, table_options, rows)`
+//!   and `counter_rule(name)`: the counter table and rule several test files share.
+//! - [`free_port()`], [`target_dir()`], [`tests_dir()`].
 //!
 //! Layout:
+//! - `cli.rs`: one-shot runs of the binary.
 //! - `client.rs`: mysql_async helpers for the rule tests.
+//! - `fixture.rs`: databases, rule TOML and the test environment.
 //! - `differential.rs`: the differential fuzzing harness.
 //! - `mariadb.rs`: template data directory, server start, watchdog, admin SQL.
 //! - `proxy.rs`: proxy process builder and lifecycle.
@@ -46,6 +54,7 @@
 //!   with the proxy).
 #![allow(dead_code, unused_imports)]
 
+pub mod cli;
 pub mod client;
 pub mod differential;
 pub mod fixture;
@@ -133,6 +142,11 @@ pub fn target_dir() -> PathBuf {
         .and_then(|p| p.parent())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// The `tests/` directory of the crate.
+pub fn tests_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
 /// True when the current process runs as root (mariadbd then needs `--user=root`).

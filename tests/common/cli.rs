@@ -1,0 +1,128 @@
+//! The `heatsink` binary's one-shot subcommands (`check`, `explain`, `migrate`,
+//! `compact`, …) as child processes with a time limit, and `heatsink migrate` itself.
+//!
+//! ```ignore
+//! let (code, stdout, stderr) = heatsink(&["check", "--rules", dir]);
+//! let (code, out, err) = Cli::new(["explain", "--rules", dir]).stdin("SELECT 1").run();
+//! ```
+
+use std::ffi::OsStr;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use super::mariadb;
+
+/// How long a subcommand may run before it is killed (and the test fails).
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// One run of the `heatsink` binary. `HEATSINK_BACKEND_URL` and `HEATSINK_RULES` are
+/// removed from its environment so that only the arguments count.
+pub struct Cli {
+    cmd: Command,
+    stdin: Option<String>,
+    limit: Duration,
+}
+
+impl Cli {
+    /// `heatsink <args…>`.
+    pub fn new<I, S>(args: I) -> Cli
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_heatsink"));
+        cmd.args(args)
+            .env_remove("HEATSINK_BACKEND_URL")
+            .env_remove("HEATSINK_RULES");
+        Cli {
+            cmd,
+            stdin: None,
+            limit: LIMIT,
+        }
+    }
+
+    /// Appends one argument.
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Cli {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Sets an environment variable.
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Cli {
+        self.cmd.env(key, value);
+        self
+    }
+
+    /// Text written to the process's stdin (default: none, stdin is /dev/null).
+    pub fn stdin(mut self, text: impl Into<String>) -> Cli {
+        self.stdin = Some(text.into());
+        self
+    }
+
+    /// Runs the process: (exit code, or -1 on a signal; stdout; stderr).
+    pub fn run(self) -> (i32, String, String) {
+        let out = run_limited(self.cmd, self.stdin.as_deref(), self.limit);
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+/// `heatsink <args…>`: (exit code, stdout, stderr).
+pub fn heatsink(args: &[&str]) -> (i32, String, String) {
+    Cli::new(args).run()
+}
+
+/// Runs `cmd` with `stdin` (or /dev/null) and captured output; kills it by pid and
+/// panics when it takes longer than `limit`.
+pub fn run_limited(mut cmd: Command, stdin: Option<&str>, limit: Duration) -> Output {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    if let Some(input) = stdin {
+        let mut s = child.stdin.take().expect("piped stdin");
+        s.write_all(input.as_bytes()).expect("write stdin");
+    }
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("command output"),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("{cmd:?} did not finish within {limit:?}");
+        }
+    }
+}
+
+/// `heatsink migrate --rules <rules> --backend-url <db on mariadb()> [--apply]`:
+/// (exit code, stdout, stderr).
+pub fn migrate(rules: &Path, db: &str, apply: bool) -> (i32, String, String) {
+    let cli = Cli::new(["migrate", "--rules"])
+        .arg(rules)
+        .arg("--backend-url")
+        .arg(mariadb().url(db));
+    if apply {
+        cli.arg("--apply").run()
+    } else {
+        cli.run()
+    }
+}
+
+/// [`migrate`] that must succeed; returns stdout.
+pub fn migrate_ok(rules: &Path, db: &str, apply: bool) -> String {
+    let (code, out, err) = migrate(rules, db, apply);
+    assert_eq!(code, 0, "migrate failed:\n{out}\n{err}");
+    out
+}

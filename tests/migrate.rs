@@ -6,38 +6,27 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::cli::heatsink;
+use common::client::rules_dir as rules_dir_of;
+use common::fixture::{fresh_db, Rule};
 use common::mariadb;
 use mysql_async::prelude::Queryable;
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-/// Runs the binary with `args`; returns (exit code, stdout, stderr).
-fn heatsink(args: &[&str]) -> (i32, String, String) {
-    let out: Output = Command::new(env!("CARGO_BIN_EXE_heatsink"))
-        .args(args)
-        .output()
-        .expect("run heatsink");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// A rules directory holding one file with `text`.
+/// A rules directory holding `counters.toml` with `text`, and its path.
 fn rules_dir(text: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("counters.toml"), text).unwrap();
+    let dir = rules_dir_of("counters.toml", text);
     let path = dir.path().to_path_buf();
     (dir, path)
 }
 
+/// A counter rule with 16 slots, followed by an empty line (rules are concatenated).
 fn counter_rule(
     name: &str,
     table: &str,
@@ -45,23 +34,12 @@ fn counter_rule(
     columns: &[&str],
     slot_table: &str,
 ) -> String {
-    let q = |v: &[&str]| {
-        v.iter()
-            .map(|s| format!("\"{s}\""))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    format!(
-        "[[counter]]\nname = \"{name}\"\ntable = \"{table}\"\nkey = [{}]\ncolumns = [{}]\nslots = 16\nslot_table = \"{slot_table}\"\n\n",
-        q(key),
-        q(columns)
-    )
-}
-
-fn fresh_db(db: &str, ddl: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db}; {ddl}"
-    ));
+    Rule::counter(name, table)
+        .key(key)
+        .columns(columns)
+        .slot_table(slot_table)
+        .toml()
+        + "\n"
 }
 
 fn scalar(sql: &str) -> Option<String> {

@@ -55,6 +55,12 @@ impl Cli {
         self
     }
 
+    /// Removes an environment variable.
+    pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> Cli {
+        self.cmd.env_remove(key);
+        self
+    }
+
     /// Text written to the process's stdin (default: none, stdin is /dev/null).
     pub fn stdin(mut self, text: impl Into<String>) -> Cli {
         self.stdin = Some(text.into());

@@ -186,6 +186,22 @@ pub fn create_counter_db(db: &str, table_options: &str, rows: &str) {
     migrate_apply(db, &counter_rule("hits"));
 }
 
+/// A counter's logical value (base plus slot deltas) in `db.hits` (slot table
+/// `hits_slots`), read directly on MariaDB; `None` when the key has no row. The key is
+/// sent as hex, so the root session's sql_mode does not matter.
+pub fn counter_value(db: &str, slug: &str) -> Option<i64> {
+    let hex: String = slug.bytes().map(|b| format!("{b:02X}")).collect();
+    mariadb()
+        .query_strings(&format!(
+            "SELECT h.cnt + COALESCE((SELECT SUM(s.cnt) FROM {db}.hits_slots s WHERE s.slug = h.slug), 0)
+             FROM {db}.hits h WHERE h.slug = CONVERT(X'{hex}' USING utf8mb4)"
+        ))
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next().flatten())
+        .map(|v| v.parse().expect("a number"))
+}
+
 // ---------------------------------------------------------------------------------------
 // One test's environment
 

@@ -279,25 +279,29 @@ impl EnvBuilder {
         if self.migrate {
             migrate_ok(rules.path(), &self.db, true);
         }
-        let loopback = || SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let metrics = self.metrics.then(loopback);
-        let admin = self.admin_password.as_ref().map(|_| loopback());
         let mut builder = Proxy::builder().rules_dir(rules.path());
-        if let Some(addr) = metrics {
-            builder = builder.arg("--metrics").arg(addr.to_string());
-        }
+        let admin = self
+            .admin_password
+            .as_ref()
+            .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())));
         if let (Some(addr), Some(pw)) = (admin, &self.admin_password) {
             builder = builder
                 .arg("--admin")
                 .arg(addr.to_string())
                 .env("HEATSINK_ADMIN_PASSWORD", pw);
         }
-        if let Some(level) = self.log_level_var.and_then(|v| std::env::var(v).ok()) {
-            builder = builder.arg("--log-level").arg(level);
+        if let Some(var) = &self.log_level_var {
+            builder = builder.log_level_from(var);
         }
+        let (proxy, metrics) = if self.metrics {
+            let (proxy, addr) = builder.start_with_metrics();
+            (proxy, Some(addr))
+        } else {
+            (builder.start(), None)
+        };
         Env {
             db: self.db,
-            proxy: builder.start(),
+            proxy,
             rules,
             metrics,
             admin,

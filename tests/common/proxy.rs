@@ -69,6 +69,23 @@ impl ProxyBuilder {
         self
     }
 
+    /// `--log-level <value>` when the environment variable `var` is set (for example
+    /// `RING_PROXY_LOG=debug` while debugging a test).
+    pub fn log_level_from(self, var: &str) -> Self {
+        match std::env::var(var) {
+            Ok(level) => self.arg("--log-level").arg(level),
+            Err(_) => self,
+        }
+    }
+
+    /// [`ProxyBuilder::start`] with `--metrics` on a free loopback port; returns the
+    /// proxy and that address.
+    pub fn start_with_metrics(self) -> (Proxy, SocketAddr) {
+        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let proxy = self.arg("--metrics").arg(metrics.to_string()).start();
+        (proxy, metrics)
+    }
+
     /// Spawns the proxy and waits until its listen port accepts connections. Panics with
     /// the proxy's log if it exits or does not listen within 20 s.
     pub fn start(self) -> Proxy {

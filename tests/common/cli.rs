@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use super::mariadb;
+use super::{mariadb, tests_dir, PASSWORD, USER};
 
 /// How long a subcommand may run before it is killed (and the test fails).
 const LIMIT: Duration = Duration::from_secs(60);
@@ -131,4 +131,36 @@ pub fn migrate_ok(rules: &Path, db: &str, apply: bool) -> String {
     let (code, out, err) = migrate(rules, db, apply);
     assert_eq!(code, 0, "migrate failed:\n{out}\n{err}");
     out
+}
+
+/// Runs `tests/python/rule_pymysql.py` as the test user against `127.0.0.1:port` in
+/// `db` with `statements` (a JSON array on its stdin) and the extra `args`; panics
+/// unless it succeeds within 60 s, and returns its stdout.
+pub fn rule_pymysql(
+    port: u16,
+    db: &str,
+    table: &str,
+    autocommit: bool,
+    args: &[&str],
+    statements: &[&str],
+) -> String {
+    let mut cmd = Command::new("python3");
+    cmd.arg(tests_dir().join("python").join("rule_pymysql.py"))
+        .arg("--host=127.0.0.1")
+        .arg(format!("--port={port}"))
+        .arg(format!("--user={USER}"))
+        .arg(format!("--password={PASSWORD}"))
+        .arg(format!("--db={db}"))
+        .arg(format!("--table={table}"))
+        .arg(format!("--autocommit={}", u8::from(autocommit)))
+        .args(args);
+    let input = serde_json::to_string(statements).expect("statements as JSON");
+    let out = run_limited(cmd, Some(&input), LIMIT);
+    assert!(
+        out.status.success(),
+        "rule_pymysql.py failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
 }

@@ -142,7 +142,7 @@ pub fn rule_pymysql(
     table: &str,
     autocommit: bool,
     args: &[&str],
-    statements: &[&str],
+    statements: &[impl AsRef<str>],
 ) -> String {
     let mut cmd = Command::new("python3");
     cmd.arg(tests_dir().join("python").join("rule_pymysql.py"))
@@ -154,7 +154,8 @@ pub fn rule_pymysql(
         .arg(format!("--table={table}"))
         .arg(format!("--autocommit={}", u8::from(autocommit)))
         .args(args);
-    let input = serde_json::to_string(statements).expect("statements as JSON");
+    let statements: Vec<&str> = statements.iter().map(|s| s.as_ref()).collect();
+    let input = serde_json::to_string(&statements).expect("statements as JSON");
     let out = run_limited(cmd, Some(&input), LIMIT);
     assert!(
         out.status.success(),

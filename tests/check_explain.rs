@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use common::cli::{heatsink, Cli};
+use common::cli::{heatsink, migrate, Cli};
 use common::client::rules_dir_with as rules_dir;
 use common::fixture::{fresh_db, Rule};
 use common::mariadb;
@@ -314,14 +314,7 @@ fn live_check_finds_a_missing_slot_table_and_passes_after_migrate() {
     );
     assert!(!out.contains("column list assumed"), "{out}");
 
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        path(&d),
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(d.path(), db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     let (code, out, err) = heatsink(&["check", "--rules", path(&d), "--backend-url", &url]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
@@ -421,14 +414,7 @@ fn live_check_of_a_ring_rule() {
     // MariaDB has RETURNING: no warning about coalesce.
     assert!(!out.contains("RETURNING"), "{out}");
 
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        path(&d),
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(d.path(), db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     let (code, out, err) = heatsink(&["check", "--rules", path(&d), "--backend-url", &url]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");

@@ -7,75 +7,15 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use common::cli::{run_limited, Ran as Output};
 use common::{mariadb, Proxy, PASSWORD, USER};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-/// What a finished program printed.
-#[derive(Debug, PartialEq, Eq)]
-struct Output {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs a program with optional stdin, killing it (and failing the test) after `limit`.
-fn run_with_timeout(cmd: &mut Command, stdin: Option<Vec<u8>>, limit: Duration) -> Output {
-    let mut child = cmd
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    if let Some(data) = stdin {
-        let mut pipe = child.stdin.take().unwrap();
-        thread::spawn(move || {
-            let _ = pipe.write_all(&data);
-        });
-    }
-    let mut out_pipe = child.stdout.take().unwrap();
-    let mut err_pipe = child.stderr.take().unwrap();
-    let out_reader = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out_pipe.read_to_end(&mut v);
-        v
-    });
-    let err_reader = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err_pipe.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let stdout = String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned();
-            let stderr = String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned();
-            panic!("{cmd:?} did not finish within {limit:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        code: status.code(),
-        stdout: String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned(),
-        stderr: String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned(),
-    }
-}
 
 /// Drops and recreates a database.
 fn recreate_db(db: &str) {
@@ -95,11 +35,7 @@ fn mariadb_cli(port: u16, db: &str, args: &[&str], stdin: Option<&str>) -> Outpu
         .arg(format!("--password={PASSWORD}"))
         .args(args)
         .arg(db);
-    run_with_timeout(
-        &mut cmd,
-        stdin.map(|s| s.as_bytes().to_vec()),
-        Duration::from_secs(30),
-    )
+    run_limited(&mut cmd, stdin.map(str::as_bytes), Duration::from_secs(30))
 }
 
 /// Runs the same client invocation directly and through the proxy (database recreated
@@ -666,7 +602,7 @@ fn pymysql_transcript(port: u16, db: &str) -> Output {
         .arg(format!("--user={USER}"))
         .arg(format!("--password={PASSWORD}"))
         .arg(format!("--db={db}"));
-    run_with_timeout(&mut cmd, None, Duration::from_secs(60))
+    run_limited(&mut cmd, None, Duration::from_secs(60))
 }
 
 #[test]
@@ -744,7 +680,7 @@ fn sysbench_oltp_read_write_through_the_proxy() {
             // against MariaDB; uniform keys make "0 ignored errors" a meaningful check.
             .arg("--rand-type=uniform")
             .arg(step);
-        let out = run_with_timeout(&mut cmd, None, limit);
+        let out = run_limited(&mut cmd, None, limit);
         assert_eq!(
             out.code,
             Some(0),

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use common::cli::migrate_ok;
 use common::client::{connect, rules_dir, run, tail};
-use common::fixture::{counter_value, fresh_db, Env, EnvBuilder, Rule};
+use common::fixture::{
+    counter_value, fresh_db, inc_sql, value_of, Env, EnvBuilder, Rule, MATCHED_1,
+};
 use common::{mariadb, metrics, Proxy};
 use mysql_async::prelude::*;
 use mysql_async::Conn;
@@ -85,20 +87,6 @@ fn coalesced(m: &HashMap<String, u64>) -> (u64, u64) {
         get("heatsink_coalesced_increments_total"),
     )
 }
-
-/// A counter's value read through the proxy.
-async fn value_of(conn: &mut Conn, slug: &str) -> Option<i64> {
-    conn.exec_first("SELECT cnt FROM hits WHERE slug = ?", (slug,))
-        .await
-        .unwrap_or_else(|e| panic!("read {slug}: {e}"))
-}
-
-/// Text-protocol increment of `hits`.
-fn inc_sql(slug: &str, d: i64) -> String {
-    format!("UPDATE hits SET cnt = cnt + {d} WHERE slug = '{slug}'")
-}
-
-const MATCHED_1: &str = "Rows matched: 1  Changed: 1  Warnings: 0";
 
 // ---------------------------------------------------------------------------------------
 // Load

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cli::rule_pymysql;
-use common::client::{connect, run, run_exec, run_text, tail, Outcome};
-use common::fixture::{fresh_db, migrate_apply, Env, Rule};
+use common::client::{assert_refused_by, connect, run, run_exec, run_text, tail, Outcome};
+use common::fixture::{fresh_db, inc_sql, migrate_apply, value_of, Env, Rule, MATCHED_1};
 use common::{mariadb, Proxy};
 use mysql_async::consts::ColumnType;
 use mysql_async::prelude::*;
@@ -236,33 +236,8 @@ async fn assert_same_as_ref(
 
 /// The statement must be refused by the rule: ERR 1105 / HY000 naming it.
 async fn assert_rejected(conn: &mut Conn, sql: &str) -> ServerError {
-    match conn.query_drop(sql).await {
-        Err(mysql_async::Error::Server(e)) => {
-            assert_eq!(e.code, 1105, "{sql}: {e:?}");
-            assert_eq!(e.state, "HY000", "{sql}: {e:?}");
-            assert!(
-                e.message.contains(&format!("heatsink rule '{RULE}'")),
-                "{sql}: {e:?}"
-            );
-            e
-        }
-        other => panic!("{sql}: expected a rejection, got {other:?}"),
-    }
+    assert_refused_by(conn, sql, RULE).await
 }
-
-/// A counter's value read through the proxy.
-async fn value_of(conn: &mut Conn, slug: &str) -> Option<i64> {
-    conn.exec_first("SELECT cnt FROM hits WHERE slug = ?", (slug,))
-        .await
-        .unwrap_or_else(|e| panic!("read {slug}: {e}"))
-}
-
-/// Text-protocol increment `UPDATE hits SET cnt = cnt + d WHERE slug = '<slug>'`.
-fn inc_sql(slug: &str, d: i64) -> String {
-    format!("UPDATE hits SET cnt = cnt + {d} WHERE slug = '{slug}'")
-}
-
-const MATCHED_1: &str = "Rows matched: 1  Changed: 1  Warnings: 0";
 
 // ---------------------------------------------------------------------------------------
 // 1. Text protocol

@@ -1454,11 +1454,7 @@ fn metric(body: &str, name: &str) -> Option<u64> {
 
 #[test]
 fn metrics_health_and_readiness() {
-    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let proxy = Proxy::builder()
-        .arg("--metrics")
-        .arg(metrics.to_string())
-        .start();
+    let (proxy, metrics) = Proxy::builder().start_with_metrics();
     let mut c = connect(proxy.addr(), Some(&proxy));
     assert_eq!(scalar(&mut c, "SELECT 1"), Some("1".into()));
 

@@ -567,13 +567,10 @@ fn admin_password_is_required_off_loopback() {
 
 #[test]
 fn empty_admin_password_is_allowed_on_loopback_with_a_warning() {
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let proxy = Proxy::builder()
-        .arg("--admin")
-        .arg(admin.to_string())
+    let (proxy, admin) = Proxy::builder()
         .arg("--admin-user")
         .arg("ops")
-        .start();
+        .start_with_admin();
     run(LIMIT, async {
         let mut conn = connect(&admin_url(admin, "ops", "", "")).await;
         let (_, rows) = admin_query(&mut conn, "SHOW RULES").await.unwrap();

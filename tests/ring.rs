@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cli::{migrate, migrate_ok, rule_pymysql};
-use common::client::{connect, rules_dir, run, run_exec, run_text, Outcome};
+use common::client::{assert_refused_by, connect, rules_dir, run, run_exec, run_text, Outcome};
 use common::fixture::{fresh_db, Env, Rule};
 use common::{mariadb, metrics, Proxy, USER};
 use mysql_async::prelude::*;
@@ -1169,18 +1169,7 @@ fn reads_report_the_logs_metadata(name: &str, templates: &[&str]) {
 
 /// The statement must be refused by the rule: ERR 1105 / HY000 naming it.
 async fn assert_rejected(conn: &mut Conn, sql: &str) -> String {
-    match conn.query_drop(sql).await {
-        Err(mysql_async::Error::Server(e)) => {
-            assert_eq!(e.code, 1105, "{sql}: {e:?}");
-            assert_eq!(e.state, "HY000", "{sql}: {e:?}");
-            assert!(
-                e.message.contains(&format!("heatsink rule '{RULE}'")),
-                "{sql}: {e:?}"
-            );
-            e.message
-        }
-        other => panic!("{sql}: expected a rejection, got {other:?}"),
-    }
+    assert_refused_by(conn, sql, RULE).await.message
 }
 
 #[test]

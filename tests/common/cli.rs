@@ -7,10 +7,11 @@
 //! ```
 
 use std::ffi::OsStr;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use super::{mariadb, tests_dir, PASSWORD, USER};
 
@@ -68,13 +69,10 @@ impl Cli {
     }
 
     /// Runs the process: (exit code, or -1 on a signal; stdout; stderr).
-    pub fn run(self) -> (i32, String, String) {
-        let out = run_limited(self.cmd, self.stdin.as_deref(), self.limit);
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+    pub fn run(mut self) -> (i32, String, String) {
+        let stdin = self.stdin.as_deref().map(str::as_bytes);
+        let out = run_limited(&mut self.cmd, stdin, self.limit);
+        (out.code.unwrap_or(-1), out.stdout, out.stderr)
     }
 }
 
@@ -83,32 +81,82 @@ pub fn heatsink(args: &[&str]) -> (i32, String, String) {
     Cli::new(args).run()
 }
 
-/// Runs `cmd` with `stdin` (or /dev/null) and captured output; kills it by pid and
-/// panics when it takes longer than `limit`.
-pub fn run_limited(mut cmd: Command, stdin: Option<&str>, limit: Duration) -> Output {
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    if let Some(input) = stdin {
-        let mut s = child.stdin.take().expect("piped stdin");
-        s.write_all(input.as_bytes()).expect("write stdin");
+/// What a finished program printed.
+#[derive(PartialEq, Eq)]
+pub struct Ran {
+    /// The exit code (`None`: ended by a signal).
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Ran {
+    /// True when the program exited with 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
     }
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.expect("command output"),
-        Err(_) => {
-            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-            panic!("{cmd:?} did not finish within {limit:?}");
+}
+
+impl std::fmt::Debug for Ran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `cmd` with `stdin` (or /dev/null) and captured output; kills it (by its pid)
+/// and panics with what it printed so far when it takes longer than `limit`.
+pub fn run_limited(cmd: &mut Command, stdin: Option<&[u8]>, limit: Duration) -> Ran {
+    let mut child = cmd
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    if let Some(data) = stdin {
+        let mut pipe = child.stdin.take().expect("piped stdin");
+        let data = data.to_vec();
+        // A writer thread: a program may print before it has read all of its input.
+        thread::spawn(move || {
+            let _ = pipe.write_all(&data);
+        });
+    }
+    let reader = |mut pipe: Box<dyn Read + Send>| {
+        thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = pipe.read_to_end(&mut v);
+            String::from_utf8_lossy(&v).into_owned()
+        })
+    };
+    let out = reader(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = reader(Box::new(child.stderr.take().expect("piped stderr")));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for child") {
+            break status;
         }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{cmd:?} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                out.join().unwrap(),
+                err.join().unwrap()
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    Ran {
+        code: status.code(),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
     }
 }
 
@@ -156,12 +204,7 @@ pub fn rule_pymysql(
         .args(args);
     let statements: Vec<&str> = statements.iter().map(|s| s.as_ref()).collect();
     let input = serde_json::to_string(&statements).expect("statements as JSON");
-    let out = run_limited(cmd, Some(&input), LIMIT);
-    assert!(
-        out.status.success(),
-        "rule_pymysql.py failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
+    let out = run_limited(&mut cmd, Some(input.as_bytes()), LIMIT);
+    assert!(out.success(), "rule_pymysql.py failed: {out:?}");
+    out.stdout
 }

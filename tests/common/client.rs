@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::prelude::*;
-use mysql_async::{Column, Conn, Params, Row, Value};
+use mysql_async::{Column, Conn, Params, Row, ServerError, Value};
 
 /// Runs an async test body on a two-thread runtime; panics when it takes longer than
 /// `limit`.
@@ -30,6 +30,23 @@ pub async fn connect(url: &str) -> Conn {
         .await
         .unwrap_or_else(|_| panic!("connect {url}: timed out"))
         .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+/// Runs `sql`, which the rule `rule` must refuse: ERR 1105 / HY000 naming the rule.
+/// Returns the error.
+pub async fn assert_refused_by(conn: &mut Conn, sql: &str, rule: &str) -> ServerError {
+    match conn.query_drop(sql).await {
+        Err(mysql_async::Error::Server(e)) => {
+            assert_eq!(e.code, 1105, "{sql}: {e:?}");
+            assert_eq!(e.state, "HY000", "{sql}: {e:?}");
+            assert!(
+                e.message.contains(&format!("heatsink rule '{rule}'")),
+                "{sql}: {e:?}"
+            );
+            e
+        }
+        other => panic!("{sql}: expected a rejection, got {other:?}"),
+    }
 }
 
 /// The last `lines` lines of `s` (proxy logs in failure messages).

@@ -18,11 +18,12 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use mysql_async::prelude::*;
 use mysql_async::Conn;
 
 use super::cli::migrate_ok;
 use super::client::{connect, rules_dir, rules_dir_with, tail};
-use super::{free_port, mariadb, metrics, Proxy};
+use super::{mariadb, metrics, Proxy};
 
 /// Creates database `db` afresh (dropping it first) and runs `ddl` in it.
 pub fn fresh_db(db: &str, ddl: &str) {
@@ -202,6 +203,21 @@ pub fn counter_value(db: &str, slug: &str) -> Option<i64> {
         .map(|v| v.parse().expect("a number"))
 }
 
+/// A counter's value in `hits`, read with a prepared statement on `conn`.
+pub async fn value_of(conn: &mut Conn, slug: &str) -> Option<i64> {
+    conn.exec_first("SELECT cnt FROM hits WHERE slug = ?", (slug,))
+        .await
+        .unwrap_or_else(|e| panic!("read {slug}: {e}"))
+}
+
+/// Text-protocol increment `UPDATE hits SET cnt = cnt + d WHERE slug = '<slug>'`.
+pub fn inc_sql(slug: &str, d: i64) -> String {
+    format!("UPDATE hits SET cnt = cnt + {d} WHERE slug = '{slug}'")
+}
+
+/// The info text of an UPDATE that changed one row.
+pub const MATCHED_1: &str = "Rows matched: 1  Changed: 1  Warnings: 0";
+
 // ---------------------------------------------------------------------------------------
 // One test's environment
 
@@ -280,25 +296,22 @@ impl EnvBuilder {
             migrate_ok(rules.path(), &self.db, true);
         }
         let mut builder = Proxy::builder().rules_dir(rules.path());
-        let admin = self
-            .admin_password
-            .as_ref()
-            .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())));
-        if let (Some(addr), Some(pw)) = (admin, &self.admin_password) {
-            builder = builder
-                .arg("--admin")
-                .arg(addr.to_string())
-                .env("HEATSINK_ADMIN_PASSWORD", pw);
+        let mut admin = None;
+        if let Some(pw) = &self.admin_password {
+            let (b, addr) = builder.listen_arg("--admin");
+            builder = b.env("HEATSINK_ADMIN_PASSWORD", pw);
+            admin = Some(addr);
+        }
+        let mut metrics = None;
+        if self.metrics {
+            let (b, addr) = builder.listen_arg("--metrics");
+            builder = b;
+            metrics = Some(addr);
         }
         if let Some(var) = &self.log_level_var {
             builder = builder.log_level_from(var);
         }
-        let (proxy, metrics) = if self.metrics {
-            let (proxy, addr) = builder.start_with_metrics();
-            (proxy, Some(addr))
-        } else {
-            (builder.start(), None)
-        };
+        let proxy = builder.start();
         Env {
             db: self.db,
             proxy,

@@ -78,12 +78,25 @@ impl ProxyBuilder {
         }
     }
 
+    /// Appends `flag <127.0.0.1:free port>` (`--metrics`, `--admin`) and returns that
+    /// address too.
+    pub fn listen_arg(self, flag: &str) -> (Self, SocketAddr) {
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        (self.arg(flag).arg(addr.to_string()), addr)
+    }
+
     /// [`ProxyBuilder::start`] with `--metrics` on a free loopback port; returns the
     /// proxy and that address.
     pub fn start_with_metrics(self) -> (Proxy, SocketAddr) {
-        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let proxy = self.arg("--metrics").arg(metrics.to_string()).start();
-        (proxy, metrics)
+        let (builder, addr) = self.listen_arg("--metrics");
+        (builder.start(), addr)
+    }
+
+    /// [`ProxyBuilder::start`] with `--admin` on a free loopback port; returns the
+    /// proxy and that address.
+    pub fn start_with_admin(self) -> (Proxy, SocketAddr) {
+        let (builder, addr) = self.listen_arg("--admin");
+        (builder.start(), addr)
     }
 
     /// Spawns the proxy and waits until its listen port accepts connections. Panics with

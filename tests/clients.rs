@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::cli::{run_limited, Ran as Output};
+use common::cli::{mariadb_client, run_limited, Ran as Output};
 use common::{mariadb, Proxy, PASSWORD, USER};
 
 // ---------------------------------------------------------------------------------------
@@ -26,16 +26,8 @@ fn recreate_db(db: &str) {
 
 /// Runs the `mariadb` command-line client against `port` (TCP) with database `db`.
 fn mariadb_cli(port: u16, db: &str, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut cmd = Command::new("mariadb");
-    cmd.arg("--no-defaults")
-        .arg("--protocol=TCP")
-        .arg("--host=127.0.0.1")
-        .arg(format!("--port={port}"))
-        .arg(format!("--user={USER}"))
-        .arg(format!("--password={PASSWORD}"))
-        .args(args)
-        .arg(db);
-    run_limited(&mut cmd, stdin.map(str::as_bytes), Duration::from_secs(30))
+    let all: Vec<&str> = args.iter().copied().chain([db]).collect();
+    mariadb_client(port, USER, PASSWORD, &all, stdin)
 }
 
 /// Runs the same client invocation directly and through the proxy (database recreated

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use common::cli::{run_limited, Ran as Out};
+use common::cli::{mariadb_client, run_limited, Ran as Out};
 use common::rawclient::Greeting;
 use common::{mariadb_tls, MariaDb, Proxy, TestCerts, ED_PASSWORD, ED_USER, PASSWORD, USER};
 use mysql_async::prelude::Queryable;
@@ -82,20 +82,14 @@ fn run(cmd: &mut Command, limit: Duration) -> Out {
 
 /// The `mariadb` CLI as `user` against `port`, batch mode, running `sql`.
 fn cli(port: u16, user: &str, password: &str, args: &[&str], sql: &str) -> Out {
-    let mut cmd = Command::new("mariadb");
-    cmd.arg("--no-defaults")
-        .arg("--protocol=TCP")
-        .arg("--host=127.0.0.1")
-        .arg(format!("--port={port}"))
-        .arg(format!("--user={user}"))
-        .arg(format!("--password={password}"))
-        .arg("--connect-timeout=10")
-        .arg("--batch")
-        .arg("--skip-column-names")
-        .args(args)
-        .arg("-e")
-        .arg(sql);
-    run(&mut cmd, Duration::from_secs(30))
+    let batch = ["--connect-timeout=10", "--batch", "--skip-column-names"];
+    let all: Vec<&str> = batch
+        .iter()
+        .chain(args)
+        .copied()
+        .chain(["-e", sql])
+        .collect();
+    mariadb_client(port, user, password, &all, None)
 }
 
 const STATUS_SQL: &str =

@@ -208,3 +208,23 @@ pub fn rule_pymysql(
     assert!(out.success(), "rule_pymysql.py failed: {out:?}");
     out.stdout
 }
+
+/// The `mariadb` command-line client over TCP to `127.0.0.1:port` as `user` with
+/// `args` after the connection options, and `stdin`; fails the test after 30 s.
+pub fn mariadb_client(
+    port: u16,
+    user: &str,
+    password: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Ran {
+    let mut cmd = Command::new("mariadb");
+    cmd.arg("--no-defaults")
+        .arg("--protocol=TCP")
+        .arg("--host=127.0.0.1")
+        .arg(format!("--port={port}"))
+        .arg(format!("--user={user}"))
+        .arg(format!("--password={password}"))
+        .args(args);
+    run_limited(&mut cmd, stdin.map(str::as_bytes), Duration::from_secs(30))
+}

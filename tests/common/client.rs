@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::prelude::*;
-use mysql_async::{Column, Conn, Params, Row, ServerError, Value};
+use mysql_async::{Column, Conn, Params, QueryResult, Row, ServerError, Value};
 
 /// Runs an async test body on a two-thread runtime; panics when it takes longer than
 /// `limit`.
@@ -132,12 +132,7 @@ impl Outcome {
 
 /// Runs `sql` as a text statement (COM_QUERY) and captures what the client sees.
 pub async fn run_text(conn: &mut Conn, sql: &str) -> Result<Outcome, mysql_async::Error> {
-    let r = conn.query_iter(sql).await?;
-    let columns = r
-        .columns()
-        .map(|c| c.iter().map(Meta::of).collect())
-        .unwrap_or_default();
-    let rows: Vec<Row> = r.collect_and_drop().await?;
+    let (columns, rows) = capture(conn.query_iter(sql).await?).await?;
     Ok(outcome(conn, columns, rows))
 }
 
@@ -148,13 +143,20 @@ pub async fn run_exec(
     sql: &str,
     params: impl Into<Params>,
 ) -> Result<Outcome, mysql_async::Error> {
-    let r = conn.exec_iter(sql, params).await?;
+    let (columns, rows) = capture(conn.exec_iter(sql, params).await?).await?;
+    Ok(outcome(conn, columns, rows))
+}
+
+/// The column definitions and rows of a result.
+async fn capture<P: Protocol>(
+    r: QueryResult<'_, '_, P>,
+) -> Result<(Vec<Meta>, Vec<Row>), mysql_async::Error> {
     let columns = r
         .columns()
         .map(|c| c.iter().map(Meta::of).collect())
         .unwrap_or_default();
     let rows: Vec<Row> = r.collect_and_drop().await?;
-    Ok(outcome(conn, columns, rows))
+    Ok((columns, rows))
 }
 
 fn outcome(conn: &Conn, columns: Vec<Meta>, rows: Vec<Row>) -> Outcome {

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use common::cli::run_limited;
 use common::{free_port, mariadb, Proxy};
 
 // ---------------------------------------------------------------------------------------
@@ -48,19 +49,18 @@ fn read(path: &Path) -> String {
 
 /// A YAML file as JSON (PyYAML's safe loader: anchors and aliases resolved).
 fn yaml(path: &Path) -> Value {
-    let out = Command::new("python3")
-        .arg("-c")
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c")
         .arg("import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)")
-        .arg(path)
-        .output()
-        .expect("run python3 (needed to parse YAML)");
+        .arg(path);
+    let out = run_limited(&mut cmd, None, Duration::from_secs(60));
     assert!(
-        out.status.success(),
+        out.success(),
         "{} is not valid YAML (or PyYAML is missing: python3 -m pip install pyyaml):\n{}",
         path.display(),
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
-    serde_json::from_slice(&out.stdout).expect("python3 printed JSON")
+    serde_json::from_str(&out.stdout).expect("python3 printed JSON")
 }
 
 fn dashboard() -> Value {

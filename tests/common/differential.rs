@@ -33,9 +33,10 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::process::Command;
 use std::time::Instant;
 
+use super::cli::migrate_ok;
+use super::fixture::fresh_db_with;
 use super::packets::{parse_column_def, parse_err, parse_ok, read_lenenc, status};
 use super::rawclient::{ConnectOpts, RawClient, RawParam};
 use super::{mariadb, Proxy, PASSWORD, USER};
@@ -1091,26 +1092,9 @@ impl<'k> Differential<'k> {
     /// Recreates both databases from the schema (and the rule's tables).
     pub fn reset(&self) {
         for db in [&self.proxied_db, &self.reference_db] {
-            mariadb().exec(&format!(
-                "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db} DEFAULT CHARACTER SET utf8mb4; USE {db}; {}",
-                self.kind.schema()
-            ));
+            fresh_db_with(db, "DEFAULT CHARACTER SET utf8mb4", &self.kind.schema());
         }
-        let out = Command::new(env!("CARGO_BIN_EXE_heatsink"))
-            .arg("migrate")
-            .arg("--rules")
-            .arg(self._rules.path())
-            .arg("--backend-url")
-            .arg(mariadb().url(&self.proxied_db))
-            .arg("--apply")
-            .output()
-            .expect("run heatsink migrate");
-        assert!(
-            out.status.success(),
-            "heatsink migrate failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        migrate_ok(self._rules.path(), &self.proxied_db, true);
         self.kind.settle_reference(&self.reference_db);
     }
 

@@ -27,11 +27,11 @@ use super::{mariadb, metrics, Proxy};
 
 /// Creates database `db` afresh (dropping it first) and runs `ddl` in it.
 pub fn fresh_db(db: &str, ddl: &str) {
-    create_db(db, "", ddl);
+    fresh_db_with(db, "", ddl);
 }
 
 /// [`fresh_db`] with `options` on CREATE DATABASE (for example a character set).
-fn create_db(db: &str, options: &str, ddl: &str) {
+pub fn fresh_db_with(db: &str, options: &str, ddl: &str) {
     mariadb().exec(&format!(
         "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db} {options}; USE {db}; {ddl}"
     ));
@@ -176,7 +176,7 @@ pub fn counter_rule(name: &str) -> String {
 /// (`('home', 10), …`), and creates `hits_slots` and its trigger with
 /// `heatsink migrate --apply` for [`counter_rule`].
 pub fn create_counter_db(db: &str, table_options: &str, rows: &str) {
-    create_db(
+    fresh_db_with(
         db,
         "CHARACTER SET utf8mb4",
         &format!(

@@ -67,30 +67,23 @@ fn repeated(head: &str, op: &str, n: usize, tail: &str) -> String {
 
 /// The shapes of deep statements a hostile client sends.
 fn deep_statements(n: usize) -> Vec<String> {
-    vec![
-        repeated(
-            "SELECT cnt FROM hits WHERE slug = 'home'",
-            " AND 1=1",
-            n,
-            "",
-        ),
-        repeated("SELECT cnt FROM hits WHERE slug = 'home'", " OR 1", n, ""),
-        repeated(
+    const SHAPES: [(&str, &str, &str); 7] = [
+        ("SELECT cnt FROM hits WHERE slug = 'home'", " AND 1=1", ""),
+        ("SELECT cnt FROM hits WHERE slug = 'home'", " OR 1", ""),
+        (
             "UPDATE hits SET cnt = cnt + 1",
             " + 1",
-            n,
             " WHERE slug = 'home'",
         ),
-        repeated("SELECT cnt FROM hits WHERE slug = ", "(", n, "'home'"),
-        repeated("SELECT cnt FROM hits WHERE slug = ", "CONCAT(", n, "'home'"),
-        repeated(
-            "SELECT cnt FROM hits WHERE slug IN ",
-            "(SELECT ",
-            n,
-            "'home'",
-        ),
-        repeated("SELECT cnt FROM hits", " UNION SELECT 1", n, ""),
-    ]
+        ("SELECT cnt FROM hits WHERE slug = ", "(", "'home'"),
+        ("SELECT cnt FROM hits WHERE slug = ", "CONCAT(", "'home'"),
+        ("SELECT cnt FROM hits WHERE slug IN ", "(SELECT ", "'home'"),
+        ("SELECT cnt FROM hits", " UNION SELECT 1", ""),
+    ];
+    SHAPES
+        .iter()
+        .map(|(head, op, tail)| repeated(head, op, n, tail))
+        .collect()
 }
 
 #[test]

@@ -95,12 +95,10 @@ impl ReloadEnv for Env {
             if now == names {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "rules are {now:?}, expected {names:?}; log:\n{}",
-                self.proxy.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            pause_before(self, deadline, || {
+                format!("rules are {now:?}, expected {names:?}")
+            })
+            .await;
         }
     }
 
@@ -111,14 +109,24 @@ impl ReloadEnv for Env {
             if v >= at_least {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{series} = {v}, expected >= {at_least}; log:\n{}",
-                self.proxy.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            pause_before(self, deadline, || {
+                format!("{series} = {v}, expected >= {at_least}")
+            })
+            .await;
         }
     }
+}
+
+/// Waits 100 ms before the next poll; fails with `what` and the proxy's log once
+/// `deadline` has passed.
+async fn pause_before(env: &Env, deadline: Instant, what: impl FnOnce() -> String) {
+    assert!(
+        Instant::now() < deadline,
+        "{}; log:\n{}",
+        what(),
+        env.proxy.log_text()
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
 fn admin_url(addr: SocketAddr, user: &str, password: &str, db: &str) -> String {

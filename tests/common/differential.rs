@@ -1163,17 +1163,9 @@ impl<'k> Differential<'k> {
                 let ra = query_items(&mut r, sql.as_bytes());
                 history.push(format!("#{index} (session) {sql}"));
                 if pa != ra {
-                    self.mismatch(
-                        &mut report,
-                        cfg,
-                        index,
-                        &history,
-                        both_answers(
-                            &format!("session statement answered differently: {sql}"),
-                            &pa,
-                            &ra,
-                        ),
-                    );
+                    let what = format!("session statement answered differently: {sql}");
+                    let msg = both_answers(&what, &pa, &ra);
+                    self.mismatch(&mut report, cfg, index, &history, msg);
                 }
                 if !is_err(&pa) && !is_err(&ra) {
                     g.session = next;
@@ -1260,29 +1252,17 @@ impl<'k> Differential<'k> {
                     report.errors += 1;
                 }
                 if pa != ra {
-                    self.mismatch(
-                        &mut report,
-                        cfg,
-                        index,
-                        &history,
-                        both_answers(&format!("statement: {shown}"), &pa, &ra),
-                    );
+                    let msg = both_answers(&format!("statement: {shown}"), &pa, &ra);
+                    self.mismatch(&mut report, cfg, index, &history, msg);
                 }
                 if stmt.write && !is_err(&ra) {
                     self.kind.settle_reference(&self.reference_db);
                 }
             }
             if io_failure {
-                self.mismatch(
-                    &mut report,
-                    cfg,
-                    index,
-                    &history,
-                    format!(
-                        "connection failed; heatsink log:\n{}",
-                        super::client::tail(&self.proxy.log_text(), 20)
-                    ),
-                );
+                let log = super::client::tail(&self.proxy.log_text(), 20);
+                let msg = format!("connection failed; heatsink log:\n{log}");
+                self.mismatch(&mut report, cfg, index, &history, msg);
                 break;
             }
 
@@ -1302,18 +1282,13 @@ impl<'k> Differential<'k> {
                             let _ = writeln!(physical, "      {row:?}");
                         }
                     }
-                    self.mismatch(
-                        &mut report,
-                        cfg,
-                        index,
-                        &history,
-                        format!(
-                            "logical state differs after: {shown}\n  heatsink answered:\n{}  state through heatsink:\n{}  reference state:\n{}  physical tables behind heatsink:\n{physical}",
-                            show_items(&pa),
-                            show_items(&ps),
-                            show_items(&rs)
-                        ),
+                    let msg = format!(
+                        "logical state differs after: {shown}\n  heatsink answered:\n{}  state through heatsink:\n{}  reference state:\n{}  physical tables behind heatsink:\n{physical}",
+                        show_items(&pa),
+                        show_items(&ps),
+                        show_items(&rs)
                     );
+                    self.mismatch(&mut report, cfg, index, &history, msg);
                     // Later statements would only show the consequences.
                     break;
                 }

@@ -171,6 +171,35 @@ impl Tally {
     }
 }
 
+/// Fails (with the proxy log) when a load client saw an error.
+fn assert_no_client_errors(env: &Env, tally: &Tally) {
+    let errors = tally.errors();
+    if !errors.is_empty() {
+        env.fail(&format!(
+            "{} client errors ({} OKs):\n{}",
+            tally.failures(),
+            tally.oks(),
+            errors.join("\n")
+        ));
+    }
+}
+
+/// `slug` must read `want` through the proxy on `p` (else: fail with the proxy log and
+/// `detail`) and hold it physically (base + SUM(slots)).
+async fn assert_counter(env: &Env, p: &mut Conn, slug: &str, want: Option<i64>, detail: &str) {
+    let got = value_of(p, slug).await;
+    if got != want {
+        env.fail(&format!(
+            "{slug}: read {got:?} through the proxy, acknowledged {want:?}{detail}"
+        ));
+    }
+    assert_eq!(
+        counter_value(&env.db, slug),
+        want,
+        "{slug}: base + SUM(slots)"
+    );
+}
+
 /// Error code of a server error, 0 for anything else.
 fn code_of(e: &mysql_async::Error) -> u16 {
     match e {
@@ -297,32 +326,14 @@ fn merged_increments_sum_exactly() {
         let tally = Tally::new(HOT + COLD);
         let deadline = Instant::now() + Duration::from_secs(5);
         text_load(env.url(), 64, deadline, tally.clone(), hot_and_cold).await;
-        let errors = tally.errors();
-        if !errors.is_empty() {
-            env.fail(&format!(
-                "{} client errors ({} OKs):\n{}",
-                tally.failures(),
-                tally.oks(),
-                errors.join("\n")
-            ));
-        }
+        assert_no_client_errors(&env, &tally);
         assert!(tally.oks() > 1000, "only {} increments in 5 s", tally.oks());
         let mut p = connect(&env.url()).await;
         for k in 0..HOT + COLD {
             let slug = key_name(k);
             let acked = tally.acked(k);
             let want = (existing(k) || acked != 0).then(|| base(k) + acked);
-            let got = value_of(&mut p, &slug).await;
-            if got != want {
-                env.fail(&format!(
-                    "{slug}: read {got:?} through the proxy, acknowledged {want:?}"
-                ));
-            }
-            assert_eq!(
-                counter_value(&env.db, &slug),
-                want,
-                "{slug}: base + SUM(slots)"
-            );
+            assert_counter(&env, &mut p, &slug, want, "").await;
         }
         p.disconnect().await.unwrap();
         let (writes, increments) = coalesced(&env.metrics());
@@ -392,15 +403,7 @@ fn negative_deltas_and_two_columns_sum_exactly() {
         let tally = Tally::new(4);
         let deadline = Instant::now() + Duration::from_secs(3);
         text_load(env.url(), 48, deadline, tally.clone(), stats_increment).await;
-        let errors = tally.errors();
-        if !errors.is_empty() {
-            env.fail(&format!(
-                "{} client errors ({} OKs):\n{}",
-                tally.failures(),
-                tally.oks(),
-                errors.join("\n")
-            ));
-        }
+        assert_no_client_errors(&env, &tally);
         let mut p = connect(&env.url()).await;
         for (id, base) in [(1usize, (100000i64, 200000i64)), (2, (0, 0))] {
             let want = (
@@ -493,24 +496,11 @@ fn transactional_increments_are_never_merged() {
             tokio::time::sleep(Duration::from_millis(150)).await;
         }
         load.await.unwrap();
-        let errors = tally.errors();
-        if !errors.is_empty() {
-            env.fail(&format!(
-                "{} client errors ({} OKs):\n{}",
-                tally.failures(),
-                tally.oks(),
-                errors.join("\n")
-            ));
-        }
+        assert_no_client_errors(&env, &tally);
         let want = tally.acked(0) + committed;
-        let got = value_of(&mut t, "hot0").await;
-        if got != Some(want) {
-            env.fail(&format!(
-                "hot0: read {got:?}, acknowledged autocommit increments + committed transaction = {want} \
-                 (a difference that is a multiple of 1000 is a rolled-back increment that was written)"
-            ));
-        }
-        assert_eq!(counter_value(&env.db, "hot0"), Some(want));
+        let detail = " (autocommit increments + committed transaction; a difference that is a \
+             multiple of 1000 is a rolled-back increment that was written)";
+        assert_counter(&env, &mut t, "hot0", Some(want), detail).await;
         t.disconnect().await.unwrap();
         let (writes, increments) = coalesced(&env.metrics());
         eprintln!(
@@ -675,15 +665,8 @@ fn failing_merged_writes_fail_only_members_that_fail_alone() {
         );
         let want = 50 + tally.acked(0);
         let mut p = connect(&env.url()).await;
-        let got = value_of(&mut p, "hot0").await;
-        if got != Some(want) {
-            env.fail(&format!(
-                "hot0: read {got:?}, acknowledged {want} ({} OKs, {} errors)",
-                tally.oks(),
-                tally.failures()
-            ));
-        }
-        assert_eq!(counter_value(&env.db, "hot0"), Some(want));
+        let counts = format!(" ({} OKs, {} errors)", tally.oks(), tally.failures());
+        assert_counter(&env, &mut p, "hot0", Some(want), &counts).await;
         let (writes, increments) = coalesced(&env.metrics());
         eprintln!(
             "coalesce overflow: {} OKs, {} errors; {writes} merged writes holding {increments}",
@@ -735,15 +718,8 @@ fn merged_writes_to_a_missing_slot_table_fail_every_member() {
         assert!(tally.failures() > 0, "the missing table was never noticed");
         let want = tally.acked(0);
         let mut p = connect(&env.url()).await;
-        let got = value_of(&mut p, "hot0").await;
-        if got != Some(want) {
-            env.fail(&format!(
-                "hot0: read {got:?}, acknowledged {want} ({} OKs, {} errors)",
-                tally.oks(),
-                tally.failures()
-            ));
-        }
-        assert_eq!(counter_value(&env.db, "hot0"), Some(want));
+        let counts = format!(" ({} OKs, {} errors)", tally.oks(), tally.failures());
+        assert_counter(&env, &mut p, "hot0", Some(want), &counts).await;
         p.disconnect().await.unwrap();
         let (writes, increments) = coalesced(&env.metrics());
         eprintln!(
@@ -840,24 +816,12 @@ fn prepared_increments_are_exact_and_not_merged() {
         .await
         .expect("prepared load hung");
         text.await.unwrap();
-        let errors = tally.errors();
-        if !errors.is_empty() {
-            env.fail(&format!(
-                "{} client errors ({} OKs):\n{}",
-                tally.failures(),
-                tally.oks(),
-                errors.join("\n")
-            ));
-        }
+        assert_no_client_errors(&env, &tally);
         let mut p = connect(&env.url()).await;
         for (k, base) in [(0usize, 10i64), (1, 20)] {
             let slug = format!("hot{k}");
             let want = base + tally.acked(k);
-            let got = value_of(&mut p, &slug).await;
-            if got != Some(want) {
-                env.fail(&format!("{slug}: read {got:?}, acknowledged {want}"));
-            }
-            assert_eq!(counter_value(&env.db, &slug), Some(want));
+            assert_counter(&env, &mut p, &slug, Some(want), "").await;
         }
         p.disconnect().await.unwrap();
         let (writes, increments) = coalesced(&env.metrics());

@@ -14,6 +14,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::client::rules_dir;
+use common::fixture::counter_rule;
 use common::packets::{parse_err, parse_ok, text_rows, Packet};
 use common::rawclient::{caps, cmd, types, ConnectError, ConnectOpts, RawClient, RawParam};
 use common::{free_port, mariadb, Proxy, PASSWORD, TEST_DB, USER};
@@ -563,24 +565,14 @@ fn graceful_shutdown_does_not_wait_for_idle_clients() {
 // ---------------------------------------------------------------------------------------
 // Session commands that must really reach the backend
 
-/// A counter rule on a table named `hits`: statements that merely mention the name (in a
-/// literal or a comment) go through the rule engine's scanner and tokenizer, and must
-/// still be forwarded untouched.
-const HITS_RULE: &str = r#"
-[[counter]]
-name = "page_hits"
-table = "hits"
-key = ["slug"]
-columns = ["cnt"]
-slots = 4
-slot_table = "hits_slots"
-"#;
 
 #[test]
 fn non_utf8_statements_pass_unchanged() {
     let plain = Proxy::start();
-    let rules_dir = tempfile::tempdir().unwrap();
-    std::fs::write(rules_dir.path().join("hits.toml"), HITS_RULE).unwrap();
+    // A counter rule on a table named `hits`: statements that merely mention the name
+    // (in a literal or a comment) go through the rule engine's scanner and tokenizer,
+    // and must still be forwarded untouched.
+    let rules_dir = rules_dir("hits.toml", &counter_rule("page_hits"));
     let ruled = Proxy::builder().rules_dir(rules_dir.path()).start();
     assert!(
         ruled.log_text().contains("rules_loaded=true"),

@@ -565,7 +565,6 @@ fn graceful_shutdown_does_not_wait_for_idle_clients() {
 // ---------------------------------------------------------------------------------------
 // Session commands that must really reach the backend
 
-
 #[test]
 fn non_utf8_statements_pass_unchanged() {
     let plain = Proxy::start();

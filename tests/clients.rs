@@ -12,17 +12,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::cli::{mariadb_client, run_limited, Ran as Output};
+use common::fixture::fresh_db;
 use common::{mariadb, Proxy, PASSWORD, USER};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
-
-/// Drops and recreates a database.
-fn recreate_db(db: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}"
-    ));
-}
 
 /// Runs the `mariadb` command-line client against `port` (TCP) with database `db`.
 fn mariadb_cli(port: u16, db: &str, args: &[&str], stdin: Option<&str>) -> Output {
@@ -39,9 +33,9 @@ fn cli_same_both_ways(
     stdin: Option<&str>,
     normalize: fn(&str) -> String,
 ) -> Output {
-    recreate_db(db);
+    fresh_db(db, "");
     let mut direct = mariadb_cli(mariadb().port(), db, args, stdin);
-    recreate_db(db);
+    fresh_db(db, "");
     let mut proxied = mariadb_cli(proxy.port(), db, args, stdin);
     for o in [&mut direct, &mut proxied] {
         o.stdout = normalize(&o.stdout);
@@ -265,7 +259,7 @@ fn mariadb_extended_capabilities_are_relayed() {
     assert!(out.stdout.contains("format=json"), "{out:?}");
 
     let batch = |url: String| {
-        recreate_db("cli_ext");
+        fresh_db("cli_ext", "");
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -552,7 +546,7 @@ fn mysql_async_results_match_direct() {
     let proxy = Proxy::start();
     let db = "cli_async";
     let run = |url: String| {
-        recreate_db(db);
+        fresh_db(db, "");
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -601,7 +595,7 @@ fn pymysql_transcript(port: u16, db: &str) -> Output {
 fn pymysql_transcript_matches_direct() {
     let proxy = Proxy::start();
     let db = "cli_pymysql";
-    recreate_db(db);
+    fresh_db(db, "");
     let direct = pymysql_transcript(mariadb().port(), db);
     assert_eq!(
         direct.code,
@@ -610,7 +604,7 @@ fn pymysql_transcript_matches_direct() {
         direct.stderr
     );
     assert!(direct.stdout.contains("\"step\""), "{}", direct.stdout);
-    recreate_db(db);
+    fresh_db(db, "");
     let proxied = pymysql_transcript(proxy.port(), db);
     assert_eq!(
         proxied.code,
@@ -653,7 +647,7 @@ fn sysbench_count(report: &str, label: &str) -> Option<u64> {
 fn sysbench_oltp_read_write_through_the_proxy() {
     let proxy = Proxy::start();
     let db = "cli_sysbench";
-    recreate_db(db);
+    fresh_db(db, "");
     let sysbench = |step: &str, limit: Duration| -> Output {
         let mut cmd = Command::new("sysbench");
         cmd.arg("oltp_read_write")

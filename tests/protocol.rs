@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::client::rules_dir;
-use common::fixture::counter_rule;
+use common::fixture::{counter_rule, fresh_db};
 use common::packets::{parse_err, parse_ok, text_rows, Packet};
 use common::rawclient::{caps, cmd, types, ConnectError, ConnectOpts, RawClient, RawParam};
 use common::{free_port, mariadb, Proxy, PASSWORD, TEST_DB, USER};
@@ -38,13 +38,6 @@ fn connect(addr: SocketAddr, proxy: Option<&Proxy>) -> RawClient {
             proxy.map(|p| p.log_text()).unwrap_or_default()
         )
     })
-}
-
-/// Drops and recreates a database.
-fn recreate_db(db: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}"
-    ));
 }
 
 /// Reads one physical packet from a plain socket.
@@ -593,7 +586,7 @@ fn non_utf8_statements_pass_unchanged() {
         b"SELECT id FROM l1 WHERE v <> 'hits\xe9' /* hits \xe9 */ ORDER BY id".to_vec(),
     ];
     let run = |addr: SocketAddr| -> Vec<Vec<Packet>> {
-        recreate_db(db);
+        fresh_db(db, "");
         let mut c = RawClient::connect(addr, &opts().db(db)).expect("connect");
         let mut out: Vec<Vec<Packet>> = script.iter().map(|sql| c.query(sql).unwrap()).collect();
         let (id, mut prep) = c.prepare(b"SELECT id, v FROM l1 WHERE v = ?").unwrap();
@@ -716,7 +709,7 @@ fn long_data_close_and_reset_of_statements() {
         value,
     };
     let run = |addr: SocketAddr| -> Vec<Vec<Packet>> {
-        recreate_db(db);
+        fresh_db(db, "");
         let mut c = RawClient::connect(addr, &opts().db(db)).expect("connect");
         let mut out = Vec::new();
         out.push(
@@ -798,7 +791,7 @@ fn payloads_over_16_mib_with_mysql_async() {
     const MIB: usize = 1 << 20;
     let proxy = Proxy::start();
     let db = "proto_big";
-    recreate_db(db);
+    fresh_db(db, "");
     let url = proxy.url(db);
     block_on_timeout(Duration::from_secs(60), async move {
         let mut conn = mysql_async::Conn::from_url(url.as_str()).await.unwrap();

@@ -200,16 +200,18 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
     let db = "ring_mig_apply";
     // A richer log: a text column with its own charset, a nullable column with a
     // default, an ON UPDATE timestamp, a unique key that must not be copied.
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE {LOG} (id INT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
+    fresh_db(
+        db,
+        &format!(
+            "CREATE TABLE {LOG} (id INT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
              uid INT NOT NULL, visitor_uid INT NOT NULL,
              note VARCHAR(20) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT 'hi',
              score DECIMAL(6,2) NULL DEFAULT NULL,
              last_update DATETIME(6) NOT NULL,
              touched TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
              KEY (uid), UNIQUE KEY (visitor_uid, last_update)) DEFAULT CHARSET=latin1;"
-    ));
+        ),
+    );
     let rules = rules_dir("ring.toml", &ring_rule());
 
     let printed = migrate_ok(rules.path(), db, false);
@@ -2418,12 +2420,14 @@ fn switching_the_rule_on_while_inserting() {
 #[test]
 fn migrate_trigger_mirrors_direct_appends() {
     let db = "ring_mig_trigger";
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE {LOG} (id BIGINT AUTO_INCREMENT PRIMARY KEY, uid INT NULL,
+    fresh_db(
+        db,
+        &format!(
+            "CREATE TABLE {LOG} (id BIGINT AUTO_INCREMENT PRIMARY KEY, uid INT NULL,
              visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL);
          INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 1, NOW(6)), (NULL, 2, NOW(6));"
-    ));
+        ),
+    );
     let rules = rules_dir("ring.toml", &ring_rule());
     let out = migrate_ok(rules.path(), db, true);
     assert!(out.contains("is nullable"), "{out}");

@@ -32,9 +32,11 @@ pub fn fresh_db(db: &str, ddl: &str) {
 
 /// [`fresh_db`] with `options` on CREATE DATABASE (for example a character set).
 pub fn fresh_db_with(db: &str, options: &str, ddl: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db} {options}; USE {db}; {ddl}"
-    ));
+    let mut sql = format!("DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db} {options}");
+    if !ddl.trim().is_empty() {
+        sql.push_str(&format!("; USE {db}; {ddl}"));
+    }
+    mariadb().exec(&sql);
 }
 
 /// Runs `heatsink migrate --apply` in `db` for the rules in `toml` (written to a

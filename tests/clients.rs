@@ -7,13 +7,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use common::cli::{mariadb_client, run_limited, Ran as Output};
 use common::fixture::fresh_db;
-use common::{mariadb, Proxy, PASSWORD, USER};
+use common::{mariadb, tests_dir, Proxy, PASSWORD, USER};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -85,10 +84,6 @@ fn without_timings(s: &str) -> String {
     }
     out.push_str(rest);
     out
-}
-
-fn tests_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
 // ---------------------------------------------------------------------------------------

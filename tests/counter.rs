@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cli::rule_pymysql;
-use common::client::{assert_refused_by, connect, run, run_exec, run_text, tail, Outcome};
+use common::client::{assert_refused_by, connect, fill, run, run_exec, run_text, tail, Outcome};
 use common::fixture::{fresh_db, inc_sql, migrate_apply, value_of, Env, Rule, MATCHED_1};
 use common::{mariadb, Proxy};
 use mysql_async::consts::ColumnType;
@@ -83,11 +83,6 @@ fn snapshot(env: &Env) -> Vec<Vec<Vec<Option<String>>>> {
 
 // ---------------------------------------------------------------------------------------
 // Capturing what a client sees
-
-/// `{t}` → table, `{db}` → database.
-fn fill(template: &str, table: &str, db: &str) -> String {
-    template.replace("{t}", table).replace("{db}", db)
-}
 
 /// Runs `template` on the logical table through the proxy and on the reference table
 /// directly; both must succeed and look the same. Returns the proxy's outcome, or a

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::cli::heatsink;
 use common::client::rules_dir as rules_dir_of;
-use common::fixture::{fresh_db, Rule};
+use common::fixture::{fresh_db, scalar, table_exists, Rule};
 use common::mariadb;
 use mysql_async::prelude::Queryable;
 
@@ -40,22 +40,6 @@ fn counter_rule(
         .slot_table(slot_table)
         .toml()
         + "\n"
-}
-
-fn scalar(sql: &str) -> Option<String> {
-    mariadb()
-        .query_strings(sql)
-        .into_iter()
-        .next()
-        .and_then(|r| r.into_iter().next().flatten())
-}
-
-fn table_exists(db: &str, table: &str) -> bool {
-    scalar(&format!(
-        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}'"
-    ))
-    .as_deref()
-        == Some("1")
 }
 
 fn trigger_exists(db: &str, trigger: &str) -> bool {

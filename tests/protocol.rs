@@ -18,7 +18,7 @@ use common::client::rules_dir;
 use common::fixture::{counter_rule, fresh_db};
 use common::packets::{parse_err, parse_ok, text_rows, Packet};
 use common::rawclient::{caps, cmd, types, ConnectError, ConnectOpts, RawClient, RawParam};
-use common::{free_port, mariadb, Proxy, PASSWORD, TEST_DB, USER};
+use common::{free_port, http_get, mariadb, sample, Proxy, PASSWORD, TEST_DB, USER};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -1398,42 +1398,9 @@ fn json_log_format() {
 // ---------------------------------------------------------------------------------------
 // Metrics endpoint
 
-/// `GET path` over a raw socket; returns (status code, body). Retries the connect for a
-/// moment (the endpoint binds just after the proxy's listener).
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut s = loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-            Ok(s) => break s,
-            Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
-            Err(e) => panic!("metrics endpoint {addr}: {e}"),
-        }
-    };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("HTTP response");
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("bad HTTP response: {resp:?}"));
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
+/// An unlabelled sample of a `/metrics` body as an integer.
 fn metric(body: &str, name: &str) -> Option<u64> {
-    body.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
+    sample(body, name).map(|v| v as u64)
 }
 
 #[test]

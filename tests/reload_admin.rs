@@ -6,14 +6,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::cli::Cli;
 use common::client::{connect, run};
 use common::fixture::{counter_rule, create_counter_db, Env};
-use common::{free_port, mariadb, Proxy};
+use common::{free_port, http_get, mariadb, sample, Proxy};
 
 /// Time limit of each async test body.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -166,23 +165,16 @@ async fn admin_query(
     Ok((columns, rows))
 }
 
-/// GET /metrics.
+/// The `/metrics` body.
 fn scrape(addr: SocketAddr) -> String {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
+    let (status, body) = http_get(addr, "/metrics");
+    assert_eq!(status, 200, "{body}");
     body
 }
 
 /// The value of one series (exact name with labels), 0 when absent.
 fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-        .map(|v| v.trim().parse().expect("metric value"))
-        .unwrap_or(0.0)
+    sample(text, series).unwrap_or(0.0)
 }
 
 const INC: &str = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'";

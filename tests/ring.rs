@@ -23,8 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cli::{migrate, migrate_ok, rule_pymysql};
-use common::client::{assert_refused_by, connect, rules_dir, run, run_exec, run_text, Outcome};
-use common::fixture::{fresh_db, Env, Rule};
+use common::client::{
+    assert_refused_by, connect, fill, rules_dir, run, run_exec, run_text, Outcome,
+};
+use common::fixture::{fresh_db, table_exists, Env, Rule};
 use common::{mariadb, metrics, Proxy, USER};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Params, Value};
@@ -153,15 +155,6 @@ fn columns_of(db: &str, table: &str) -> Vec<Vec<Option<String>>> {
          FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}' \
          ORDER BY ORDINAL_POSITION"
     ))
-}
-
-fn table_exists(db: &str, table: &str) -> bool {
-    mariadb()
-        .query_strings(&format!(
-            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}'"
-        ))[0][0]
-        .as_deref()
-        == Some("1")
 }
 
 /// (name, timing, table) of every INSERT trigger in `db`, by name.
@@ -631,11 +624,6 @@ fn migrate_keyless_ring() {
 
 // ---------------------------------------------------------------------------------------
 // Capturing what a client sees
-
-/// `{t}` → table, `{db}` → database.
-fn fill(template: &str, table: &str, db: &str) -> String {
-    template.replace("{t}", table).replace("{db}", db)
-}
 
 /// The reference table's rows by id, to trim it to the latest `SIZE` per key.
 #[derive(Debug, Default, Clone)]

@@ -49,6 +49,11 @@ pub async fn assert_refused_by(conn: &mut Conn, sql: &str, rule: &str) -> Server
     }
 }
 
+/// A statement template filled in: `{t}` → `table`, `{db}` → `db`.
+pub fn fill(template: &str, table: &str, db: &str) -> String {
+    template.replace("{t}", table).replace("{db}", db)
+}
+
 /// The last `lines` lines of `s` (proxy logs in failure messages).
 pub fn tail(s: &str, lines: usize) -> String {
     let all: Vec<&str> = s.lines().collect();

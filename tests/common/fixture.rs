@@ -39,6 +39,24 @@ pub fn fresh_db_with(db: &str, options: &str, ddl: &str) {
     mariadb().exec(&sql);
 }
 
+/// The first value of a query run as root directly on MariaDB (`None`: no row, or NULL).
+pub fn scalar(sql: &str) -> Option<String> {
+    mariadb()
+        .query_strings(sql)
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next().flatten())
+}
+
+/// True when `db.table` exists.
+pub fn table_exists(db: &str, table: &str) -> bool {
+    scalar(&format!(
+        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}'"
+    ))
+    .as_deref()
+        == Some("1")
+}
+
 /// Runs `heatsink migrate --apply` in `db` for the rules in `toml` (written to a
 /// temporary rules directory); returns migrate's stdout.
 pub fn migrate_apply(db: &str, toml: &str) -> String {
@@ -374,11 +392,7 @@ impl Env {
 
     /// The first value of [`Env::backend_rows`].
     pub fn backend_scalar(&self, sql: &str) -> Option<String> {
-        self.backend_rows(sql)
-            .into_iter()
-            .next()
-            .and_then(|r| r.into_iter().next())
-            .flatten()
+        scalar(&sql.replace("{db}", &self.db))
     }
 
     /// The `--metrics` address (panics when the proxy has none).

@@ -46,6 +46,7 @@
 //!   `direct()`, `backend_rows`, `metrics()`, `write_rule`, `sighup`, …;
 //!   `create_counter_db(db, table_options, rows)` and `counter_rule(name)`: the counter
 //!   table and rule several test files share; `counter_value`, `value_of`, `inc_sql`.
+//! - [`http_get()`], [`metrics()`] and [`sample()`] for the proxy's HTTP endpoints.
 //! - [`free_port()`], [`target_dir()`], [`tests_dir()`].
 //!
 //! Layout:
@@ -75,7 +76,7 @@ pub use mariadb::{
     mariadb, mariadb_tls, MariaDb, TestCerts, ADMIN_USER, ED_PASSWORD, ED_USER, PASSWORD, TEST_DB,
     USER,
 };
-pub use proxy::{metrics, Proxy, ProxyBuilder};
+pub use proxy::{http_get, metrics, sample, Proxy, ProxyBuilder};
 
 use std::net::TcpListener;
 use std::path::PathBuf;

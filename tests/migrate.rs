@@ -5,12 +5,12 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::cli::heatsink;
+use common::cli::{heatsink, migrate};
 use common::client::rules_dir as rules_dir_of;
 use common::fixture::{fresh_db, scalar, table_exists, Rule};
 use common::mariadb;
@@ -96,11 +96,10 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
         &["cnt", "views"],
         "hits_slots",
     ));
-    let url = mariadb().url(db);
     let rules = rules.to_str().unwrap();
 
     // Without --apply: the DDL, nothing created.
-    let (code, out, err) = heatsink(&["migrate", "--rules", rules, "--backend-url", &url]);
+    let (code, out, err) = migrate(Path::new(rules), db, false);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("-- rule page_hits"), "{out}");
     assert!(
@@ -118,14 +117,7 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
     assert!(!trigger_exists(db, "hits_slots_hs_ai"));
 
     // --apply: created, and the output says so.
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules,
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(Path::new(rules), db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("-- applied: created slot table"), "{out}");
     assert!(out.contains("-- applied: created trigger"), "{out}");
@@ -178,14 +170,7 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
     );
 
     // Second --apply: nothing to do.
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules,
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(Path::new(rules), db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(!out.contains("CREATE"), "{out}");
     assert!(!out.contains("-- applied"), "{out}");
@@ -249,7 +234,6 @@ fn migrate_refuses_rules_the_tables_do_not_fit() {
          CREATE TABLE odd_slots (slug VARCHAR(32) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
              cnt BIGINT UNSIGNED NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));",
     );
-    let url = mariadb().url(db);
     let cases = [
         (
             counter_rule("missing", "nope", &["slug"], &["cnt"], "nope_slots"),
@@ -276,14 +260,7 @@ fn migrate_refuses_rules_the_tables_do_not_fit() {
         // Each bad rule next to a good one: the good one is not applied either.
         let text = counter_rule("good", "good", &["slug"], &["cnt"], "good_slots") + rule;
         let (_d, rules) = rules_dir(&text);
-        let (code, out, err) = heatsink(&[
-            "migrate",
-            "--rules",
-            rules.to_str().unwrap(),
-            "--backend-url",
-            &url,
-            "--apply",
-        ]);
+        let (code, out, err) = migrate(&rules, db, true);
         assert_eq!(code, 1, "{want}: stdout:\n{out}\nstderr:\n{err}");
         assert!(err.contains(want), "want {want:?} in:\n{err}");
         assert!(err.contains("nothing was changed"), "{err}");
@@ -297,13 +274,7 @@ fn migrate_refuses_rules_the_tables_do_not_fit() {
         &["cnt"],
         "odd_slots",
     ));
-    let (_, _, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules.to_str().unwrap(),
-        "--backend-url",
-        &url,
-    ]);
+    let (_, _, err) = migrate(&rules, db, false);
     assert!(err.contains("key column `slug` is varchar(32)"), "{err}");
     assert!(err.contains("not a signed integer"), "{err}");
 }
@@ -327,14 +298,7 @@ fn compact_folds_slots_into_the_base() {
     let (_d, rules) = rules_dir(&text);
     let rules = rules.to_str().unwrap();
     let url = mariadb().url(db);
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules,
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(Path::new(rules), db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
 
     mariadb().exec(&format!(
@@ -435,14 +399,7 @@ fn compact_global_counter() {
     let (_d, rules) = rules_dir(&counter_rule("global", "total", &[], &["n"], "total_slots"));
     let rules = rules.to_str().unwrap();
     let url = mariadb().url(db);
-    let (code, _, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules,
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, _, err) = migrate(Path::new(rules), db, true);
     assert_eq!(code, 0, "{err}");
     mariadb().exec(&format!(
         "INSERT INTO {db}.total_slots (slot, n) VALUES (0, 3), (7, 4), (9, -1)"
@@ -488,14 +445,7 @@ fn compact_under_concurrent_increments_loses_nothing() {
     ));
     let rules = rules.to_str().unwrap().to_string();
     let url = mariadb().url(db);
-    let (code, _, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        &rules,
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, _, err) = migrate(Path::new(&rules), db, true);
     assert_eq!(code, 0, "{err}");
     // Some deltas before the first run, one of them for a key without a base row.
     mariadb().exec(&format!(
@@ -630,7 +580,6 @@ fn migrate_accepts_an_equivalent_trigger_and_refuses_a_foreign_one() {
          CREATE TRIGGER other_slots_hs_ai AFTER INSERT ON other_slots FOR EACH ROW
              SET @seen = NEW.slug;",
     );
-    let url = mariadb().url(db);
     let (_d, rules) = rules_dir(&counter_rule(
         "hits",
         "hits",
@@ -638,14 +587,7 @@ fn migrate_accepts_an_equivalent_trigger_and_refuses_a_foreign_one() {
         &["cnt"],
         "hits_slots",
     ));
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules.to_str().unwrap(),
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(&rules, db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("-- note: trigger"), "{out}");
     assert!(!out.contains("CREATE"), "{out}");
@@ -657,13 +599,7 @@ fn migrate_accepts_an_equivalent_trigger_and_refuses_a_foreign_one() {
         &["cnt"],
         "other_slots",
     ));
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules.to_str().unwrap(),
-        "--backend-url",
-        &url,
-    ]);
+    let (code, out, err) = migrate(&rules, db, false);
     assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
     assert!(
         err.contains("trigger `hs_mig_trigger`.`other_slots_hs_ai` exists but is not"),

@@ -3,48 +3,16 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
+use common::cli::{heatsink, migrate, Cli};
+use common::client::rules_dir_with as rules_dir;
+use common::fixture::{fresh_db, Rule};
 use common::mariadb;
 
-/// Runs the binary with `args` (and `stdin`); returns (exit code, stdout, stderr).
+/// Runs the binary with `args` and `stdin`; returns (exit code, stdout, stderr).
 fn heatsink_in(args: &[&str], stdin: &str) -> (i32, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_heatsink"))
-        .args(args)
-        .env_remove("HEATSINK_BACKEND_URL")
-        .env_remove("HEATSINK_RULES")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run heatsink");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn heatsink(args: &[&str]) -> (i32, String, String) {
-    heatsink_in(args, "")
-}
-
-/// A temporary rules directory holding `files` (name, text).
-fn rules_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for (name, text) in files {
-        std::fs::write(dir.path().join(name), text).unwrap();
-    }
-    dir
+    Cli::new(args).stdin(stdin).run()
 }
 
 fn path(d: &tempfile::TempDir) -> &str {
@@ -55,14 +23,15 @@ fn file(d: &tempfile::TempDir, name: &str) -> String {
     d.path().join(name).display().to_string()
 }
 
-const COUNTER: &str = r#"[[counter]]
-name = "page_hits"
-table = "hits"
-key = ["slug"]
-columns = ["cnt"]
-slots = 16
-slot_table = "hits_slots"
-"#;
+/// The counter rule `page_hits` on `hits` (key `slug`, counter `cnt`, 16 slots).
+fn counter() -> Rule {
+    Rule::counter("page_hits", "hits")
+}
+
+/// [`counter`] as TOML.
+fn counter_toml() -> String {
+    counter().toml()
+}
 
 fn check(d: &tempfile::TempDir) -> (i32, String, String) {
     heatsink(&["check", "--rules", path(d)])
@@ -70,7 +39,7 @@ fn check(d: &tempfile::TempDir) -> (i32, String, String) {
 
 #[test]
 fn a_good_rule_set_passes() {
-    let d = rules_dir(&[("counters.toml", COUNTER)]);
+    let d = rules_dir(&[("counters.toml", &counter_toml())]);
     let (code, out, err) = check(&d);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.starts_with("ok: 1 rule file(s), 1 rule(s)"), "{out}");
@@ -98,7 +67,7 @@ fn syntax_errors_name_file_line_and_column() {
 fn unknown_keys_are_reported() {
     let d = rules_dir(&[(
         "c.toml",
-        &COUNTER.replace("slots = 16", "slots = 16\nslotz = 4"),
+        &counter_toml().replace("slots = 16", "slots = 16\nslotz = 4"),
     )]);
     let (code, out, _) = check(&d);
     assert_eq!(code, 1, "{out}");
@@ -108,7 +77,7 @@ fn unknown_keys_are_reported() {
 
 #[test]
 fn impossible_values_name_the_rule() {
-    let d = rules_dir(&[("c.toml", &COUNTER.replace("slots = 16", "slots = 0"))]);
+    let d = rules_dir(&[("c.toml", &counter_toml().replace("slots = 16", "slots = 0"))]);
     let (code, out, _) = check(&d);
     assert_eq!(code, 1, "{out}");
     let want = format!("{}:2: rule 'page_hits': slots must be", file(&d, "c.toml"));
@@ -117,10 +86,10 @@ fn impossible_values_name_the_rule() {
 
 #[test]
 fn duplicate_names_and_shared_tables_name_both_files() {
-    let other = COUNTER
+    let other = counter_toml()
         .replace("\"hits\"", "\"views\"")
         .replace("hits_slots", "views_slots");
-    let d = rules_dir(&[("a.toml", COUNTER), ("b.toml", &other)]);
+    let d = rules_dir(&[("a.toml", &counter_toml()), ("b.toml", &other)]);
     let (code, out, _) = check(&d);
     assert_eq!(code, 1, "{out}");
     let want = format!(
@@ -130,10 +99,10 @@ fn duplicate_names_and_shared_tables_name_both_files() {
     );
     assert!(out.lines().any(|l| l.starts_with(&want)), "{out}");
 
-    let same_table = COUNTER
+    let same_table = counter_toml()
         .replace("page_hits", "hits_again")
         .replace("hits_slots", "other_slots");
-    let d = rules_dir(&[("a.toml", COUNTER), ("b.toml", &same_table)]);
+    let d = rules_dir(&[("a.toml", &counter_toml()), ("b.toml", &same_table)]);
     let (code, out, _) = check(&d);
     assert_eq!(code, 1, "{out}");
     assert!(
@@ -164,7 +133,8 @@ expect = "passthrough"
 [[test]]
 sql = "SELECT cnt FROM hits WHERE slug = 'x'"
 expect = "passthrough"
-"#
+"#,
+        COUNTER = counter()
     );
     let d = rules_dir(&[("c.toml", &text)]);
     let (code, out, _) = check(&d);
@@ -203,7 +173,8 @@ expect = "passthrough"
     let d = rules_dir(&[(
         "c.toml",
         &format!(
-            "{COUNTER}\n[[test]]\nsql = \"SELECT 1\"\nexpect = \"passthrough\"\nrule = \"nope\"\n"
+            "{COUNTER}\n[[test]]\nsql = \"SELECT 1\"\nexpect = \"passthrough\"\nrule = \"nope\"\n",
+            COUNTER = counter()
         ),
     )]);
     let (code, out, _) = check(&d);
@@ -223,7 +194,7 @@ const STATEMENTS: [&str; 4] = [
 
 #[test]
 fn explain_human() {
-    let d = rules_dir(&[("c.toml", COUNTER)]);
+    let d = rules_dir(&[("c.toml", &counter_toml())]);
     let mut args = vec!["explain", "--rules", path(&d), "--db", "shop"];
     args.extend(STATEMENTS);
     let (code, out, err) = heatsink(&args);
@@ -271,7 +242,7 @@ fn explain_human() {
 
 #[test]
 fn explain_json_from_stdin() {
-    let d = rules_dir(&[("c.toml", COUNTER)]);
+    let d = rules_dir(&[("c.toml", &counter_toml())]);
     let input = format!("-- one statement per line\n{};\n", STATEMENTS.join("\n"));
     let (code, out, err) = heatsink_in(
         &["explain", "--rules", path(&d), "--format", "json"],
@@ -315,12 +286,6 @@ fn explain_refuses_a_broken_rule_set() {
 // ---------------------------------------------------------------------------------------
 // Against MariaDB
 
-fn fresh_db(db: &str, ddl: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db}; {ddl}"
-    ));
-}
-
 #[test]
 fn live_check_finds_a_missing_slot_table_and_passes_after_migrate() {
     let db = "hs_check_live";
@@ -330,7 +295,8 @@ fn live_check_finds_a_missing_slot_table_and_passes_after_migrate() {
              title VARCHAR(20));",
     );
     let rules = format!(
-        "{COUNTER}\n[[test]]\nsql = \"SELECT * FROM hits WHERE slug = 'x'\"\nexpect = \"rewrite\"\ncontains = \"`hs_h`.`title`\"\n"
+        "{COUNTER}\n[[test]]\nsql = \"SELECT * FROM hits WHERE slug = 'x'\"\nexpect = \"rewrite\"\ncontains = \"`hs_h`.`title`\"\n",
+        COUNTER = counter()
     );
     let d = rules_dir(&[("c.toml", &rules)]);
     let url = mariadb().url(db);
@@ -348,21 +314,14 @@ fn live_check_finds_a_missing_slot_table_and_passes_after_migrate() {
     );
     assert!(!out.contains("column list assumed"), "{out}");
 
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        path(&d),
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(d.path(), db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     let (code, out, err) = heatsink(&["check", "--rules", path(&d), "--backend-url", &url]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("checked against the database"), "{out}");
 
     // A rule whose key is not a unique key of the table is refused with migrate's reason.
-    let bad = COUNTER.replace("key = [\"slug\"]", "key = [\"title\"]");
+    let bad = counter().key(&["title"]).toml();
     let d = rules_dir(&[("c.toml", &bad)]);
     let (code, out, _) = heatsink(&["check", "--rules", path(&d), "--backend-url", &url]);
     assert_eq!(code, 1, "{out}");
@@ -372,7 +331,7 @@ fn live_check_finds_a_missing_slot_table_and_passes_after_migrate() {
     );
 
     // explain with the backend reads the real columns.
-    let d = rules_dir(&[("c.toml", COUNTER)]);
+    let d = rules_dir(&[("c.toml", &counter_toml())]);
     let (code, out, err) = heatsink(&[
         "explain",
         "--rules",
@@ -412,15 +371,16 @@ fn live_check_finds_a_missing_slot_table_and_passes_after_migrate() {
     assert!(out.contains("doesn't exist"), "{out}");
 }
 
-const RING: &str = r#"[[ring]]
-name = "visits"
-table = "visits_log"
-key = ["uid"]
-size = 5
-ring_table = "visits_ring"
-seq_table = "visits_seq"
-coalesce = true
-"#;
+/// The ring rule `visits` on `visits_log` (5 rows per `uid`, coalesce on).
+fn ring_toml() -> String {
+    Rule::ring("visits", "visits_log")
+        .key(&["uid"])
+        .size(5)
+        .ring_table("visits_ring")
+        .seq_table("visits_seq")
+        .coalesce(true)
+        .toml()
+}
 
 /// Ring rules are checked against the live schema like counters: missing ring and
 /// sequence tables and triggers are reported, a log with rows and an empty ring is
@@ -434,7 +394,7 @@ fn live_check_of_a_ring_rule() {
              visitor_uid INT NOT NULL, KEY (uid));
          INSERT INTO visits_log (uid, visitor_uid) VALUES (1, 2), (1, 3);",
     );
-    let d = rules_dir(&[("r.toml", RING)]);
+    let d = rules_dir(&[("r.toml", &ring_toml())]);
     let url = mariadb().url(db);
     let f = file(&d, "r.toml");
 
@@ -454,14 +414,7 @@ fn live_check_of_a_ring_rule() {
     // MariaDB has RETURNING: no warning about coalesce.
     assert!(!out.contains("RETURNING"), "{out}");
 
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        path(&d),
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(d.path(), db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     let (code, out, err) = heatsink(&["check", "--rules", path(&d), "--backend-url", &url]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");

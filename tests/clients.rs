@@ -7,99 +7,20 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{mariadb, Proxy, PASSWORD, USER};
+use common::cli::{mariadb_client, run_limited, Ran as Output};
+use common::fixture::fresh_db;
+use common::{mariadb, tests_dir, Proxy, PASSWORD, USER};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-/// What a finished program printed.
-#[derive(Debug, PartialEq, Eq)]
-struct Output {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs a program with optional stdin, killing it (and failing the test) after `limit`.
-fn run_with_timeout(cmd: &mut Command, stdin: Option<Vec<u8>>, limit: Duration) -> Output {
-    let mut child = cmd
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    if let Some(data) = stdin {
-        let mut pipe = child.stdin.take().unwrap();
-        thread::spawn(move || {
-            let _ = pipe.write_all(&data);
-        });
-    }
-    let mut out_pipe = child.stdout.take().unwrap();
-    let mut err_pipe = child.stderr.take().unwrap();
-    let out_reader = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out_pipe.read_to_end(&mut v);
-        v
-    });
-    let err_reader = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err_pipe.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let stdout = String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned();
-            let stderr = String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned();
-            panic!("{cmd:?} did not finish within {limit:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        code: status.code(),
-        stdout: String::from_utf8_lossy(&out_reader.join().unwrap()).into_owned(),
-        stderr: String::from_utf8_lossy(&err_reader.join().unwrap()).into_owned(),
-    }
-}
-
-/// Drops and recreates a database.
-fn recreate_db(db: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}"
-    ));
-}
-
 /// Runs the `mariadb` command-line client against `port` (TCP) with database `db`.
 fn mariadb_cli(port: u16, db: &str, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut cmd = Command::new("mariadb");
-    cmd.arg("--no-defaults")
-        .arg("--protocol=TCP")
-        .arg("--host=127.0.0.1")
-        .arg(format!("--port={port}"))
-        .arg(format!("--user={USER}"))
-        .arg(format!("--password={PASSWORD}"))
-        .args(args)
-        .arg(db);
-    run_with_timeout(
-        &mut cmd,
-        stdin.map(|s| s.as_bytes().to_vec()),
-        Duration::from_secs(30),
-    )
+    let all: Vec<&str> = args.iter().copied().chain([db]).collect();
+    mariadb_client(port, USER, PASSWORD, &all, stdin)
 }
 
 /// Runs the same client invocation directly and through the proxy (database recreated
@@ -111,9 +32,9 @@ fn cli_same_both_ways(
     stdin: Option<&str>,
     normalize: fn(&str) -> String,
 ) -> Output {
-    recreate_db(db);
+    fresh_db(db, "");
     let mut direct = mariadb_cli(mariadb().port(), db, args, stdin);
-    recreate_db(db);
+    fresh_db(db, "");
     let mut proxied = mariadb_cli(proxy.port(), db, args, stdin);
     for o in [&mut direct, &mut proxied] {
         o.stdout = normalize(&o.stdout);
@@ -163,10 +84,6 @@ fn without_timings(s: &str) -> String {
     }
     out.push_str(rest);
     out
-}
-
-fn tests_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -337,7 +254,7 @@ fn mariadb_extended_capabilities_are_relayed() {
     assert!(out.stdout.contains("format=json"), "{out:?}");
 
     let batch = |url: String| {
-        recreate_db("cli_ext");
+        fresh_db("cli_ext", "");
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -624,7 +541,7 @@ fn mysql_async_results_match_direct() {
     let proxy = Proxy::start();
     let db = "cli_async";
     let run = |url: String| {
-        recreate_db(db);
+        fresh_db(db, "");
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -666,14 +583,14 @@ fn pymysql_transcript(port: u16, db: &str) -> Output {
         .arg(format!("--user={USER}"))
         .arg(format!("--password={PASSWORD}"))
         .arg(format!("--db={db}"));
-    run_with_timeout(&mut cmd, None, Duration::from_secs(60))
+    run_limited(&mut cmd, None, Duration::from_secs(60))
 }
 
 #[test]
 fn pymysql_transcript_matches_direct() {
     let proxy = Proxy::start();
     let db = "cli_pymysql";
-    recreate_db(db);
+    fresh_db(db, "");
     let direct = pymysql_transcript(mariadb().port(), db);
     assert_eq!(
         direct.code,
@@ -682,7 +599,7 @@ fn pymysql_transcript_matches_direct() {
         direct.stderr
     );
     assert!(direct.stdout.contains("\"step\""), "{}", direct.stdout);
-    recreate_db(db);
+    fresh_db(db, "");
     let proxied = pymysql_transcript(proxy.port(), db);
     assert_eq!(
         proxied.code,
@@ -725,7 +642,7 @@ fn sysbench_count(report: &str, label: &str) -> Option<u64> {
 fn sysbench_oltp_read_write_through_the_proxy() {
     let proxy = Proxy::start();
     let db = "cli_sysbench";
-    recreate_db(db);
+    fresh_db(db, "");
     let sysbench = |step: &str, limit: Duration| -> Output {
         let mut cmd = Command::new("sysbench");
         cmd.arg("oltp_read_write")
@@ -744,7 +661,7 @@ fn sysbench_oltp_read_write_through_the_proxy() {
             // against MariaDB; uniform keys make "0 ignored errors" a meaningful check.
             .arg("--rand-type=uniform")
             .arg(step);
-        let out = run_with_timeout(&mut cmd, None, limit);
+        let out = run_limited(&mut cmd, None, limit);
         assert_eq!(
             out.code,
             Some(0),

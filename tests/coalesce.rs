@@ -13,14 +13,16 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::cli::migrate_ok;
 use common::client::{connect, rules_dir, run, tail};
-use common::{free_port, mariadb, metrics, Proxy};
+use common::fixture::{
+    counter_value, fresh_db, inc_sql, value_of, Env, EnvBuilder, Rule, MATCHED_1,
+};
+use common::{mariadb, metrics, Proxy};
 use mysql_async::prelude::*;
 use mysql_async::Conn;
 
@@ -33,126 +35,45 @@ const RULE: &str = "page_hits";
 /// Time limit of one statement sent by a load client.
 const STATEMENT_LIMIT: Duration = Duration::from_secs(15);
 
-/// A keyed counter rule with group commit on.
-fn coalesce_rule(table: &str, key: &str, columns: &[&str], slot_table: &str) -> String {
-    let cols: Vec<String> = columns.iter().map(|c| format!("\"{c}\"")).collect();
-    format!(
-        r#"[[counter]]
-name = "{RULE}"
-table = "{table}"
-key = ["{key}"]
-columns = [{}]
-slots = 16
-slot_table = "{slot_table}"
-coalesce = true
-"#,
-        cols.join(", ")
-    )
-}
-
-/// The `hits` rule of most tests.
+/// The `hits` rule of most tests: key `slug`, counter `cnt`, 16 slots, group commit on.
 fn hits_rule() -> String {
-    coalesce_rule("hits", "slug", &["cnt"], "hits_slots")
+    Rule::counter(RULE, "hits").coalesce(true).toml()
 }
 
-/// Database `db` with the logical table `hits`, its slot table (counter column of
-/// type `slot_type`) and the trigger creating the logical row of a new key.
-fn create_hits_db(db: &str, slot_type: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt BIGINT NOT NULL DEFAULT 0, note VARCHAR(20));
-         CREATE TABLE hits_slots (slug VARCHAR(64) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
-             cnt {slot_type} NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));
-         CREATE TRIGGER hits_slots_hs_ai AFTER INSERT ON hits_slots FOR EACH ROW
-             INSERT IGNORE INTO hits (slug) VALUES (NEW.slug);"
-    ));
+/// The logical table `hits` (slot table and trigger are made separately).
+const HITS_DDL: &str =
+    "CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt BIGINT NOT NULL DEFAULT 0, note VARCHAR(20));";
+
+/// Database `coal_<name>` with `hits`, its slot table and trigger made by `heatsink
+/// migrate`, and a proxy with [`hits_rule`] and a metrics endpoint.
+fn hits_env(name: &str) -> Env {
+    env_builder(format!("coal_{name}"), &hits_rule())
+        .schema(HITS_DDL)
+        .migrate()
+        .start()
 }
 
-/// A proxy with the rules in `rules` and a metrics endpoint.
-fn start_proxy(rules: &Path) -> (Proxy, SocketAddr) {
-    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let mut builder = Proxy::builder()
-        .rules_dir(rules)
-        .arg("--metrics")
-        .arg(metrics.to_string());
-    if let Ok(level) = std::env::var("COAL_PROXY_LOG") {
-        builder = builder.arg("--log-level").arg(level);
-    }
-    (builder.start(), metrics)
+/// As [`hits_env`], but the slot table's counter column is a TINYINT (written here,
+/// not by migrate, which makes it BIGINT), so that the slot rows overflow.
+fn tiny_slots_env(name: &str) -> Env {
+    env_builder(format!("coal_{name}"), &hits_rule())
+        .schema(format!(
+            "{HITS_DDL}
+             CREATE TABLE hits_slots (slug VARCHAR(64) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
+                 cnt TINYINT NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));
+             CREATE TRIGGER hits_slots_hs_ai AFTER INSERT ON hits_slots FOR EACH ROW
+                 INSERT IGNORE INTO hits (slug) VALUES (NEW.slug);"
+        ))
+        .start()
 }
 
-/// One test's database and proxy.
-struct Env {
-    /// Database holding the tables.
-    db: String,
-    /// Proxy with the rule (coalesce on).
-    proxy: Proxy,
-    /// The proxy's `--metrics` address.
-    metrics: SocketAddr,
-    /// Keeps the rules directory alive while the proxy runs.
-    _rules: tempfile::TempDir,
-}
-
-impl Env {
-    /// Database `coal_<name>` with `hits` (slot counter column `slot_type`) and a proxy.
-    fn hits(name: &str, slot_type: &str) -> Env {
-        let db = format!("coal_{name}");
-        create_hits_db(&db, slot_type);
-        Env::with_rule(db, &hits_rule())
-    }
-
-    /// A proxy with the rule `toml` for the existing database `db`.
-    fn with_rule(db: String, toml: &str) -> Env {
-        let rules = rules_dir("counter.toml", toml);
-        let (proxy, metrics) = start_proxy(rules.path());
-        Env {
-            db,
-            proxy,
-            metrics,
-            _rules: rules,
-        }
-    }
-
-    fn url(&self) -> String {
-        self.proxy.url(&self.db)
-    }
-
-    /// Rows of a query run as root directly on MariaDB, `{db}` replaced.
-    fn backend_rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
-        mariadb().query_strings(&sql.replace("{db}", &self.db))
-    }
-
-    /// Base + SUM(slots) of `hits` key `slug`, read directly on MariaDB.
-    fn physical(&self, slug: &str) -> Option<i64> {
-        physical_value(&self.db, slug)
-    }
-
-    /// The proxy's `/metrics` counters.
-    fn metrics(&self) -> HashMap<String, u64> {
-        metrics(self.metrics)
-    }
-
-    /// Panics with `what`, the proxy log's tail appended.
-    fn fail(&self, what: &str) -> ! {
-        panic!(
-            "{what}\n--- proxy log (tail) ---\n{}",
-            tail(&self.proxy.log_text(), 20)
-        )
-    }
-}
-
-/// Base + SUM(slots) of `db.hits` key `slug`, read directly on MariaDB (`None`: no
-/// logical row).
-fn physical_value(db: &str, slug: &str) -> Option<i64> {
-    let rows = mariadb().query_strings(&format!(
-        "SELECT h.cnt + COALESCE((SELECT SUM(s.cnt) FROM {db}.hits_slots s WHERE s.slug = h.slug), 0)
-         FROM {db}.hits h WHERE h.slug = '{slug}'"
-    ));
-    rows.into_iter()
-        .next()
-        .and_then(|r| r.into_iter().next())
-        .flatten()
-        .map(|v| v.parse().expect("numeric counter"))
+/// An environment for database `db` whose proxy has the rule `toml` and a metrics
+/// endpoint (`COAL_PROXY_LOG` sets the log level).
+fn env_builder(db: String, toml: &str) -> EnvBuilder {
+    Env::builder(db)
+        .rule("counter.toml", toml)
+        .metrics()
+        .log_level_from("COAL_PROXY_LOG")
 }
 
 /// `heatsink_coalesced_writes_total` and `heatsink_coalesced_increments_total`.
@@ -166,20 +87,6 @@ fn coalesced(m: &HashMap<String, u64>) -> (u64, u64) {
         get("heatsink_coalesced_increments_total"),
     )
 }
-
-/// A counter's value read through the proxy.
-async fn value_of(conn: &mut Conn, slug: &str) -> Option<i64> {
-    conn.exec_first("SELECT cnt FROM hits WHERE slug = ?", (slug,))
-        .await
-        .unwrap_or_else(|e| panic!("read {slug}: {e}"))
-}
-
-/// Text-protocol increment of `hits`.
-fn inc_sql(slug: &str, d: i64) -> String {
-    format!("UPDATE hits SET cnt = cnt + {d} WHERE slug = '{slug}'")
-}
-
-const MATCHED_1: &str = "Rows matched: 1  Changed: 1  Warnings: 0";
 
 // ---------------------------------------------------------------------------------------
 // Load
@@ -262,6 +169,35 @@ impl Tally {
             );
         }
     }
+}
+
+/// Fails (with the proxy log) when a load client saw an error.
+fn assert_no_client_errors(env: &Env, tally: &Tally) {
+    let errors = tally.errors();
+    if !errors.is_empty() {
+        env.fail(&format!(
+            "{} client errors ({} OKs):\n{}",
+            tally.failures(),
+            tally.oks(),
+            errors.join("\n")
+        ));
+    }
+}
+
+/// `slug` must read `want` through the proxy on `p` (else: fail with the proxy log and
+/// `detail`) and hold it physically (base + SUM(slots)).
+async fn assert_counter(env: &Env, p: &mut Conn, slug: &str, want: Option<i64>, detail: &str) {
+    let got = value_of(p, slug).await;
+    if got != want {
+        env.fail(&format!(
+            "{slug}: read {got:?} through the proxy, acknowledged {want:?}{detail}"
+        ));
+    }
+    assert_eq!(
+        counter_value(&env.db, slug),
+        want,
+        "{slug}: base + SUM(slots)"
+    );
 }
 
 /// Error code of a server error, 0 for anything else.
@@ -365,7 +301,7 @@ fn hot_and_cold() -> Increment {
 
 #[test]
 fn merged_increments_sum_exactly() {
-    let env = Env::hits("totals", "BIGINT");
+    let env = hits_env("totals");
     // Hot keys and half the cold keys exist with a base value; the other cold keys
     // are created by their first increment (through the slot table's trigger).
     let mut rows: Vec<String> = (0..HOT)
@@ -390,28 +326,14 @@ fn merged_increments_sum_exactly() {
         let tally = Tally::new(HOT + COLD);
         let deadline = Instant::now() + Duration::from_secs(5);
         text_load(env.url(), 64, deadline, tally.clone(), hot_and_cold).await;
-        let errors = tally.errors();
-        if !errors.is_empty() {
-            env.fail(&format!(
-                "{} client errors ({} OKs):\n{}",
-                tally.failures(),
-                tally.oks(),
-                errors.join("\n")
-            ));
-        }
+        assert_no_client_errors(&env, &tally);
         assert!(tally.oks() > 1000, "only {} increments in 5 s", tally.oks());
         let mut p = connect(&env.url()).await;
         for k in 0..HOT + COLD {
             let slug = key_name(k);
             let acked = tally.acked(k);
             let want = (existing(k) || acked != 0).then(|| base(k) + acked);
-            let got = value_of(&mut p, &slug).await;
-            if got != want {
-                env.fail(&format!(
-                    "{slug}: read {got:?} through the proxy, acknowledged {want:?}"
-                ));
-            }
-            assert_eq!(env.physical(&slug), want, "{slug}: base + SUM(slots)");
+            assert_counter(&env, &mut p, &slug, want, "").await;
         }
         p.disconnect().await.unwrap();
         let (writes, increments) = coalesced(&env.metrics());
@@ -464,34 +386,24 @@ fn stats_increment() -> Increment {
 
 #[test]
 fn negative_deltas_and_two_columns_sum_exactly() {
-    let db = "coal_two".to_string();
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE stats (id INT PRIMARY KEY, a BIGINT NOT NULL DEFAULT 0,
-             b BIGINT NOT NULL DEFAULT 0, label VARCHAR(10));
-         CREATE TABLE stats_slots (id INT NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
-             a BIGINT NOT NULL DEFAULT 0, b BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (id, slot));
-         CREATE TRIGGER stats_slots_hs_ai AFTER INSERT ON stats_slots FOR EACH ROW
-             INSERT IGNORE INTO stats (id) VALUES (NEW.id);
-         INSERT INTO stats VALUES (1, 100000, 200000, 'x'), (2, 0, 0, 'y');"
-    ));
-    let env = Env::with_rule(
-        db,
-        &coalesce_rule("stats", "id", &["a", "b"], "stats_slots"),
-    );
+    let rule = Rule::counter(RULE, "stats")
+        .key(&["id"])
+        .columns(&["a", "b"])
+        .slot_table("stats_slots")
+        .coalesce(true);
+    let env = env_builder("coal_two".to_string(), &rule.toml())
+        .schema(
+            "CREATE TABLE stats (id INT PRIMARY KEY, a BIGINT NOT NULL DEFAULT 0,
+                 b BIGINT NOT NULL DEFAULT 0, label VARCHAR(10));
+             INSERT INTO stats VALUES (1, 100000, 200000, 'x'), (2, 0, 0, 'y');",
+        )
+        .migrate()
+        .start();
     run(Duration::from_secs(40), async {
         let tally = Tally::new(4);
         let deadline = Instant::now() + Duration::from_secs(3);
         text_load(env.url(), 48, deadline, tally.clone(), stats_increment).await;
-        let errors = tally.errors();
-        if !errors.is_empty() {
-            env.fail(&format!(
-                "{} client errors ({} OKs):\n{}",
-                tally.failures(),
-                tally.oks(),
-                errors.join("\n")
-            ));
-        }
+        assert_no_client_errors(&env, &tally);
         let mut p = connect(&env.url()).await;
         for (id, base) in [(1usize, (100000i64, 200000i64)), (2, (0, 0))] {
             let want = (
@@ -540,7 +452,7 @@ fn hot0() -> Increment {
 
 #[test]
 fn transactional_increments_are_never_merged() {
-    let env = Env::hits("txn", "BIGINT");
+    let env = hits_env("txn");
     mariadb().exec(&format!(
         "INSERT INTO {}.hits VALUES ('hot0', 0, NULL)",
         env.db
@@ -584,24 +496,11 @@ fn transactional_increments_are_never_merged() {
             tokio::time::sleep(Duration::from_millis(150)).await;
         }
         load.await.unwrap();
-        let errors = tally.errors();
-        if !errors.is_empty() {
-            env.fail(&format!(
-                "{} client errors ({} OKs):\n{}",
-                tally.failures(),
-                tally.oks(),
-                errors.join("\n")
-            ));
-        }
+        assert_no_client_errors(&env, &tally);
         let want = tally.acked(0) + committed;
-        let got = value_of(&mut t, "hot0").await;
-        if got != Some(want) {
-            env.fail(&format!(
-                "hot0: read {got:?}, acknowledged autocommit increments + committed transaction = {want} \
-                 (a difference that is a multiple of 1000 is a rolled-back increment that was written)"
-            ));
-        }
-        assert_eq!(env.physical("hot0"), Some(want));
+        let detail = " (autocommit increments + committed transaction; a difference that is a \
+             multiple of 1000 is a rolled-back increment that was written)";
+        assert_counter(&env, &mut t, "hot0", Some(want), detail).await;
         t.disconnect().await.unwrap();
         let (writes, increments) = coalesced(&env.metrics());
         eprintln!(
@@ -632,17 +531,21 @@ struct KillTally {
 #[test]
 fn kill9_never_loses_an_acknowledged_increment() {
     let db = "coal_kill".to_string();
-    create_hits_db(&db, "BIGINT");
+    fresh_db(&db, HITS_DDL);
     mariadb().exec(&format!("INSERT INTO {db}.hits VALUES ('hot0', 0, NULL)"));
     let rules = rules_dir("counter.toml", &hits_rule());
+    migrate_ok(rules.path(), &db, true);
     run(Duration::from_secs(60), async {
         for kill_after in [
             Duration::from_millis(500),
             Duration::from_millis(1000),
             Duration::from_millis(2000),
         ] {
-            let before = physical_value(&db, "hot0").unwrap();
-            let (mut proxy, metrics_addr) = start_proxy(rules.path());
+            let before = counter_value(&db, "hot0").unwrap();
+            let (mut proxy, metrics_addr) = Proxy::builder()
+                .rules_dir(rules.path())
+                .log_level_from("COAL_PROXY_LOG")
+                .start_with_metrics();
             let url = proxy.url(&db);
             let tally = Arc::new(KillTally::default());
             let ready = Arc::new(tokio::sync::Barrier::new(65));
@@ -713,11 +616,11 @@ fn kill9_never_loses_an_acknowledged_increment() {
 
 /// Reads base + SUM(slots) until two reads 200 ms apart agree (at most 5 s).
 fn settle(db: &str, slug: &str) -> i64 {
-    let mut last = physical_value(db, slug).unwrap();
+    let mut last = counter_value(db, slug).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         std::thread::sleep(Duration::from_millis(200));
-        let now = physical_value(db, slug).unwrap();
+        let now = counter_value(db, slug).unwrap();
         if now == last || Instant::now() >= deadline {
             return now;
         }
@@ -733,7 +636,7 @@ fn failing_merged_writes_fail_only_members_that_fail_alone() {
     // TINYINT slot rows: 16 × 127 fits, so after ≈ 2000 the upserts fail with 1264
     // (out of range), merged ones included; each member of a failed merged write
     // then runs its own increment, which fits while its slot has room.
-    let env = Env::hits("overflow", "TINYINT");
+    let env = tiny_slots_env("overflow");
     mariadb().exec(&format!(
         "INSERT INTO {}.hits VALUES ('hot0', 50, NULL)",
         env.db
@@ -762,15 +665,8 @@ fn failing_merged_writes_fail_only_members_that_fail_alone() {
         );
         let want = 50 + tally.acked(0);
         let mut p = connect(&env.url()).await;
-        let got = value_of(&mut p, "hot0").await;
-        if got != Some(want) {
-            env.fail(&format!(
-                "hot0: read {got:?}, acknowledged {want} ({} OKs, {} errors)",
-                tally.oks(),
-                tally.failures()
-            ));
-        }
-        assert_eq!(env.physical("hot0"), Some(want));
+        let counts = format!(" ({} OKs, {} errors)", tally.oks(), tally.failures());
+        assert_counter(&env, &mut p, "hot0", Some(want), &counts).await;
         let (writes, increments) = coalesced(&env.metrics());
         eprintln!(
             "coalesce overflow: {} OKs, {} errors; {writes} merged writes holding {increments}",
@@ -787,7 +683,7 @@ fn failing_merged_writes_fail_only_members_that_fail_alone() {
 
 #[test]
 fn merged_writes_to_a_missing_slot_table_fail_every_member() {
-    let env = Env::hits("missing", "BIGINT");
+    let env = hits_env("missing");
     mariadb().exec(&format!(
         "INSERT INTO {}.hits VALUES ('hot0', 0, NULL)",
         env.db
@@ -822,15 +718,8 @@ fn merged_writes_to_a_missing_slot_table_fail_every_member() {
         assert!(tally.failures() > 0, "the missing table was never noticed");
         let want = tally.acked(0);
         let mut p = connect(&env.url()).await;
-        let got = value_of(&mut p, "hot0").await;
-        if got != Some(want) {
-            env.fail(&format!(
-                "hot0: read {got:?}, acknowledged {want} ({} OKs, {} errors)",
-                tally.oks(),
-                tally.failures()
-            ));
-        }
-        assert_eq!(env.physical("hot0"), Some(want));
+        let counts = format!(" ({} OKs, {} errors)", tally.oks(), tally.failures());
+        assert_counter(&env, &mut p, "hot0", Some(want), &counts).await;
         p.disconnect().await.unwrap();
         let (writes, increments) = coalesced(&env.metrics());
         eprintln!(
@@ -892,7 +781,7 @@ fn hot01() -> Increment {
 
 #[test]
 fn prepared_increments_are_exact_and_not_merged() {
-    let env = Env::hits("prepared", "BIGINT");
+    let env = hits_env("prepared");
     mariadb().exec(&format!(
         "INSERT INTO {}.hits VALUES ('hot0', 10, NULL), ('hot1', 20, NULL)",
         env.db
@@ -927,24 +816,12 @@ fn prepared_increments_are_exact_and_not_merged() {
         .await
         .expect("prepared load hung");
         text.await.unwrap();
-        let errors = tally.errors();
-        if !errors.is_empty() {
-            env.fail(&format!(
-                "{} client errors ({} OKs):\n{}",
-                tally.failures(),
-                tally.oks(),
-                errors.join("\n")
-            ));
-        }
+        assert_no_client_errors(&env, &tally);
         let mut p = connect(&env.url()).await;
         for (k, base) in [(0usize, 10i64), (1, 20)] {
             let slug = format!("hot{k}");
             let want = base + tally.acked(k);
-            let got = value_of(&mut p, &slug).await;
-            if got != Some(want) {
-                env.fail(&format!("{slug}: read {got:?}, acknowledged {want}"));
-            }
-            assert_eq!(env.physical(&slug), Some(want));
+            assert_counter(&env, &mut p, &slug, Some(want), "").await;
         }
         p.disconnect().await.unwrap();
         let (writes, increments) = coalesced(&env.metrics());
@@ -987,7 +864,7 @@ async fn forbidden_writer_case(env: &Env, forbidden_url: String, setup: &'static
     load.await.unwrap();
     let _ = f.disconnect().await;
     let want = tally.acked(0);
-    let got = env.physical("hot0").unwrap_or(0);
+    let got = counter_value(&env.db, "hot0").unwrap_or(0);
     let (writes, increments) = coalesced(&env.metrics());
     let summary = format!(
         "{setup:?}: the forbidden client got {accepted} OKs and {refused} errors ({codes:?}); \
@@ -1011,7 +888,7 @@ async fn forbidden_writer_case(env: &Env, forbidden_url: String, setup: &'static
 
 #[test]
 fn read_only_user_increments_are_never_merged_into_a_write() {
-    let env = Env::hits("rouser", "BIGINT");
+    let env = hits_env("rouser");
     let db = env.db.clone();
     mariadb().exec(&format!(
         "INSERT INTO {db}.hits VALUES ('hot0', 0, NULL);
@@ -1031,7 +908,7 @@ fn read_only_user_increments_are_never_merged_into_a_write() {
 
 #[test]
 fn read_only_session_increments_are_never_merged_into_a_write() {
-    let env = Env::hits("rosession", "BIGINT");
+    let env = hits_env("rosession");
     mariadb().exec(&format!(
         "INSERT INTO {}.hits VALUES ('hot0', 0, NULL)",
         env.db
@@ -1050,7 +927,7 @@ fn read_only_session_increments_are_never_merged_into_a_write() {
 /// session's settings clamped.
 #[test]
 fn strict_sessions_never_get_a_clamped_merged_write() {
-    let env = Env::hits("sqlmode", "TINYINT");
+    let env = tiny_slots_env("sqlmode");
     mariadb().exec(&format!(
         "INSERT INTO {}.hits VALUES ('hot0', 0, NULL)",
         env.db
@@ -1081,7 +958,7 @@ fn strict_sessions_never_get_a_clamped_merged_write() {
         for t in tasks {
             t.await.unwrap();
         }
-        let stored = env.physical("hot0").unwrap_or(0);
+        let stored = counter_value(&env.db, "hot0").unwrap_or(0);
         let summary = format!(
             "strict sessions: {} OKs ({} with warnings), errors {:?}; non-strict: {} OKs ({} with warnings), errors {:?}; \
              stored {stored}, acknowledged {} + {}",

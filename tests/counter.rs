@@ -12,14 +12,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::client::{connect, rules_dir, run, run_exec, run_text, tail, Outcome};
-use common::{mariadb, Proxy, PASSWORD, USER};
+use common::cli::rule_pymysql;
+use common::client::{assert_refused_by, connect, fill, run, run_exec, run_text, tail, Outcome};
+use common::fixture::{fresh_db, inc_sql, migrate_apply, value_of, Env, Rule, MATCHED_1};
+use common::{mariadb, Proxy};
 use mysql_async::consts::ColumnType;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Params, Row, ServerError, Value};
@@ -30,112 +30,59 @@ use mysql_async::{Conn, Params, Row, ServerError, Value};
 /// Rule name used in every rule file here.
 const RULE: &str = "page_hits";
 
-/// Keyed counter rule on `table` (`hits` or `<db>.hits`).
+/// Keyed counter rule on `table` (`hits` or `<db>.hits`): key `slug`, counter `cnt`,
+/// 16 slots in `hits_slots`.
 fn hits_rule(table: &str) -> String {
-    format!(
-        r#"[[counter]]
-name = "{RULE}"
-table = "{table}"
-key = ["slug"]
-columns = ["cnt"]
-slots = 16
-slot_table = "hits_slots"
-"#
-    )
+    Rule::counter(RULE, table).toml()
 }
 
-/// The logical table, its reference twin, the slot table with its trigger, a table to
-/// join with (which has a *column* named `hits`), and some rows.
+/// The logical table, its reference twin, a table to join with (which has a *column*
+/// named `hits`), and some rows.
+const HITS_DDL: &str = "
+    CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0, note VARCHAR(20));
+    CREATE TABLE hits_ref (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0, note VARCHAR(20));
+    CREATE TABLE pages (slug VARCHAR(64) PRIMARY KEY, title VARCHAR(100) NOT NULL,
+        hits INT NOT NULL DEFAULT 0);
+    INSERT INTO hits VALUES ('home', 10, 'front'), ('about', 3, NULL), ('blog', 7, 'b');
+    INSERT INTO hits_ref SELECT * FROM hits;
+    INSERT INTO pages VALUES ('home', 'Home', 1), ('blog', 'Blog', 2), ('contact', 'Contact', 3);";
+
+/// Database `db` afresh with [`HITS_DDL`], and the slot table with its trigger made by
+/// `heatsink migrate --apply`.
 fn create_hits_db(db: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0, note VARCHAR(20));
-         CREATE TABLE hits_ref (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0, note VARCHAR(20));
-         CREATE TABLE hits_slots (slug VARCHAR(64) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
-             cnt BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));
-         CREATE TRIGGER hits_slots_hs_ai AFTER INSERT ON hits_slots FOR EACH ROW
-             INSERT IGNORE INTO hits (slug) VALUES (NEW.slug);
-         CREATE TABLE pages (slug VARCHAR(64) PRIMARY KEY, title VARCHAR(100) NOT NULL,
-             hits INT NOT NULL DEFAULT 0);
-         INSERT INTO hits VALUES ('home', 10, 'front'), ('about', 3, NULL), ('blog', 7, 'b');
-         INSERT INTO hits_ref SELECT * FROM hits;
-         INSERT INTO pages VALUES ('home', 'Home', 1), ('blog', 'Blog', 2), ('contact', 'Contact', 3);"
-    ));
+    fresh_db(db, HITS_DDL);
+    migrate_apply(db, &hits_rule("hits"));
 }
 
-/// One test's database and proxy.
-struct Env {
-    /// Database holding the tables.
-    db: String,
-    /// Proxy with the counter rule.
-    proxy: Proxy,
-    /// Keeps the rules directory alive while the proxy runs.
-    _rules: tempfile::TempDir,
+/// Database `ctr_<name>` with the hits tables (slot table made by `heatsink migrate`),
+/// and a proxy whose rule names the table unqualified (`hits`) or qualified
+/// (`ctr_<name>.hits`). `CTR_PROXY_LOG` sets the proxy's log level.
+fn hits_env(name: &str, qualified: bool) -> Env {
+    let db = format!("ctr_{name}");
+    let table = if qualified {
+        format!("{db}.hits")
+    } else {
+        "hits".to_string()
+    };
+    Env::builder(db)
+        .schema(HITS_DDL)
+        .rule("counter.toml", hits_rule(&table))
+        .migrate()
+        .log_level_from("CTR_PROXY_LOG")
+        .start()
 }
 
-impl Env {
-    /// Database `ctr_<name>` with the hits tables, and a proxy whose rule names the
-    /// table unqualified (`hits`) or qualified (`ctr_<name>.hits`).
-    fn hits(name: &str, qualified: bool) -> Env {
-        let db = format!("ctr_{name}");
-        create_hits_db(&db);
-        let table = if qualified {
-            format!("{db}.hits")
-        } else {
-            "hits".to_string()
-        };
-        let rules = rules_dir("counter.toml", &hits_rule(&table));
-        let mut builder = Proxy::builder().rules_dir(rules.path());
-        if let Ok(level) = std::env::var("CTR_PROXY_LOG") {
-            builder = builder.arg("--log-level").arg(level);
-        }
-        let proxy = builder.start();
-        Env {
-            db,
-            proxy,
-            _rules: rules,
-        }
-    }
-
-    async fn proxied(&self) -> Conn {
-        connect(&self.proxy.url(&self.db)).await
-    }
-
-    async fn direct(&self) -> Conn {
-        connect(&mariadb().url(&self.db)).await
-    }
-
-    /// Rows of a query run as root directly on MariaDB, `{db}` replaced.
-    fn backend_rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
-        mariadb().query_strings(&sql.replace("{db}", &self.db))
-    }
-
-    /// A single value run directly on MariaDB.
-    fn backend_scalar(&self, sql: &str) -> Option<String> {
-        self.backend_rows(sql)
-            .into_iter()
-            .next()
-            .and_then(|r| r.into_iter().next())
-            .flatten()
-    }
-
-    /// Physical state: logical table rows, slot rows, and the table definition.
-    fn snapshot(&self) -> Vec<Vec<Vec<Option<String>>>> {
-        vec![
-            self.backend_rows("SELECT * FROM {db}.hits ORDER BY slug"),
-            self.backend_rows("SELECT * FROM {db}.hits_slots ORDER BY slug, slot"),
-            self.backend_rows("SHOW CREATE TABLE {db}.hits"),
-        ]
-    }
+/// Physical state: logical table rows, slot rows, and the table definition.
+fn snapshot(env: &Env) -> Vec<Vec<Vec<Option<String>>>> {
+    vec![
+        env.backend_rows("SELECT * FROM {db}.hits ORDER BY slug"),
+        env.backend_rows("SELECT * FROM {db}.hits_slots ORDER BY slug, slot"),
+        env.backend_rows("SHOW CREATE TABLE {db}.hits"),
+    ]
 }
 
 // ---------------------------------------------------------------------------------------
 // Capturing what a client sees
-
-/// `{t}` → table, `{db}` → database.
-fn fill(template: &str, table: &str, db: &str) -> String {
-    template.replace("{t}", table).replace("{db}", db)
-}
 
 /// Runs `template` on the logical table through the proxy and on the reference table
 /// directly; both must succeed and look the same. Returns the proxy's outcome, or a
@@ -261,35 +208,31 @@ async fn scenario_diffs(env: &Env, p: &mut Conn, d: &mut Conn, scenario: &[&str]
     diffs
 }
 
-/// The statement must be refused by the rule: ERR 1105 / HY000 naming it.
-async fn assert_rejected(conn: &mut Conn, sql: &str) -> ServerError {
-    match conn.query_drop(sql).await {
-        Err(mysql_async::Error::Server(e)) => {
-            assert_eq!(e.code, 1105, "{sql}: {e:?}");
-            assert_eq!(e.state, "HY000", "{sql}: {e:?}");
-            assert!(
-                e.message.contains(&format!("heatsink rule '{RULE}'")),
-                "{sql}: {e:?}"
-            );
-            e
-        }
-        other => panic!("{sql}: expected a rejection, got {other:?}"),
+/// Runs each template on `table` through the proxy and on `<table>_ref` directly; the
+/// outcomes (with the reference renamed) must be equal.
+async fn assert_same_as_ref(
+    env: &Env,
+    p: &mut Conn,
+    d: &mut Conn,
+    table: &str,
+    templates: &[&str],
+) {
+    let reference = format!("{table}_ref");
+    for sql in templates {
+        let ps = fill(sql, table, &env.db);
+        let ds = fill(sql, &reference, &env.db);
+        let po = run_text(p, &ps)
+            .await
+            .unwrap_or_else(|e| panic!("{ps}: {e}\n{}", env.proxy.log_text()));
+        let dout = run_text(d, &ds).await.unwrap().renamed(&reference, table);
+        assert_eq!(po, dout, "{ps}");
     }
 }
 
-/// A counter's value read through the proxy.
-async fn value_of(conn: &mut Conn, slug: &str) -> Option<i64> {
-    conn.exec_first("SELECT cnt FROM hits WHERE slug = ?", (slug,))
-        .await
-        .unwrap_or_else(|e| panic!("read {slug}: {e}"))
+/// The statement must be refused by the rule: ERR 1105 / HY000 naming it.
+async fn assert_rejected(conn: &mut Conn, sql: &str) -> ServerError {
+    assert_refused_by(conn, sql, RULE).await
 }
-
-/// Text-protocol increment `UPDATE hits SET cnt = cnt + d WHERE slug = '<slug>'`.
-fn inc_sql(slug: &str, d: i64) -> String {
-    format!("UPDATE hits SET cnt = cnt + {d} WHERE slug = '{slug}'")
-}
-
-const MATCHED_1: &str = "Rows matched: 1  Changed: 1  Warnings: 0";
 
 // ---------------------------------------------------------------------------------------
 // 1. Text protocol
@@ -343,7 +286,7 @@ const TEXT_SCENARIO: &[&str] = &[
 
 #[test]
 fn text_protocol_matches_reference_table() {
-    let env = Env::hits("text", false);
+    let env = hits_env("text", false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -389,7 +332,7 @@ fn text_protocol_matches_reference_table() {
 /// in that database are rewritten; a table of the same name elsewhere is not.
 #[test]
 fn qualified_rule_applies_to_its_database_only() {
-    let env = Env::hits("qual", true);
+    let env = hits_env("qual", true);
     let other = "ctr_qual_other";
     create_hits_db(other);
     run(Duration::from_secs(30), async {
@@ -456,38 +399,27 @@ fn qualified_rule_applies_to_its_database_only() {
 /// A table with two counter columns, one of them unsigned BIGINT.
 #[test]
 fn two_counter_columns() {
-    let db = "ctr_two";
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE stats (id INT PRIMARY KEY, views INT NOT NULL DEFAULT 0,
-             bytes BIGINT UNSIGNED NOT NULL DEFAULT 0, label VARCHAR(10));
-         CREATE TABLE stats_ref LIKE stats;
-         CREATE TABLE stats_slots (id INT NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
-             views BIGINT NOT NULL DEFAULT 0, bytes BIGINT NOT NULL DEFAULT 0,
-             PRIMARY KEY (id, slot));
-         CREATE TRIGGER stats_slots_hs_ai AFTER INSERT ON stats_slots FOR EACH ROW
-             INSERT IGNORE INTO stats (id) VALUES (NEW.id);
-         INSERT INTO stats VALUES (1, 5, 1000, 'a'), (2, 0, 0, 'b');
-         INSERT INTO stats_ref SELECT * FROM stats;"
-    ));
-    let rules = rules_dir(
-        "counter.toml",
-        &format!(
-            r#"[[counter]]
-name = "{RULE}"
-table = "stats"
-key = ["id"]
-columns = ["views", "bytes"]
-slots = 8
-slot_table = "stats_slots"
-"#
-        ),
-    );
-    let proxy = Proxy::builder().rules_dir(rules.path()).start();
+    let rule = Rule::counter(RULE, "stats")
+        .key(&["id"])
+        .columns(&["views", "bytes"])
+        .slots(8)
+        .slot_table("stats_slots");
+    let env = Env::builder("ctr_two")
+        .schema(
+            "CREATE TABLE stats (id INT PRIMARY KEY, views INT NOT NULL DEFAULT 0,
+                 bytes BIGINT UNSIGNED NOT NULL DEFAULT 0, label VARCHAR(10));
+             CREATE TABLE stats_ref LIKE stats;
+             INSERT INTO stats VALUES (1, 5, 1000, 'a'), (2, 0, 0, 'b');
+             INSERT INTO stats_ref SELECT * FROM stats;",
+        )
+        .rule("counter.toml", rule.toml())
+        .migrate()
+        .start();
+    let db = env.db.as_str();
     run(Duration::from_secs(30), async {
-        let mut p = connect(&proxy.url(db)).await;
-        let mut d = connect(&mariadb().url(db)).await;
-        for sql in [
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let templates = [
             "UPDATE {t} SET views = views + 1, bytes = bytes + 512 WHERE id = 1",
             "UPDATE {t} SET bytes = bytes + 100, views = views + 2 WHERE id = 1",
             "UPDATE {t} SET views = views + 1 WHERE id = 2",
@@ -500,22 +432,8 @@ slot_table = "stats_slots"
             "SELECT * FROM {t} ORDER BY id",
             "SELECT views, bytes FROM {t} WHERE id = 1",
             "SELECT id FROM {t} WHERE bytes > 1000 ORDER BY id",
-        ] {
-            let ps = fill(sql, "stats", db);
-            let ds = fill(sql, "stats_ref", db);
-            let po = run_text(&mut p, &ps)
-                .await
-                .unwrap_or_else(|e| panic!("{ps}: {e}\n{}", proxy.log_text()));
-            let mut dout = run_text(&mut d, &ds).await.unwrap();
-            for c in &mut dout.columns {
-                for t in [&mut c.table, &mut c.org_table] {
-                    if t == "stats_ref" {
-                        *t = "stats".into();
-                    }
-                }
-            }
-            assert_eq!(po, dout, "{ps}");
-        }
+        ];
+        assert_same_as_ref(&env, &mut p, &mut d, "stats", &templates).await;
         let stored =
             mariadb().query_strings(&format!("SELECT views, bytes FROM {db}.stats WHERE id = 1"));
         assert_eq!(
@@ -527,60 +445,16 @@ slot_table = "stats_slots"
     });
 }
 
-fn tests_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
-}
-
 /// Runs `rule_pymysql.py` with `statements` and returns its stdout.
 fn pymysql(port: u16, db: &str, table: &str, autocommit: bool, statements: &[&str]) -> String {
-    let script = tests_dir().join("python").join("rule_pymysql.py");
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .arg("--host=127.0.0.1")
-        .arg(format!("--port={port}"))
-        .arg(format!("--user={USER}"))
-        .arg(format!("--password={PASSWORD}"))
-        .arg(format!("--db={db}"))
-        .arg(format!("--table={table}"))
-        .arg("--show-table=hits")
-        .arg(format!("--autocommit={}", u8::from(autocommit)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn python3");
-    let input = format!(
-        "[{}]",
-        statements
-            .iter()
-            .map(|s| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"")))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(input.as_bytes()).unwrap();
-    }
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let out = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(out) => out.expect("python3 output"),
-        Err(_) => {
-            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-            panic!("rule_pymysql.py did not finish within 60 s");
-        }
-    };
-    assert!(
-        out.status.success(),
-        "rule_pymysql.py failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    rule_pymysql(
+        port,
+        db,
+        table,
+        autocommit,
+        &["--show-table=hits"],
+        statements,
+    )
 }
 
 /// The same scenario with PyMySQL, in autocommit mode and with autocommit off (PyMySQL's
@@ -589,7 +463,7 @@ fn pymysql(port: u16, db: &str, table: &str, autocommit: bool, statements: &[&st
 fn pymysql_matches_reference_table() {
     for autocommit in [true, false] {
         let name = if autocommit { "py_ac" } else { "py_noac" };
-        let env = Env::hits(name, false);
+        let env = hits_env(name, false);
         let proxied = pymysql(env.proxy.port(), &env.db, "hits", autocommit, TEXT_SCENARIO);
         let direct = pymysql(
             mariadb().port(),
@@ -617,14 +491,25 @@ fn pymysql_matches_reference_table() {
     }
 }
 
-/// Warnings count of rewritten writes: the original statements raise none.
-#[test]
-fn rewritten_writes_report_no_extra_warnings() {
-    let env = Env::hits("warn", false);
+/// Database `ctr_<name>` and a proxy: each statement through the proxy on `hits` and
+/// directly on `hits_ref` must succeed and look the same.
+fn assert_same_outcomes(name: &str, statements: &[&str]) {
+    let env = hits_env(name, false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
-        for sql in [
+        for sql in statements {
+            same_text(&env, &mut p, &mut d, sql).await;
+        }
+    });
+}
+
+/// Warnings count of rewritten writes: the original statements raise none.
+#[test]
+fn rewritten_writes_report_no_extra_warnings() {
+    assert_same_outcomes(
+        "warn",
+        &[
             // A new slot row fires the trigger, whose INSERT IGNORE meets the row.
             "UPDATE {t} SET cnt = cnt + 1 WHERE slug = 'home'",
             "INSERT INTO {t} (slug, cnt) VALUES ('x', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1",
@@ -632,10 +517,8 @@ fn rewritten_writes_report_no_extra_warnings() {
             "SHOW WARNINGS",
             "INSERT INTO {t} (slug, cnt) VALUES ('home', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1",
             "SHOW WARNINGS",
-        ] {
-            same_text(&env, &mut p, &mut d, sql).await;
-        }
-    });
+        ],
+    );
 }
 
 /// An absolute set reports what the logical row would: changed when the logical
@@ -643,11 +526,9 @@ fn rewritten_writes_report_no_extra_warnings() {
 #[test]
 #[ignore = "known limitation (rules/README.md): absolute set reports the base row's Changed/affected rows, not the logical row's"]
 fn absolute_set_reports_logical_changes() {
-    let env = Env::hits("setrows", false);
-    run(Duration::from_secs(30), async {
-        let mut p = env.proxied().await;
-        let mut d = env.direct().await;
-        for sql in [
+    assert_same_outcomes(
+        "setrows",
+        &[
             "UPDATE {t} SET cnt = cnt + 5 WHERE slug = 'home'",
             // Logical 15 → 10: the base already holds 10.
             "UPDATE {t} SET cnt = 10 WHERE slug = 'home'",
@@ -655,10 +536,8 @@ fn absolute_set_reports_logical_changes() {
             // Logical 15 → 15: the base holds 10.
             "UPDATE {t} SET cnt = 15 WHERE slug = 'home'",
             "SELECT * FROM {t} ORDER BY slug",
-        ] {
-            same_text(&env, &mut p, &mut d, sql).await;
-        }
-    });
+        ],
+    );
 }
 
 /// Reads whose computed columns involve a counter: types and lengths as computed
@@ -666,7 +545,7 @@ fn absolute_set_reports_logical_changes() {
 #[test]
 #[ignore = "known limitation (rules/README.md): expressions over a counter are typed from the rewrite's BIGINT (MAX/MIN/IFNULL give LONGLONG(21), cnt + 1 length 22, SUM/AVG/CONCAT longer) instead of the INT column's"]
 fn expressions_over_counters_keep_metadata() {
-    let env = Env::hits("expr", false);
+    let env = hits_env("expr", false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -720,7 +599,7 @@ const JOIN_READS: &[&str] = &[
 
 #[test]
 fn join_reads_restore_counter_metadata() {
-    let env = Env::hits("join", false);
+    let env = hits_env("join", false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -744,7 +623,7 @@ fn join_reads_restore_counter_metadata() {
 
 /// Runs a scenario (errors compared by code and SQLSTATE) and asserts no difference.
 fn assert_scenario_with_errors(name: &str, scenario: &'static [&'static str]) {
-    let env = Env::hits(name, false);
+    let env = hits_env(name, false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -780,7 +659,7 @@ fn unusual_increments_behave_like_the_table() {
 /// rounds `+ 1.5` or converts `+ '2'` against the whole value, not the delta.
 #[test]
 fn inexact_increments_are_refused() {
-    let env = Env::hits("inexact", false);
+    let env = hits_env("inexact", false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         for sql in [
@@ -852,7 +731,7 @@ fn non_numeric_increment_fails_with_the_table_error() {
 
 #[test]
 fn prepared_statements_match_reference_table() {
-    let env = Env::hits("prep", false);
+    let env = hits_env("prep", false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -966,7 +845,7 @@ fn prepared_statements_match_reference_table() {
 /// describes the columns again at execute time, and that is what the client must get.
 #[test]
 fn prepared_reads_keep_execute_time_types() {
-    let env = Env::hits("prepexpr", false);
+    let env = hits_env("prepexpr", false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -1010,7 +889,7 @@ fn prepared_reads_keep_execute_time_types() {
 /// transaction. Results match the reference table, execute after execute.
 #[test]
 fn prepared_multi_statement_rewrites() {
-    let env = Env::hits("prepmulti", false);
+    let env = hits_env("prepmulti", false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -1064,7 +943,7 @@ fn prepared_multi_statement_rewrites() {
 
 #[test]
 fn sets_deletes_upserts_and_new_counters() {
-    let env = Env::hits("writes", false);
+    let env = hits_env("writes", false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         for _ in 0..5 {
@@ -1164,7 +1043,7 @@ fn sets_deletes_upserts_and_new_counters() {
 
 #[test]
 fn transactions_commit_and_roll_back_rewrites() {
-    let env = Env::hits("txn", false);
+    let env = hits_env("txn", false);
     run(Duration::from_secs(30), async {
         let mut c = env.proxied().await;
         let mut other = env.proxied().await;
@@ -1278,11 +1157,11 @@ fn transactions_commit_and_roll_back_rewrites() {
 
 #[test]
 fn unsupported_shapes_are_rejected_and_write_nothing() {
-    let env = Env::hits("reject", false);
+    let env = hits_env("reject", false);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         p.query_drop(inc_sql("home", 2)).await.unwrap();
-        let before = env.snapshot();
+        let before = snapshot(&env);
         for sql in [
             "UPDATE hits SET cnt = cnt * 2 WHERE slug = 'home'",
             "UPDATE hits SET cnt = cnt + cnt WHERE slug = 'home'",
@@ -1320,7 +1199,7 @@ fn unsupported_shapes_are_rejected_and_write_nothing() {
             assert_eq!(one, Some(1));
         }
         assert_eq!(
-            env.snapshot(),
+            snapshot(&env),
             before,
             "a rejected statement wrote something"
         );
@@ -1367,7 +1246,7 @@ fn unsupported_shapes_are_rejected_and_write_nothing() {
 
 #[test]
 fn point_read_uses_both_primary_keys() {
-    let env = Env::hits("explain", false);
+    let env = hits_env("explain", false);
     // Enough rows that a scan would be chosen only if no index applied.
     let mut values = Vec::new();
     for i in 0..300 {
@@ -1551,7 +1430,7 @@ async fn counter_worker(url: String, worker: usize, deadline: Instant, tally: Ar
 
 #[test]
 fn concurrent_increments_sum_exactly() {
-    let env = Env::hits("conc", false);
+    let env = hits_env("conc", false);
     const KEYS: usize = 10;
     let mut rows: Vec<String> = (0..KEYS).map(|k| format!("('hot{k}', 0, NULL)")).collect();
     rows.push("('reset', 0, NULL)".into());
@@ -1613,7 +1492,7 @@ fn concurrent_increments_sum_exactly() {
 /// they serialise on the row lock; the rewrite must not turn that into errors.
 #[test]
 fn concurrent_sets_and_increments_of_one_key() {
-    let env = Env::hits("setinc", false);
+    let env = hits_env("setinc", false);
     run(Duration::from_secs(30), async {
         let errors = Arc::new(Mutex::new(Vec::<String>::new()));
         let ops = Arc::new(AtomicU64::new(0));
@@ -1666,54 +1545,32 @@ fn concurrent_sets_and_increments_of_one_key() {
 
 #[test]
 fn concurrent_global_counter() {
-    let db = "ctr_global";
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE total (id INT PRIMARY KEY, n BIGINT NOT NULL);
-         CREATE TABLE total_slots (slot SMALLINT UNSIGNED PRIMARY KEY, n BIGINT NOT NULL DEFAULT 0);
-         CREATE TABLE total_ref LIKE total;
-         INSERT INTO total VALUES (1, 100);
-         INSERT INTO total_ref VALUES (1, 100);"
-    ));
-    let rules = rules_dir(
-        "counter.toml",
-        &format!(
-            r#"[[counter]]
-name = "{RULE}"
-table = "total"
-key = []
-columns = ["n"]
-slots = 16
-slot_table = "total_slots"
-"#
-        ),
-    );
-    let proxy = Proxy::builder().rules_dir(rules.path()).start();
+    let rule = Rule::counter(RULE, "total")
+        .key(&[])
+        .columns(&["n"])
+        .slot_table("total_slots");
+    let env = Env::builder("ctr_global")
+        .schema(
+            "CREATE TABLE total (id INT PRIMARY KEY, n BIGINT NOT NULL);
+             CREATE TABLE total_ref LIKE total;
+             INSERT INTO total VALUES (1, 100);
+             INSERT INTO total_ref VALUES (1, 100);",
+        )
+        .rule("counter.toml", rule.toml())
+        .migrate()
+        .start();
+    let db = env.db.as_str();
     run(Duration::from_secs(40), async {
         // Same shapes as a plain table first.
-        let mut p = connect(&proxy.url(db)).await;
-        let mut d = connect(&mariadb().url(db)).await;
-        for sql in [
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let templates = [
             "UPDATE {t} SET n = n + 1",
             "SELECT * FROM {t}",
             "SELECT n FROM {t}",
             "SELECT t.n AS total FROM {t} t",
-        ] {
-            let ps = fill(sql, "total", db);
-            let ds = fill(sql, "total_ref", db);
-            let po = run_text(&mut p, &ps)
-                .await
-                .unwrap_or_else(|e| panic!("{ps}: {e}\n{}", proxy.log_text()));
-            let mut dout = run_text(&mut d, &ds).await.unwrap();
-            for c in &mut dout.columns {
-                for t in [&mut c.table, &mut c.org_table] {
-                    if t == "total_ref" {
-                        *t = "total".into();
-                    }
-                }
-            }
-            assert_eq!(po, dout, "{ps}");
-        }
+        ];
+        assert_same_as_ref(&env, &mut p, &mut d, "total", &templates).await;
         // A WHERE on a keyless counter is refused, not forwarded to the base row.
         match p
             .query_drop("UPDATE total SET n = n + 1 WHERE id = 1")
@@ -1738,7 +1595,7 @@ slot_table = "total_slots"
         let deadline = Instant::now() + Duration::from_secs(3);
         let tasks: Vec<_> = (0..64)
             .map(|w| {
-                let url = proxy.url(db);
+                let url = env.url();
                 let acked = acked.clone();
                 let errors = errors.clone();
                 tokio::spawn(async move {
@@ -1794,7 +1651,7 @@ slot_table = "total_slots"
 
 #[test]
 fn rule_on_and_off_proxies_share_one_database() {
-    let env = Env::hits("switch", false);
+    let env = hits_env("switch", false);
     let plain = Proxy::start();
     const KEYS: usize = 10;
     let rows: Vec<String> = (0..KEYS).map(|k| format!("('hot{k}', 0, NULL)")).collect();
@@ -1888,7 +1745,7 @@ fn rule_on_and_off_proxies_share_one_database() {
 /// reads carry its own column metadata (schema name).
 #[test]
 fn one_proxy_serves_the_rule_in_two_databases() {
-    let env = Env::hits("twodb_a", false);
+    let env = hits_env("twodb_a", false);
     let second = "ctr_twodb_b";
     create_hits_db(second);
     run(Duration::from_secs(30), async {
@@ -1919,7 +1776,7 @@ fn one_proxy_serves_the_rule_in_two_databases() {
 #[test]
 #[ignore = "known limitation (rules/README.md): a rule without a database needs a default database; without one the statement gets a clear 1105"]
 fn no_default_database() {
-    let env = Env::hits("nodb", false);
+    let env = hits_env("nodb", false);
     run(Duration::from_secs(30), async {
         let mut p = connect(&env.proxy.url("")).await;
         let db = env.db.clone();

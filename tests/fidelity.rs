@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 
+use common::fixture::fresh_db;
 use common::packets::{describe, hex_dump, Packet};
 use common::rawclient::{caps, cmd, types, ConnectError, ConnectOpts, RawClient, RawParam};
 use common::{mariadb, Proxy, PASSWORD, USER};
@@ -121,9 +122,7 @@ struct Transcript {
 
 /// Runs `steps` on a fresh connection to `addr` with database `db` (recreated first).
 fn run_script(addr: SocketAddr, db: &str, opts: &ConnectOpts, steps: &[Step]) -> Transcript {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}"
-    ));
+    fresh_db(db, "");
     let deprecate_eof = opts.caps & caps::DEPRECATE_EOF != 0;
     let mut c = RawClient::connect(addr, opts)
         .unwrap_or_else(|e| panic!("connect to {addr} (deprecate_eof={deprecate_eof}): {e}"));

@@ -15,6 +15,7 @@
 mod common;
 
 use common::differential::{Charset, Config, Differential, Gen, Kind, Lit, Order, Protocol, Stmt};
+use common::fixture::Rule;
 use common::rawclient::RawParam;
 
 /// Statements per round in the bounded run.
@@ -1075,17 +1076,13 @@ impl Kind for Ring {
     }
 
     fn rule_toml(&self) -> String {
-        format!(
-            r#"[[ring]]
-name = "profile_visits"
-table = "{LOG}"
-key = ["uid"]
-size = {RING_SIZE}
-ring_table = "profile_visits_ring"
-seq_table = "profile_visits_seq"
-order_by = "last_update"
-"#
-        )
+        Rule::ring("profile_visits", LOG)
+            .key(&["uid"])
+            .size(RING_SIZE)
+            .ring_table("profile_visits_ring")
+            .seq_table("profile_visits_seq")
+            .order_by("last_update")
+            .toml()
     }
 
     fn state_query(&self) -> String {

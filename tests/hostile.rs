@@ -8,72 +8,47 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::client::{connect, rules_dir, run, run_text};
+use common::client::{connect, run, run_text};
+use common::fixture::{counter_rule, counter_value, create_counter_db, Env};
 use common::packets::{parse_err, text_rows, Packet};
 use common::rawclient::{ConnectOpts, RawClient, RawParam};
-use common::{free_port, mariadb, Proxy, PASSWORD, USER};
+use common::{mariadb, PASSWORD, USER};
 use mysql_async::prelude::*;
 use mysql_async::Conn;
 
 const RULE: &str = "page_hits";
 const ADMIN_PW: &str = "admin-pw";
 
-/// One test's database and a proxy with the counter rule and an admin port.
-struct Env {
-    db: String,
-    proxy: Proxy,
-    admin: SocketAddr,
-    _rules: tempfile::TempDir,
+/// Database `hostile_<name>` with the counter fixture and its reference twin
+/// `hits_ref`, and a proxy with the counter rule and an admin port.
+fn start_env(name: &str) -> Env {
+    let db = format!("hostile_{name}");
+    create_counter_db(&db, "", "('a', 1), ('home', 10), ('z', 26)");
+    mariadb().exec(&format!(
+        "USE {db}; CREATE TABLE hits_ref LIKE hits; INSERT INTO hits_ref SELECT * FROM hits;"
+    ));
+    Env::builder(db)
+        .rule("counter.toml", counter_rule(RULE))
+        .admin(ADMIN_PW)
+        .start()
 }
 
-impl Env {
-    fn start(name: &str) -> Env {
-        let db = format!("hostile_{name}");
-        common::fixture::create_counter_db(&db, "", "('a', 1), ('home', 10), ('z', 26)");
-        mariadb().exec(&format!(
-            "USE {db}; CREATE TABLE hits_ref LIKE hits; INSERT INTO hits_ref SELECT * FROM hits;"
-        ));
-        let rules = rules_dir("counter.toml", &common::fixture::counter_rule(RULE));
-        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let proxy = Proxy::builder()
-            .rules_dir(rules.path())
-            .arg("--admin")
-            .arg(admin.to_string())
-            .env("HEATSINK_ADMIN_PASSWORD", ADMIN_PW)
-            .start();
-        Env {
-            db,
-            proxy,
-            admin,
-            _rules: rules,
-        }
-    }
+/// A raw client through `env`'s proxy, in its database.
+fn raw(env: &Env) -> RawClient {
+    RawClient::connect(
+        env.proxy.addr(),
+        &ConnectOpts::new(USER, PASSWORD)
+            .db(&env.db)
+            .timeout(Duration::from_secs(20)),
+    )
+    .expect("raw connect")
+}
 
-    async fn client(&self) -> Conn {
-        connect(&self.proxy.url(&self.db)).await
-    }
-
-    fn raw(&self) -> RawClient {
-        RawClient::connect(
-            self.proxy.addr(),
-            &ConnectOpts::new(USER, PASSWORD)
-                .db(&self.db)
-                .timeout(Duration::from_secs(20)),
-        )
-        .expect("raw connect")
-    }
-
-    fn cnt(&self, slug: &str) -> i64 {
-        let rows = mariadb().query_strings(&format!(
-            "SELECT h.cnt + COALESCE((SELECT SUM(s.cnt) FROM {0}.hits_slots s WHERE s.slug = h.slug), 0)
-             FROM {0}.hits h WHERE h.slug = '{slug}'",
-            self.db
-        ));
-        rows[0][0].as_deref().unwrap().parse().unwrap()
-    }
+/// A counter's logical value, read directly.
+fn cnt(env: &Env, slug: &str) -> i64 {
+    counter_value(&env.db, slug).expect("a row")
 }
 
 /// `head`, then `op` `n` times, then `tail` (and a `)` per `(` in `op`).
@@ -92,37 +67,30 @@ fn repeated(head: &str, op: &str, n: usize, tail: &str) -> String {
 
 /// The shapes of deep statements a hostile client sends.
 fn deep_statements(n: usize) -> Vec<String> {
-    vec![
-        repeated(
-            "SELECT cnt FROM hits WHERE slug = 'home'",
-            " AND 1=1",
-            n,
-            "",
-        ),
-        repeated("SELECT cnt FROM hits WHERE slug = 'home'", " OR 1", n, ""),
-        repeated(
+    const SHAPES: [(&str, &str, &str); 7] = [
+        ("SELECT cnt FROM hits WHERE slug = 'home'", " AND 1=1", ""),
+        ("SELECT cnt FROM hits WHERE slug = 'home'", " OR 1", ""),
+        (
             "UPDATE hits SET cnt = cnt + 1",
             " + 1",
-            n,
             " WHERE slug = 'home'",
         ),
-        repeated("SELECT cnt FROM hits WHERE slug = ", "(", n, "'home'"),
-        repeated("SELECT cnt FROM hits WHERE slug = ", "CONCAT(", n, "'home'"),
-        repeated(
-            "SELECT cnt FROM hits WHERE slug IN ",
-            "(SELECT ",
-            n,
-            "'home'",
-        ),
-        repeated("SELECT cnt FROM hits", " UNION SELECT 1", n, ""),
-    ]
+        ("SELECT cnt FROM hits WHERE slug = ", "(", "'home'"),
+        ("SELECT cnt FROM hits WHERE slug = ", "CONCAT(", "'home'"),
+        ("SELECT cnt FROM hits WHERE slug IN ", "(SELECT ", "'home'"),
+        ("SELECT cnt FROM hits", " UNION SELECT 1", ""),
+    ];
+    SHAPES
+        .iter()
+        .map(|(head, op, tail)| repeated(head, op, n, tail))
+        .collect()
 }
 
 #[test]
 fn deep_statements_are_refused_and_the_proxy_lives() {
-    let env = Env::start("deep");
+    let env = start_env("deep");
     run(Duration::from_secs(240), async {
-        let mut c = env.client().await;
+        let mut c = env.proxied().await;
         for sql in deep_statements(100_000) {
             let head = &sql[..60];
             let e = c
@@ -141,12 +109,13 @@ fn deep_statements_are_refused_and_the_proxy_lives() {
             let one: Option<i64> = c.query_first("SELECT 1").await.unwrap();
             assert_eq!(one, Some(1));
         }
-        assert_eq!(env.cnt("home"), 10, "no refused statement may write");
+        assert_eq!(cnt(&env, "home"), 10, "no refused statement may write");
 
         // The admin port's EXPLAIN REWRITE of the same texts answers too.
         let mut admin = connect(&format!(
             "mysql://admin:{ADMIN_PW}@{}/{}?prefer_socket=false",
-            env.admin, env.db
+            env.admin_addr(),
+            env.db
         ))
         .await;
         for sql in deep_statements(100_000) {
@@ -185,7 +154,7 @@ fn deep_statements_are_refused_and_the_proxy_lives() {
         );
         let e = c.query_drop(&inc).await.expect_err("not an increment");
         assert!(e.to_string().contains("1105"), "{e}");
-        assert_eq!(env.cnt("home"), 10);
+        assert_eq!(cnt(&env, "home"), 10);
     });
     assert!(
         env.proxy.log_text().matches("panicked").count() == 0,
@@ -198,8 +167,8 @@ fn deep_statements_are_refused_and_the_proxy_lives() {
 /// `useCursorFetch=true`) of a rewritten read gets the whole result at once.
 #[test]
 fn cursor_executes_of_rewritten_reads_answer() {
-    let env = Env::start("cursor");
-    let mut raw = env.raw();
+    let env = start_env("cursor");
+    let mut raw = raw(&env);
     raw.query("UPDATE hits SET cnt = cnt + 5 WHERE slug = 'home'")
         .unwrap();
     let (id, _) = raw
@@ -239,13 +208,13 @@ fn cursor_executes_of_rewritten_reads_answer() {
 /// and the rest of the backend's rows are not relayed as the next answer.
 #[test]
 fn a_failed_rewritten_read_leaves_the_connection_in_step() {
-    let env = Env::start("desync");
+    let env = start_env("desync");
     mariadb().exec(&format!(
         "USE {0}; UPDATE hits SET cnt = 2147483647 WHERE slug = 'home';
          INSERT INTO hits_slots VALUES ('home', 0, 10);",
         env.db
     ));
-    let mut raw = env.raw();
+    let mut raw = raw(&env);
     let (id, _) = raw
         .prepare("SELECT slug, cnt FROM hits ORDER BY slug")
         .unwrap();
@@ -292,10 +261,10 @@ async fn both_tables(proxied: &mut Conn, direct: &mut Conn) -> (Vec<String>, Vec
 /// nothing; the others answer exactly what the plain table answers.
 #[test]
 fn increments_keep_mariadb_meaning_or_are_refused() {
-    let env = Env::start("exact");
+    let env = start_env("exact");
     run(Duration::from_secs(120), async {
         for mode in ["STRICT_TRANS_TABLES", ""] {
-            let mut p = env.client().await;
+            let mut p = env.proxied().await;
             let mut d = connect(&mariadb().url(&env.db)).await;
             for c in [&mut p, &mut d] {
                 c.query_drop(format!("SET SESSION sql_mode = '{mode}'"))
@@ -349,8 +318,8 @@ fn increments_keep_mariadb_meaning_or_are_refused() {
 /// execute is refused and changes nothing.
 #[test]
 fn prepared_increments_check_each_execute() {
-    let env = Env::start("params");
-    let mut raw = env.raw();
+    let env = start_env("params");
+    let mut raw = raw(&env);
     let (id, _) = raw
         .prepare("UPDATE hits SET cnt = cnt + ? WHERE slug = ?")
         .unwrap();
@@ -371,7 +340,7 @@ fn prepared_increments_check_each_execute() {
             .and_then(|p| parse_err(&p.payload))
             .unwrap_or_else(|| panic!("{params:?}: expected 1105, got {packets:?}"));
         assert_eq!(err.code, 1105, "{params:?}: {err}");
-        assert_eq!(env.cnt("home"), 10, "{params:?}");
+        assert_eq!(cnt(&env, "home"), 10, "{params:?}");
     }
     for (params, total) in [
         (vec![RawParam::Int(1), home()], 11),
@@ -380,10 +349,10 @@ fn prepared_increments_check_each_execute() {
     ] {
         let packets = raw.execute(id, &params).unwrap();
         assert!(packets[0].is_ok(), "{params:?}: {packets:?}");
-        assert_eq!(env.cnt("home"), total, "{params:?}");
+        assert_eq!(cnt(&env, "home"), total, "{params:?}");
     }
     // No key '0' appeared, no other row changed.
-    assert_eq!(env.cnt("a"), 1);
+    assert_eq!(cnt(&env, "a"), 1);
     let keys = mariadb().query_strings(&format!("SELECT COUNT(*) FROM {}.hits", env.db));
     assert_eq!(keys[0][0].as_deref(), Some("3"));
 }

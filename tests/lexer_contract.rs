@@ -11,10 +11,10 @@ mod common;
 
 use std::sync::RwLock;
 
-use common::client::rules_dir;
+use common::fixture::{counter_rule, counter_value, create_counter_db, Env};
 use common::packets::Packet;
 use common::rawclient::{ConnectOpts, RawClient, RawParam};
-use common::{mariadb, Proxy, PASSWORD, USER};
+use common::{mariadb, PASSWORD, USER};
 
 /// Held for writing while a test changes the server's global `sql_mode`, which every
 /// new session starts with.
@@ -39,29 +39,36 @@ fn read_injection(lead: &[u8]) -> Vec<u8> {
     sql
 }
 
-struct Env {
-    db: String,
-    proxy: Proxy,
-    _rules: tempfile::TempDir,
+/// Database `lex_<name>` with the counter fixture (utf8mb4, binary collation) and a
+/// proxy with the example counter rule.
+fn new_env(name: &str) -> Env {
+    let db = format!("lex_{name}");
+    create_counter_db(
+        &db,
+        "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+        "('home', 10), ('about', 3)",
+    );
+    Env::builder(db)
+        .rule("counter.toml", counter_rule("page_hits"))
+        .start()
 }
 
-impl Env {
-    fn new(name: &str) -> Env {
-        let db = format!("lex_{name}");
-        common::fixture::create_counter_db(
-            &db,
-            "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-            "('home', 10), ('about', 3)",
-        );
-        let rules = rules_dir("counter.toml", &common::fixture::counter_rule("page_hits"));
-        let proxy = Proxy::builder().rules_dir(rules.path()).start();
-        Env {
-            db,
-            proxy,
-            _rules: rules,
-        }
-    }
+/// What these tests do with an [`Env`]: raw clients and the physical state.
+trait LexEnv {
+    fn opts(&self) -> ConnectOpts;
+    /// A raw client through the proxy.
+    fn client(&self) -> RawClient;
+    /// A raw client straight to MariaDB.
+    fn raw_direct(&self) -> RawClient;
+    /// A key's logical value (base plus slot deltas), read directly; `None` when the
+    /// key has no row.
+    fn value(&self, slug: &str) -> Option<i64>;
+    /// Every key, sorted.
+    fn keys(&self) -> Vec<String>;
+    fn slot_rows(&self) -> usize;
+}
 
+impl LexEnv for Env {
     fn opts(&self) -> ConnectOpts {
         ConnectOpts::new(USER, PASSWORD).db(&self.db)
     }
@@ -70,28 +77,14 @@ impl Env {
         RawClient::connect(self.proxy.addr(), &self.opts()).expect("connect through the proxy")
     }
 
-    fn direct(&self) -> RawClient {
+    fn raw_direct(&self) -> RawClient {
         RawClient::connect(mariadb().addr(), &self.opts()).expect("connect to MariaDB")
     }
 
-    /// A key's logical value (base plus slot deltas), read directly; `None` when the
-    /// key has no row.
     fn value(&self, slug: &str) -> Option<i64> {
-        let db = &self.db;
-        // As hex: the root session may run under any sql_mode.
-        let hex: String = slug.bytes().map(|b| format!("{b:02X}")).collect();
-        mariadb()
-            .query_strings(&format!(
-                "SELECT h.cnt + COALESCE((SELECT SUM(s.cnt) FROM {db}.hits_slots s WHERE s.slug = h.slug), 0)
-                 FROM {db}.hits h WHERE h.slug = CONVERT(X'{hex}' USING utf8mb4)"
-            ))
-            .into_iter()
-            .next()
-            .and_then(|r| r.into_iter().next().flatten())
-            .map(|v| v.parse().expect("a number"))
+        counter_value(&self.db, slug)
     }
 
-    /// Every key, sorted.
     fn keys(&self) -> Vec<String> {
         mariadb()
             .query_strings(&format!(
@@ -159,10 +152,10 @@ fn first_cell(packets: &[Packet]) -> Option<Vec<u8>> {
 #[test]
 fn gbk_and_sjis_injections_are_refused() {
     let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new("mb");
+    let env = new_env("mb");
     for (names, lead) in [("gbk", &b"\xbf"[..]), ("sjis", b"\x95"), ("cp932", b"\x95")] {
         // What MariaDB says about the statement.
-        let mut direct = env.direct();
+        let mut direct = env.raw_direct();
         ok(&direct.query(format!("SET NAMES {names}")).unwrap());
         let (direct_code, _) = err(&direct.query(injection(lead)).unwrap());
         assert_eq!(direct_code, 1064, "{names}");
@@ -188,7 +181,7 @@ fn gbk_and_sjis_injections_are_refused() {
 #[test]
 fn handshake_charset_is_learned_from_the_server() {
     let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new("hs");
+    let env = new_env("hs");
     // 28 = gbk_chinese_ci in the handshake response; classic EOF packets, so the
     // settings query's result ends differently from the other tests'.
     let opts = env.opts().charset(28).deprecate_eof(false);
@@ -207,9 +200,9 @@ fn handshake_charset_is_learned_from_the_server() {
 #[test]
 fn no_backslash_escapes_injection_is_refused() {
     let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new("nbe");
+    let env = new_env("nbe");
     let set = "SET sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')";
-    let mut direct = env.direct();
+    let mut direct = env.raw_direct();
     ok(&direct.query(set).unwrap());
     let (direct_code, _) = err(&direct.query(injection(b"x")).unwrap());
     assert_eq!(direct_code, 1064);
@@ -253,7 +246,7 @@ fn no_backslash_escapes_injection_is_refused() {
 #[test]
 fn server_default_no_backslash_escapes_is_seen_by_the_first_session() {
     let _g = GLOBAL_MODE.write().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new("global");
+    let env = new_env("global");
     let before = mariadb().query_strings("SELECT @@GLOBAL.sql_mode")[0][0]
         .clone()
         .unwrap_or_default();
@@ -281,7 +274,7 @@ fn server_default_no_backslash_escapes_is_seen_by_the_first_session() {
 #[test]
 fn ansi_quotes_identifiers() {
     let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new("ansi");
+    let env = new_env("ansi");
     let mut c = env.client();
     ok(&c
         .query("SET sql_mode = CONCAT(@@sql_mode, ',ANSI_QUOTES')")
@@ -306,7 +299,7 @@ fn ansi_quotes_identifiers() {
 #[test]
 fn latin1_sessions_rewrite_and_charset_changes_are_followed() {
     let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new("latin1");
+    let env = new_env("latin1");
     let mut c = env.client();
     ok(&c.query("SET NAMES latin1").unwrap());
     ok(&c
@@ -351,7 +344,7 @@ fn latin1_sessions_rewrite_and_charset_changes_are_followed() {
 #[test]
 fn reset_connection_and_change_user_forget_the_settings() {
     let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new("reset");
+    let env = new_env("reset");
     let mut c = env.client();
     ok(&c.query("SET NAMES gbk").unwrap());
     refused_or_same(
@@ -392,7 +385,7 @@ fn reset_connection_and_change_user_forget_the_settings() {
 #[test]
 fn invalid_utf8_keys_are_refused_and_valid_keys_do_not_collide() {
     let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new("utf8");
+    let env = new_env("utf8");
     let mut c = env.client();
     for bad in [&b"\xff"[..], b"\xfe", b"\xc3", b"a\xe9b"] {
         let mut sql = b"UPDATE hits SET cnt = cnt + 1 WHERE slug = '".to_vec();
@@ -424,7 +417,7 @@ fn invalid_utf8_keys_are_refused_and_valid_keys_do_not_collide() {
 #[test]
 fn routines_and_server_side_statements_are_followed() {
     let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new("routines");
+    let env = new_env("routines");
     mariadb().exec(&format!(
         "CREATE PROCEDURE {}.to_gbk() SET NAMES gbk",
         env.db
@@ -484,7 +477,7 @@ fn selects(c: &mut RawClient) -> u64 {
 #[test]
 fn settings_are_queried_once_per_session_and_after_changes() {
     let _g = GLOBAL_MODE.read().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new("cost");
+    let env = new_env("cost");
     let up = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'";
     // A first session pays the rule's metadata query too.
     let mut warm = env.client();

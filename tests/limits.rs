@@ -299,14 +299,10 @@ fn login_refusal(addr: SocketAddr, user: &str, password: &str) -> Packet {
 
 /// A proxy with an admin port (password `adm-pw`); returns it and the admin address.
 fn admin_proxy() -> (Proxy, SocketAddr) {
-    let admin = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
-    let proxy = Proxy::builder()
-        .arg("--admin")
-        .arg(admin.to_string())
+    Proxy::builder()
         .arg("--admin-password")
         .arg("adm-pw")
-        .start();
-    (proxy, admin)
+        .start_with_admin()
 }
 
 #[test]

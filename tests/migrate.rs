@@ -5,39 +5,28 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::cli::{heatsink, migrate};
+use common::client::rules_dir as rules_dir_of;
+use common::fixture::{fresh_db, scalar, table_exists, Rule};
 use common::mariadb;
 use mysql_async::prelude::Queryable;
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-/// Runs the binary with `args`; returns (exit code, stdout, stderr).
-fn heatsink(args: &[&str]) -> (i32, String, String) {
-    let out: Output = Command::new(env!("CARGO_BIN_EXE_heatsink"))
-        .args(args)
-        .output()
-        .expect("run heatsink");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// A rules directory holding one file with `text`.
+/// A rules directory holding `counters.toml` with `text`, and its path.
 fn rules_dir(text: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("counters.toml"), text).unwrap();
+    let dir = rules_dir_of("counters.toml", text);
     let path = dir.path().to_path_buf();
     (dir, path)
 }
 
+/// A counter rule with 16 slots, followed by an empty line (rules are concatenated).
 fn counter_rule(
     name: &str,
     table: &str,
@@ -45,39 +34,12 @@ fn counter_rule(
     columns: &[&str],
     slot_table: &str,
 ) -> String {
-    let q = |v: &[&str]| {
-        v.iter()
-            .map(|s| format!("\"{s}\""))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    format!(
-        "[[counter]]\nname = \"{name}\"\ntable = \"{table}\"\nkey = [{}]\ncolumns = [{}]\nslots = 16\nslot_table = \"{slot_table}\"\n\n",
-        q(key),
-        q(columns)
-    )
-}
-
-fn fresh_db(db: &str, ddl: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db}; {ddl}"
-    ));
-}
-
-fn scalar(sql: &str) -> Option<String> {
-    mariadb()
-        .query_strings(sql)
-        .into_iter()
-        .next()
-        .and_then(|r| r.into_iter().next().flatten())
-}
-
-fn table_exists(db: &str, table: &str) -> bool {
-    scalar(&format!(
-        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}'"
-    ))
-    .as_deref()
-        == Some("1")
+    Rule::counter(name, table)
+        .key(key)
+        .columns(columns)
+        .slot_table(slot_table)
+        .toml()
+        + "\n"
 }
 
 fn trigger_exists(db: &str, trigger: &str) -> bool {
@@ -134,11 +96,10 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
         &["cnt", "views"],
         "hits_slots",
     ));
-    let url = mariadb().url(db);
     let rules = rules.to_str().unwrap();
 
     // Without --apply: the DDL, nothing created.
-    let (code, out, err) = heatsink(&["migrate", "--rules", rules, "--backend-url", &url]);
+    let (code, out, err) = migrate(Path::new(rules), db, false);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("-- rule page_hits"), "{out}");
     assert!(
@@ -156,14 +117,7 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
     assert!(!trigger_exists(db, "hits_slots_hs_ai"));
 
     // --apply: created, and the output says so.
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules,
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(Path::new(rules), db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("-- applied: created slot table"), "{out}");
     assert!(out.contains("-- applied: created trigger"), "{out}");
@@ -216,14 +170,7 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
     );
 
     // Second --apply: nothing to do.
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules,
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(Path::new(rules), db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(!out.contains("CREATE"), "{out}");
     assert!(!out.contains("-- applied"), "{out}");
@@ -287,7 +234,6 @@ fn migrate_refuses_rules_the_tables_do_not_fit() {
          CREATE TABLE odd_slots (slug VARCHAR(32) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
              cnt BIGINT UNSIGNED NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));",
     );
-    let url = mariadb().url(db);
     let cases = [
         (
             counter_rule("missing", "nope", &["slug"], &["cnt"], "nope_slots"),
@@ -314,14 +260,7 @@ fn migrate_refuses_rules_the_tables_do_not_fit() {
         // Each bad rule next to a good one: the good one is not applied either.
         let text = counter_rule("good", "good", &["slug"], &["cnt"], "good_slots") + rule;
         let (_d, rules) = rules_dir(&text);
-        let (code, out, err) = heatsink(&[
-            "migrate",
-            "--rules",
-            rules.to_str().unwrap(),
-            "--backend-url",
-            &url,
-            "--apply",
-        ]);
+        let (code, out, err) = migrate(&rules, db, true);
         assert_eq!(code, 1, "{want}: stdout:\n{out}\nstderr:\n{err}");
         assert!(err.contains(want), "want {want:?} in:\n{err}");
         assert!(err.contains("nothing was changed"), "{err}");
@@ -335,13 +274,7 @@ fn migrate_refuses_rules_the_tables_do_not_fit() {
         &["cnt"],
         "odd_slots",
     ));
-    let (_, _, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules.to_str().unwrap(),
-        "--backend-url",
-        &url,
-    ]);
+    let (_, _, err) = migrate(&rules, db, false);
     assert!(err.contains("key column `slug` is varchar(32)"), "{err}");
     assert!(err.contains("not a signed integer"), "{err}");
 }
@@ -365,14 +298,7 @@ fn compact_folds_slots_into_the_base() {
     let (_d, rules) = rules_dir(&text);
     let rules = rules.to_str().unwrap();
     let url = mariadb().url(db);
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules,
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(Path::new(rules), db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
 
     mariadb().exec(&format!(
@@ -473,14 +399,7 @@ fn compact_global_counter() {
     let (_d, rules) = rules_dir(&counter_rule("global", "total", &[], &["n"], "total_slots"));
     let rules = rules.to_str().unwrap();
     let url = mariadb().url(db);
-    let (code, _, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules,
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, _, err) = migrate(Path::new(rules), db, true);
     assert_eq!(code, 0, "{err}");
     mariadb().exec(&format!(
         "INSERT INTO {db}.total_slots (slot, n) VALUES (0, 3), (7, 4), (9, -1)"
@@ -526,14 +445,7 @@ fn compact_under_concurrent_increments_loses_nothing() {
     ));
     let rules = rules.to_str().unwrap().to_string();
     let url = mariadb().url(db);
-    let (code, _, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        &rules,
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, _, err) = migrate(Path::new(&rules), db, true);
     assert_eq!(code, 0, "{err}");
     // Some deltas before the first run, one of them for a key without a base row.
     mariadb().exec(&format!(
@@ -668,7 +580,6 @@ fn migrate_accepts_an_equivalent_trigger_and_refuses_a_foreign_one() {
          CREATE TRIGGER other_slots_hs_ai AFTER INSERT ON other_slots FOR EACH ROW
              SET @seen = NEW.slug;",
     );
-    let url = mariadb().url(db);
     let (_d, rules) = rules_dir(&counter_rule(
         "hits",
         "hits",
@@ -676,14 +587,7 @@ fn migrate_accepts_an_equivalent_trigger_and_refuses_a_foreign_one() {
         &["cnt"],
         "hits_slots",
     ));
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules.to_str().unwrap(),
-        "--backend-url",
-        &url,
-        "--apply",
-    ]);
+    let (code, out, err) = migrate(&rules, db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("-- note: trigger"), "{out}");
     assert!(!out.contains("CREATE"), "{out}");
@@ -695,13 +599,7 @@ fn migrate_accepts_an_equivalent_trigger_and_refuses_a_foreign_one() {
         &["cnt"],
         "other_slots",
     ));
-    let (code, out, err) = heatsink(&[
-        "migrate",
-        "--rules",
-        rules.to_str().unwrap(),
-        "--backend-url",
-        &url,
-    ]);
+    let (code, out, err) = migrate(&rules, db, false);
     assert_eq!(code, 1, "stdout:\n{out}\nstderr:\n{err}");
     assert!(
         err.contains("trigger `hs_mig_trigger`.`other_slots_hs_ai` exists but is not"),

@@ -14,9 +14,11 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::client::rules_dir;
+use common::fixture::{counter_rule, fresh_db};
 use common::packets::{parse_err, parse_ok, text_rows, Packet};
 use common::rawclient::{caps, cmd, types, ConnectError, ConnectOpts, RawClient, RawParam};
-use common::{free_port, mariadb, Proxy, PASSWORD, TEST_DB, USER};
+use common::{free_port, http_get, mariadb, sample, Proxy, PASSWORD, TEST_DB, USER};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -36,13 +38,6 @@ fn connect(addr: SocketAddr, proxy: Option<&Proxy>) -> RawClient {
             proxy.map(|p| p.log_text()).unwrap_or_default()
         )
     })
-}
-
-/// Drops and recreates a database.
-fn recreate_db(db: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}"
-    ));
 }
 
 /// Reads one physical packet from a plain socket.
@@ -563,24 +558,13 @@ fn graceful_shutdown_does_not_wait_for_idle_clients() {
 // ---------------------------------------------------------------------------------------
 // Session commands that must really reach the backend
 
-/// A counter rule on a table named `hits`: statements that merely mention the name (in a
-/// literal or a comment) go through the rule engine's scanner and tokenizer, and must
-/// still be forwarded untouched.
-const HITS_RULE: &str = r#"
-[[counter]]
-name = "page_hits"
-table = "hits"
-key = ["slug"]
-columns = ["cnt"]
-slots = 4
-slot_table = "hits_slots"
-"#;
-
 #[test]
 fn non_utf8_statements_pass_unchanged() {
     let plain = Proxy::start();
-    let rules_dir = tempfile::tempdir().unwrap();
-    std::fs::write(rules_dir.path().join("hits.toml"), HITS_RULE).unwrap();
+    // A counter rule on a table named `hits`: statements that merely mention the name
+    // (in a literal or a comment) go through the rule engine's scanner and tokenizer,
+    // and must still be forwarded untouched.
+    let rules_dir = rules_dir("hits.toml", &counter_rule("page_hits"));
     let ruled = Proxy::builder().rules_dir(rules_dir.path()).start();
     assert!(
         ruled.log_text().contains("rules_loaded=true"),
@@ -602,7 +586,7 @@ fn non_utf8_statements_pass_unchanged() {
         b"SELECT id FROM l1 WHERE v <> 'hits\xe9' /* hits \xe9 */ ORDER BY id".to_vec(),
     ];
     let run = |addr: SocketAddr| -> Vec<Vec<Packet>> {
-        recreate_db(db);
+        fresh_db(db, "");
         let mut c = RawClient::connect(addr, &opts().db(db)).expect("connect");
         let mut out: Vec<Vec<Packet>> = script.iter().map(|sql| c.query(sql).unwrap()).collect();
         let (id, mut prep) = c.prepare(b"SELECT id, v FROM l1 WHERE v = ?").unwrap();
@@ -725,7 +709,7 @@ fn long_data_close_and_reset_of_statements() {
         value,
     };
     let run = |addr: SocketAddr| -> Vec<Vec<Packet>> {
-        recreate_db(db);
+        fresh_db(db, "");
         let mut c = RawClient::connect(addr, &opts().db(db)).expect("connect");
         let mut out = Vec::new();
         out.push(
@@ -807,7 +791,7 @@ fn payloads_over_16_mib_with_mysql_async() {
     const MIB: usize = 1 << 20;
     let proxy = Proxy::start();
     let db = "proto_big";
-    recreate_db(db);
+    fresh_db(db, "");
     let url = proxy.url(db);
     block_on_timeout(Duration::from_secs(60), async move {
         let mut conn = mysql_async::Conn::from_url(url.as_str()).await.unwrap();
@@ -1414,51 +1398,14 @@ fn json_log_format() {
 // ---------------------------------------------------------------------------------------
 // Metrics endpoint
 
-/// `GET path` over a raw socket; returns (status code, body). Retries the connect for a
-/// moment (the endpoint binds just after the proxy's listener).
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut s = loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-            Ok(s) => break s,
-            Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
-            Err(e) => panic!("metrics endpoint {addr}: {e}"),
-        }
-    };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("HTTP response");
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("bad HTTP response: {resp:?}"));
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
+/// An unlabelled sample of a `/metrics` body as an integer.
 fn metric(body: &str, name: &str) -> Option<u64> {
-    body.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
+    sample(body, name).map(|v| v as u64)
 }
 
 #[test]
 fn metrics_health_and_readiness() {
-    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let proxy = Proxy::builder()
-        .arg("--metrics")
-        .arg(metrics.to_string())
-        .start();
+    let (proxy, metrics) = Proxy::builder().start_with_metrics();
     let mut c = connect(proxy.addr(), Some(&proxy));
     assert_eq!(scalar(&mut c, "SELECT 1"), Some("1".into()));
 

@@ -6,14 +6,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::cli::Cli;
 use common::client::{connect, run};
-use common::fixture::{counter_rule, create_counter_db};
-use common::{free_port, mariadb, Proxy};
+use common::fixture::{counter_rule, create_counter_db, Env};
+use common::{free_port, http_get, mariadb, sample, Proxy};
 
 /// Time limit of each async test body.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -23,67 +22,42 @@ use mysql_async::{Conn, Row, Value};
 const RULE: &str = "page_hits";
 const ADMIN_PW: &str = "adm-pw";
 
-/// One test's database, rules directory and proxy.
-struct Env {
-    db: String,
-    rules: tempfile::TempDir,
-    proxy: Proxy,
-    admin: SocketAddr,
-    metrics: SocketAddr,
+/// Database `ra_<name>` with the counter fixture (slot table made by `heatsink
+/// migrate`), a rules directory holding `files`, and a proxy with an admin port
+/// (password [`ADMIN_PW`]) and a metrics endpoint.
+fn start_env(name: &str, files: &[(&str, &str)]) -> Env {
+    let db = format!("ra_{name}");
+    create_counter_db(&db, "", "('home', 10), ('about', 3)");
+    let mut builder = Env::builder(db).metrics().admin(ADMIN_PW);
+    for (file, text) in files {
+        builder = builder.rule(file, *text);
+    }
+    builder.start()
 }
 
-impl Env {
-    /// Database `ra_<name>`, a rules directory holding `files`, and a proxy with an
-    /// admin port (password [`ADMIN_PW`]) and a metrics endpoint.
-    fn start(name: &str, files: &[(&str, &str)]) -> Env {
-        let db = format!("ra_{name}");
-        create_counter_db(&db, "", "('home', 10), ('about', 3)");
-        let rules = tempfile::Builder::new()
-            .prefix("heatsink-reload-rules-")
-            .tempdir()
-            .expect("rules tempdir");
-        for (file, text) in files {
-            std::fs::write(rules.path().join(file), text).expect("write rule file");
-        }
-        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let proxy = Proxy::builder()
-            .rules_dir(rules.path())
-            .arg("--admin")
-            .arg(admin.to_string())
-            .arg("--metrics")
-            .arg(metrics.to_string())
-            .env("HEATSINK_ADMIN_PASSWORD", ADMIN_PW)
-            .start();
-        Env {
-            db,
-            rules,
-            proxy,
-            admin,
-            metrics,
-        }
-    }
-
-    fn write_rule(&self, file: &str, text: &str) {
-        // Write then rename, as editors and deploy tools do.
-        let tmp = self.rules.path().join(format!(".{file}.tmp"));
-        std::fs::write(&tmp, text).expect("write rule file");
-        std::fs::rename(&tmp, self.rules.path().join(file)).expect("rename rule file");
-    }
-
-    fn remove_rule(&self, file: &str) {
-        std::fs::remove_file(self.rules.path().join(file)).expect("remove rule file");
-    }
-
-    async fn client(&self) -> Conn {
-        connect(&self.proxy.url(&self.db)).await
-    }
-
-    async fn admin(&self) -> Conn {
-        connect(&admin_url(self.admin, "admin", ADMIN_PW, "")).await
-    }
-
+/// What these tests read of an [`Env`].
+trait ReloadEnv {
+    /// A connection to the admin port as `admin`.
+    async fn admin(&self) -> Conn;
     /// Sum of the slot rows of `slug` (what rewritten increments add to).
+    fn slot_sum(&self, slug: &str) -> i64;
+    /// The logical row's own value (what passthrough increments add to).
+    fn base(&self, slug: &str) -> i64;
+    /// One number read directly on MariaDB.
+    fn scalar(&self, sql: &str) -> i64;
+    /// The value of one metric series (labels included), 0 when absent.
+    fn metric(&self, series: &str) -> f64;
+    /// Waits until the admin port lists exactly `names`.
+    async fn wait_rules(&self, names: &[&str]);
+    /// Waits until a metric series reaches `at_least`.
+    async fn wait_metric(&self, series: &str, at_least: f64);
+}
+
+impl ReloadEnv for Env {
+    async fn admin(&self) -> Conn {
+        connect(&admin_url(self.admin_addr(), "admin", ADMIN_PW, "")).await
+    }
+
     fn slot_sum(&self, slug: &str) -> i64 {
         self.scalar(&format!(
             "SELECT COALESCE(SUM(cnt), 0) FROM {}.hits_slots WHERE slug = '{slug}'",
@@ -91,7 +65,6 @@ impl Env {
         ))
     }
 
-    /// The logical row's own value (what passthrough increments add to).
     fn base(&self, slug: &str) -> i64 {
         self.scalar(&format!(
             "SELECT cnt FROM {}.hits WHERE slug = '{slug}'",
@@ -100,18 +73,16 @@ impl Env {
     }
 
     fn scalar(&self, sql: &str) -> i64 {
-        mariadb().query_strings(sql)[0][0]
-            .as_deref()
+        self.backend_scalar(sql)
             .expect("a value")
             .parse()
             .expect("a number")
     }
 
     fn metric(&self, series: &str) -> f64 {
-        metric(&scrape(self.metrics), series)
+        metric(&scrape(self.metrics_addr()), series)
     }
 
-    /// Waits until the admin port lists exactly `names`.
     async fn wait_rules(&self, names: &[&str]) {
         let deadline = Instant::now() + Duration::from_secs(15);
         let mut admin = self.admin().await;
@@ -123,16 +94,13 @@ impl Env {
             if now == names {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "rules are {now:?}, expected {names:?}; log:\n{}",
-                self.proxy.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            pause_before(self, deadline, || {
+                format!("rules are {now:?}, expected {names:?}")
+            })
+            .await;
         }
     }
 
-    /// Waits until a metric series reaches `at_least`.
     async fn wait_metric(&self, series: &str, at_least: f64) {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
@@ -140,27 +108,24 @@ impl Env {
             if v >= at_least {
                 return;
             }
-            assert!(
-                Instant::now() < deadline,
-                "{series} = {v}, expected >= {at_least}; log:\n{}",
-                self.proxy.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            pause_before(self, deadline, || {
+                format!("{series} = {v}, expected >= {at_least}")
+            })
+            .await;
         }
     }
+}
 
-    fn sighup(&self) {
-        let pid = self.proxy.pid().expect("proxy running");
-        let ok = Command::new("kill")
-            .arg("-HUP")
-            .arg(pid.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("kill")
-            .success();
-        assert!(ok, "kill -HUP {pid} failed");
-    }
+/// Waits 100 ms before the next poll; fails with `what` and the proxy's log once
+/// `deadline` has passed.
+async fn pause_before(env: &Env, deadline: Instant, what: impl FnOnce() -> String) {
+    assert!(
+        Instant::now() < deadline,
+        "{}; log:\n{}",
+        what(),
+        env.proxy.log_text()
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
 fn admin_url(addr: SocketAddr, user: &str, password: &str, db: &str) -> String {
@@ -200,23 +165,16 @@ async fn admin_query(
     Ok((columns, rows))
 }
 
-/// GET /metrics.
+/// The `/metrics` body.
 fn scrape(addr: SocketAddr) -> String {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
+    let (status, body) = http_get(addr, "/metrics");
+    assert_eq!(status, 200, "{body}");
     body
 }
 
 /// The value of one series (exact name with labels), 0 when absent.
 fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-        .map(|v| v.trim().parse().expect("metric value"))
-        .unwrap_or(0.0)
+    sample(text, series).unwrap_or(0.0)
 }
 
 const INC: &str = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'";
@@ -225,12 +183,12 @@ const ERR_SERIES: &str = "heatsink_rule_reloads_total{result=\"error\"}";
 
 #[test]
 fn rules_reload_on_file_change_sighup_and_admin_command() {
-    let env = Env::start("triggers", &[]);
+    let env = start_env("triggers", &[]);
     run(LIMIT, async {
         let mut admin = env.admin().await;
         let (_, rows) = admin_query(&mut admin, "SHOW RULES").await.unwrap();
         assert!(rows.is_empty(), "{rows:?}");
-        let mut c = env.client().await;
+        let mut c = env.proxied().await;
         // No rules: the increment lands on the logical row.
         c.query_drop(INC).await.unwrap();
         assert_eq!((env.base("home"), env.slot_sum("home")), (11, 0));
@@ -276,9 +234,9 @@ fn rules_reload_on_file_change_sighup_and_admin_command() {
 
 #[test]
 fn a_broken_rule_file_keeps_the_previous_rules() {
-    let env = Env::start("broken", &[("hits.toml", &counter_rule(RULE))]);
+    let env = start_env("broken", &[("hits.toml", &counter_rule(RULE))]);
     run(LIMIT, async {
-        let mut c = env.client().await;
+        let mut c = env.proxied().await;
         c.query_drop(INC).await.unwrap();
         assert_eq!(env.slot_sum("home"), 1);
 
@@ -330,10 +288,10 @@ fn a_broken_rule_file_keeps_the_previous_rules() {
 
 #[test]
 fn prepared_statements_keep_the_plan_they_were_prepared_with() {
-    let env = Env::start("prepared", &[("hits.toml", &counter_rule(RULE))]);
+    let env = start_env("prepared", &[("hits.toml", &counter_rule(RULE))]);
     run(LIMIT, async {
         let sql = "UPDATE hits SET cnt = cnt + ? WHERE slug = ?";
-        let mut old = env.client().await;
+        let mut old = env.proxied().await;
         let stmt = old.prep(sql).await.unwrap();
         old.exec_drop(&stmt, (1, "home")).await.unwrap();
         assert_eq!((env.base("home"), env.slot_sum("home")), (10, 1));
@@ -349,7 +307,7 @@ fn prepared_statements_keep_the_plan_they_were_prepared_with() {
         old.exec_drop(&stmt, (1, "home")).await.unwrap();
         assert_eq!((env.base("home"), env.slot_sum("home")), (10, 2));
         // Prepared now: passes through.
-        let mut new = env.client().await;
+        let mut new = env.proxied().await;
         let fresh = new.prep(sql).await.unwrap();
         new.exec_drop(&fresh, (1, "home")).await.unwrap();
         assert_eq!((env.base("home"), env.slot_sum("home")), (11, 2));
@@ -370,7 +328,7 @@ fn prepared_statements_keep_the_plan_they_were_prepared_with() {
             .unwrap();
         assert_eq!(total, 15);
         // Re-preparing picks up the rule.
-        let mut again = env.client().await;
+        let mut again = env.proxied().await;
         let stmt = again.prep(sql).await.unwrap();
         again.exec_drop(&stmt, (1, "home")).await.unwrap();
         assert_eq!((env.base("home"), env.slot_sum("home")), (13, 3));
@@ -384,11 +342,11 @@ fn prepared_statements_keep_the_plan_they_were_prepared_with() {
 
 #[test]
 fn admin_port_commands() {
-    let env = Env::start("admin", &[("hits.toml", &counter_rule(RULE))]);
+    let env = start_env("admin", &[("hits.toml", &counter_rule(RULE))]);
     run(LIMIT, async {
         // Credentials.
         for (user, pw) in [("admin", "wrong"), ("admin", ""), ("root", ADMIN_PW)] {
-            let r = Conn::from_url(admin_url(env.admin, user, pw, "")).await;
+            let r = Conn::from_url(admin_url(env.admin_addr(), user, pw, "")).await;
             assert!(r.is_err(), "{user}/{pw} was let in");
         }
         assert!(env.proxy.log_text().contains("admin login refused"));
@@ -406,7 +364,7 @@ fn admin_port_commands() {
         assert!(cell(&rows[0][4]).ends_with("hits.toml"));
 
         // Traffic: one rewrite, one rejection, one passthrough.
-        let mut c = env.client().await;
+        let mut c = env.proxied().await;
         c.query_drop(INC).await.unwrap();
         let e = c
             .query_drop("UPDATE hits SET cnt = cnt * 2 WHERE slug = 'home'")
@@ -543,7 +501,7 @@ fn admin_port_commands() {
         assert_eq!(rows.len(), 1);
 
         // The same counters on /metrics.
-        let m = scrape(env.metrics);
+        let m = scrape(env.metrics_addr());
         let series = |outcome: &str| {
             format!("heatsink_rule_statements_total{{rule=\"{RULE}\",outcome=\"{outcome}\"}}")
         };
@@ -570,9 +528,9 @@ fn admin_port_commands() {
 
 #[test]
 fn backend_errors_count_for_the_rule_and_the_backend() {
-    let env = Env::start("errors", &[("hits.toml", &counter_rule(RULE))]);
+    let env = start_env("errors", &[("hits.toml", &counter_rule(RULE))]);
     run(LIMIT, async {
-        let mut c = env.client().await;
+        let mut c = env.proxied().await;
         c.query_drop(INC).await.unwrap();
         // The slot table disappears: the rewrite fails at the backend.
         mariadb().exec(&format!("DROP TABLE {}.hits_slots", env.db));
@@ -592,8 +550,7 @@ fn backend_errors_count_for_the_rule_and_the_backend() {
 #[test]
 fn admin_password_is_required_off_loopback() {
     let rules = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_heatsink"))
-        .args(["serve", "--listen"])
+    let (code, _, err) = Cli::new(["serve", "--listen"])
         .arg(format!("127.0.0.1:{}", free_port()))
         .arg("--backend")
         .arg(mariadb().addr().to_string())
@@ -602,24 +559,18 @@ fn admin_password_is_required_off_loopback() {
         .arg("--admin")
         .arg(format!("0.0.0.0:{}", free_port()))
         .env_remove("HEATSINK_ADMIN_PASSWORD")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run heatsink");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+        .run();
+    assert_ne!(code, 0);
     assert!(err.contains("admin_password"), "{err}");
     assert!(!err.contains("listening on"), "{err}");
 }
 
 #[test]
 fn empty_admin_password_is_allowed_on_loopback_with_a_warning() {
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let proxy = Proxy::builder()
-        .arg("--admin")
-        .arg(admin.to_string())
+    let (proxy, admin) = Proxy::builder()
         .arg("--admin-user")
         .arg("ops")
-        .start();
+        .start_with_admin();
     run(LIMIT, async {
         let mut conn = connect(&admin_url(admin, "ops", "", "")).await;
         let (_, rows) = admin_query(&mut conn, "SHOW RULES").await.unwrap();

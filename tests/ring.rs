@@ -17,15 +17,17 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::client::{connect, rules_dir, run, run_exec, run_text, tail, Outcome};
-use common::{free_port, mariadb, metrics, Proxy, PASSWORD, USER};
+use common::cli::{migrate, migrate_ok, rule_pymysql};
+use common::client::{
+    assert_refused_by, connect, fill, rules_dir, run, run_exec, run_text, Outcome,
+};
+use common::fixture::{fresh_db, table_exists, Env, Rule};
+use common::{mariadb, metrics, Proxy, USER};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Params, Value};
 
@@ -52,198 +54,87 @@ fn load_lock() -> std::sync::MutexGuard<'static, ()> {
 
 /// The rule of these tests (`size = 5`, `order_by = "last_update"`).
 fn ring_rule() -> String {
-    rule_toml(false)
+    ring_rule_with(false).toml()
 }
 
 /// The rule with `coalesce = true`: concurrent inserts are merged into one write.
 fn coalesced_rule() -> String {
-    rule_toml(true)
+    ring_rule_with(true).toml()
 }
 
-fn rule_toml(coalesce: bool) -> String {
+fn ring_rule_with(coalesce: bool) -> Rule {
+    Rule::ring(RULE, LOG)
+        .key(&["uid"])
+        .size(SIZE)
+        .ring_table(RING)
+        .seq_table(SEQ)
+        .order_by("last_update")
+        .coalesce(coalesce)
+}
+
+/// The log, its reference twin and a table to join with.
+fn db_schema() -> String {
     format!(
-        r#"[[ring]]
-name = "{RULE}"
-table = "{LOG}"
-key = ["uid"]
-size = {SIZE}
-ring_table = "{RING}"
-seq_table = "{SEQ}"
-order_by = "last_update"
-coalesce = {coalesce}
-"#
-    )
-}
-
-/// Runs a command with a time limit; kills it when the limit passes.
-fn run_cmd(mut cmd: Command, stdin: Option<String>, limit: Duration) -> Output {
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    if let Some(input) = stdin {
-        use std::io::Write;
-        let mut s = child.stdin.take().unwrap();
-        s.write_all(input.as_bytes()).unwrap();
-    }
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.expect("command output"),
-        Err(_) => {
-            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-            panic!("{cmd:?} did not finish within {limit:?}");
-        }
-    }
-}
-
-/// `heatsink migrate --rules <rules> --backend-url <db> [--apply]`: (exit code,
-/// stdout, stderr).
-fn migrate(rules: &Path, db: &str, apply: bool) -> (i32, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_heatsink"));
-    cmd.arg("migrate")
-        .arg("--rules")
-        .arg(rules)
-        .arg("--backend-url")
-        .arg(mariadb().url(db));
-    if apply {
-        cmd.arg("--apply");
-    }
-    let out = run_cmd(cmd, None, Duration::from_secs(60));
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// [`migrate`] that must succeed; returns stdout.
-fn migrate_ok(rules: &Path, db: &str, apply: bool) -> String {
-    let (code, out, err) = migrate(rules, db, apply);
-    assert_eq!(code, 0, "migrate failed:\n{out}\n{err}");
-    out
-}
-
-/// A fresh database with the log, its reference twin and a table to join with.
-fn create_db(db: &str) {
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE {LOG} {LOG_SCHEMA};
+        "CREATE TABLE {LOG} {LOG_SCHEMA};
          CREATE TABLE {REF} {LOG_SCHEMA};
          CREATE TABLE users (uid INT PRIMARY KEY, name VARCHAR(20) NOT NULL);
          INSERT INTO users VALUES (1, 'ann'), (2, 'bob'), (3, 'cy'), (4, 'di'), (5, 'ed'), (6, 'flo');"
-    ));
+    )
 }
 
-/// One test's database and proxy.
-struct Env {
-    /// Database holding the tables.
-    db: String,
-    /// Proxy with the ring rule.
-    proxy: Proxy,
-    /// The proxy's `--metrics` address.
-    metrics: SocketAddr,
-    /// The rules directory (kept alive while the proxy runs).
-    rules: tempfile::TempDir,
+/// A fresh database with [`db_schema`].
+fn create_db(db: &str) {
+    fresh_db(db, &db_schema());
 }
 
-impl Env {
-    /// Database `ring_<name>` with the tables, the ring tables created by
-    /// `heatsink migrate --apply`, and a proxy with the rule.
-    fn new(name: &str) -> Env {
-        Env::with_rule(name, &ring_rule())
-    }
-
-    /// As [`Env::new`], with `coalesce = true`.
-    fn coalesced(name: &str) -> Env {
-        Env::with_rule(name, &coalesced_rule())
-    }
-
-    fn with_rule(name: &str, toml: &str) -> Env {
-        let db = format!("ring_{name}");
-        create_db(&db);
-        let rules = rules_dir("ring.toml", toml);
-        migrate_ok(rules.path(), &db, true);
-        let (proxy, metrics) = start_proxy_with_metrics(rules.path());
-        Env {
-            db,
-            proxy,
-            metrics,
-            rules,
-        }
-    }
-
-    /// `heatsink_coalesced_writes_total` and `heatsink_coalesced_rows_total`.
-    fn merged(&self) -> (u64, u64) {
-        let m = metrics(self.metrics);
-        (
-            m["heatsink_coalesced_writes_total"],
-            m["heatsink_coalesced_rows_total"],
-        )
-    }
-
-    async fn proxied(&self) -> Conn {
-        connect(&self.proxy.url(&self.db)).await
-    }
-
-    async fn direct(&self) -> Conn {
-        connect(&mariadb().url(&self.db)).await
-    }
-
-    /// Rows of a query run as root directly on MariaDB, `{db}` replaced.
-    fn backend_rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
-        mariadb().query_strings(&sql.replace("{db}", &self.db))
-    }
-
-    fn backend_scalar(&self, sql: &str) -> Option<String> {
-        self.backend_rows(sql)
-            .into_iter()
-            .next()
-            .and_then(|r| r.into_iter().next())
-            .flatten()
-    }
-
-    /// Physical state: ring rows, sequence rows, log rows.
-    fn snapshot(&self) -> Vec<Vec<Vec<Option<String>>>> {
-        vec![
-            self.backend_rows(&format!("SELECT * FROM {{db}}.{RING} ORDER BY uid, slot")),
-            self.backend_rows(&format!("SELECT * FROM {{db}}.{SEQ} ORDER BY uid")),
-            self.backend_rows(&format!("SELECT * FROM {{db}}.{LOG} ORDER BY id")),
-        ]
-    }
-
-    fn tail(&self) -> String {
-        tail(&self.proxy.log_text(), 30)
-    }
+/// Database `ring_<name>` with the tables, the ring tables created by `heatsink
+/// migrate --apply`, and a proxy with the rule and a metrics endpoint.
+fn ring_env(name: &str) -> Env {
+    env_with_rule(name, &ring_rule())
 }
 
+/// As [`ring_env`], with `coalesce = true`.
+fn coalesced_env(name: &str) -> Env {
+    env_with_rule(name, &coalesced_rule())
+}
+
+fn env_with_rule(name: &str, toml: &str) -> Env {
+    Env::builder(format!("ring_{name}"))
+        .schema(db_schema())
+        .rule("ring.toml", toml)
+        .migrate()
+        .metrics()
+        .log_level_from("RING_PROXY_LOG")
+        .start()
+}
+
+/// `heatsink_coalesced_writes_total` and `heatsink_coalesced_rows_total`.
+fn merged(env: &Env) -> (u64, u64) {
+    let m = env.metrics();
+    (
+        m["heatsink_coalesced_writes_total"],
+        m["heatsink_coalesced_rows_total"],
+    )
+}
+
+/// Physical state: ring rows, sequence rows, log rows.
+fn snapshot(env: &Env) -> Vec<Vec<Vec<Option<String>>>> {
+    vec![
+        env.backend_rows(&format!("SELECT * FROM {{db}}.{RING} ORDER BY uid, slot")),
+        env.backend_rows(&format!("SELECT * FROM {{db}}.{SEQ} ORDER BY uid")),
+        env.backend_rows(&format!("SELECT * FROM {{db}}.{LOG} ORDER BY id")),
+    ]
+}
+
+/// A proxy (without metrics) with the rules in `rules`.
 fn start_proxy(rules: &Path) -> Proxy {
     proxy_builder(rules).start()
 }
 
-/// A proxy with a `--metrics` endpoint, and that endpoint's address.
-fn start_proxy_with_metrics(rules: &Path) -> (Proxy, SocketAddr) {
-    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let proxy = proxy_builder(rules)
-        .arg("--metrics")
-        .arg(addr.to_string())
-        .start();
-    (proxy, addr)
-}
-
 fn proxy_builder(rules: &Path) -> common::ProxyBuilder {
-    let mut builder = Proxy::builder().rules_dir(rules);
-    if let Ok(level) = std::env::var("RING_PROXY_LOG") {
-        builder = builder.arg("--log-level").arg(level);
-    }
-    builder
+    Proxy::builder()
+        .rules_dir(rules)
+        .log_level_from("RING_PROXY_LOG")
 }
 
 fn int(v: &Option<String>) -> i64 {
@@ -264,15 +155,6 @@ fn columns_of(db: &str, table: &str) -> Vec<Vec<Option<String>>> {
          FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}' \
          ORDER BY ORDINAL_POSITION"
     ))
-}
-
-fn table_exists(db: &str, table: &str) -> bool {
-    mariadb()
-        .query_strings(&format!(
-            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}'"
-        ))[0][0]
-        .as_deref()
-        == Some("1")
 }
 
 /// (name, timing, table) of every INSERT trigger in `db`, by name.
@@ -311,16 +193,18 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
     let db = "ring_mig_apply";
     // A richer log: a text column with its own charset, a nullable column with a
     // default, an ON UPDATE timestamp, a unique key that must not be copied.
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE {LOG} (id INT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
+    fresh_db(
+        db,
+        &format!(
+            "CREATE TABLE {LOG} (id INT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
              uid INT NOT NULL, visitor_uid INT NOT NULL,
              note VARCHAR(20) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin DEFAULT 'hi',
              score DECIMAL(6,2) NULL DEFAULT NULL,
              last_update DATETIME(6) NOT NULL,
              touched TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
              KEY (uid), UNIQUE KEY (visitor_uid, last_update)) DEFAULT CHARSET=latin1;"
-    ));
+        ),
+    );
     let rules = rules_dir("ring.toml", &ring_rule());
 
     let printed = migrate_ok(rules.path(), db, false);
@@ -574,7 +458,7 @@ fn migrate_backfill_without_order_by_uses_the_primary_key() {
         "INSERT INTO {db}.{LOG} (uid, visitor_uid, last_update) VALUES {}",
         values.join(", ")
     ));
-    let rule = ring_rule().replace("order_by = \"last_update\"\n", "");
+    let rule = ring_rule_with(false).without("order_by").toml();
     let rules = rules_dir("ring.toml", &rule);
     migrate_ok(rules.path(), db, true);
     assert_eq!(
@@ -593,10 +477,13 @@ fn migrate_backfill_without_order_by_uses_the_primary_key() {
 fn migrate_honours_names_and_sizes() {
     let db = "ring_mig_names";
     create_db(db);
-    let rule = format!(
-        "[[ring]]\nname = \"big\"\ntable = \"{LOG}\"\nkey = [\"uid\", \"visitor_uid\"]\nsize = 70000\nring_table = \"big_ring\"\nslot_column = \"pos\"\nseq_column = \"n\"\n"
-    );
-    let rules = rules_dir("ring.toml", &rule);
+    let rule = Rule::ring("big", LOG)
+        .key(&["uid", "visitor_uid"])
+        .size(70000)
+        .ring_table("big_ring")
+        .set("slot_column", "\"pos\"")
+        .set("seq_column", "\"n\"");
+    let rules = rules_dir("ring.toml", &rule.toml());
     let out = migrate_ok(rules.path(), db, true);
     assert!(table_exists(db, "big_ring_seq"), "{out}");
     let ring = strs(&columns_of(db, "big_ring"));
@@ -630,9 +517,22 @@ fn migrate_refuses_rules_that_do_not_fit() {
          CREATE TABLE bad_ring (uid INT NOT NULL, slot SMALLINT UNSIGNED NOT NULL, PRIMARY KEY (uid, slot));"
     ));
     let base = ring_rule();
+    let small_ring = |name: &str, table: &str, key: &str, ring_table: &str| {
+        Rule::ring(name, table)
+            .key(&[key])
+            .size(3)
+            .ring_table(ring_table)
+            .toml()
+    };
     let cases: Vec<(String, &str)> = vec![
-        (base.replace(&format!("table = \"{LOG}\""), "table = \"nope\""), "does not exist"),
-        (base.replace("key = [\"uid\"]", "key = [\"who\"]"), "key column `who` is not a column"),
+        (
+            base.replace(&format!("table = \"{LOG}\""), "table = \"nope\""),
+            "does not exist",
+        ),
+        (
+            base.replace("key = [\"uid\"]", "key = [\"who\"]"),
+            "key column `who` is not a column",
+        ),
         (
             base.replace("order_by = \"last_update\"", "order_by = \"ts\""),
             "order_by column `ts` is not a column",
@@ -642,19 +542,19 @@ fn migrate_refuses_rules_that_do_not_fit() {
             "seq_column `visitor_uid` is already a column",
         ),
         (
-            "[[ring]]\nname = \"t\"\ntable = \"texty\"\nkey = [\"body\"]\nsize = 3\nring_table = \"texty_ring\"\n".into(),
+            small_ring("t", "texty", "body", "texty_ring"),
             "which a ring table's primary key cannot hold",
         ),
         (
-            "[[ring]]\nname = \"t\"\ntable = \"texty\"\nkey = [\"id\"]\nsize = 3\nring_table = \"texty_ring\"\n".into(),
+            small_ring("t", "texty", "id", "texty_ring"),
             "slot_column `slot` is already a column",
         ),
+        (small_ring("g", "gen", "uid", "gen_ring"), "is generated"),
         (
-            "[[ring]]\nname = \"g\"\ntable = \"gen\"\nkey = [\"uid\"]\nsize = 3\nring_table = \"gen_ring\"\n".into(),
-            "is generated",
-        ),
-        (
-            base.replace(&format!("ring_table = \"{RING}\""), "ring_table = \"bad_ring\""),
+            base.replace(
+                &format!("ring_table = \"{RING}\""),
+                "ring_table = \"bad_ring\"",
+            ),
             "ring table `ring_mig_refuse`.`bad_ring` exists but does not match the rule",
         ),
     ];
@@ -679,10 +579,8 @@ fn migrate_keyless_ring() {
     mariadb().exec(&format!(
         "INSERT INTO {db}.{LOG} (uid, visitor_uid, last_update) VALUES (1, 1, NOW()), (2, 2, NOW()), (3, 3, NOW())"
     ));
-    let rule = format!(
-        "[[ring]]\nname = \"all\"\ntable = \"{LOG}\"\nsize = 2\nring_table = \"all_ring\"\n"
-    );
-    let rules = rules_dir("ring.toml", &rule);
+    let rule = Rule::ring("all", LOG).size(2).ring_table("all_ring");
+    let rules = rules_dir("ring.toml", &rule.toml());
     migrate_ok(rules.path(), db, true);
     assert_eq!(
         strs(&mariadb().query_strings(&format!(
@@ -726,11 +624,6 @@ fn migrate_keyless_ring() {
 
 // ---------------------------------------------------------------------------------------
 // Capturing what a client sees
-
-/// `{t}` → table, `{db}` → database.
-fn fill(template: &str, table: &str, db: &str) -> String {
-    template.replace("{t}", table).replace("{db}", db)
-}
 
 /// The reference table's rows by id, to trim it to the latest `SIZE` per key.
 #[derive(Debug, Default, Clone)]
@@ -1058,14 +951,14 @@ fn seq_values(db: &str) -> BTreeMap<i64, i64> {
 
 #[test]
 fn text_protocol_matches_reference_table() {
-    text_protocol_scenario(Env::new("text"));
+    text_protocol_scenario(ring_env("text"));
 }
 
 /// The same through the merged-write path (`coalesce = true`): with one client every
 /// insert is a merged write of one member, answered from `RETURNING`.
 #[test]
 fn coalesced_text_protocol_matches_reference_table() {
-    let env = Env::coalesced("text_co");
+    let env = coalesced_env("text_co");
     text_protocol_scenario(env);
 }
 
@@ -1116,10 +1009,6 @@ fn text_protocol_scenario(env: Env) {
 // ---------------------------------------------------------------------------------------
 // PyMySQL
 
-fn tests_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
-}
-
 /// Runs `rule_pymysql.py` with `statements`; one JSON object per statement.
 fn pymysql(
     port: u16,
@@ -1128,24 +1017,8 @@ fn pymysql(
     autocommit: bool,
     statements: &[String],
 ) -> Vec<serde_json::Value> {
-    let mut cmd = Command::new("python3");
-    cmd.arg(tests_dir().join("python").join("rule_pymysql.py"))
-        .arg("--host=127.0.0.1")
-        .arg(format!("--port={port}"))
-        .arg(format!("--user={USER}"))
-        .arg(format!("--password={PASSWORD}"))
-        .arg(format!("--db={db}"))
-        .arg(format!("--table={table}"))
-        .arg(format!("--autocommit={}", u8::from(autocommit)));
-    let input = serde_json::to_string(statements).unwrap();
-    let out = run_cmd(cmd, Some(input), Duration::from_secs(60));
-    assert!(
-        out.status.success(),
-        "rule_pymysql.py failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+    let out = rule_pymysql(port, db, table, autocommit, &[], statements);
+    let lines: Vec<serde_json::Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
@@ -1180,9 +1053,9 @@ fn py_show(mut e: serde_json::Value, unordered: bool) -> serde_json::Value {
 fn pymysql_matches_reference_table() {
     for (autocommit, coalesce) in [(true, false), (false, false), (true, true)] {
         let env = match (autocommit, coalesce) {
-            (true, false) => Env::new("py_ac"),
-            (false, _) => Env::new("py_noac"),
-            (true, true) => Env::coalesced("py_co"),
+            (true, false) => ring_env("py_ac"),
+            (false, _) => ring_env("py_noac"),
+            (true, true) => coalesced_env("py_co"),
         };
         let mut diffs = Vec::new();
         let inserts = scenario_inserts();
@@ -1260,7 +1133,7 @@ fn distinct_over_the_primary_key_keeps_flags() {
 /// After the insert scenario, each read through the proxy reports the column
 /// definitions the same read of the reference table reports.
 fn reads_report_the_logs_metadata(name: &str, templates: &[&str]) {
-    let env = Env::new(name);
+    let env = ring_env(name);
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -1286,23 +1159,12 @@ fn reads_report_the_logs_metadata(name: &str, templates: &[&str]) {
 
 /// The statement must be refused by the rule: ERR 1105 / HY000 naming it.
 async fn assert_rejected(conn: &mut Conn, sql: &str) -> String {
-    match conn.query_drop(sql).await {
-        Err(mysql_async::Error::Server(e)) => {
-            assert_eq!(e.code, 1105, "{sql}: {e:?}");
-            assert_eq!(e.state, "HY000", "{sql}: {e:?}");
-            assert!(
-                e.message.contains(&format!("heatsink rule '{RULE}'")),
-                "{sql}: {e:?}"
-            );
-            e.message
-        }
-        other => panic!("{sql}: expected a rejection, got {other:?}"),
-    }
+    assert_refused_by(conn, sql, RULE).await.message
 }
 
 #[test]
 fn deletes_keyed_updates_and_rejections() {
-    let env = Env::new("dml");
+    let env = ring_env("dml");
     run(Duration::from_secs(40), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -1353,7 +1215,7 @@ fn deletes_keyed_updates_and_rejections() {
         );
 
         // Shapes the rule cannot rewrite: refused, nothing written anywhere.
-        let before = env.snapshot();
+        let before = snapshot(&env);
         let mut messages = Vec::new();
         for sql in [
             format!("UPDATE {LOG} SET visitor_uid = 1 WHERE visitor_uid = 42"),
@@ -1370,7 +1232,7 @@ fn deletes_keyed_updates_and_rejections() {
             messages.push(format!("{sql}\n    → {}", assert_rejected(&mut p, &sql).await));
         }
         assert_eq!(
-            env.snapshot(),
+            snapshot(&env),
             before,
             "a rejected statement wrote something"
         );
@@ -1389,7 +1251,7 @@ fn deletes_keyed_updates_and_rejections() {
 
 #[test]
 fn transactions_roll_back_and_commit_ring_inserts() {
-    let env = Env::new("tx");
+    let env = ring_env("tx");
     run(Duration::from_secs(40), async {
         let mut p = env.proxied().await;
         let mut other = env.proxied().await;
@@ -1399,7 +1261,7 @@ fn transactions_roll_back_and_commit_ring_inserts() {
         for v in 0..3 {
             p.query_drop(ins(1, v)).await.unwrap();
         }
-        let before = env.snapshot();
+        let before = snapshot(&env);
 
         // ROLLBACK: ring and sequence unchanged, and the client's own write to
         // another table in the same transaction is rolled back with them (the
@@ -1438,7 +1300,7 @@ fn transactions_roll_back_and_commit_ring_inserts() {
         );
         p.query_drop("ROLLBACK").await.unwrap();
         assert_eq!(
-            env.snapshot(),
+            snapshot(&env),
             before,
             "ROLLBACK left ring/sequence changes"
         );
@@ -1495,7 +1357,7 @@ fn transactions_roll_back_and_commit_ring_inserts() {
 
 #[test]
 fn prepared_inserts_and_reads() {
-    let env = Env::new("prep");
+    let env = ring_env("prep");
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -1853,7 +1715,7 @@ fn assert_load_ok(env: &Env, what: &str, r: &LoadResult, secs: f64, ids_follow_s
 #[test]
 fn concurrent_inserts_keep_the_latest_rows() {
     let _serial = load_lock();
-    let env = Env::new("load");
+    let env = ring_env("load");
     run(Duration::from_secs(60), async {
         let secs = 10.0;
         let r = load(&[env.proxy.url(&env.db)], 64, secs, 50, 10_000, false).await;
@@ -1876,7 +1738,7 @@ fn concurrent_inserts_keep_the_latest_rows() {
 #[test]
 fn two_proxies_share_the_sequences() {
     let _serial = load_lock();
-    let env = Env::new("two");
+    let env = ring_env("two");
     let second = start_proxy(env.rules.path());
     run(Duration::from_secs(60), async {
         let secs = 5.0;
@@ -1893,7 +1755,7 @@ fn two_proxies_share_the_sequences() {
 #[test]
 fn coalesced_inserts_keep_the_latest_rows() {
     let _serial = load_lock();
-    let env = Env::coalesced("load_co");
+    let env = coalesced_env("load_co");
     run(Duration::from_secs(60), async {
         let secs = 10.0;
         let r = load(&[env.proxy.url(&env.db)], 64, secs, 50, 10_000, false).await;
@@ -1904,7 +1766,7 @@ fn coalesced_inserts_keep_the_latest_rows() {
             secs,
             true,
         );
-        let (writes, rows) = env.merged();
+        let (writes, rows) = merged(&env);
         eprintln!("{writes} merged writes held {rows} rows");
         assert!(
             writes > 0 && rows > writes,
@@ -1921,8 +1783,8 @@ fn coalesced_inserts_keep_the_latest_rows() {
 #[test]
 fn coalesced_inserts_through_two_proxies() {
     let _serial = load_lock();
-    let env = Env::coalesced("two_co");
-    let (second, second_metrics) = start_proxy_with_metrics(env.rules.path());
+    let env = coalesced_env("two_co");
+    let (second, second_metrics) = proxy_builder(env.rules.path()).start_with_metrics();
     run(Duration::from_secs(60), async {
         let secs = 4.0;
         let urls = [env.proxy.url(&env.db), second.url(&env.db)];
@@ -1934,7 +1796,7 @@ fn coalesced_inserts_through_two_proxies() {
             secs,
             false,
         );
-        let first = env.merged().0;
+        let first = merged(&env).0;
         let second = metrics(second_metrics)["heatsink_coalesced_writes_total"];
         assert!(
             first > 0 && second > 0,
@@ -2071,7 +1933,7 @@ async fn answers_worker(url: String, w: i64, prepared: bool) -> Answers {
 #[test]
 fn coalesced_inserts_answer_each_client() {
     let _serial = load_lock();
-    answers_scenario(Env::coalesced("answers"), false);
+    answers_scenario(coalesced_env("answers"), false);
 }
 
 /// The same with prepared statements: each execute's parameter values join the
@@ -2079,7 +1941,7 @@ fn coalesced_inserts_answer_each_client() {
 #[test]
 fn coalesced_prepared_inserts_answer_each_client() {
     let _serial = load_lock();
-    answers_scenario(Env::coalesced("answers_prep"), true);
+    answers_scenario(coalesced_env("answers_prep"), true);
 }
 
 fn answers_scenario(env: Env, prepared: bool) {
@@ -2130,7 +1992,7 @@ fn answers_scenario(env: Env, prepared: bool) {
                 "last_update of visitor {visitor}"
             );
         }
-        let (writes, merged) = env.merged();
+        let (writes, merged) = merged(&env);
         assert!(writes > 0, "no insert was merged ({merged} rows)");
     });
 }
@@ -2142,7 +2004,7 @@ fn answers_scenario(env: Env, prepared: bool) {
 #[test]
 fn coalesced_inserts_count_their_own_warnings() {
     let _serial = load_lock();
-    let env = Env::coalesced("own_warnings");
+    let env = coalesced_env("own_warnings");
     run(Duration::from_secs(60), async {
         let worker = |w: i64| {
             let url = env.proxy.url(&env.db);
@@ -2243,7 +2105,7 @@ fn coalesced_inserts_count_their_own_warnings() {
             problems.extend(t.await.unwrap());
         }
         assert!(problems.is_empty(), "{}", problems.join("\n"));
-        let (writes, rows) = env.merged();
+        let (writes, rows) = merged(&env);
         assert!(writes > 0, "no insert was merged ({rows} rows)");
     });
 }
@@ -2253,7 +2115,7 @@ fn coalesced_inserts_count_their_own_warnings() {
 #[test]
 fn kill9_mid_load_leaves_rings_consistent() {
     let _serial = load_lock();
-    kill9_scenario(Env::new("kill9"), true);
+    kill9_scenario(ring_env("kill9"), true);
 }
 
 /// The same with `coalesce = true`: a merged write is one statement, so a kill leaves
@@ -2262,7 +2124,7 @@ fn kill9_mid_load_leaves_rings_consistent() {
 #[test]
 fn coalesced_kill9_mid_load_leaves_rings_consistent() {
     let _serial = load_lock();
-    kill9_scenario(Env::coalesced("kill9_co"), false);
+    kill9_scenario(coalesced_env("kill9_co"), false);
 }
 
 fn kill9_scenario(mut env: Env, ids_follow_sequence: bool) {
@@ -2546,12 +2408,14 @@ fn switching_the_rule_on_while_inserting() {
 #[test]
 fn migrate_trigger_mirrors_direct_appends() {
     let db = "ring_mig_trigger";
-    mariadb().exec(&format!(
-        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE {LOG} (id BIGINT AUTO_INCREMENT PRIMARY KEY, uid INT NULL,
+    fresh_db(
+        db,
+        &format!(
+            "CREATE TABLE {LOG} (id BIGINT AUTO_INCREMENT PRIMARY KEY, uid INT NULL,
              visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL);
          INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 1, NOW(6)), (NULL, 2, NOW(6));"
-    ));
+        ),
+    );
     let rules = rules_dir("ring.toml", &ring_rule());
     let out = migrate_ok(rules.path(), db, true);
     assert!(out.contains("is nullable"), "{out}");
@@ -2601,7 +2465,7 @@ fn migrate_trigger_mirrors_direct_appends() {
 /// AUTO_INCREMENT column) gets the id the table would generate.
 #[test]
 fn insert_without_column_list_numbers_the_row() {
-    let env = Env::new("nocols");
+    let env = ring_env("nocols");
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -2640,14 +2504,14 @@ fn insert_without_column_list_numbers_the_row() {
 /// NULL slot) instead of writing slot 0, and writes nothing.
 #[test]
 fn ring_insert_without_the_trigger_fails() {
-    let env = Env::new("no_trigger");
+    let env = ring_env("no_trigger");
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let ins =
             format!("INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES (1, 1, NOW(6))");
         p.query_drop(&ins).await.unwrap();
         mariadb().exec(&format!("DROP TRIGGER {}.{RING}_hs_seq", env.db));
-        let before = env.snapshot();
+        let before = snapshot(&env);
         for sql in [
             ins.clone(),
             format!(
@@ -2662,7 +2526,7 @@ fn ring_insert_without_the_trigger_fails() {
                 other => panic!("{sql}: expected ERROR 1048, got {other:?}"),
             }
         }
-        assert_eq!(env.snapshot(), before, "a failed insert wrote something");
+        assert_eq!(snapshot(&env), before, "a failed insert wrote something");
         // migrate puts the trigger back; inserts work again.
         migrate_ok(env.rules.path(), &env.db, true);
         p.query_drop(&ins).await.unwrap();
@@ -2683,14 +2547,14 @@ fn ring_insert_without_the_trigger_fails() {
 /// heatsink runs such inserts with `RETURNING id`.)
 #[test]
 fn multi_row_insert_reports_the_first_rows_id() {
-    multi_row_ids(Env::new("multi_id"), false);
+    multi_row_ids(ring_env("multi_id"), false);
 }
 
 /// The same as prepared statements: such an execute runs as the text statement its
 /// parameters make, with `RETURNING`.
 #[test]
 fn prepared_multi_row_insert_reports_the_first_rows_id() {
-    multi_row_ids(Env::new("multi_id_prep"), true);
+    multi_row_ids(ring_env("multi_id_prep"), true);
 }
 
 fn multi_row_ids(env: Env, prepared: bool) {
@@ -2739,7 +2603,7 @@ fn multi_row_ids(env: Env, prepared: bool) {
 /// messages, which name the log rather than the ring table.
 #[test]
 fn warnings_and_errors_name_the_log() {
-    let env = Env::new("diagnostics");
+    let env = ring_env("diagnostics");
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -2831,7 +2695,7 @@ fn warnings_and_errors_name_the_log() {
 #[test]
 #[ignore = "known difference (rules/README.md): ROW_COUNT() after a ring insert is the upsert's"]
 fn row_count_after_ring_inserts() {
-    let env = Env::new("row_count");
+    let env = ring_env("row_count");
     run(Duration::from_secs(30), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;

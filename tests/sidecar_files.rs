@@ -21,15 +21,15 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::{free_port, mariadb, Proxy};
+use common::cli::run_limited;
+use common::{free_port, http_get, mariadb, Proxy};
 
 // ---------------------------------------------------------------------------------------
 // Paths and file readers
@@ -48,19 +48,18 @@ fn read(path: &Path) -> String {
 
 /// A YAML file as JSON (PyYAML's safe loader: anchors and aliases resolved).
 fn yaml(path: &Path) -> Value {
-    let out = Command::new("python3")
-        .arg("-c")
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c")
         .arg("import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)")
-        .arg(path)
-        .output()
-        .expect("run python3 (needed to parse YAML)");
+        .arg(path);
+    let out = run_limited(&mut cmd, None, Duration::from_secs(60));
     assert!(
-        out.status.success(),
+        out.success(),
         "{} is not valid YAML (or PyYAML is missing: python3 -m pip install pyyaml):\n{}",
         path.display(),
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
-    serde_json::from_slice(&out.stdout).expect("python3 printed JSON")
+    serde_json::from_str(&out.stdout).expect("python3 printed JSON")
 }
 
 fn dashboard() -> Value {
@@ -873,35 +872,6 @@ fn dashboard_queries(dash: &Value) -> Vec<(String, String)> {
 
 // ---------------------------------------------------------------------------------------
 // HTTP
-
-/// `GET path` on `addr`: (status code, body). Retries the connection for 10 s.
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut stream = loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
-            Ok(s) => break s,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => panic!("connect {addr}: {e}"),
-        }
-    };
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send request");
-    let mut resp = String::new();
-    stream.read_to_string(&mut resp).expect("read response");
-    let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP head");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
-    (status, body.to_string())
-}
 
 // ---------------------------------------------------------------------------------------
 // Tests: static structure

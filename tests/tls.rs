@@ -8,11 +8,12 @@ mod common;
 use std::io::Read;
 use std::path::Path;
 use std::pin::Pin;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use common::cli::{mariadb_client, run_limited, Ran as Out};
 use common::rawclient::Greeting;
 use common::{mariadb_tls, MariaDb, Proxy, TestCerts, ED_PASSWORD, ED_USER, PASSWORD, USER};
 use mysql_async::prelude::Queryable;
@@ -74,81 +75,21 @@ fn concat(parts: &[Vec<String>]) -> Vec<String> {
     parts.concat()
 }
 
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Debug for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
 /// Runs a command, failing the test if it takes longer than `limit` (a hang).
 fn run(cmd: &mut Command, limit: Duration) -> Out {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let o = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{cmd:?} did not finish within {limit:?}:\n{}\n{}",
-                o.join().unwrap(),
-                e.join().unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Out {
-        code: status.code(),
-        stdout: o.join().unwrap(),
-        stderr: e.join().unwrap(),
-    }
+    run_limited(cmd, None, limit)
 }
 
 /// The `mariadb` CLI as `user` against `port`, batch mode, running `sql`.
 fn cli(port: u16, user: &str, password: &str, args: &[&str], sql: &str) -> Out {
-    let mut cmd = Command::new("mariadb");
-    cmd.arg("--no-defaults")
-        .arg("--protocol=TCP")
-        .arg("--host=127.0.0.1")
-        .arg(format!("--port={port}"))
-        .arg(format!("--user={user}"))
-        .arg(format!("--password={password}"))
-        .arg("--connect-timeout=10")
-        .arg("--batch")
-        .arg("--skip-column-names")
-        .args(args)
-        .arg("-e")
-        .arg(sql);
-    run(&mut cmd, Duration::from_secs(30))
+    let batch = ["--connect-timeout=10", "--batch", "--skip-column-names"];
+    let all: Vec<&str> = batch
+        .iter()
+        .chain(args)
+        .copied()
+        .chain(["-e", sql])
+        .collect();
+    mariadb_client(port, user, password, &all, None)
 }
 
 const STATUS_SQL: &str =

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::prelude::*;
-use mysql_async::{Column, Conn, Params, Row, Value};
+use mysql_async::{Column, Conn, Params, QueryResult, Row, ServerError, Value};
 
 /// Runs an async test body on a two-thread runtime; panics when it takes longer than
 /// `limit`.
@@ -32,6 +32,28 @@ pub async fn connect(url: &str) -> Conn {
         .unwrap_or_else(|e| panic!("connect {url}: {e}"))
 }
 
+/// Runs `sql`, which the rule `rule` must refuse: ERR 1105 / HY000 naming the rule.
+/// Returns the error.
+pub async fn assert_refused_by(conn: &mut Conn, sql: &str, rule: &str) -> ServerError {
+    match conn.query_drop(sql).await {
+        Err(mysql_async::Error::Server(e)) => {
+            assert_eq!(e.code, 1105, "{sql}: {e:?}");
+            assert_eq!(e.state, "HY000", "{sql}: {e:?}");
+            assert!(
+                e.message.contains(&format!("heatsink rule '{rule}'")),
+                "{sql}: {e:?}"
+            );
+            e
+        }
+        other => panic!("{sql}: expected a rejection, got {other:?}"),
+    }
+}
+
+/// A statement template filled in: `{t}` → `table`, `{db}` → `db`.
+pub fn fill(template: &str, table: &str, db: &str) -> String {
+    template.replace("{t}", table).replace("{db}", db)
+}
+
 /// The last `lines` lines of `s` (proxy logs in failure messages).
 pub fn tail(s: &str, lines: usize) -> String {
     let all: Vec<&str> = s.lines().collect();
@@ -40,11 +62,18 @@ pub fn tail(s: &str, lines: usize) -> String {
 
 /// A temporary rules directory holding one file, `file`, with `toml`.
 pub fn rules_dir(file: &str, toml: &str) -> tempfile::TempDir {
+    rules_dir_with(&[(file, toml)])
+}
+
+/// A temporary rules directory holding `files` (name, text).
+pub fn rules_dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
         .prefix("heatsink-rules-")
         .tempdir()
         .expect("rules tempdir");
-    std::fs::write(dir.path().join(file), toml).expect("write rules");
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).expect("write rules");
+    }
     dir
 }
 
@@ -108,12 +137,7 @@ impl Outcome {
 
 /// Runs `sql` as a text statement (COM_QUERY) and captures what the client sees.
 pub async fn run_text(conn: &mut Conn, sql: &str) -> Result<Outcome, mysql_async::Error> {
-    let r = conn.query_iter(sql).await?;
-    let columns = r
-        .columns()
-        .map(|c| c.iter().map(Meta::of).collect())
-        .unwrap_or_default();
-    let rows: Vec<Row> = r.collect_and_drop().await?;
+    let (columns, rows) = capture(conn.query_iter(sql).await?).await?;
     Ok(outcome(conn, columns, rows))
 }
 
@@ -124,13 +148,20 @@ pub async fn run_exec(
     sql: &str,
     params: impl Into<Params>,
 ) -> Result<Outcome, mysql_async::Error> {
-    let r = conn.exec_iter(sql, params).await?;
+    let (columns, rows) = capture(conn.exec_iter(sql, params).await?).await?;
+    Ok(outcome(conn, columns, rows))
+}
+
+/// The column definitions and rows of a result.
+async fn capture<P: Protocol>(
+    r: QueryResult<'_, '_, P>,
+) -> Result<(Vec<Meta>, Vec<Row>), mysql_async::Error> {
     let columns = r
         .columns()
         .map(|c| c.iter().map(Meta::of).collect())
         .unwrap_or_default();
     let rows: Vec<Row> = r.collect_and_drop().await?;
-    Ok(outcome(conn, columns, rows))
+    Ok((columns, rows))
 }
 
 fn outcome(conn: &Conn, columns: Vec<Meta>, rows: Vec<Row>) -> Outcome {

@@ -33,9 +33,10 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::process::Command;
 use std::time::Instant;
 
+use super::cli::migrate_ok;
+use super::fixture::fresh_db_with;
 use super::packets::{parse_column_def, parse_err, parse_ok, read_lenenc, status};
 use super::rawclient::{ConnectOpts, RawClient, RawParam};
 use super::{mariadb, Proxy, PASSWORD, USER};
@@ -1091,26 +1092,9 @@ impl<'k> Differential<'k> {
     /// Recreates both databases from the schema (and the rule's tables).
     pub fn reset(&self) {
         for db in [&self.proxied_db, &self.reference_db] {
-            mariadb().exec(&format!(
-                "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db} DEFAULT CHARACTER SET utf8mb4; USE {db}; {}",
-                self.kind.schema()
-            ));
+            fresh_db_with(db, "DEFAULT CHARACTER SET utf8mb4", &self.kind.schema());
         }
-        let out = Command::new(env!("CARGO_BIN_EXE_heatsink"))
-            .arg("migrate")
-            .arg("--rules")
-            .arg(self._rules.path())
-            .arg("--backend-url")
-            .arg(mariadb().url(&self.proxied_db))
-            .arg("--apply")
-            .output()
-            .expect("run heatsink migrate");
-        assert!(
-            out.status.success(),
-            "heatsink migrate failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        migrate_ok(self._rules.path(), &self.proxied_db, true);
         self.kind.settle_reference(&self.reference_db);
     }
 
@@ -1179,17 +1163,9 @@ impl<'k> Differential<'k> {
                 let ra = query_items(&mut r, sql.as_bytes());
                 history.push(format!("#{index} (session) {sql}"));
                 if pa != ra {
-                    self.mismatch(
-                        &mut report,
-                        cfg,
-                        index,
-                        &history,
-                        both_answers(
-                            &format!("session statement answered differently: {sql}"),
-                            &pa,
-                            &ra,
-                        ),
-                    );
+                    let what = format!("session statement answered differently: {sql}");
+                    let msg = both_answers(&what, &pa, &ra);
+                    self.mismatch(&mut report, cfg, index, &history, msg);
                 }
                 if !is_err(&pa) && !is_err(&ra) {
                     g.session = next;
@@ -1276,29 +1252,17 @@ impl<'k> Differential<'k> {
                     report.errors += 1;
                 }
                 if pa != ra {
-                    self.mismatch(
-                        &mut report,
-                        cfg,
-                        index,
-                        &history,
-                        both_answers(&format!("statement: {shown}"), &pa, &ra),
-                    );
+                    let msg = both_answers(&format!("statement: {shown}"), &pa, &ra);
+                    self.mismatch(&mut report, cfg, index, &history, msg);
                 }
                 if stmt.write && !is_err(&ra) {
                     self.kind.settle_reference(&self.reference_db);
                 }
             }
             if io_failure {
-                self.mismatch(
-                    &mut report,
-                    cfg,
-                    index,
-                    &history,
-                    format!(
-                        "connection failed; heatsink log:\n{}",
-                        super::client::tail(&self.proxy.log_text(), 20)
-                    ),
-                );
+                let log = super::client::tail(&self.proxy.log_text(), 20);
+                let msg = format!("connection failed; heatsink log:\n{log}");
+                self.mismatch(&mut report, cfg, index, &history, msg);
                 break;
             }
 
@@ -1318,18 +1282,13 @@ impl<'k> Differential<'k> {
                             let _ = writeln!(physical, "      {row:?}");
                         }
                     }
-                    self.mismatch(
-                        &mut report,
-                        cfg,
-                        index,
-                        &history,
-                        format!(
-                            "logical state differs after: {shown}\n  heatsink answered:\n{}  state through heatsink:\n{}  reference state:\n{}  physical tables behind heatsink:\n{physical}",
-                            show_items(&pa),
-                            show_items(&ps),
-                            show_items(&rs)
-                        ),
+                    let msg = format!(
+                        "logical state differs after: {shown}\n  heatsink answered:\n{}  state through heatsink:\n{}  reference state:\n{}  physical tables behind heatsink:\n{physical}",
+                        show_items(&pa),
+                        show_items(&ps),
+                        show_items(&rs)
                     );
+                    self.mismatch(&mut report, cfg, index, &history, msg);
                     // Later statements would only show the consequences.
                     break;
                 }

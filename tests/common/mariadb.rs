@@ -17,6 +17,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::cli::run_limited;
 use super::{free_port, is_root, target_dir};
 
 /// Database created at start.
@@ -74,16 +75,10 @@ impl TestCerts {
     pub fn create(dir: &Path) -> TestCerts {
         let p = |name: &str| dir.join(name);
         let openssl = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(dir)
-                .output()
-                .expect("run openssl (Debian package: openssl)");
-            assert!(
-                out.status.success(),
-                "openssl {args:?} failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let mut cmd = Command::new("openssl");
+            cmd.args(args).current_dir(dir);
+            let out = run_limited(&mut cmd, None, Duration::from_secs(60));
+            assert!(out.success(), "openssl {args:?} failed:\n{}", out.stderr);
         };
         let ec = [
             "-newkey",

@@ -15,8 +15,10 @@
 //! - [`Proxy`]: the `heatsink` binary (`serve --listen 127.0.0.1:<free> --backend ..
 //!   --rules ..`), by default in front of [`mariadb()`] with an empty rules directory.
 //!   `Proxy::start()` or `Proxy::builder().arg(..).rules_dir(..).backend(..).start()`;
-//!   `addr()`, `port()`, `url(db)`, `log_text()`, `stop_graceful()`, `kill9()`. Dropping it
-//!   sends SIGTERM, then SIGKILL after 5 s.
+//!   `log_level_from(var)`, `listen_arg(flag)`, `start_with_metrics()` and
+//!   `start_with_admin()` (those ports on free loopback addresses); `addr()`, `port()`,
+//!   `url(db)`, `log_text()`, `stop_graceful()`, `kill9()`. Dropping it sends SIGTERM,
+//!   then SIGKILL after 5 s.
 //! - [`rawclient`]: `RawClient::connect(addr, &ConnectOpts::new(user, pw).db(..)
 //!   .deprecate_eof(..))`, then `query`, `prepare`, `execute`, `execute_with`,
 //!   `close_stmt`, `reset_stmt`, `send_long_data`, `ping`, `init_db`, `reset_connection`,
@@ -26,17 +28,31 @@
 //! - [`packets`]: `Packet::ok()` / `err()` and `parse_ok` / `parse_err` / `parse_eof` /
 //!   `parse_column_def` / `parse_text_row`, `describe`, `hex_dump`, `status` flags.
 //! - [`client`]: `run(limit, async {..})`, `connect(url)`, `tail`, `rules_dir(file,
-//!   toml)`, and `run_text` / `run_exec` capturing an [`client::Outcome`] (column
-//!   definitions, rows, affected rows, info, warnings, last_insert_id).
+//!   toml)` / `rules_dir_with(files)`, `assert_refused_by(conn, sql, rule)`, and
+//!   `run_text` / `run_exec` capturing an [`client::Outcome`] (column definitions, rows,
+//!   affected rows, info, warnings, last_insert_id).
 //! - [`differential`]: `Differential::start(&kind).run(&Config::from_env(..))` runs
 //!   seeded statements of a rule [`differential::Kind`] through heatsink and on a plain
 //!   reference table, comparing every answer and the logical state (tests/fuzz.rs).
-//! - [`fixture`]: `create_counter_db(db, table_options, rows)` and `counter_rule(name)`:
-//!   the counter tables and rule several test files share.
-//! - [`free_port()`], [`target_dir()`].
+//! - [`cli`]: `heatsink(args)` and `Cli::new(args).stdin(..).env(..).run()` run the
+//!   binary's one-shot subcommands (exit code, stdout, stderr) with a time limit;
+//!   `migrate(rules, db, apply)`, `migrate_ok`; `run_limited(cmd, stdin, limit)` (a
+//!   [`cli::Ran`]) for other programs, `mariadb_client(..)` and `rule_pymysql(..)`.
+//! - [`fixture`]: `fresh_db(db, ddl)`, `fresh_db_with(db, options, ddl)`,
+//!   `migrate_apply(db, toml)`; `Rule::counter(..)` / `Rule::ring(..)` (rule TOML
+//!   builders); `Env::builder(db).schema(ddl).rule(file, toml).migrate().metrics()
+//!   .admin(pw).log_level_from(var).start()`: one test's database, rules directory
+//!   (schema made by `heatsink migrate --apply`) and proxy, with `proxied()`,
+//!   `direct()`, `backend_rows`, `metrics()`, `write_rule`, `sighup`, …;
+//!   `create_counter_db(db, table_options, rows)` and `counter_rule(name)`: the counter
+//!   table and rule several test files share; `counter_value`, `value_of`, `inc_sql`.
+//! - [`http_get()`], [`metrics()`] and [`sample()`] for the proxy's HTTP endpoints.
+//! - [`free_port()`], [`target_dir()`], [`tests_dir()`].
 //!
 //! Layout:
+//! - `cli.rs`: one-shot runs of the binary.
 //! - `client.rs`: mysql_async helpers for the rule tests.
+//! - `fixture.rs`: databases, rule TOML and the test environment.
 //! - `differential.rs`: the differential fuzzing harness.
 //! - `mariadb.rs`: template data directory, server start, watchdog, admin SQL.
 //! - `proxy.rs`: proxy process builder and lifecycle.
@@ -46,6 +62,7 @@
 //!   with the proxy).
 #![allow(dead_code, unused_imports)]
 
+pub mod cli;
 pub mod client;
 pub mod differential;
 pub mod fixture;
@@ -59,7 +76,7 @@ pub use mariadb::{
     mariadb, mariadb_tls, MariaDb, TestCerts, ADMIN_USER, ED_PASSWORD, ED_USER, PASSWORD, TEST_DB,
     USER,
 };
-pub use proxy::{metrics, Proxy, ProxyBuilder};
+pub use proxy::{http_get, metrics, sample, Proxy, ProxyBuilder};
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -133,6 +150,11 @@ pub fn target_dir() -> PathBuf {
         .and_then(|p| p.parent())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// The `tests/` directory of the crate.
+pub fn tests_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests")
 }
 
 /// True when the current process runs as root (mariadbd then needs `--user=root`).

@@ -69,6 +69,36 @@ impl ProxyBuilder {
         self
     }
 
+    /// `--log-level <value>` when the environment variable `var` is set (for example
+    /// `RING_PROXY_LOG=debug` while debugging a test).
+    pub fn log_level_from(self, var: &str) -> Self {
+        match std::env::var(var) {
+            Ok(level) => self.arg("--log-level").arg(level),
+            Err(_) => self,
+        }
+    }
+
+    /// Appends `flag <127.0.0.1:free port>` (`--metrics`, `--admin`) and returns that
+    /// address too.
+    pub fn listen_arg(self, flag: &str) -> (Self, SocketAddr) {
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        (self.arg(flag).arg(addr.to_string()), addr)
+    }
+
+    /// [`ProxyBuilder::start`] with `--metrics` on a free loopback port; returns the
+    /// proxy and that address.
+    pub fn start_with_metrics(self) -> (Proxy, SocketAddr) {
+        let (builder, addr) = self.listen_arg("--metrics");
+        (builder.start(), addr)
+    }
+
+    /// [`ProxyBuilder::start`] with `--admin` on a free loopback port; returns the
+    /// proxy and that address.
+    pub fn start_with_admin(self) -> (Proxy, SocketAddr) {
+        let (builder, addr) = self.listen_arg("--admin");
+        (builder.start(), addr)
+    }
+
     /// Spawns the proxy and waits until its listen port accepts connections. Panics with
     /// the proxy's log if it exits or does not listen within 20 s.
     pub fn start(self) -> Proxy {
@@ -286,18 +316,57 @@ fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     }
 }
 
+/// `GET path` on `addr` (HTTP/1.1, `Connection: close`): (status code, body). Retries
+/// the connection for 10 s (an endpoint binds just after the proxy's listener).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut stream = loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("connect {addr}: {e}"),
+        }
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream
+        .set_write_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send request");
+    let mut resp = String::new();
+    stream.read_to_string(&mut resp).expect("read response");
+    let (head, body) = resp
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("bad HTTP response: {resp:?}"));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad HTTP response: {resp:?}"));
+    (status, body.to_string())
+}
+
+/// The value of the series `series` (the exact name, labels included) in a `/metrics`
+/// body; `None` when absent. Panics when its value is not a number.
+pub fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .map(|v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{series} = {v:?}: {e}"))
+        })
+}
+
 /// GETs `/metrics` and returns every unlabelled sample.
 pub fn metrics(addr: SocketAddr) -> HashMap<String, u64> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .unwrap_or_else(|e| panic!("connect to metrics {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body)
-        .unwrap_or_else(|e| panic!("read metrics: {e}"));
-    assert!(body.starts_with("HTTP/1.1 200"), "metrics answer: {body}");
+    let (status, body) = http_get(addr, "/metrics");
+    assert_eq!(status, 200, "metrics answer: {body}");
     body.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {

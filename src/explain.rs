@@ -181,6 +181,7 @@ impl Planner {
                 Arc::new(Probe {
                     name: r.name().to_string(),
                     tables: r.tables().to_vec(),
+                    sharing: r.sharing(),
                 }) as Arc<dyn Rule>
             })
             .collect();
@@ -347,6 +348,8 @@ struct Probe {
     name: String,
     /// The real rule's tables.
     tables: Vec<TableName>,
+    /// The real rule's [`Rule::sharing`].
+    sharing: Option<u32>,
 }
 
 impl Rule for Probe {
@@ -368,6 +371,10 @@ impl Rule for Probe {
 
     fn metadata_query(&self, _current_db: Option<&str>) -> Option<String> {
         Some(String::new())
+    }
+
+    fn sharing(&self) -> Option<u32> {
+        self.sharing
     }
 }
 

@@ -949,6 +949,12 @@ fn restore(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
         return;
     }
     let name = String::from_utf8_lossy(origin_name(def)).to_ascii_lowercase();
+    if let Some((_, computed)) = patch.computed.iter().find(|(n, _)| *n == name) {
+        let client_name = std::mem::take(&mut def.name);
+        *def = computed.clone();
+        def.name = client_name;
+        return;
+    }
     let Some((_, logical)) = patch.columns.iter().find(|(n, _)| *n == name) else {
         return;
     };
@@ -1277,6 +1283,7 @@ mod tests {
             flags_from_logical: false,
             materialized: Vec::new(),
             keyed: Vec::new(),
+            computed: Vec::new(),
         };
         let mut d = mk("", "hits", "cnt", 8);
         d.name = b"c".to_vec();
@@ -1321,6 +1328,7 @@ mod tests {
             flags_from_logical: true,
             materialized: vec!["ring".into()],
             keyed: vec!["uid".into()],
+            computed: Vec::new(),
         };
         // Straight from the ring (merged derived table or an index read).
         for org_table in ["v", "ring"] {

@@ -741,6 +741,10 @@ pub struct ColumnPatch {
     /// temporary table; it then reports no key flags and no AUTO_INCREMENT for the
     /// logical table's columns either, so the arriving flags are kept.
     pub keyed: Vec<String>,
+    /// Columns the rewrite computes itself (an aggregate answered from a summary
+    /// table), by lower-cased name in the derived table: the definition replaces the
+    /// arriving one entirely, except the name the client gave.
+    pub computed: Vec<(String, crate::wire::resultset::ColumnDef)>,
 }
 
 /// What a rule wants to run instead of a statement.

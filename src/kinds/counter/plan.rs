@@ -164,6 +164,7 @@ impl CounterRule {
                 flags_from_logical: false,
                 materialized: Vec::new(),
                 keyed: Vec::new(),
+                computed: Vec::new(),
             })),
             atomic: false,
             ..Default::default()

@@ -129,6 +129,7 @@ impl RingRule {
                     })
                     .map(|d| column_def_name(d).to_ascii_lowercase())
                     .collect(),
+                computed: Vec::new(),
             })),
             ..Default::default()
         }))

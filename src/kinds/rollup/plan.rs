@@ -16,19 +16,19 @@ use crate::wire::resultset::ColumnDef;
 /// A `[[rollup]]` rule, ready to plan statements.
 pub struct RollupRule {
     /// Rule name from the file.
-    name: String,
+    pub(super) name: String,
     /// The log, with the dimensions as its key columns.
-    logical: LogicalTable,
+    pub(super) logical: LogicalTable,
     /// The rollup table as written in the rule.
-    rollup_table: TableName,
+    pub(super) rollup_table: TableName,
     /// The log's time column.
-    time: String,
+    pub(super) time: String,
     /// Bucket width.
-    bucket: Bucket,
+    pub(super) bucket: Bucket,
     /// Aggregates kept (`count(*)` first).
-    measures: Vec<Measure>,
+    pub(super) measures: Vec<Measure>,
     /// `mode = "shadow"`.
-    shadow: bool,
+    pub(super) shadow: bool,
 }
 
 impl RollupRule {

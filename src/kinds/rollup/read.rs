@@ -1,12 +1,779 @@
 //! Aggregate reads of the log, answered from the rollup.
+//!
+//! A read the rollup can answer has this shape (any order of conjuncts, `ORDER BY`
+//! over output columns, `LIMIT`):
+//!
+//! ```sql
+//! SELECT <dims…>, COUNT(*) AS a [, COUNT(col) AS b] FROM log [AS x]
+//!  WHERE <dim> = v AND <dim> IN (…) AND <dim> IS [NOT] NULL
+//!    AND <time> >= L AND <time> < U        -- or >, <=, BETWEEN; either bound optional
+//!  [GROUP BY <dims…>] [ORDER BY …] [LIMIT …]
+//! ```
+//!
+//! where every filtered and grouped column is one of the rollup's dimensions and
+//! every aggregate is aliased (an unaliased aggregate is named by its text as the
+//! client spelt it, which a cached plan cannot know). It becomes
+//!
+//! ```sql
+//! SELECT x.<dim> AS <dim as written>…, x.a FROM (
+//!   SELECT hs_u.<dim>…, CAST(COALESCE(SUM(hs_u.hs_rows), 0) AS SIGNED) AS a
+//!   FROM (
+//!     SELECT IF(x.hs_nulls & bit <> 0, NULL, x.<dim>) AS <dim>…, x.hs_rows …
+//!       FROM rollup AS x WHERE <dim filters> AND x.hs_bucket >= S AND x.hs_bucket < E
+//!     UNION ALL
+//!     SELECT x.<dim>…, 1 AS hs_rows … FROM log AS x
+//!      WHERE <the original WHERE> AND (x.<time> < S OR x.<time> >= E)
+//!   ) AS hs_u GROUP BY hs_u.<dim>… HAVING SUM(hs_u.hs_rows) > 0
+//! ) AS x ORDER BY <the original ORDER BY, or the group columns> LIMIT …
+//! ```
+//!
+//! `S` is the first bucket that starts inside the range, `E` the start of the
+//! bucket holding its upper bound, both computed by the server from the statement's
+//! own bound expressions (so `NOW()` and the session's time zone mean what they mean
+//! to the log). Whole buckets in `[S, E)` come from the rollup, the ragged edges from
+//! the log, so any range is exact. Without a time predicate every row of the rollup
+//! counts (also rows whose time is NULL) and the log is not read.
 
-use sqlparser::ast::Query;
+use std::sync::Arc;
+
+use sqlparser::ast::{
+    BinaryOperator, DuplicateTreatment, Expr, FunctionArg, FunctionArgExpr, FunctionArguments,
+    GroupByExpr, LimitClause, ObjectName, OrderByKind, Query, Select, SelectFlavor, SelectItem,
+    SetExpr, TableFactor, TableWithJoins,
+};
 
 use super::plan::RollupRule;
-use crate::rewrite::{Plan, PlanContext};
+use super::spec::Measure;
+use crate::rewrite::shape::{column_name, conjuncts, eq, is_value};
+use crate::rewrite::{parse_statements, ColumnPatch, Plan, PlanContext, Reply};
+use crate::rules::spec::quote;
+use crate::wire::resultset::{types, ColumnDef};
+
+/// Bit of `hs_nulls` set when the time column is NULL.
+const TIME_NULL_BIT: u64 = 1 << 31;
 
 /// The plan answering `q` from the rollup, or `None` when the rollup cannot answer
 /// it exactly (the read then goes to the log unchanged).
-pub(super) fn plan_read(_rule: &RollupRule, _q: &Query, _ctx: &PlanContext<'_>) -> Option<Plan> {
-    None
+pub(super) fn plan_read(rule: &RollupRule, q: &Query, ctx: &PlanContext<'_>) -> Option<Plan> {
+    let shape = Shape::of(rule, q, ctx)?;
+    let meta = rule.logical.columns(ctx).ok()?;
+    let sql = shape.sql(rule);
+    let statements = parse_statements(&sql).ok()?;
+    let patch = shape.patch(rule, &meta)?;
+    Some(Plan {
+        statements,
+        reply: Reply::Patched(Arc::new(patch)),
+        ..Default::default()
+    })
+}
+
+/// An output column of the read.
+enum Item {
+    /// A dimension (index into the rule's dimensions), named as written.
+    Dim { dim: usize, name: String },
+    /// An aggregate under its alias.
+    Agg { measure: Measure, alias: String },
+}
+
+/// A conjunct of the WHERE clause on a dimension.
+enum Filter<'q> {
+    /// `d = v` or `d IN (…)`: printed as written; the dimension is not NULL.
+    Value { dim: usize, expr: &'q Expr },
+    /// `d IS NULL`.
+    IsNull(usize),
+    /// `d IS NOT NULL`.
+    NotNull(usize),
+}
+
+/// A bound of the time range: the expression and whether it is strict.
+struct Bound<'q> {
+    expr: &'q Expr,
+    strict: bool,
+}
+
+/// A read the rollup can answer, taken apart.
+struct Shape<'q> {
+    /// The log's name as the statement wrote it.
+    table: &'q ObjectName,
+    /// The alias the statement reads the log under (its name when none).
+    alias: String,
+    /// Output columns, in order.
+    items: Vec<Item>,
+    /// `GROUP BY` dimensions, in order; `None` without `GROUP BY`.
+    group: Option<Vec<usize>>,
+    /// The WHERE clause as written.
+    selection: Option<&'q Expr>,
+    /// Its dimension conjuncts.
+    filters: Vec<Filter<'q>>,
+    /// Time range bounds.
+    lower: Option<Bound<'q>>,
+    upper: Option<Bound<'q>>,
+    /// `ORDER BY …` and `LIMIT …` as written (empty when absent).
+    order_by: String,
+    limit: String,
+}
+
+impl<'q> Shape<'q> {
+    /// Takes `q` apart, or `None` when it has any other shape.
+    fn of(rule: &RollupRule, q: &'q Query, ctx: &PlanContext<'_>) -> Option<Shape<'q>> {
+        let plain = q.with.is_none()
+            && q.fetch.is_none()
+            && q.locks.is_empty()
+            && q.for_clause.is_none()
+            && q.settings.is_none()
+            && q.format_clause.is_none()
+            && q.pipe_operators.is_empty();
+        let SetExpr::Select(sel) = q.body.as_ref() else {
+            return None;
+        };
+        if !plain || !plain_select(sel) {
+            return None;
+        }
+        let (table, alias) = source(rule, &sel.from, ctx)?;
+        let mut shape = Shape {
+            table,
+            alias,
+            items: Vec::new(),
+            group: None,
+            selection: sel.selection.as_ref(),
+            filters: Vec::new(),
+            lower: None,
+            upper: None,
+            order_by: String::new(),
+            limit: String::new(),
+        };
+        shape.group = shape.group_by(rule, &sel.group_by)?;
+        shape.projection(rule, &sel.projection)?;
+        if let Some(w) = &sel.selection {
+            shape.predicates(rule, w)?;
+        }
+        shape.order_and_limit(q)?;
+        Some(shape)
+    }
+
+    /// The dimension `e` names (unqualified, or qualified by the statement's alias).
+    fn dim_of(&self, rule: &RollupRule, e: &Expr) -> Option<usize> {
+        let name = self.column_of(e)?;
+        rule.logical.key().iter().position(|d| eq(d, &name))
+    }
+
+    /// The column `e` names, if it is a column of the log as the statement reads it.
+    fn column_of(&self, e: &Expr) -> Option<String> {
+        match e {
+            Expr::Identifier(i) => Some(i.value.clone()),
+            Expr::CompoundIdentifier(p) if p.len() == 2 && eq(&p[0].value, &self.alias) => {
+                Some(p[1].value.clone())
+            }
+            Expr::Nested(inner) => self.column_of(inner),
+            _ => None,
+        }
+    }
+
+    fn group_by(&self, rule: &RollupRule, g: &GroupByExpr) -> Option<Option<Vec<usize>>> {
+        let GroupByExpr::Expressions(exprs, modifiers) = g else {
+            return None;
+        };
+        if !modifiers.is_empty() {
+            return None;
+        }
+        if exprs.is_empty() {
+            return Some(None);
+        }
+        let mut dims = Vec::with_capacity(exprs.len());
+        for e in exprs {
+            let d = self.dim_of(rule, e)?;
+            if !dims.contains(&d) {
+                dims.push(d);
+            }
+        }
+        Some(Some(dims))
+    }
+
+    fn projection(&mut self, rule: &RollupRule, items: &[SelectItem]) -> Option<()> {
+        let mut names: Vec<String> = Vec::new();
+        for item in items {
+            let (expr, alias) = match item {
+                SelectItem::UnnamedExpr(e) => (e, None),
+                SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
+                _ => return None,
+            };
+            let item = match (self.dim_of(rule, expr), alias) {
+                (Some(dim), alias) => {
+                    // A dimension must be grouped (without GROUP BY its value would be
+                    // any row's).
+                    if !self.group.as_ref()?.contains(&dim) {
+                        return None;
+                    }
+                    let name = alias.or_else(|| column_name(expr))?;
+                    Item::Dim { dim, name }
+                }
+                (None, Some(alias)) => Item::Agg {
+                    measure: aggregate(rule, self, expr)?,
+                    alias,
+                },
+                (None, None) => return None,
+            };
+            let inner = match &item {
+                Item::Dim { dim, .. } => rule.logical.key()[*dim].to_ascii_lowercase(),
+                Item::Agg { alias, .. } => alias.to_ascii_lowercase(),
+            };
+            // Inner column names must not collide (a dimension twice is fine).
+            let dup = names.contains(&inner);
+            if dup && matches!(item, Item::Agg { .. }) || reserved(&inner) {
+                return None;
+            }
+            if matches!(item, Item::Agg { .. }) {
+                let clash = self.items.iter().any(|i| match i {
+                    Item::Dim { dim, .. } => eq(&rule.logical.key()[*dim], &inner),
+                    Item::Agg { .. } => false,
+                });
+                let dim_clash = rule.logical.key().iter().any(|d| eq(d, &inner));
+                if clash || dim_clash {
+                    return None;
+                }
+            }
+            names.push(inner);
+            self.items.push(item);
+        }
+        (!self.items.is_empty()).then_some(())
+    }
+
+    fn predicates(&mut self, rule: &RollupRule, w: &'q Expr) -> Option<()> {
+        let mut terms = Vec::new();
+        conjuncts(w, &mut terms);
+        for t in terms {
+            self.predicate(rule, t)?;
+        }
+        Some(())
+    }
+
+    fn predicate(&mut self, rule: &RollupRule, t: &'q Expr) -> Option<()> {
+        match t {
+            Expr::BinaryOp { left, op, right } => {
+                let time = |e: &Expr| self.column_of(e).is_some_and(|c| eq(&c, &rule.time));
+                if time(left) && constant(right) {
+                    return self.bound(op, right, false);
+                }
+                if time(right) && constant(left) {
+                    return self.bound(op, left, true);
+                }
+                if *op != BinaryOperator::Eq {
+                    return None;
+                }
+                let (col, value) = match (self.dim_of(rule, left), self.dim_of(rule, right)) {
+                    (Some(d), None) if is_value(right) => (d, t),
+                    (None, Some(d)) if is_value(left) => (d, t),
+                    _ => return None,
+                };
+                self.filters.push(Filter::Value {
+                    dim: col,
+                    expr: value,
+                });
+            }
+            Expr::InList {
+                expr,
+                list,
+                negated: false,
+            } if list.iter().all(is_value) => {
+                let dim = self.dim_of(rule, expr)?;
+                self.filters.push(Filter::Value { dim, expr: t });
+            }
+            Expr::IsNull(e) => self.filters.push(Filter::IsNull(self.dim_of(rule, e)?)),
+            Expr::IsNotNull(e) => self.filters.push(Filter::NotNull(self.dim_of(rule, e)?)),
+            Expr::Between {
+                expr,
+                negated: false,
+                low,
+                high,
+            } if self.column_of(expr).is_some_and(|c| eq(&c, &rule.time))
+                && constant(low)
+                && constant(high) =>
+            {
+                self.bound(&BinaryOperator::GtEq, low, false)?;
+                self.bound(&BinaryOperator::LtEq, high, false)?;
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
+    /// Records `time <op> e` (`e <op> time` when `flipped`); one bound of each side.
+    fn bound(&mut self, op: &BinaryOperator, e: &'q Expr, flipped: bool) -> Option<()> {
+        use BinaryOperator::{Gt, GtEq, Lt, LtEq};
+        let op = match (op, flipped) {
+            (Gt, true) => Lt,
+            (GtEq, true) => LtEq,
+            (Lt, true) => Gt,
+            (LtEq, true) => GtEq,
+            (op, _) => op.clone(),
+        };
+        let (slot, strict) = match op {
+            Gt => (&mut self.lower, true),
+            GtEq => (&mut self.lower, false),
+            Lt => (&mut self.upper, true),
+            LtEq => (&mut self.upper, false),
+            _ => return None,
+        };
+        if slot.is_some() {
+            return None;
+        }
+        *slot = Some(Bound { expr: e, strict });
+        Some(())
+    }
+
+    fn order_and_limit(&mut self, q: &Query) -> Option<()> {
+        if let Some(o) = &q.order_by {
+            let OrderByKind::Expressions(exprs) = &o.kind else {
+                return None;
+            };
+            if o.interpolate.is_some() || exprs.is_empty() {
+                return None;
+            }
+            for e in exprs {
+                let plain = e.with_fill.is_none() && e.options.nulls_first.is_none();
+                let output = match &e.expr {
+                    Expr::Value(_) => true, // a position
+                    other => self.column_of(other).is_some(),
+                };
+                if !plain || !output {
+                    return None;
+                }
+            }
+            self.order_by = o.to_string();
+        }
+        if let Some(l) = &q.limit_clause {
+            if let LimitClause::LimitOffset { limit_by, .. } = l {
+                if !limit_by.is_empty() {
+                    return None;
+                }
+            }
+            self.limit = l.to_string();
+        }
+        Some(())
+    }
+
+    /// The statement that answers the read.
+    fn sql(&self, rule: &RollupRule) -> String {
+        let a = quote(&self.alias);
+        let group: Vec<usize> = self.group.clone().unwrap_or_default();
+        let dim = |d: usize| quote(&rule.logical.key()[d]);
+        let counts: Vec<&str> = self
+            .items
+            .iter()
+            .filter_map(|i| match i {
+                Item::Agg {
+                    measure: Measure::Count(c),
+                    ..
+                } => Some(c.as_str()),
+                _ => None,
+            })
+            .collect();
+        let inner = self.inner_sql(rule, &group, &counts);
+        let outer_items: Vec<String> = self
+            .items
+            .iter()
+            .map(|i| match i {
+                Item::Dim { dim: d, name } => format!("{a}.{} AS {}", dim(*d), quote(name)),
+                Item::Agg { alias, .. } => format!("{a}.{}", quote(alias)),
+            })
+            .collect();
+        let order = if !self.order_by.is_empty() {
+            format!(" {}", self.order_by)
+        } else if !group.is_empty() {
+            // MariaDB returns groups sorted by the GROUP BY columns.
+            let cols: Vec<String> = group.iter().map(|&d| format!("{a}.{}", dim(d))).collect();
+            format!(" ORDER BY {}", cols.join(", "))
+        } else {
+            String::new()
+        };
+        let limit = if self.limit.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", self.limit)
+        };
+        format!(
+            "SELECT {} FROM ({inner}) AS {a}{order}{limit}",
+            outer_items.join(", ")
+        )
+    }
+
+    /// The grouping query over the rollup's and the log's rows.
+    fn inner_sql(&self, rule: &RollupRule, group: &[usize], counts: &[&str]) -> String {
+        let dim = |d: usize| quote(&rule.logical.key()[d]);
+        let mut select: Vec<String> = group
+            .iter()
+            .map(|&d| format!("`hs_u`.{}", dim(d)))
+            .collect();
+        for i in &self.items {
+            if let Item::Agg { measure, alias } = i {
+                let column = match measure {
+                    Measure::Rows => "hs_rows".to_string(),
+                    Measure::Count(c) | Measure::Sum(c) => format!("hs_count_{c}"),
+                };
+                select.push(format!(
+                    "CAST(COALESCE(SUM(`hs_u`.{}), 0) AS SIGNED) AS {}",
+                    quote(&column),
+                    quote(alias)
+                ));
+            }
+        }
+        let mut parts = vec![self.rollup_part(rule, group, counts)];
+        if self.lower.is_some() || self.upper.is_some() {
+            parts.push(self.log_part(rule, group, counts));
+        }
+        let mut sql = format!(
+            "SELECT {} FROM ({}) AS `hs_u`",
+            select.join(", "),
+            parts.join(" UNION ALL ")
+        );
+        if !group.is_empty() {
+            let cols: Vec<String> = group
+                .iter()
+                .map(|&d| format!("`hs_u`.{}", dim(d)))
+                .collect();
+            sql.push_str(&format!(
+                " GROUP BY {} HAVING SUM(`hs_u`.`hs_rows`) > 0",
+                cols.join(", ")
+            ));
+        }
+        sql
+    }
+
+    /// Whole buckets, from the rollup table.
+    fn rollup_part(&self, rule: &RollupRule, group: &[usize], counts: &[&str]) -> String {
+        let a = quote(&self.alias);
+        let mut cols: Vec<String> = group
+            .iter()
+            .map(|&d| {
+                let name = quote(&rule.logical.key()[d]);
+                format!(
+                    "IF(({a}.`hs_nulls` & {}) <> 0, NULL, {a}.{name}) AS {name}",
+                    1u64 << d
+                )
+            })
+            .collect();
+        cols.push(format!("{a}.`hs_rows` AS `hs_rows`"));
+        for c in counts {
+            let name = quote(&format!("hs_count_{c}"));
+            cols.push(format!("{a}.{name} AS {name}"));
+        }
+        let mut conds: Vec<String> = Vec::new();
+        for f in &self.filters {
+            let (dim, null) = match f {
+                Filter::Value { dim, expr } => {
+                    conds.push(expr.to_string());
+                    (*dim, false)
+                }
+                Filter::IsNull(dim) => (*dim, true),
+                Filter::NotNull(dim) => (*dim, false),
+            };
+            let op = if null { "<>" } else { "=" };
+            conds.push(format!("({a}.`hs_nulls` & {}) {op} 0", 1u64 << dim));
+        }
+        if let Some(s) = self.start(rule) {
+            conds.push(format!("{a}.`hs_bucket` >= {s}"));
+        }
+        if let Some(e) = self.end(rule) {
+            conds.push(format!("{a}.`hs_bucket` < {e}"));
+        }
+        if self.lower.is_some() || self.upper.is_some() {
+            conds.push(format!("({a}.`hs_nulls` & {TIME_NULL_BIT}) = 0"));
+        }
+        let table = rule.logical.physical_sql(&rule.rollup_table, self.table);
+        let mut sql = format!("SELECT {} FROM {table} AS {a}", cols.join(", "));
+        if !conds.is_empty() {
+            sql.push_str(&format!(" WHERE {}", conds.join(" AND ")));
+        }
+        sql
+    }
+
+    /// The ragged edges, from the log.
+    fn log_part(&self, rule: &RollupRule, group: &[usize], counts: &[&str]) -> String {
+        let a = quote(&self.alias);
+        let mut cols: Vec<String> = group
+            .iter()
+            .map(|&d| {
+                let name = quote(&rule.logical.key()[d]);
+                format!("{a}.{name} AS {name}")
+            })
+            .collect();
+        cols.push("1 AS `hs_rows`".to_string());
+        for c in counts {
+            cols.push(format!(
+                "({a}.{} IS NOT NULL) AS {}",
+                quote(c),
+                quote(&format!("hs_count_{c}"))
+            ));
+        }
+        let t = format!("{a}.{}", quote(&rule.time));
+        let edges = match (self.start(rule), self.end(rule)) {
+            (Some(s), Some(e)) => format!("({t} < {s} OR {t} >= {e})"),
+            (Some(s), None) => format!("{t} < {s}"),
+            (None, Some(e)) => format!("{t} >= {e}"),
+            (None, None) => "TRUE".to_string(),
+        };
+        let selection = self
+            .selection
+            .map_or_else(String::new, |w| format!("({w}) AND "));
+        format!(
+            "SELECT {} FROM {} AS {a} WHERE {selection}{edges}",
+            cols.join(", "),
+            self.table
+        )
+    }
+
+    /// The first bucket start inside the range's lower bound, as SQL.
+    fn start(&self, rule: &RollupRule) -> Option<String> {
+        let b = self.lower.as_ref()?;
+        let floor = floor(rule, b.expr);
+        let next = format!("{floor} + INTERVAL 1 {}", rule.bucket.unit());
+        Some(if b.strict {
+            format!("({next})")
+        } else {
+            format!("IF({floor} = ({}), {floor}, {next})", b.expr)
+        })
+    }
+
+    /// The start of the bucket holding the range's upper bound, as SQL: buckets
+    /// before it end at or before the bound.
+    fn end(&self, rule: &RollupRule) -> Option<String> {
+        Some(floor(rule, self.upper.as_ref()?.expr))
+    }
+
+    /// Column definitions: dimensions as the log's columns, aggregates as MariaDB
+    /// defines `COUNT(…)`.
+    fn patch(&self, rule: &RollupRule, meta: &[ColumnDef]) -> Option<ColumnPatch> {
+        let mut columns = Vec::new();
+        let mut computed = Vec::new();
+        for i in &self.items {
+            match i {
+                Item::Dim { dim, .. } => {
+                    let name = &rule.logical.key()[*dim];
+                    let def = meta
+                        .iter()
+                        .find(|d| eq(&String::from_utf8_lossy(&d.org_name), name))?;
+                    columns.push((name.to_ascii_lowercase(), def.clone()));
+                }
+                Item::Agg { alias, .. } => {
+                    computed.push((alias.to_ascii_lowercase(), count_def()));
+                }
+            }
+        }
+        Some(ColumnPatch {
+            tables: vec![self.alias.clone()],
+            columns,
+            flags_from_logical: false,
+            materialized: Vec::new(),
+            keyed: Vec::new(),
+            computed,
+        })
+    }
+}
+
+/// `CAST(DATE_FORMAT(e, '<bucket start>') AS DATETIME)`: the start of the bucket
+/// holding `e`.
+fn floor(rule: &RollupRule, e: &Expr) -> String {
+    format!(
+        "CAST(DATE_FORMAT(({e}), '{}') AS DATETIME)",
+        rule.bucket.format()
+    )
+}
+
+/// MariaDB's definition of a `COUNT(…)` column: `BIGINT(21) NOT NULL`, binary.
+fn count_def() -> ColumnDef {
+    ColumnDef {
+        catalog: b"def".to_vec(),
+        schema: Vec::new(),
+        table: Vec::new(),
+        org_table: Vec::new(),
+        name: Vec::new(),
+        org_name: Vec::new(),
+        extended: None,
+        charset: 63,
+        length: 21,
+        column_type: types::LONGLONG,
+        flags: 0x0001 | 0x8000,
+        decimals: 0,
+        fixed_len: 0x0c,
+        tail: vec![0, 0],
+    }
+}
+
+/// Names the rewrite uses itself.
+fn reserved(name: &str) -> bool {
+    name.starts_with("hs_")
+}
+
+/// A SELECT with nothing but a projection, one FROM item, WHERE and GROUP BY.
+fn plain_select(sel: &Select) -> bool {
+    sel.optimizer_hints.is_empty()
+        && sel.distinct.is_none()
+        && sel.select_modifiers.is_none()
+        && sel.top.is_none()
+        && sel.exclude.is_none()
+        && sel.into.is_none()
+        && sel.lateral_views.is_empty()
+        && sel.prewhere.is_none()
+        && sel.connect_by.is_empty()
+        && sel.cluster_by.is_empty()
+        && sel.distribute_by.is_empty()
+        && sel.sort_by.is_empty()
+        && sel.having.is_none()
+        && sel.named_window.is_empty()
+        && sel.qualify.is_none()
+        && sel.value_table_mode.is_none()
+        && sel.flavor == SelectFlavor::Standard
+}
+
+/// The log as the only FROM item: its name as written and the alias it is read
+/// under.
+fn source<'q>(
+    rule: &RollupRule,
+    from: &'q [TableWithJoins],
+    ctx: &PlanContext<'_>,
+) -> Option<(&'q ObjectName, String)> {
+    let [TableWithJoins { relation, joins }] = from else {
+        return None;
+    };
+    if !joins.is_empty() {
+        return None;
+    }
+    let TableFactor::Table {
+        name,
+        alias,
+        args: None,
+        with_hints,
+        version: None,
+        with_ordinality: false,
+        partitions,
+        json_path: None,
+        sample: None,
+        index_hints,
+    } = relation
+    else {
+        return None;
+    };
+    if !with_hints.is_empty() || !partitions.is_empty() || !index_hints.is_empty() {
+        return None;
+    }
+    if !rule.logical.named_by(name, ctx) {
+        return None;
+    }
+    let alias = match alias {
+        Some(a) if a.columns.is_empty() => a.name.value.clone(),
+        Some(_) => return None,
+        None => crate::rewrite::shape::last_ident(name),
+    };
+    Some((name, alias))
+}
+
+/// The measure an aggregate reads: `COUNT(*)`, or `COUNT(col)` of a column the
+/// rollup counts.
+fn aggregate(rule: &RollupRule, shape: &Shape<'_>, e: &Expr) -> Option<Measure> {
+    let Expr::Function(f) = e else {
+        return None;
+    };
+    let plain = !f.uses_odbc_syntax
+        && matches!(f.parameters, FunctionArguments::None)
+        && f.within_group.is_empty()
+        && f.filter.is_none()
+        && f.null_treatment.is_none()
+        && f.over.is_none();
+    let [name] = f.name.0.as_slice() else {
+        return None;
+    };
+    let FunctionArguments::List(list) = &f.args else {
+        return None;
+    };
+    let all = matches!(
+        list.duplicate_treatment,
+        None | Some(DuplicateTreatment::All)
+    );
+    if !plain
+        || !all
+        || !list.clauses.is_empty()
+        || !name.as_ident()?.value.eq_ignore_ascii_case("count")
+    {
+        return None;
+    }
+    match list.args.as_slice() {
+        [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)] => Some(Measure::Rows),
+        [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] => {
+            let col = shape.column_of(arg)?;
+            rule.measures.iter().find_map(|m| match m {
+                Measure::Count(c) | Measure::Sum(c) if eq(c, &col) => {
+                    Some(Measure::Count(c.clone()))
+                }
+                _ => None,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// An expression the server evaluates to the same value for every row of one
+/// statement: literals, parameters, `NOW()`-like functions, intervals and
+/// arithmetic over them. Walked with an explicit stack.
+fn constant(e: &Expr) -> bool {
+    const FUNCTIONS: &[&str] = &[
+        "NOW",
+        "CURRENT_TIMESTAMP",
+        "LOCALTIME",
+        "LOCALTIMESTAMP",
+        "CURDATE",
+        "CURRENT_DATE",
+        "UTC_TIMESTAMP",
+        "UTC_DATE",
+        "DATE",
+        "TIMESTAMP",
+        "DATE_SUB",
+        "DATE_ADD",
+        "SUBDATE",
+        "ADDDATE",
+        "FROM_UNIXTIME",
+    ];
+    let mut stack = vec![e];
+    while let Some(e) = stack.pop() {
+        match e {
+            Expr::Value(_) | Expr::TypedString { .. } => {}
+            Expr::Nested(inner) => stack.push(inner),
+            Expr::UnaryOp { expr, .. } => stack.push(expr),
+            Expr::Prefixed { value, .. } => stack.push(value),
+            Expr::Interval(i) => stack.push(&i.value),
+            Expr::Cast { expr, .. } => stack.push(expr),
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::Plus | BinaryOperator::Minus,
+                right,
+            } => {
+                stack.push(left);
+                stack.push(right);
+            }
+            Expr::Function(f) => {
+                let known = match f.name.0.as_slice() {
+                    [n] => n.as_ident().is_some_and(|i| {
+                        FUNCTIONS.iter().any(|k| k.eq_ignore_ascii_case(&i.value))
+                    }),
+                    _ => false,
+                };
+                if !known || f.over.is_some() || f.filter.is_some() {
+                    return false;
+                }
+                match &f.args {
+                    FunctionArguments::None => {}
+                    FunctionArguments::List(l) => {
+                        for a in &l.args {
+                            match a {
+                                FunctionArg::Unnamed(FunctionArgExpr::Expr(x)) => stack.push(x),
+                                _ => return false,
+                            }
+                        }
+                    }
+                    FunctionArguments::Subquery(_) => return false,
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
 }

@@ -859,6 +859,7 @@ impl AdminShim {
             num_col("errors"),
             num_col("shadow_rewrites"),
             num_col("shadow_rejects"),
+            num_col("fallbacks"),
             num_col("mean_latency_us"),
             num_col("max_latency_us"),
         ];
@@ -872,6 +873,7 @@ impl AdminShim {
             w.write_col(s.errors.load(Relaxed))?;
             w.write_col(s.shadow_rewrites.load(Relaxed))?;
             w.write_col(s.shadow_rejects.load(Relaxed))?;
+            w.write_col(s.fallbacks.load(Relaxed))?;
             w.write_col(s.mean_latency_us().round() as u64)?;
             w.write_col(s.max_latency_us().round() as u64)?;
             w.end_row().await?;
@@ -931,6 +933,11 @@ impl AdminShim {
                 "no rule applies; the statement is forwarded unchanged".into(),
             ]],
             Decision::Reject(r) => vec![["reject".into(), r.rule.to_string(), r.message()]],
+            Decision::Fallback(rule) => vec![[
+                "fallback".into(),
+                rule.to_string(),
+                "the rule cannot answer this statement exactly; it is forwarded unchanged".into(),
+            ]],
             // Never: the admin port decides under fixed settings.
             Decision::Shadow(_) | Decision::NeedSessionState => Vec::new(),
             Decision::Rewrite(rw) => rw

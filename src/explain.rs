@@ -281,6 +281,16 @@ impl Planner {
         ctx: &StatementContext<'_>,
     ) -> Explained {
         match decision {
+            Decision::Fallback(rule) => {
+                let mut e = Explained::new(sql, db, Outcome::Passthrough);
+                e.reason = Some(format!(
+                    "rule '{rule}' cannot answer this statement exactly; it is forwarded unchanged and counted as the rule's fallback"
+                ));
+                e.rule = Some(rule.to_string());
+                e.reply = Some("the backend's own response".into());
+                e.assumed_columns = assumed;
+                e
+            }
             Decision::Rewrite(rw) => {
                 let mut e = Explained::new(sql, db, Outcome::Rewrite);
                 e.rule = Some(rw.rule.to_string());

@@ -144,6 +144,7 @@ fn write_rule_statements(out: &mut String, table: &RuleTable) {
             ("error", r.errors.load(Relaxed)),
             ("shadow_rewrite", r.shadow_rewrites.load(Relaxed)),
             ("shadow_reject", r.shadow_rejects.load(Relaxed)),
+            ("fallback", r.fallbacks.load(Relaxed)),
         ] {
             let _ = writeln!(
                 out,
@@ -274,6 +275,9 @@ pub struct RuleStats {
     pub shadow_rewrites: AtomicU64,
     /// Shadow mode: statements the rule would have rejected (forwarded unchanged).
     pub shadow_rejects: AtomicU64,
+    /// Statements the rule exists to answer but could not answer exactly, forwarded
+    /// unchanged (a rollup read of a shape the rollup cannot answer).
+    pub fallbacks: AtomicU64,
     /// Rewritten statements during which the backend returned an error (lock
     /// conflicts the proxy retried included) or the connection failed.
     pub errors: AtomicU64,

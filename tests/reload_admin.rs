@@ -385,14 +385,15 @@ fn admin_port_commands() {
                 "errors",
                 "shadow_rewrites",
                 "shadow_rejects",
+                "fallbacks",
                 "mean_latency_us",
                 "max_latency_us"
             ]
         );
         assert_eq!(rows.len(), 1);
         let r: Vec<String> = rows[0].iter().map(cell).collect();
-        assert_eq!(r[..7], [RULE, "2", "1", "1", "0", "0", "0"]);
-        let (mean, max): (u64, u64) = (r[7].parse().unwrap(), r[8].parse().unwrap());
+        assert_eq!(r[..8], [RULE, "2", "1", "1", "0", "0", "0", "0"]);
+        let (mean, max): (u64, u64) = (r[8].parse().unwrap(), r[9].parse().unwrap());
         assert!(mean > 0 && max >= mean, "{r:?}");
 
         // SHOW SESSIONS lists the client (not the admin connection).

@@ -973,8 +973,14 @@ impl Session {
         } else if self.lexing.is_some() && crate::rewrite::may_change_lexing(sql) {
             self.lexing = None;
         }
-        if let Some(Decision::Shadow(would)) = &decision {
-            self.shadowed(would);
+        match &decision {
+            Some(Decision::Shadow(would)) => self.shadowed(would),
+            Some(Decision::Fallback(rule)) => {
+                if let Some(r) = self.shared.rules.load().get(rule) {
+                    r.fallbacks.fetch_add(1, Relaxed);
+                }
+            }
+            _ => {}
         }
         Ok(decision)
     }
@@ -989,6 +995,7 @@ impl Session {
         };
         match decision {
             Decision::Passthrough
+            | Decision::Fallback(_)
             | Decision::NeedMetadata(_)
             | Decision::Shadow(_)
             | Decision::NeedSessionState => {
@@ -1059,6 +1066,7 @@ impl Session {
         };
         match decision {
             Decision::Passthrough
+            | Decision::Fallback(_)
             | Decision::NeedMetadata(_)
             | Decision::Shadow(_)
             | Decision::NeedSessionState => {

@@ -192,6 +192,8 @@ pub enum Cached {
     Passthrough,
     /// Refuse it.
     Reject(Rejection),
+    /// Forward it untouched, counted as this rule's fallback.
+    Fallback(Arc<str>),
     /// Render this template.
     Rewrite {
         /// The rule that produced it.
@@ -295,7 +297,7 @@ impl Cached {
                 .sum(),
             Cached::Reject(r) => r.reason.len(),
             Cached::DependsOn(d) => d.len() * 8,
-            Cached::Passthrough | Cached::ExactText => 0,
+            Cached::Passthrough | Cached::ExactText | Cached::Fallback(_) => 0,
         }
     }
 }

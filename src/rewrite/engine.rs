@@ -662,7 +662,15 @@ impl Engine {
                 }
                 Ok(None) => {}
                 Ok(Some(plan)) => {
-                    if let Some((first, _)) = &found {
+                    if let Some((first, earlier)) = &found {
+                        // A fallback gives way to a plan that answers.
+                        if plan.fallback {
+                            continue;
+                        }
+                        if earlier.fallback {
+                            found = Some((ri, plan));
+                            continue;
+                        }
                         if rule.sharing().is_some() && self.rules[*first].sharing().is_some() {
                             continue; // an earlier (smaller) rule of the table answers
                         }
@@ -699,6 +707,9 @@ impl Engine {
             Ok(Some(found)) => found,
         };
         let rule = self.names[ri].clone();
+        if plan.fallback {
+            return Cached::Fallback(rule);
+        }
         if plan.statements.is_empty() {
             return Cached::Reject(Rejection {
                 rule,
@@ -735,6 +746,7 @@ impl Engine {
     fn decision(&self, outcome: &Cached, st: &Named<'_, '_>) -> Decision {
         match outcome {
             Cached::Passthrough => Decision::Passthrough,
+            Cached::Fallback(rule) => Decision::Fallback(rule.clone()),
             Cached::Reject(r) => Decision::Reject(r.clone()),
             Cached::Rewrite { rule, template } => {
                 if let Some(reason) = invalid_string(st) {

@@ -449,6 +449,9 @@ pub enum Decision {
     Reject(Rejection),
     /// Run these statements instead of the original.
     Rewrite(Rewritten),
+    /// Forward the original bytes untouched, counted as this rule's fallback: a
+    /// statement the rule exists to answer but cannot answer exactly.
+    Fallback(Arc<str>),
     /// The statement names the table of a rule in shadow mode: forward the original
     /// untouched, and count and log the decision the rule would have made (a
     /// `Rewrite` or a `Reject`).
@@ -772,6 +775,20 @@ pub struct Plan {
     /// For prepared statements: (client parameter index, check) for each parameter
     /// whose value decides whether the rewrite keeps the statement's meaning.
     pub param_checks: Vec<(usize, ParamCheck)>,
+    /// The rule declines a statement it exists to answer (a read a rollup cannot
+    /// answer exactly): it is forwarded unchanged and counted as the rule's
+    /// fallback, so a DBA sees which statements miss. `statements` is empty.
+    pub fallback: bool,
+}
+
+impl Plan {
+    /// A [`Plan::fallback`]: forward the statement unchanged, counted.
+    pub fn fallback() -> Plan {
+        Plan {
+            fallback: true,
+            ..Default::default()
+        }
+    }
 }
 
 impl From<Vec<Statement>> for Plan {

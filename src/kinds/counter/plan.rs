@@ -262,6 +262,7 @@ impl CounterRule {
                 aux,
                 merge,
                 param_checks,
+                fallback: false,
             }));
         }
         // Absolute set: the base takes the value, the slots are cleared.

@@ -224,6 +224,7 @@ impl RingRule {
             aux,
             merge,
             param_checks,
+            fallback: false,
         }))
     }
 

@@ -93,7 +93,7 @@ impl Rule for RollupRule {
                 self.logical.name(),
                 &format!("rollup table {} and its triggers", self.rollup_table),
             )),
-            Statement::Query(q) => Ok(super::read::plan_read(self, q, ctx)),
+            Statement::Query(q) => super::read::plan_read(self, q, ctx),
             _ => Ok(None),
         }
     }

@@ -54,17 +54,49 @@ const TIME_NULL_BIT: u64 = 1 << 31;
 
 /// The plan answering `q` from the rollup, or `None` when the rollup cannot answer
 /// it exactly (the read then goes to the log unchanged).
-pub(super) fn plan_read(rule: &RollupRule, q: &Query, ctx: &PlanContext<'_>) -> Option<Plan> {
-    let shape = Shape::of(rule, q, ctx)?;
-    let meta = rule.logical.columns(ctx).ok()?;
+///
+/// A read that aggregates the log (`COUNT`, `SUM`, `GROUP BY`) but that this rollup
+/// cannot answer is a [`Plan::fallback`]: forwarded unchanged and counted.
+pub(super) fn plan_read(
+    rule: &RollupRule,
+    q: &Query,
+    ctx: &PlanContext<'_>,
+) -> Result<Option<Plan>, String> {
+    let Some(shape) = Shape::of(rule, q, ctx) else {
+        return Ok(aggregates(q).then(Plan::fallback));
+    };
+    let meta = rule.logical.columns(ctx)?;
     let sql = shape.sql(rule);
-    let statements = parse_statements(&sql).ok()?;
-    let patch = shape.patch(rule, &meta)?;
-    Some(Plan {
+    let statements = parse_statements(&sql)
+        .map_err(|e| format!("internal error: the rollup read does not parse ({e})"))?;
+    let Some(patch) = shape.patch(rule, &meta) else {
+        return Ok(Some(Plan::fallback()));
+    };
+    Ok(Some(Plan {
         statements,
         reply: Reply::Patched(Arc::new(patch)),
         ..Default::default()
-    })
+    }))
+}
+
+/// Whether a query's top SELECT aggregates: `GROUP BY`, or a `COUNT`/`SUM` in its
+/// select list.
+fn aggregates(q: &Query) -> bool {
+    let SetExpr::Select(sel) = q.body.as_ref() else {
+        return false;
+    };
+    let grouped = !matches!(&sel.group_by, GroupByExpr::Expressions(e, _) if e.is_empty());
+    grouped
+        || sel.projection.iter().any(|item| {
+            let e = match item {
+                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => e,
+                _ => return false,
+            };
+            matches!(e, Expr::Function(f) if f.name.0.len() == 1
+                && f.name.0[0].as_ident().is_some_and(|i| {
+                    i.value.eq_ignore_ascii_case("count") || i.value.eq_ignore_ascii_case("sum")
+                }))
+        })
 }
 
 /// An output column of the read.

@@ -93,18 +93,32 @@ fn aggregates(q: &Query) -> bool {
                 _ => return false,
             };
             matches!(e, Expr::Function(f) if f.name.0.len() == 1
-                && f.name.0[0].as_ident().is_some_and(|i| {
-                    i.value.eq_ignore_ascii_case("count") || i.value.eq_ignore_ascii_case("sum")
-                }))
+            && f.name.0[0].as_ident().is_some_and(|i| {
+                i.value.eq_ignore_ascii_case("count") || i.value.eq_ignore_ascii_case("sum")
+            }))
         })
 }
 
 /// An output column of the read.
-enum Item {
+enum Item<'q> {
     /// A dimension (index into the rule's dimensions), named as written.
     Dim { dim: usize, name: String },
     /// An aggregate under its alias.
     Agg { measure: Measure, alias: String },
+    /// The time series: `DATE(time)` or `DATE_FORMAT(time, fmt)` under its alias.
+    Time {
+        format: Option<&'q Expr>,
+        alias: String,
+    },
+}
+
+/// A `GROUP BY` entry.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Group {
+    /// A dimension (index into the rule's dimensions).
+    Dim(usize),
+    /// The time series item.
+    Time,
 }
 
 /// A conjunct of the WHERE clause on a dimension.
@@ -130,9 +144,9 @@ struct Shape<'q> {
     /// The alias the statement reads the log under (its name when none).
     alias: String,
     /// Output columns, in order.
-    items: Vec<Item>,
-    /// `GROUP BY` dimensions, in order; `None` without `GROUP BY`.
-    group: Option<Vec<usize>>,
+    items: Vec<Item<'q>>,
+    /// `GROUP BY` entries, in order; `None` without `GROUP BY`.
+    group: Option<Vec<Group>>,
     /// The WHERE clause as written.
     selection: Option<&'q Expr>,
     /// Its dimension conjuncts.
@@ -174,8 +188,9 @@ impl<'q> Shape<'q> {
             order_by: String::new(),
             limit: String::new(),
         };
-        shape.group = shape.group_by(rule, &sel.group_by)?;
-        shape.projection(rule, &sel.projection)?;
+        shape.projection(rule, &sel.projection, ctx)?;
+        shape.group = shape.group_by(rule, &sel.group_by, ctx)?;
+        shape.grouped_items()?;
         if let Some(w) = &sel.selection {
             shape.predicates(rule, w)?;
         }
@@ -201,7 +216,14 @@ impl<'q> Shape<'q> {
         }
     }
 
-    fn group_by(&self, rule: &RollupRule, g: &GroupByExpr) -> Option<Option<Vec<usize>>> {
+    /// The `GROUP BY` entries: dimensions, and the time series item named by its
+    /// alias, its position or its expression.
+    fn group_by(
+        &self,
+        rule: &RollupRule,
+        g: &GroupByExpr,
+        ctx: &PlanContext<'_>,
+    ) -> Option<Option<Vec<Group>>> {
         let GroupByExpr::Expressions(exprs, modifiers) = g else {
             return None;
         };
@@ -211,17 +233,115 @@ impl<'q> Shape<'q> {
         if exprs.is_empty() {
             return Some(None);
         }
-        let mut dims = Vec::with_capacity(exprs.len());
+        let mut group = Vec::with_capacity(exprs.len());
         for e in exprs {
-            let d = self.dim_of(rule, e)?;
-            if !dims.contains(&d) {
-                dims.push(d);
+            let entry = match self.dim_of(rule, e) {
+                Some(d) => Group::Dim(d),
+                None if self.names_time_item(rule, e, ctx) => Group::Time,
+                None => return None,
+            };
+            if !group.contains(&entry) {
+                group.push(entry);
             }
         }
-        Some(Some(dims))
+        Some(Some(group))
     }
 
-    fn projection(&mut self, rule: &RollupRule, items: &[SelectItem]) -> Option<()> {
+    /// Whether a `GROUP BY` entry names the time series item: its alias, its
+    /// position, or the same function of the time column.
+    fn names_time_item(&self, rule: &RollupRule, e: &Expr, ctx: &PlanContext<'_>) -> bool {
+        let Some((at, format)) = self.items.iter().enumerate().find_map(|(i, it)| match it {
+            Item::Time { format, .. } => Some((i, *format)),
+            _ => None,
+        }) else {
+            return false;
+        };
+        if let Expr::Identifier(id) = e {
+            if let Item::Time { alias, .. } = &self.items[at] {
+                if eq(&id.value, alias) && !eq(&id.value, &rule.time) {
+                    return true;
+                }
+            }
+        }
+        if let Some(n) = ctx.literal(e).and_then(|l| l.as_i64()) {
+            return usize::try_from(n).is_ok_and(|n| n == at + 1);
+        }
+        match (self.time_function(rule, e, ctx), format) {
+            (Some(None), None) => true,
+            (Some(Some(f)), Some(g)) => {
+                let text = |x: &Expr| ctx.literal(x).map(|l| l.text.into_owned());
+                text(f).is_some() && text(f) == text(g)
+            }
+            _ => false,
+        }
+    }
+
+    /// Every grouped output column is grouped: a dimension or the time series in
+    /// the select list is in `GROUP BY` (without `GROUP BY` none may be selected).
+    fn grouped_items(&self) -> Option<()> {
+        let group = self.group.as_deref().unwrap_or_default();
+        for it in &self.items {
+            let entry = match it {
+                Item::Dim { dim, .. } => Group::Dim(*dim),
+                Item::Time { .. } => Group::Time,
+                Item::Agg { .. } => continue,
+            };
+            if !group.contains(&entry) {
+                return None;
+            }
+        }
+        // A time series grouped but not selected has no column to sort or show by.
+        let selected = self.items.iter().any(|i| matches!(i, Item::Time { .. }));
+        (!group.contains(&Group::Time) || selected).then_some(())
+    }
+
+    /// `DATE(time)` → `Some(None)`, `DATE_FORMAT(time, fmt)` with a format the
+    /// rollup's buckets answer → `Some(Some(fmt))`.
+    fn time_function(
+        &self,
+        rule: &RollupRule,
+        e: &'q Expr,
+        ctx: &PlanContext<'_>,
+    ) -> Option<Option<&'q Expr>> {
+        let Expr::Function(f) = e else {
+            return None;
+        };
+        let [name] = f.name.0.as_slice() else {
+            return None;
+        };
+        let name = name.as_ident()?.value.to_ascii_uppercase();
+        let FunctionArguments::List(list) = &f.args else {
+            return None;
+        };
+        let plain = f.over.is_none()
+            && f.filter.is_none()
+            && list.duplicate_treatment.is_none()
+            && list.clauses.is_empty();
+        let args: Vec<&Expr> = list
+            .args
+            .iter()
+            .map(|a| match a {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(x)) => Some(x),
+                _ => None,
+            })
+            .collect::<Option<_>>()?;
+        let is_time = |x: &Expr| self.column_of(x).is_some_and(|c| eq(&c, &rule.time));
+        match (name.as_str(), args.as_slice()) {
+            ("DATE", [t]) if plain && is_time(t) => Some(None),
+            ("DATE_FORMAT", [t, fmt]) if plain && is_time(t) => {
+                let lit = ctx.literal(fmt)?;
+                answerable_format(rule, &lit.text).then_some(Some(*fmt))
+            }
+            _ => None,
+        }
+    }
+
+    fn projection(
+        &mut self,
+        rule: &RollupRule,
+        items: &'q [SelectItem],
+        ctx: &PlanContext<'_>,
+    ) -> Option<()> {
         let mut names: Vec<String> = Vec::new();
         for item in items {
             let (expr, alias) = match item {
@@ -231,33 +351,37 @@ impl<'q> Shape<'q> {
             };
             let item = match (self.dim_of(rule, expr), alias) {
                 (Some(dim), alias) => {
-                    // A dimension must be grouped (without GROUP BY its value would be
-                    // any row's).
-                    if !self.group.as_ref()?.contains(&dim) {
-                        return None;
-                    }
                     let name = alias.or_else(|| column_name(expr))?;
                     Item::Dim { dim, name }
                 }
-                (None, Some(alias)) => Item::Agg {
-                    measure: aggregate(rule, self, expr)?,
-                    alias,
+                (None, Some(alias)) => match self.time_function(rule, expr, ctx) {
+                    Some(format) => {
+                        if self.items.iter().any(|i| matches!(i, Item::Time { .. })) {
+                            return None;
+                        }
+                        Item::Time { format, alias }
+                    }
+                    None => Item::Agg {
+                        measure: aggregate(rule, self, expr)?,
+                        alias,
+                    },
                 },
                 (None, None) => return None,
             };
             let inner = match &item {
                 Item::Dim { dim, .. } => rule.logical.key()[*dim].to_ascii_lowercase(),
-                Item::Agg { alias, .. } => alias.to_ascii_lowercase(),
+                Item::Agg { alias, .. } | Item::Time { alias, .. } => alias.to_ascii_lowercase(),
             };
+            let computed = !matches!(item, Item::Dim { .. });
             // Inner column names must not collide (a dimension twice is fine).
             let dup = names.contains(&inner);
-            if dup && matches!(item, Item::Agg { .. }) || reserved(&inner) {
+            if dup && computed || reserved(&inner) || eq(&inner, &rule.time) {
                 return None;
             }
-            if matches!(item, Item::Agg { .. }) {
+            if computed {
                 let clash = self.items.iter().any(|i| match i {
                     Item::Dim { dim, .. } => eq(&rule.logical.key()[*dim], &inner),
-                    Item::Agg { .. } => false,
+                    _ => false,
                 });
                 let dim_clash = rule.logical.key().iter().any(|d| eq(d, &inner));
                 if clash || dim_clash {
@@ -387,7 +511,7 @@ impl<'q> Shape<'q> {
     /// The statement that answers the read.
     fn sql(&self, rule: &RollupRule) -> String {
         let a = quote(&self.alias);
-        let group: Vec<usize> = self.group.clone().unwrap_or_default();
+        let group: Vec<Group> = self.group.clone().unwrap_or_default();
         let dim = |d: usize| quote(&rule.logical.key()[d]);
         let counts: Vec<&str> = self
             .items
@@ -407,13 +531,24 @@ impl<'q> Shape<'q> {
             .map(|i| match i {
                 Item::Dim { dim: d, name } => format!("{a}.{} AS {}", dim(*d), quote(name)),
                 Item::Agg { alias, .. } => format!("{a}.{}", quote(alias)),
+                Item::Time { format, alias } => format!(
+                    "{} AS {}",
+                    time_sql(&format!("{a}.`hs_t`"), *format),
+                    quote(alias)
+                ),
             })
             .collect();
         let order = if !self.order_by.is_empty() {
             format!(" {}", self.order_by)
         } else if !group.is_empty() {
             // MariaDB returns groups sorted by the GROUP BY columns.
-            let cols: Vec<String> = group.iter().map(|&d| format!("{a}.{}", dim(d))).collect();
+            let cols: Vec<String> = group
+                .iter()
+                .map(|g| match g {
+                    Group::Dim(d) => format!("{a}.{}", dim(*d)),
+                    Group::Time => quote(&self.time_alias().unwrap_or_default()),
+                })
+                .collect();
             format!(" ORDER BY {}", cols.join(", "))
         } else {
             String::new()
@@ -429,13 +564,40 @@ impl<'q> Shape<'q> {
         )
     }
 
+    /// The time series item's alias, if the read has one.
+    fn time_alias(&self) -> Option<String> {
+        self.items.iter().find_map(|i| match i {
+            Item::Time { alias, .. } => Some(alias.clone()),
+            _ => None,
+        })
+    }
+
+    /// The time series item's format (`None` for `DATE`), if the read has one.
+    fn time_format(&self) -> Option<Option<&'q Expr>> {
+        self.items.iter().find_map(|i| match i {
+            Item::Time { format, .. } => Some(*format),
+            _ => None,
+        })
+    }
+
     /// The grouping query over the rollup's and the log's rows.
-    fn inner_sql(&self, rule: &RollupRule, group: &[usize], counts: &[&str]) -> String {
+    fn inner_sql(&self, rule: &RollupRule, group: &[Group], counts: &[&str]) -> String {
         let dim = |d: usize| quote(&rule.logical.key()[d]);
-        let mut select: Vec<String> = group
-            .iter()
-            .map(|&d| format!("`hs_u`.{}", dim(d)))
-            .collect();
+        let mut select: Vec<String> = Vec::new();
+        let mut by: Vec<String> = Vec::new();
+        for g in group {
+            match g {
+                Group::Dim(d) => {
+                    select.push(format!("`hs_u`.{}", dim(*d)));
+                    by.push(format!("`hs_u`.{}", dim(*d)));
+                }
+                Group::Time => {
+                    // Any time of the group: the outer query applies the function.
+                    select.push("MIN(`hs_u`.`hs_t`) AS `hs_t`".to_string());
+                    by.push(time_sql("`hs_u`.`hs_t`", self.time_format().flatten()));
+                }
+            }
+        }
         for i in &self.items {
             if let Item::Agg { measure, alias } = i {
                 let column = match measure {
@@ -458,30 +620,31 @@ impl<'q> Shape<'q> {
             select.join(", "),
             parts.join(" UNION ALL ")
         );
-        if !group.is_empty() {
-            let cols: Vec<String> = group
-                .iter()
-                .map(|&d| format!("`hs_u`.{}", dim(d)))
-                .collect();
+        if !by.is_empty() {
             sql.push_str(&format!(
                 " GROUP BY {} HAVING SUM(`hs_u`.`hs_rows`) > 0",
-                cols.join(", ")
+                by.join(", ")
             ));
         }
         sql
     }
 
     /// Whole buckets, from the rollup table.
-    fn rollup_part(&self, rule: &RollupRule, group: &[usize], counts: &[&str]) -> String {
+    fn rollup_part(&self, rule: &RollupRule, group: &[Group], counts: &[&str]) -> String {
         let a = quote(&self.alias);
         let mut cols: Vec<String> = group
             .iter()
-            .map(|&d| {
-                let name = quote(&rule.logical.key()[d]);
-                format!(
-                    "IF(({a}.`hs_nulls` & {}) <> 0, NULL, {a}.{name}) AS {name}",
-                    1u64 << d
-                )
+            .map(|g| match g {
+                Group::Dim(d) => {
+                    let name = quote(&rule.logical.key()[*d]);
+                    format!(
+                        "IF(({a}.`hs_nulls` & {}) <> 0, NULL, {a}.{name}) AS {name}",
+                        1u64 << d
+                    )
+                }
+                Group::Time => format!(
+                    "IF(({a}.`hs_nulls` & {TIME_NULL_BIT}) <> 0, NULL, {a}.`hs_bucket`) AS `hs_t`"
+                ),
             })
             .collect();
         cols.push(format!("{a}.`hs_rows` AS `hs_rows`"));
@@ -520,13 +683,17 @@ impl<'q> Shape<'q> {
     }
 
     /// The ragged edges, from the log.
-    fn log_part(&self, rule: &RollupRule, group: &[usize], counts: &[&str]) -> String {
+    fn log_part(&self, rule: &RollupRule, group: &[Group], counts: &[&str]) -> String {
         let a = quote(&self.alias);
+        let t = format!("{a}.{}", quote(&rule.time));
         let mut cols: Vec<String> = group
             .iter()
-            .map(|&d| {
-                let name = quote(&rule.logical.key()[d]);
-                format!("{a}.{name} AS {name}")
+            .map(|g| match g {
+                Group::Dim(d) => {
+                    let name = quote(&rule.logical.key()[*d]);
+                    format!("{a}.{name} AS {name}")
+                }
+                Group::Time => format!("{t} AS `hs_t`"),
             })
             .collect();
         cols.push("1 AS `hs_rows`".to_string());
@@ -537,7 +704,6 @@ impl<'q> Shape<'q> {
                 quote(&format!("hs_count_{c}"))
             ));
         }
-        let t = format!("{a}.{}", quote(&rule.time));
         let edges = match (self.start(rule), self.end(rule)) {
             (Some(s), Some(e)) => format!("({t} < {s} OR {t} >= {e})"),
             (Some(s), None) => format!("{t} < {s}"),
@@ -589,6 +755,8 @@ impl<'q> Shape<'q> {
                 Item::Agg { alias, .. } => {
                     computed.push((alias.to_ascii_lowercase(), count_def()));
                 }
+                // Computed by the outer query itself, from a DATETIME as the log's.
+                Item::Time { .. } => {}
             }
         }
         Some(ColumnPatch {
@@ -609,6 +777,46 @@ fn floor(rule: &RollupRule, e: &Expr) -> String {
         "CAST(DATE_FORMAT(({e}), '{}') AS DATETIME)",
         rule.bucket.format()
     )
+}
+
+/// `DATE(t)`, or `DATE_FORMAT(t, fmt)` with the statement's format.
+fn time_sql(t: &str, format: Option<&Expr>) -> String {
+    match format {
+        None => format!("DATE({t})"),
+        Some(f) => format!("DATE_FORMAT({t}, {f})"),
+    }
+}
+
+/// Whether `DATE_FORMAT(time, fmt)` has the same value for every time of one bucket:
+/// the format (a plain quoted literal) uses only fields of the bucket's resolution or
+/// coarser (`%Y-%m-%d` for days; also `%H` for hours).
+fn answerable_format(rule: &RollupRule, literal: &[u8]) -> bool {
+    let Some(inner) = literal
+        .strip_prefix(b"'")
+        .and_then(|l| l.strip_suffix(b"'"))
+    else {
+        return false;
+    };
+    if inner.contains(&b'\\') || inner.contains(&b'\'') {
+        return false;
+    }
+    const DAY: &[u8] = b"YymcdejMbaWwDUuVvXx%";
+    const HOUR: &[u8] = b"HkhIlp";
+    let mut bytes = inner.iter();
+    while let Some(&b) = bytes.next() {
+        if b != b'%' {
+            continue;
+        }
+        let Some(&spec) = bytes.next() else {
+            return false;
+        };
+        let fits = DAY.contains(&spec)
+            || (rule.bucket == super::spec::Bucket::Hour && HOUR.contains(&spec));
+        if !fits {
+            return false;
+        }
+    }
+    true
 }
 
 /// MariaDB's definition of a `COUNT(…)` column: `BIGINT(21) NOT NULL`, binary.

@@ -20,48 +20,13 @@ use common::rawclient::RawParam;
 
 /// Statements per round in the bounded run.
 const STATEMENTS: usize = 1500;
-/// Rounds per kind in the bounded run (seeds `SEED + i * 1000`, fresh databases and
-/// sessions each). `HEATSINK_FUZZ_ROUNDS` overrides.
+/// Rounds per kind in the bounded run (see `common::differential::run_bounded`).
 const ROUNDS: u64 = 3;
 /// The bounded run's seed.
 const SEED: u64 = 20_261_125;
 
 fn run_kind(kind: &dyn Kind, seed_offset: u64) {
-    let base = Config::from_env(SEED, STATEMENTS);
-    let rounds = std::env::var("HEATSINK_FUZZ_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(ROUNDS);
-    let diff = Differential::start(kind);
-    let mut total = common::differential::Report::default();
-    for round in 0..rounds {
-        let mut cfg = base.clone();
-        cfg.seed = base
-            .seed
-            .wrapping_add(seed_offset)
-            .wrapping_add(round * 1000);
-        let report = diff.run(&cfg);
-        eprintln!("{} seed {}: {}", kind.name(), cfg.seed, report.summary());
-        let failed = !report.mismatches.is_empty();
-        total.absorb(report);
-        if failed {
-            break;
-        }
-    }
-    eprintln!(
-        "{} total: {}\nrefusals:\n{}",
-        kind.name(),
-        total.summary(),
-        total.refusal_summary()
-    );
-    assert!(
-        total.mismatches.is_empty(),
-        "{}: {} differences from the reference\n{}\n--- heatsink log (tail) ---\n{}",
-        kind.name(),
-        total.mismatches.len(),
-        total.details(),
-        common::client::tail(&diff.proxy.log_text(), 20)
-    );
+    common::differential::run_bounded(kind, SEED + seed_offset, STATEMENTS, ROUNDS);
 }
 
 #[test]

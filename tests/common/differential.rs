@@ -78,6 +78,45 @@ pub const DOCUMENTED: &[&str] = &[
     "doc_absolute_set",
 ];
 
+/// A bounded run of `kind`: `rounds` rounds of `statements` statements (seeds `seed +
+/// i * 1000`, fresh databases and sessions each; `HEATSINK_FUZZ_SEED`,
+/// `HEATSINK_FUZZ_STATEMENTS` and `HEATSINK_FUZZ_ROUNDS` override), stopping at the
+/// first round with a difference; panics with every difference found.
+pub fn run_bounded(kind: &dyn Kind, seed: u64, statements: usize, rounds: u64) {
+    let base = Config::from_env(seed, statements);
+    let rounds = std::env::var("HEATSINK_FUZZ_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(rounds);
+    let diff = Differential::start(kind);
+    let mut total = Report::default();
+    for round in 0..rounds {
+        let mut cfg = base.clone();
+        cfg.seed = base.seed.wrapping_add(round * 1000);
+        let report = diff.run(&cfg);
+        eprintln!("{} seed {}: {}", kind.name(), cfg.seed, report.summary());
+        let failed = !report.mismatches.is_empty();
+        total.absorb(report);
+        if failed {
+            break;
+        }
+    }
+    eprintln!(
+        "{} total: {}\nrefusals:\n{}",
+        kind.name(),
+        total.summary(),
+        total.refusal_summary()
+    );
+    assert!(
+        total.mismatches.is_empty(),
+        "{}: {} differences from the reference\n{}\n--- heatsink log (tail) ---\n{}",
+        kind.name(),
+        total.mismatches.len(),
+        total.details(),
+        super::client::tail(&diff.proxy.log_text(), 20)
+    );
+}
+
 /// The logical state is compared at least this often (in statements).
 pub const STATE_EVERY: usize = 20;
 

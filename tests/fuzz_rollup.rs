@@ -1,0 +1,344 @@
+//! Differential fuzzing of the rollup rule (`tests/common/differential.rs`): seeded
+//! aggregate reads of a play log — dimension filters, ragged time ranges, time
+//! series, totals, `ORDER BY`/`LIMIT`, and shapes the rollups cannot answer — run
+//! through heatsink on a log with two rollups, and directly on a plain log, in both
+//! protocols, under changing character sets and sql_modes, interleaved with writes
+//! (single and multi-row inserts, `INSERT … SELECT`, updates of dimensions and times,
+//! deletes) that the triggers must fold into the rollups exactly. Every answer must
+//! be the reference's.
+
+mod common;
+
+use common::differential::{Gen, Kind, Lit, Order, Stmt};
+use common::rawclient::RawParam;
+
+/// Statements per round in the bounded run.
+const STATEMENTS: usize = 1200;
+/// Rounds in the bounded run.
+const ROUNDS: u64 = 2;
+/// The bounded run's seed.
+const SEED: u64 = 20_261_126;
+
+/// The log.
+const LOG: &str = "plays";
+
+#[test]
+fn rollup_reads_match_the_log() {
+    common::differential::run_bounded(&Rollup, SEED, STATEMENTS, ROUNDS);
+}
+
+struct Rollup;
+
+impl Kind for Rollup {
+    fn name(&self) -> &'static str {
+        "rollup"
+    }
+
+    fn schema(&self) -> String {
+        let mut rows = Vec::new();
+        let mut g = common::differential::Prng::new(7);
+        for i in 0..400u64 {
+            let track = if g.next_u64() % 2 == 0 {
+                1
+            } else {
+                1 + g.next_u64() % 6
+            };
+            let time = if i % 37 == 0 {
+                "NULL".to_string()
+            } else {
+                format!(
+                    "'2024-03-{:02} {:02}:{:02}:{:02}'",
+                    1 + g.next_u64() % 28,
+                    g.next_u64() % 24,
+                    g.next_u64() % 60,
+                    g.next_u64() % 60
+                )
+            };
+            let track = if i % 29 == 0 {
+                "NULL".to_string()
+            } else {
+                track.to_string()
+            };
+            let user = if i % 5 == 0 {
+                "NULL".to_string()
+            } else {
+                (g.next_u64() % 50).to_string()
+            };
+            let country = ["'US'", "'DE'", "'FR'", "NULL", "'BR'"][(g.next_u64() % 5) as usize];
+            rows.push(format!("({time}, {track}, {user}, {country})"));
+        }
+        format!(
+            "CREATE TABLE {LOG} (id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at DATETIME DEFAULT NULL, \
+                 track_id INT DEFAULT NULL, user_id INT DEFAULT NULL, referer TEXT, \
+                 country VARCHAR(20) DEFAULT NULL, KEY (track_id), KEY (created_at)) \
+                 DEFAULT CHARSET=utf8mb4;
+             INSERT INTO {LOG} (created_at, track_id, user_id, country) VALUES {};",
+            rows.join(", ")
+        )
+    }
+
+    fn rule_toml(&self) -> String {
+        format!(
+            "[[rollup]]\nname = \"plays_by_hour\"\ntable = \"{LOG}\"\nrollup_table = \"plays_by_hour\"\n\
+             time = \"created_at\"\nbucket = \"hour\"\ndimensions = [\"track_id\"]\n\n\
+             [[rollup]]\nname = \"plays_by_country_day\"\ntable = \"{LOG}\"\n\
+             rollup_table = \"plays_by_country_day\"\ntime = \"created_at\"\nbucket = \"day\"\n\
+             dimensions = [\"track_id\", \"country\"]\nmeasures = [\"count(*)\", \"count(user_id)\"]\n"
+        )
+    }
+
+    fn state_query(&self) -> String {
+        format!("SELECT id, created_at, track_id, user_id, country FROM {LOG} ORDER BY id")
+    }
+
+    fn physical_queries(&self) -> Vec<String> {
+        vec![
+            "SELECT track_id, hs_nulls, hs_bucket, SUM(hs_rows) FROM {db}.plays_by_hour \
+             GROUP BY track_id, hs_nulls, hs_bucket HAVING SUM(hs_rows) <> 0"
+                .into(),
+        ]
+    }
+
+    fn statement(&self, g: &mut Gen) -> Stmt {
+        let mut s = Stmt::new();
+        match g.below(100) {
+            0..=14 => insert(g, &mut s),
+            15..=19 => update(g, &mut s),
+            20..=23 => delete(g, &mut s),
+            24..=25 => insert_select(g, &mut s),
+            _ => read(g, &mut s),
+        }
+        s
+    }
+}
+
+/// A track: half of the time the hot one.
+fn track_lit(g: &mut Gen) -> Lit {
+    if g.chance(4) {
+        return null();
+    }
+    let t = if g.chance(50) { 1 } else { g.range(1, 7) };
+    g.int_lit(t)
+}
+
+fn null() -> Lit {
+    Lit {
+        text: "NULL".into(),
+        param: Some(RawParam::Null),
+    }
+}
+
+fn country_lit(g: &mut Gen) -> Lit {
+    if g.chance(15) {
+        return null();
+    }
+    let c = *g.pick(&["US", "DE", "FR", "BR", "JP"]);
+    g.string_lit(c.as_bytes())
+}
+
+/// A time inside March 2024 (or NULL), ragged to the second.
+fn time_text(g: &mut Gen) -> String {
+    format!(
+        "2024-03-{:02} {:02}:{:02}:{:02}",
+        g.range(1, 29),
+        g.range(0, 23),
+        g.range(0, 59),
+        g.range(0, 59)
+    )
+}
+
+fn time_lit(g: &mut Gen) -> Lit {
+    if g.chance(4) {
+        return null();
+    }
+    let t = time_text(g);
+    // A bucket boundary now and then.
+    let t = if g.chance(20) {
+        format!("{}:00:00", &t[..13])
+    } else {
+        t
+    };
+    g.string_lit(t.as_bytes())
+}
+
+fn insert(g: &mut Gen, s: &mut Stmt) {
+    s.write = true;
+    s.sql(format!(
+        "INSERT INTO {LOG} (created_at, track_id, user_id, country) VALUES "
+    ));
+    let rows = if g.chance(30) { g.range(2, 5) } else { 1 };
+    for r in 0..rows {
+        if r > 0 {
+            s.sql(", ");
+        }
+        s.sql("(").lit(time_lit(g)).sql(", ").lit(track_lit(g)).sql(", ");
+        let user = if g.chance(20) { null() } else { g.int_lit(g_range(g, 0, 49)) };
+        s.lit(user).sql(", ").lit(country_lit(g)).sql(")");
+    }
+}
+
+/// `g.range` as a plain function (borrowck in argument position).
+fn g_range(g: &mut Gen, lo: i64, hi: i64) -> i64 {
+    g.range(lo, hi)
+}
+
+fn update(g: &mut Gen, s: &mut Stmt) {
+    s.write = true;
+    s.sql(format!("UPDATE {LOG} SET "));
+    match g.below(3) {
+        0 => s.sql("track_id = ").lit(track_lit(g)),
+        1 => s.sql("created_at = ").lit(time_lit(g)),
+        _ => s.sql("country = ").lit(country_lit(g)),
+    };
+    let id = g.range(1, 420);
+    s.sql(" WHERE id = ").lit(g.int_lit(id));
+}
+
+fn delete(g: &mut Gen, s: &mut Stmt) {
+    s.write = true;
+    s.sql(format!("DELETE FROM {LOG} WHERE "));
+    if g.chance(70) {
+        let id = g.range(1, 420);
+        s.sql("id = ").lit(g.int_lit(id));
+    } else {
+        s.sql("track_id = ").lit(track_lit(g)).sql(" AND user_id < ");
+        let u = g.range(0, 10);
+        s.lit(g.int_lit(u));
+    }
+}
+
+fn insert_select(g: &mut Gen, s: &mut Stmt) {
+    s.write = true;
+    s.text_only = true;
+    let lo = g.range(1, 400);
+    s.sql(format!(
+        "INSERT INTO {LOG} (created_at, track_id, user_id, country) \
+         SELECT created_at + INTERVAL 1 HOUR, track_id, user_id, country FROM {LOG} \
+         WHERE id BETWEEN {lo} AND {}",
+        lo + 3
+    ));
+}
+
+/// A time predicate, or nothing.
+fn time_range(g: &mut Gen, s: &mut Stmt, t: &str) -> bool {
+    let lit = |g: &mut Gen| {
+        let t = time_text(g);
+        g.string_lit(t.as_bytes())
+    };
+    match g.below(9) {
+        0 | 1 => return false,
+        2 => {
+            s.sql(format!(" AND {t} BETWEEN "))
+                .lit(lit(g))
+                .sql(" AND ")
+                .lit(lit(g));
+        }
+        3 => {
+            s.sql(format!(" AND {t} >= ")).lit(lit(g));
+        }
+        4 => {
+            s.sql(format!(" AND {t} < ")).lit(lit(g));
+        }
+        5 => {
+            s.sql(format!(" AND {t} > ")).lit(lit(g)).sql(format!(" AND {t} <= ")).lit(lit(g));
+        }
+        6 => {
+            let l = lit(g);
+            s.sql(" AND ").lit(l).sql(format!(" <= {t}"));
+        }
+        7 => {
+            let days = g.range(1, 20);
+            s.sql(format!(
+                " AND {t} BETWEEN '2024-03-25 13:27:00' - INTERVAL {days} DAY AND '2024-03-25 13:27:00'"
+            ));
+        }
+        _ => {
+            s.sql(format!(" AND {t} >= NOW() - INTERVAL 5000 DAY"));
+        }
+    }
+    true
+}
+
+/// An aggregate read of the log.
+fn read(g: &mut Gen, s: &mut Stmt) {
+    let sel = g.kw("SELECT");
+    let from = g.kw("FROM");
+    s.order = Order::Exact;
+    if g.chance(8) {
+        fallback_read(g, s);
+        return;
+    }
+    let alias = g.chance(30);
+    let q = if alias { "p." } else { "" };
+    let dims: &[&str] = match g.below(5) {
+        0 => &[],
+        1 | 2 => &["track_id"],
+        3 => &["country"],
+        _ => &["track_id", "country"],
+    };
+    let series = match g.below(6) {
+        0 => Some(format!("DATE({q}created_at)")),
+        1 => Some(format!("DATE_FORMAT({q}created_at, '%Y-%m-%d %H:00:00')")),
+        _ => None,
+    };
+    let mut items: Vec<String> = dims.iter().map(|d| format!("{q}{d}")).collect();
+    if let Some(t) = &series {
+        items.push(format!("{t} AS ts"));
+    }
+    items.push("COUNT(*) AS n".into());
+    if dims.contains(&"country") || g.chance(20) {
+        items.push(format!("COUNT({q}user_id) AS u"));
+    }
+    s.sql(format!("{sel} {} {from} {LOG}", items.join(", ")));
+    if alias {
+        s.sql(" p");
+    }
+    s.sql(" WHERE 1 = 1");
+    // `1 = 1` is not a rollup filter: strip it when filters follow.
+    let mut filters = 0;
+    if g.chance(60) {
+        s.sql(format!(" AND {q}track_id = ")).lit(track_lit(g));
+        filters += 1;
+    }
+    if g.chance(20) {
+        s.sql(format!(" AND {q}country IN ("))
+            .lit(country_lit(g))
+            .sql(", ")
+            .lit(country_lit(g))
+            .sql(")");
+        filters += 1;
+    }
+    if g.chance(10) {
+        s.sql(format!(" AND {q}country IS NULL"));
+    }
+    time_range(g, s, &format!("{q}created_at"));
+    let _ = filters;
+    let mut group: Vec<String> = dims.iter().map(|d| format!("{q}{d}")).collect();
+    if series.is_some() {
+        group.push(if g.chance(50) { "ts".into() } else { (group.len() + 1).to_string() });
+    }
+    if !group.is_empty() {
+        s.sql(format!(" GROUP BY {}", group.join(", ")));
+        if g.chance(25) {
+            s.sql(" ORDER BY n DESC, ").sql(group.join(", "));
+            if g.chance(50) {
+                s.sql(format!(" LIMIT {}", g.range(1, 5)));
+            }
+        }
+    }
+}
+
+/// Aggregate reads the rollups cannot answer: forwarded to the log.
+fn fallback_read(g: &mut Gen, s: &mut Stmt) {
+    let q = *g.pick(&[
+        "SELECT COUNT(*) FROM plays WHERE track_id = 1",
+        "SELECT user_id, COUNT(*) AS n FROM plays GROUP BY user_id ORDER BY user_id",
+        "SELECT track_id, SUM(user_id) AS s FROM plays GROUP BY track_id",
+        "SELECT track_id, AVG(user_id) AS a FROM plays GROUP BY track_id",
+        "SELECT COUNT(DISTINCT user_id) AS d FROM plays",
+        "SELECT track_id, COUNT(*) AS n FROM plays GROUP BY track_id HAVING n > 10",
+        "SELECT * FROM plays WHERE id = 3",
+        "SELECT track_id, COUNT(*) AS n FROM plays WHERE user_id > 10 GROUP BY track_id",
+    ]);
+    s.sql(q);
+}

@@ -13,7 +13,7 @@ use crate::kinds::Migration;
 use crate::rules::spec::quote;
 use crate::schema::{emit, run_sql, schema_err, table_has_rows, text, values};
 
-use super::schema::{CheckedRollup, TriggerState};
+use super::schema::{counted, summed, CheckedRollup, TriggerState};
 use super::spec::Measure;
 use super::triggers::{group_exprs, insert_columns, on_duplicate};
 
@@ -208,19 +208,14 @@ fn chunk_sql(rule: &CheckedRollup, lo: &str, hi: Option<&str>) -> String {
     let groups = select.len();
     select.push("0".into());
     select.push("COUNT(*)".into());
-    for m in &rule.measures {
-        if let Some(c) = m.measure.column() {
-            select.push(format!("COUNT({})", quote(c)));
-        }
+    for c in counted(rule) {
+        select.push(format!("COUNT({})", quote(c)));
     }
-    for m in &rule.measures {
-        if let Measure::Sum(c) = &m.measure {
-            select.push(format!(
-                "CAST(IFNULL(SUM({}), 0) AS DECIMAL(65,{}))",
-                quote(c),
-                m.scale
-            ));
-        }
+    for (c, scale) in summed(rule) {
+        select.push(format!(
+            "CAST(IFNULL(SUM({}), 0) AS DECIMAL(65,{scale}))",
+            quote(c)
+        ));
     }
     let pk = quote(rule.pk.as_deref().unwrap_or_default());
     let by: Vec<String> = (1..=groups).map(|i| i.to_string()).collect();

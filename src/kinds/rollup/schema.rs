@@ -466,17 +466,36 @@ pub(crate) fn layout(rule: &CheckedRollup) -> Vec<(String, String)> {
     ] {
         cols.push((name.into(), ty.into()));
     }
-    for m in &rule.measures {
-        if let Some(c) = m.measure.column() {
-            cols.push((format!("hs_count_{c}"), "BIGINT".into()));
-        }
+    for c in counted(rule) {
+        cols.push((format!("hs_count_{c}"), "BIGINT".into()));
     }
-    for m in &rule.measures {
-        if let Measure::Sum(c) = &m.measure {
-            cols.push((format!("hs_sum_{c}"), format!("DECIMAL(65,{})", m.scale)));
-        }
+    for (c, scale) in summed(rule) {
+        cols.push((format!("hs_sum_{c}"), format!("DECIMAL(65,{scale})")));
     }
     cols
+}
+
+/// The columns with an `hs_count_<col>` (every `count(col)` and `sum(col)`), each
+/// once, in measure order.
+pub(crate) fn counted(rule: &CheckedRollup) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for c in rule.measures.iter().filter_map(|m| m.measure.column()) {
+        if !out.iter().any(|x| x.eq_ignore_ascii_case(c)) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The summed columns and their scales, in measure order.
+pub(crate) fn summed(rule: &CheckedRollup) -> Vec<(&str, u32)> {
+    rule.measures
+        .iter()
+        .filter_map(|m| match &m.measure {
+            Measure::Sum(c) => Some((c.as_str(), m.scale)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The rollup's primary key columns.

@@ -3,8 +3,7 @@
 
 use crate::rules::spec::{quote, TableName};
 
-use super::schema::{CheckedRollup, NULL_BUCKET};
-use super::spec::Measure;
+use super::schema::{counted, summed, CheckedRollup, NULL_BUCKET};
 
 /// A write event on the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,19 +100,14 @@ fn upsert(rule: &CheckedRollup, row: &str, sign: &str) -> String {
     let mut values = group_exprs(rule, row);
     values.push(format!("FLOOR(RAND() * {})", rule.spec.slots));
     values.push(format!("{sign}1"));
-    for m in &rule.measures {
-        if let Some(c) = m.measure.column() {
-            values.push(format!("{sign}({} IS NOT NULL)", col(row, c)));
-        }
+    for c in counted(rule) {
+        values.push(format!("{sign}({} IS NOT NULL)", col(row, c)));
     }
-    for m in &rule.measures {
-        if let Measure::Sum(c) = &m.measure {
-            values.push(format!(
-                "{sign}CAST(IFNULL({}, 0) AS DECIMAL(65,{}))",
-                col(row, c),
-                m.scale
-            ));
-        }
+    for (c, scale) in summed(rule) {
+        values.push(format!(
+            "{sign}CAST(IFNULL({}, 0) AS DECIMAL(65,{scale}))",
+            col(row, c)
+        ));
     }
     format!(
         "INSERT INTO {} ({}) VALUES ({}) {}",
@@ -128,11 +122,9 @@ fn upsert(rule: &CheckedRollup, row: &str, sign: &str) -> String {
 fn read_columns(rule: &CheckedRollup) -> Vec<String> {
     let mut cols: Vec<String> = rule.dims.iter().map(|d| d.column.name.clone()).collect();
     cols.push(rule.time.clone());
-    for m in &rule.measures {
-        if let Some(c) = m.measure.column() {
-            if !cols.iter().any(|x| x.eq_ignore_ascii_case(c)) {
-                cols.push(c.to_string());
-            }
+    for c in counted(rule) {
+        if !cols.iter().any(|x| x.eq_ignore_ascii_case(c)) {
+            cols.push(c.to_string());
         }
     }
     cols

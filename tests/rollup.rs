@@ -252,3 +252,41 @@ fn backfill_under_concurrent_writers_is_exact() {
     assert!(done.load(Ordering::Relaxed) > 100, "writers barely ran");
     assert_exact(db, "concurrent writes during the backfill");
 }
+
+#[test]
+fn check_reports_missing_and_differing_objects() {
+    let db = "rollup_check";
+    fresh_db(db, &format!("{PLAYS} {SEED_ROWS}"));
+    let dir = rules_dir("rollup.toml", &rules());
+    let path = dir.path().to_str().unwrap().to_string();
+    let url = mariadb().url(db);
+    let check = || common::cli::heatsink(&["check", "--rules", &path, "--backend-url", &url]);
+
+    let (code, out, err) = check();
+    assert_eq!(code, 1, "{out}\n{err}");
+    for want in [
+        "rollup table `rollup_check`.`plays_by_track_hour` does not exist",
+        "trigger `rollup_check`.`plays_by_country_day_hs_upd` on `rollup_check`.`plays` is missing",
+        "has rows but `rollup_check`.`plays_by_track_hour` has none",
+    ] {
+        assert!(out.contains(want), "want {want}:\n{out}");
+    }
+
+    migrate_apply(db, &rules());
+    let (code, out, err) = check();
+    assert_eq!(code, 0, "{out}\n{err}");
+
+    mariadb().exec(&format!(
+        "USE {db}; DROP TRIGGER plays_by_track_hour_hs_del; \
+         CREATE TRIGGER plays_by_track_hour_hs_del AFTER DELETE ON plays FOR EACH ROW SET @x = 1"
+    ));
+    let (code, out, err) = check();
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("plays_by_track_hour_hs_del` on `rollup_check`.`plays` differs"), "{out}");
+
+    // A filled rollup whose triggers are gone has missed writes: refused.
+    mariadb().exec(&format!("USE {db}; DROP TRIGGER plays_by_track_hour_hs_del"));
+    let (code, out, err) = migrate(dir.path(), db, true);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("may have missed writes"), "{err}");
+}

@@ -282,11 +282,67 @@ fn check_reports_missing_and_differing_objects() {
     ));
     let (code, out, err) = check();
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("plays_by_track_hour_hs_del` on `rollup_check`.`plays` differs"), "{out}");
+    assert!(
+        out.contains("plays_by_track_hour_hs_del` on `rollup_check`.`plays` differs"),
+        "{out}"
+    );
 
     // A filled rollup whose triggers are gone has missed writes: refused.
-    mariadb().exec(&format!("USE {db}; DROP TRIGGER plays_by_track_hour_hs_del"));
+    mariadb().exec(&format!(
+        "USE {db}; DROP TRIGGER plays_by_track_hour_hs_del"
+    ));
     let (code, out, err) = migrate(dir.path(), db, true);
     assert_ne!(code, 0, "{out}");
     assert!(err.contains("may have missed writes"), "{err}");
+}
+
+#[test]
+fn dimensions_of_every_key_type_keep_their_nulls_apart() {
+    let db = "rollup_types";
+    fresh_db(
+        db,
+        "CREATE TABLE ev (id INT UNSIGNED AUTO_INCREMENT PRIMARY KEY, at DATETIME(3), \
+           d DATE, e ENUM('x','y'), m DECIMAL(8,2), y YEAR, t TIME, c CHAR(3) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, \
+           u BIGINT UNSIGNED, amount DECIMAL(10,3)); \
+         INSERT INTO ev (at, d, e, m, y, t, c, u, amount) VALUES \
+           ('2024-01-01 05:06:07.890', '2024-01-01', 'y', 1.50, 2024, '10:00:00', 'abc', 18446744073709551615, 1.125), \
+           ('2024-01-01 05:59:59', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL), \
+           ('2024-01-01 06:00:00', '1000-01-01', 'x', 0, 0, '00:00:00', '', 0, -2.5);",
+    );
+    let rule = Rule::rollup("ev_hourly", "ev", "ev_hourly", "at", "hour")
+        .dimensions(&["d", "e", "m", "y", "t", "c", "u"])
+        .measures(&["sum(amount)", "count(u)"]);
+    migrate_apply(db, &rule.toml());
+    mariadb().exec(&format!(
+        "USE {db}; INSERT INTO ev (at, e, c, amount) VALUES (NULL, 'x', NULL, 3.001); \
+         UPDATE ev SET e = NULL, amount = amount * 2 WHERE id = 1; DELETE FROM ev WHERE id = 3"
+    ));
+    let dims = ["d", "e", "m", "y", "t", "c", "u"];
+    let shown: Vec<String> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!("IF(hs_nulls & {}, NULL, CAST({d} AS CHAR))", 1 << i))
+        .collect();
+    let log = mariadb().query_strings(&format!(
+        "SELECT {}, DATE_FORMAT(at, '%Y-%m-%d %H:00:00'), COUNT(*), COUNT(u), CAST(IFNULL(SUM(amount), 0) AS CHAR) \
+         FROM {db}.ev GROUP BY {}, DATE_FORMAT(at, '%Y-%m-%d %H:00:00')",
+        dims.map(|d| format!("CAST({d} AS CHAR)")).join(", "),
+        dims.join(", ")
+    ));
+    let rollup = mariadb().query_strings(&format!(
+        "SELECT {}, IF(hs_nulls & (1 << 31), NULL, DATE_FORMAT(hs_bucket, '%Y-%m-%d %H:%i:%s')), \
+                SUM(hs_rows), SUM(hs_count_u), CAST(SUM(hs_sum_amount) AS CHAR) \
+         FROM {db}.ev_hourly GROUP BY {}, hs_nulls, hs_bucket HAVING SUM(hs_rows) <> 0",
+        shown.join(", "),
+        dims.join(", ")
+    ));
+    assert_eq!(sorted(rollup), sorted(log));
+    assert_eq!(
+        scalar(&format!(
+            "SELECT COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '{db}' \
+             AND TABLE_NAME = 'ev_hourly' AND COLUMN_NAME = 'hs_sum_amount'"
+        ))
+        .as_deref(),
+        Some("decimal(65,3)")
+    );
 }

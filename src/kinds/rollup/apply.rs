@@ -257,9 +257,17 @@ async fn apply_locked(
     } else {
         None
     };
-    run_sql(conn, &rule.spec.name, &lock_sql(rule)).await?;
-    let locked = locked_part(conn, rule, missing, snapshot.as_mut()).await;
+    // A lock request queued behind a long reader of the log would hold up its
+    // writers: give up after a while instead.
+    run_sql(conn, &rule.spec.name, "SET SESSION lock_wait_timeout = 20").await?;
+    let locked = match run_sql(conn, &rule.spec.name, &lock_sql(rule)).await {
+        Ok(_) => locked_part(conn, rule, missing, snapshot.as_mut()).await,
+        Err(e) => Err(e),
+    };
     let _ = conn.query_drop("UNLOCK TABLES").await;
+    let _ = conn
+        .query_drop("SET SESSION lock_wait_timeout = DEFAULT")
+        .await;
     let (created, due) = locked?;
     for name in created {
         emit(out, &format!("-- applied: created trigger {name}"))?;
@@ -355,8 +363,9 @@ async fn backfill(conn: &mut Conn, snap: &mut Conn, rule: &CheckedRollup) -> Res
             .await
             .map_err(|e| schema_err(format!("reading {log}"), e))?;
         let last = next.and_then(|r| text(&r, 0));
+        // The binary protocol keeps the values' types (numbers, dates) for the upsert.
         let chunk: Vec<Row> = snap
-            .query(chunk_sql(rule, &lo, last.as_deref()))
+            .exec(chunk_sql(rule, &lo, last.as_deref()), ())
             .await
             .map_err(|e| schema_err(format!("aggregating {log} after {lo}"), e))?;
         let chunk: Vec<Vec<Value>> = chunk.into_iter().map(values).collect();

@@ -51,7 +51,16 @@ pub(crate) fn group_exprs(rule: &CheckedRollup, row: &str) -> Vec<String> {
     let mut out: Vec<String> = rule
         .dims
         .iter()
-        .map(|d| format!("IFNULL({}, {})", col(row, &d.column.name), d.zero))
+        .map(|d| {
+            let value = format!("IFNULL({}, {})", col(row, &d.column.name), d.zero);
+            if d.column.data_type == "year" {
+                // As a number: the backfill's value must not reach the rollup as the
+                // string `0`, which YEAR reads as 2000.
+                format!("CAST({value} AS SIGNED)")
+            } else {
+                value
+            }
+        })
         .collect();
     let mut bits: Vec<String> = rule
         .dims

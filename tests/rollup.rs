@@ -275,6 +275,7 @@ fn check_reports_missing_and_differing_objects() {
     migrate_apply(db, &rules());
     let (code, out, err) = check();
     assert_eq!(code, 0, "{out}\n{err}");
+    assert!(!out.contains("differs"), "{out}");
 
     mariadb().exec(&format!(
         "USE {db}; DROP TRIGGER plays_by_track_hour_hs_del; \

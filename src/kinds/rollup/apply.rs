@@ -101,7 +101,15 @@ impl Migration for CheckedRollup {
             .iter()
             .filter(|t| t.state != TriggerState::Missing)
         {
-            emit(out, &format!("-- trigger {} exists", t.name.quoted()))?;
+            let differs = if t.state == TriggerState::Differs {
+                " but differs from the rule's; left as it is (drop it and run migrate again to replace it)"
+            } else {
+                ""
+            };
+            emit(
+                out,
+                &format!("-- trigger {} exists{differs}", t.name.quoted()),
+            )?;
         }
         if missing.is_empty() && !self.backfill_due {
             return emit(out, "");
@@ -295,6 +303,15 @@ async fn apply_locked(
         (_, snap) => {
             if let Some(snap) = snap {
                 let _ = snap.disconnect().await;
+            }
+            if rule.backfill_due {
+                emit(
+                    out,
+                    &format!(
+                        "-- note: no backfill: {} was no longer empty (or the log was) once locked",
+                        rule.rollup.quoted()
+                    ),
+                )?;
             }
             Ok(())
         }

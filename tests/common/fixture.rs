@@ -67,7 +67,7 @@ pub fn migrate_apply(db: &str, toml: &str) -> String {
 // ---------------------------------------------------------------------------------------
 // Rule TOML
 
-/// One `[[counter]]` or `[[ring]]` rule, written as TOML by [`Rule::toml`] (one
+/// One `[[counter]]`, `[[ring]]` or `[[rollup]]` rule, written as TOML by [`Rule::toml`] (one
 /// `key = value` line per setting, in the order they were first set).
 #[derive(Clone, Debug)]
 pub struct Rule {
@@ -107,6 +107,31 @@ impl Rule {
             kind: "ring",
             settings: vec![("name", quoted(name)), ("table", quoted(table))],
         }
+    }
+
+    /// A rollup rule on the log `table` into `rollup_table`, time column `time`,
+    /// bucket `bucket` (`hour`/`day`); dimensions and measures with the methods below.
+    pub fn rollup(name: &str, table: &str, rollup_table: &str, time: &str, bucket: &str) -> Rule {
+        Rule {
+            kind: "rollup",
+            settings: vec![
+                ("name", quoted(name)),
+                ("table", quoted(table)),
+                ("rollup_table", quoted(rollup_table)),
+                ("time", quoted(time)),
+                ("bucket", quoted(bucket)),
+            ],
+        }
+    }
+
+    /// `dimensions = [..]` (rollup).
+    pub fn dimensions(self, columns: &[&str]) -> Rule {
+        self.set("dimensions", list(columns))
+    }
+
+    /// `measures = [..]` (rollup).
+    pub fn measures(self, measures: &[&str]) -> Rule {
+        self.set("measures", list(measures))
     }
 
     /// Sets `key` to the TOML value `value` (replacing it in place when already set).

@@ -39,7 +39,7 @@
 //!   `migrate(rules, db, apply)`, `migrate_ok`; `run_limited(cmd, stdin, limit)` (a
 //!   [`cli::Ran`]) for other programs, `mariadb_client(..)` and `rule_pymysql(..)`.
 //! - [`fixture`]: `fresh_db(db, ddl)`, `fresh_db_with(db, options, ddl)`,
-//!   `migrate_apply(db, toml)`; `Rule::counter(..)` / `Rule::ring(..)` (rule TOML
+//!   `migrate_apply(db, toml)`; `Rule::counter(..)` / `Rule::ring(..)` / `Rule::rollup(..)` (rule TOML
 //!   builders); `Env::builder(db).schema(ddl).rule(file, toml).migrate().metrics()
 //!   .admin(pw).log_level_from(var).start()`: one test's database, rules directory
 //!   (schema made by `heatsink migrate --apply`) and proxy, with `proxied()`,

@@ -11,10 +11,12 @@
 //! Several rollups may cover one log; they share its table
 //! ([`crate::rewrite::Rule::sharing`]) and the smallest that can answer a read does.
 
+mod apply;
 pub mod plan;
 mod read;
 pub mod schema;
 pub mod spec;
+mod triggers;
 
 use std::sync::Arc;
 

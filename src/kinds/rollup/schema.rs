@@ -22,39 +22,663 @@
 //!
 //! A group (dimension values, bucket) is the sum over its slot rows; a group whose
 //! `SUM(hs_rows)` is 0 has no log rows (all were deleted) and is not shown.
-use crate::kinds::SchemaError;
+//!
+//! Details of the layout as `migrate` writes it: columns in the order above (the
+//! dimensions in rule order, then the `hs_count_<col>` of every `count(col)` and
+//! `sum(col)` in measure order, then the `hs_sum_<col>`); the table takes the log's
+//! default character set and collation. The zero value stored for a NULL dimension
+//! is `0` for numbers and `YEAR`, `''` for strings, `'1000-01-01'` for `DATE`,
+//! `'1000-01-01 00:00:00'` for `DATETIME`, `'00:00:00'` for `TIME` and the first
+//! member for `ENUM`. `hs_sum_<col>` has the scale of `col` (0 for integers).
+//!
+//! ## Triggers
+//!
+//! Three triggers on the log per rollup, `<rollup_table>_hs_ins`, `_hs_upd` and
+//! `_hs_del` (`AFTER` each event), upsert the row's contribution (+1 / −1 and its
+//! measures) into slot `FLOOR(RAND() * slots)` of its group; the update trigger
+//! subtracts `OLD` and adds `NEW`, and does nothing when no column the rollup reads
+//! changed. They run in the writer's transaction, so a rolled-back write leaves no
+//! trace. Several rollups of one log each have their own three triggers; their order
+//! does not matter (each writes its own table).
+//!
+//! ## Online backfill (`migrate --apply`, when the log has rows and the rollup none)
+//!
+//! 1. `LOCK TABLES log WRITE, rollup WRITE` (held for milliseconds: no transaction
+//!    can hold uncommitted changes to the log while it is granted); under it, check
+//!    that the rollup is still empty, create the missing triggers, and on a second
+//!    connection `START TRANSACTION WITH CONSISTENT SNAPSHOT`; then `UNLOCK TABLES`.
+//!    Call that instant T: the snapshot holds exactly the log as of T, and every
+//!    change committed after T went through the triggers.
+//! 2. On the snapshot connection (plain consistent reads: no row locks, writers are
+//!    never blocked), aggregate the log by chunks of 10,000 primary-key values
+//!    (`GROUP BY` the same expressions the triggers use) and add each chunk's groups
+//!    to slot 0 of the rollup with `INSERT … ON DUPLICATE KEY UPDATE hs_rows =
+//!    hs_rows + VALUES(hs_rows), …` in short autocommit statements on the first
+//!    connection.
+//!
+//! Exactness: the additions commute, so at the end rollup = aggregate(log at T) + Σ
+//! trigger deltas after T, and Σ trigger deltas after T = aggregate(log now) −
+//! aggregate(log at T): every insert after T adds its row, every update subtracts
+//! the row as it was and adds it as it is, every delete subtracts the row as it was
+//! (for a row that existed at T, the first change subtracts exactly what the
+//! snapshot counts). Hence rollup = aggregate(log now), whatever writers do
+//! meanwhile. The snapshot keeps old row versions from being purged while the
+//! backfill runs. The log needs a single-column integer primary key for the chunks;
+//! without one a non-empty log is refused (an empty one needs no backfill).
+//!
+//! A backfill that fails half way leaves a partial rollup: drop the three triggers,
+//! empty the rollup table and run `migrate --apply` again. A non-empty rollup whose
+//! triggers are missing has missed writes and is refused the same way.
 
-use super::spec::RollupSpec;
+use mysql_async::Conn;
+
+use crate::kinds::SchemaError;
+use crate::rules::spec::{quote, TableName};
+use crate::schema::{
+    existing_trigger, inspect_table, integer_max, normalize, suffixed_name, table_has_rows,
+    table_options, Column, Table, MAX_IDENT,
+};
+
+use super::spec::{Measure, RollupSpec};
+
+/// Longest primary key InnoDB takes, in bytes.
+const MAX_KEY_BYTES: u32 = 3072;
+
+/// What the rollup stores for a NULL time.
+pub(crate) const NULL_BUCKET: &str = "1000-01-01 00:00:00";
+
+/// One dimension: the log's column and the value stored for NULL.
+#[derive(Debug, Clone)]
+pub(crate) struct Dimension {
+    pub column: Column,
+    /// SQL literal of the type's zero value.
+    pub zero: String,
+}
+
+/// A measure with the column it reads (`count(*)` has none), as the log names it.
+#[derive(Debug, Clone)]
+pub(crate) struct Measured {
+    pub measure: Measure,
+    /// Scale of `hs_sum_<col>` (sum only).
+    pub scale: u32,
+}
+
+/// The state of one of the three triggers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TriggerState {
+    /// Missing: create it.
+    Missing,
+    /// Exists with the expected body.
+    Fits,
+    /// Exists on the right table and event, with another body: left alone.
+    Differs,
+}
+
+/// One of the three triggers on the log.
+#[derive(Debug, Clone)]
+pub(crate) struct Trigger {
+    pub name: TableName,
+    pub create: String,
+    pub state: TriggerState,
+}
 
 /// A rollup rule checked against the database.
-pub(crate) struct CheckedRollup;
-
-#[async_trait::async_trait(?Send)]
-impl crate::kinds::Migration for CheckedRollup {
-    async fn problems(
-        &self,
-        _conn: &mut mysql_async::Conn,
-    ) -> crate::error::Result<Vec<(crate::check::Severity, String)>> {
-        Ok(Vec::new())
-    }
-
-    async fn run(
-        &self,
-        _conn: &mut mysql_async::Conn,
-        _apply: bool,
-        _out: &mut dyn std::io::Write,
-    ) -> crate::error::Result<()> {
-        Ok(())
-    }
+pub(crate) struct CheckedRollup {
+    pub spec: RollupSpec,
+    pub log: TableName,
+    pub rollup: TableName,
+    /// The log's single-column integer primary key, if it has one.
+    pub pk: Option<String>,
+    pub dims: Vec<Dimension>,
+    pub time: String,
+    pub measures: Vec<Measured>,
+    /// `CREATE TABLE` when the rollup table is missing.
+    pub create_table: Option<String>,
+    /// Insert, update and delete triggers.
+    pub triggers: Vec<Trigger>,
+    /// The log has rows and the rollup none.
+    pub backfill_due: bool,
+    pub notes: Vec<String>,
 }
+
+type SchemaResult<T> = std::result::Result<T, SchemaError>;
 
 /// Checks one rollup rule against the database.
 pub(crate) async fn check(
-    _conn: &mut mysql_async::Conn,
-    _spec: &RollupSpec,
-    _default_db: Option<&str>,
-) -> std::result::Result<CheckedRollup, SchemaError> {
-    Err(SchemaError::Refused(
-        "migrate does not create rollup tables yet".into(),
-    ))
+    conn: &mut Conn,
+    spec: &RollupSpec,
+    default_db: Option<&str>,
+) -> SchemaResult<CheckedRollup> {
+    let refuse = SchemaError::Refused;
+    spec.validate().map_err(refuse)?;
+    let (log, rollup) = resolve(spec, default_db)?;
+    let table = inspect_log(conn, &log).await?;
+    let time = time_column(spec, &table, &log)?;
+    let dims = dimensions(spec, &table, &log)?;
+    let measures = measured(spec, &table, &log)?;
+    let pk = integer_pk(&table);
+    let mut checked = CheckedRollup {
+        spec: spec.clone(),
+        log,
+        rollup,
+        pk,
+        dims,
+        time,
+        measures,
+        create_table: None,
+        triggers: Vec::new(),
+        backfill_due: false,
+        notes: Vec::new(),
+    };
+    let existing = inspect_table(conn, &checked.rollup).await?;
+    match &existing {
+        Some(t) => rollup_table_fits(&checked, t).map_err(refuse)?,
+        None => checked.create_table = Some(create_table_sql(&checked, &table)),
+    }
+    checked.triggers = plan_triggers(conn, &checked).await?;
+    let rollup_has_rows = match existing {
+        Some(_) => table_has_rows(conn, &checked.rollup).await?,
+        None => false,
+    };
+    let log_has_rows = table_has_rows(conn, &checked.log).await?;
+    let missing = checked
+        .triggers
+        .iter()
+        .any(|t| t.state == TriggerState::Missing);
+    if rollup_has_rows && missing {
+        return Err(refuse(format!(
+            "{} holds rows but its triggers on {} are missing, so it may have missed writes; drop its remaining triggers, empty it (TRUNCATE) and run migrate again to rebuild it",
+            checked.rollup.quoted(),
+            checked.log.quoted()
+        )));
+    }
+    checked.backfill_due = log_has_rows && !rollup_has_rows;
+    if checked.backfill_due && checked.pk.is_none() {
+        return Err(refuse(format!(
+            "{} has rows and no single-column integer primary key, which the online backfill of {} reads it by",
+            checked.log.quoted(),
+            checked.rollup.quoted()
+        )));
+    }
+    if log_has_rows && rollup_has_rows {
+        checked.notes.push(format!(
+            "no backfill: {} already holds rows",
+            checked.rollup.quoted()
+        ));
+    }
+    Ok(checked)
+}
+
+/// The log and the rollup table, each with its database: the rule's prefix, else
+/// `default_db` for the log and the log's database for the rollup.
+fn resolve(spec: &RollupSpec, default_db: Option<&str>) -> SchemaResult<(TableName, TableName)> {
+    let refuse = SchemaError::Refused;
+    let mut log = TableName::parse(&spec.table).map_err(refuse)?;
+    let mut rollup = TableName::parse(&spec.rollup_table).map_err(refuse)?;
+    if log.db.is_none() {
+        log.db = Some(default_db.map(str::to_string).ok_or_else(|| {
+            refuse(format!(
+                "table `{}` names no database and --backend-url has none",
+                spec.table
+            ))
+        })?);
+    }
+    if rollup.db.is_none() {
+        rollup.db = log.db.clone();
+    }
+    Ok((log, rollup))
+}
+
+/// Reads the log; refused when it is missing or not a base table.
+async fn inspect_log(conn: &mut Conn, log: &TableName) -> SchemaResult<Table> {
+    let Some(table) = inspect_table(conn, log).await? else {
+        return Err(SchemaError::Refused(format!(
+            "table {} does not exist",
+            log.quoted()
+        )));
+    };
+    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
+        return Err(SchemaError::Refused(format!(
+            "{} is a {}, not a base table",
+            log.quoted(),
+            table.table_type
+        )));
+    }
+    Ok(table)
+}
+
+/// The time column's name as the log spells it; refused unless it is DATETIME.
+fn time_column(spec: &RollupSpec, table: &Table, log: &TableName) -> SchemaResult<String> {
+    let col = table.column(&spec.time).ok_or_else(|| {
+        SchemaError::Refused(format!(
+            "time column `{}` is not a column of {}",
+            spec.time,
+            log.quoted()
+        ))
+    })?;
+    match col.data_type.as_str() {
+        "datetime" => Ok(col.name.clone()),
+        "timestamp" => Err(SchemaError::Refused(format!(
+            "time column `{}` is TIMESTAMP, whose buckets would depend on each session's time zone; only DATETIME is supported for now",
+            col.name
+        ))),
+        _ => Err(SchemaError::Refused(format!(
+            "time column `{}` is {}, not DATETIME",
+            col.name, col.column_type
+        ))),
+    }
+}
+
+/// The dimensions with their zero values; refused when one is missing, cannot be a
+/// primary-key column, or the key would be too long.
+fn dimensions(spec: &RollupSpec, table: &Table, log: &TableName) -> SchemaResult<Vec<Dimension>> {
+    // hs_nulls, hs_bucket, hs_slot.
+    let mut bytes = 4 + 8 + 2;
+    let mut dims = Vec::new();
+    for d in &spec.dimensions {
+        let col = table.column(d).ok_or_else(|| {
+            SchemaError::Refused(format!(
+                "dimension `{d}` is not a column of {}",
+                log.quoted()
+            ))
+        })?;
+        let (zero, size) = key_type(col).map_err(|why| {
+            SchemaError::Refused(format!(
+                "dimension `{}` is {}: {why}",
+                col.name, col.column_type
+            ))
+        })?;
+        bytes += size;
+        dims.push(Dimension {
+            column: col.clone(),
+            zero,
+        });
+    }
+    if bytes > MAX_KEY_BYTES {
+        return Err(SchemaError::Refused(format!(
+            "the dimensions make a primary key of up to {bytes} bytes, over InnoDB's {MAX_KEY_BYTES}; use shorter columns or fewer dimensions"
+        )));
+    }
+    Ok(dims)
+}
+
+/// The zero value (SQL) and the largest key size in bytes of a dimension's type;
+/// `Err(reason)` when it cannot be a `NOT NULL` primary-key column of the rollup.
+pub(crate) fn key_type(col: &Column) -> std::result::Result<(String, u32), String> {
+    let t = col.data_type.as_str();
+    if integer_max(t, false).is_some() {
+        return Ok(("0".into(), 8));
+    }
+    let ok = |zero: &str, size: u32| Ok((zero.to_string(), size));
+    match t {
+        "decimal" | "numeric" => ok("0", 33),
+        "char" | "varchar" | "binary" | "varbinary" => {
+            let len = type_args(&col.column_type)
+                .first()
+                .and_then(|n| n.trim().parse::<u32>().ok())
+                .ok_or_else(|| "its length is unknown".to_string())?;
+            let size = len
+                .saturating_mul(charset_bytes(col.charset.as_deref()))
+                .saturating_add(2);
+            if size > MAX_KEY_BYTES {
+                return Err(format!(
+                    "up to {size} bytes, longer than a primary-key column may be ({MAX_KEY_BYTES})"
+                ));
+            }
+            ok("''", size)
+        }
+        "date" => ok("'1000-01-01'", 3),
+        "datetime" => ok("'1000-01-01 00:00:00'", 8),
+        "time" => ok("'00:00:00'", 6),
+        "year" => ok("0", 1),
+        "enum" => first_enum_member(&col.column_type)
+            .map(|m| (m, 2))
+            .ok_or_else(|| "its members are unknown".to_string()),
+        "float" | "double" | "real" => {
+            Err("approximate numbers make poor group keys; use DECIMAL".into())
+        }
+        "timestamp" => {
+            Err("TIMESTAMP values depend on the session time zone; not supported as a dimension".into())
+        }
+        _ => Err(
+            "a rollup's primary key cannot hold it (TEXT, BLOB, JSON, SET, BIT and geometry types are not supported as dimensions)"
+                .into(),
+        ),
+    }
+}
+
+/// Bytes per character of a character set (4 when unknown; 1 for binary strings).
+fn charset_bytes(charset: Option<&str>) -> u32 {
+    match charset.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("binary" | "latin1" | "latin2" | "ascii" | "cp1250" | "cp1251" | "cp1252") => 1,
+        Some("ucs2" | "gbk" | "big5" | "sjis" | "cp932" | "euckr" | "gb2312") => 2,
+        Some("utf8" | "utf8mb3" | "ujis" | "eucjpms") => 3,
+        _ => 4,
+    }
+}
+
+/// The arguments in the parentheses of a `COLUMN_TYPE` (`decimal(10,2)` → `10`, `2`).
+fn type_args(column_type: &str) -> Vec<&str> {
+    let Some(open) = column_type.find('(') else {
+        return Vec::new();
+    };
+    let Some(close) = column_type[open..].find(')') else {
+        return Vec::new();
+    };
+    column_type[open + 1..open + close].split(',').collect()
+}
+
+/// The first member of an `enum('a','b')` type, as an SQL literal.
+fn first_enum_member(column_type: &str) -> Option<String> {
+    let open = column_type.find("('")?;
+    let rest = &column_type[open + 2..];
+    let mut end = 0;
+    let bytes = rest.as_bytes();
+    loop {
+        let at = rest[end..].find('\'')? + end;
+        if bytes.get(at + 1) == Some(&b'\'') {
+            end = at + 2;
+        } else {
+            return Some(format!("'{}'", &rest[..at]));
+        }
+    }
+}
+
+/// The measures with their scales; refused when a measured column is missing or a
+/// summed one is not an exact number.
+fn measured(spec: &RollupSpec, table: &Table, log: &TableName) -> SchemaResult<Vec<Measured>> {
+    let refuse = SchemaError::Refused;
+    let mut out = Vec::new();
+    for m in spec.parsed_measures().map_err(refuse)? {
+        let mut scale = 0;
+        let measure = match &m {
+            Measure::Rows => m.clone(),
+            Measure::Count(c) | Measure::Sum(c) => {
+                let col = table.column(c).ok_or_else(|| {
+                    refuse(format!(
+                        "measured column `{c}` is not a column of {}",
+                        log.quoted()
+                    ))
+                })?;
+                if format!("hs_count_{}", col.name).len() > MAX_IDENT {
+                    return Err(refuse(format!(
+                        "measured column `{c}`: hs_count_{c} would be longer than {MAX_IDENT} characters"
+                    )));
+                }
+                if let Measure::Sum(_) = m {
+                    scale = sum_scale(col).map_err(|why| {
+                        refuse(format!(
+                            "sum({}) : `{}` is {}, {why}",
+                            c, col.name, col.column_type
+                        ))
+                    })?;
+                    Measure::Sum(col.name.clone())
+                } else {
+                    Measure::Count(col.name.clone())
+                }
+            }
+        };
+        out.push(Measured { measure, scale });
+    }
+    Ok(out)
+}
+
+/// The scale of a summed column; `Err` unless it is an integer or DECIMAL.
+fn sum_scale(col: &Column) -> std::result::Result<u32, String> {
+    if col.is_integer() {
+        return Ok(0);
+    }
+    match col.data_type.as_str() {
+        "decimal" | "numeric" => Ok(type_args(&col.column_type)
+            .get(1)
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)),
+        "float" | "double" | "real" => {
+            Err("an approximate number, which the rollup cannot sum exactly".into())
+        }
+        _ => Err("not a number".into()),
+    }
+}
+
+/// The log's primary key when it is one integer column.
+fn integer_pk(table: &Table) -> Option<String> {
+    match table.primary.as_deref() {
+        Some([one]) => table
+            .column(one)
+            .filter(|c| c.is_integer())
+            .map(|c| c.name.clone()),
+        _ => None,
+    }
+}
+
+/// The rollup's columns: (name, type as DDL), in layout order.
+pub(crate) fn layout(rule: &CheckedRollup) -> Vec<(String, String)> {
+    let mut cols: Vec<(String, String)> = rule
+        .dims
+        .iter()
+        .map(|d| (d.column.name.clone(), d.column.type_sql()))
+        .collect();
+    for (name, ty) in [
+        ("hs_nulls", "INT UNSIGNED"),
+        ("hs_bucket", "DATETIME"),
+        ("hs_slot", "SMALLINT UNSIGNED"),
+        ("hs_rows", "BIGINT"),
+    ] {
+        cols.push((name.into(), ty.into()));
+    }
+    for c in counted(rule) {
+        cols.push((format!("hs_count_{c}"), "BIGINT".into()));
+    }
+    for (c, scale) in summed(rule) {
+        cols.push((format!("hs_sum_{c}"), format!("DECIMAL(65,{scale})")));
+    }
+    cols
+}
+
+/// The columns with an `hs_count_<col>` (every `count(col)` and `sum(col)`), each
+/// once, in measure order.
+pub(crate) fn counted(rule: &CheckedRollup) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for c in rule.measures.iter().filter_map(|m| m.measure.column()) {
+        if !out.iter().any(|x| x.eq_ignore_ascii_case(c)) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The summed columns and their scales, in measure order.
+pub(crate) fn summed(rule: &CheckedRollup) -> Vec<(&str, u32)> {
+    rule.measures
+        .iter()
+        .filter_map(|m| match &m.measure {
+            Measure::Sum(c) => Some((c.as_str(), m.scale)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The rollup's primary key columns.
+pub(crate) fn primary_key(rule: &CheckedRollup) -> Vec<String> {
+    let mut key: Vec<String> = rule.dims.iter().map(|d| d.column.name.clone()).collect();
+    key.extend(["hs_nulls", "hs_bucket", "hs_slot"].map(String::from));
+    key
+}
+
+fn create_table_sql(rule: &CheckedRollup, log: &Table) -> String {
+    let mut lines: Vec<String> = layout(rule)
+        .into_iter()
+        .map(|(name, ty)| format!("  {} {ty} NOT NULL", quote(&name)))
+        .collect();
+    let key: Vec<String> = primary_key(rule).iter().map(|c| quote(c)).collect();
+    lines.push(format!("  PRIMARY KEY ({})", key.join(", ")));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n{}\n) {}",
+        rule.rollup.quoted(),
+        lines.join(",\n"),
+        table_options(log)
+    )
+}
+
+/// `Err(reason)` unless an existing rollup table has the layout's columns (types,
+/// `NOT NULL`) and primary key; other columns must be omittable.
+fn rollup_table_fits(rule: &CheckedRollup, t: &Table) -> std::result::Result<(), String> {
+    let name = rule.rollup.quoted();
+    let dims = rule.dims.len();
+    for (i, (col, ty)) in layout(rule).iter().enumerate() {
+        let Some(have) = t.column(col) else {
+            return Err(format!(
+                "{name} exists but has no column `{col}`; drop or fix it"
+            ));
+        };
+        let fits = if i < dims {
+            have.same_type(&rule.dims[i].column)
+        } else {
+            fixed_type_fits(have, ty)
+        };
+        if !fits || have.nullable {
+            return Err(format!(
+                "{name} exists but its column `{col}` is {}{} instead of {ty} NOT NULL; drop or fix it",
+                have.type_sql(),
+                if have.nullable { " NULL" } else { "" }
+            ));
+        }
+    }
+    let want = primary_key(rule);
+    let same_order = t.primary.as_ref().is_some_and(|pk| {
+        pk.len() == want.len() && pk.iter().zip(&want).all(|(a, b)| a.eq_ignore_ascii_case(b))
+    });
+    if !same_order {
+        return Err(format!(
+            "{name} exists but its primary key is not ({}); drop or fix it",
+            want.join(", ")
+        ));
+    }
+    let known: Vec<String> = layout(rule).into_iter().map(|(n, _)| n).collect();
+    if let Some(extra) = t
+        .columns
+        .iter()
+        .find(|c| !known.iter().any(|k| k.eq_ignore_ascii_case(&c.name)) && !c.omittable)
+    {
+        return Err(format!(
+            "{name} has column `{}` without a default, which the triggers would not fill",
+            extra.name
+        ));
+    }
+    Ok(())
+}
+
+/// Whether an existing column has one of the layout's own types (`INT UNSIGNED`,
+/// `DATETIME`, `SMALLINT UNSIGNED`, `BIGINT`, `DECIMAL(65,s)`).
+fn fixed_type_fits(have: &Column, want: &str) -> bool {
+    let ct = have.column_type.to_ascii_lowercase();
+    let unsigned = have.is_unsigned();
+    match want {
+        "INT UNSIGNED" => have.data_type == "int" && unsigned,
+        "SMALLINT UNSIGNED" => have.data_type == "smallint" && unsigned,
+        "BIGINT" => have.data_type == "bigint" && !unsigned,
+        "DATETIME" => ct == "datetime",
+        decimal => ct.replace(' ', "") == decimal.to_ascii_lowercase(),
+    }
+}
+
+/// The three triggers and their state; refused when a trigger of one of their names
+/// is not an `AFTER` trigger of the right event on the log.
+async fn plan_triggers(conn: &mut Conn, rule: &CheckedRollup) -> SchemaResult<Vec<Trigger>> {
+    let mut out = Vec::new();
+    for event in super::triggers::EVENTS {
+        let name = TableName {
+            db: rule.log.db.clone(),
+            name: suffixed_name(&rule.rollup.name, event.suffix()),
+        };
+        let body = super::triggers::body(rule, event);
+        let create = super::triggers::create_sql(rule, &name, event, &body);
+        let state = match existing_trigger(conn, &name).await? {
+            None => TriggerState::Missing,
+            Some(t) => {
+                let fits = t.table.eq_ignore_ascii_case(&rule.log.name)
+                    && t.timing.eq_ignore_ascii_case("AFTER")
+                    && t.event.eq_ignore_ascii_case(event.sql());
+                if !fits {
+                    return Err(SchemaError::Refused(format!(
+                        "trigger {} exists but is not `AFTER {} ON {}`; drop it or rename the rollup table",
+                        name.quoted(),
+                        event.sql(),
+                        rule.log.quoted()
+                    )));
+                }
+                if normalize(&t.body) == normalize(&body) {
+                    TriggerState::Fits
+                } else {
+                    TriggerState::Differs
+                }
+            }
+        };
+        out.push(Trigger {
+            name,
+            create,
+            state,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn col(name: &str, data_type: &str, column_type: &str, charset: Option<&str>) -> Column {
+        Column {
+            name: name.into(),
+            data_type: data_type.into(),
+            column_type: column_type.into(),
+            charset: charset.map(str::to_string),
+            collation: None,
+            nullable: true,
+            omittable: true,
+            default: None,
+            extra: String::new(),
+        }
+    }
+
+    #[test]
+    fn key_types_and_zero_values() {
+        let zero = |c: Column| key_type(&c).map(|(z, _)| z);
+        assert_eq!(zero(col("a", "int", "int(11)", None)).unwrap(), "0");
+        assert_eq!(
+            zero(col("a", "varchar", "varchar(255)", Some("utf8mb4"))).unwrap(),
+            "''"
+        );
+        assert_eq!(
+            zero(col("a", "enum", "enum('it''s','b')", None)).unwrap(),
+            "'it''s'"
+        );
+        assert!(zero(col("a", "varchar", "varchar(1000)", Some("utf8mb4"))).is_err());
+        for (dt, ct) in [
+            ("text", "text"),
+            ("longtext", "longtext"),
+            ("blob", "blob"),
+            ("set", "set('a')"),
+            ("bit", "bit(1)"),
+            ("float", "float"),
+            ("double", "double"),
+            ("point", "point"),
+        ] {
+            assert!(zero(col("a", dt, ct, None)).is_err(), "{dt}");
+        }
+    }
+
+    #[test]
+    fn sum_scales() {
+        assert_eq!(
+            sum_scale(&col("a", "decimal", "decimal(10,3)", None)),
+            Ok(3)
+        );
+        assert_eq!(
+            sum_scale(&col("a", "bigint", "bigint(20) unsigned", None)),
+            Ok(0)
+        );
+        assert!(sum_scale(&col("a", "double", "double", None)).is_err());
+        assert!(sum_scale(&col("a", "varchar", "varchar(3)", None)).is_err());
+    }
 }

@@ -1,0 +1,436 @@
+//! What `heatsink migrate` prints and applies for a rollup rule, and what `check
+//! --backend-url` reports (the scheme is described in `schema.rs`).
+
+use std::io::Write;
+
+use async_trait::async_trait;
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Row, Value};
+
+use crate::check::Severity;
+use crate::error::{Error, Result, Source};
+use crate::kinds::Migration;
+use crate::rules::spec::quote;
+use crate::schema::{emit, run_sql, schema_err, table_has_rows, text, values};
+
+use super::schema::{counted, summed, CheckedRollup, TriggerState};
+use super::spec::Measure;
+use super::triggers::{group_exprs, insert_columns, on_duplicate};
+
+/// Log rows (primary-key values) aggregated per backfill query.
+const CHUNK: u64 = 10_000;
+
+/// Most rollup rows one backfill upsert writes.
+const UPSERT_ROWS: usize = 500;
+
+#[async_trait(?Send)]
+impl Migration for CheckedRollup {
+    async fn problems(&self, _conn: &mut Conn) -> Result<Vec<(Severity, String)>> {
+        let mut out = Vec::new();
+        if self.create_table.is_some() {
+            out.push((
+                Severity::Error,
+                format!(
+                    "rollup table {} does not exist (`heatsink migrate` creates it)",
+                    self.rollup.quoted()
+                ),
+            ));
+        }
+        for t in &self.triggers {
+            match t.state {
+                TriggerState::Missing => out.push((
+                    Severity::Error,
+                    format!(
+                        "trigger {} on {} is missing, so writes to the log would not reach {} (`heatsink migrate` creates it)",
+                        t.name.quoted(),
+                        self.log.quoted(),
+                        self.rollup.quoted()
+                    ),
+                )),
+                TriggerState::Differs => out.push((
+                    Severity::Warning,
+                    format!(
+                        "trigger {} on {} differs from the rule's; {} may not be exact (drop it and run `heatsink migrate` to replace it)",
+                        t.name.quoted(),
+                        self.log.quoted(),
+                        self.rollup.quoted()
+                    ),
+                )),
+                TriggerState::Fits => {}
+            }
+        }
+        if self.backfill_due {
+            out.push((
+                Severity::Warning,
+                format!(
+                    "{} has rows but {} has none: reads would miss them until `heatsink migrate --apply` backfills it",
+                    self.log.quoted(),
+                    self.rollup.quoted()
+                ),
+            ));
+        }
+        Ok(out)
+    }
+
+    async fn run(&self, conn: &mut Conn, apply: bool, out: &mut dyn Write) -> Result<()> {
+        print_header(self, out)?;
+        match &self.create_table {
+            Some(sql) => {
+                emit(out, &format!("{sql};"))?;
+                if apply {
+                    run_sql(conn, &self.spec.name, sql).await?;
+                    emit(out, "-- applied: created rollup table")?;
+                }
+            }
+            None => emit(
+                out,
+                &format!(
+                    "-- rollup table {} exists and matches the rule",
+                    self.rollup.quoted()
+                ),
+            )?,
+        }
+        let missing: Vec<&str> = self
+            .triggers
+            .iter()
+            .filter(|t| t.state == TriggerState::Missing)
+            .map(|t| t.create.as_str())
+            .collect();
+        for t in self
+            .triggers
+            .iter()
+            .filter(|t| t.state != TriggerState::Missing)
+        {
+            let differs = if t.state == TriggerState::Differs {
+                " but differs from the rule's; left as it is (drop it and run migrate again to replace it)"
+            } else {
+                ""
+            };
+            emit(
+                out,
+                &format!("-- trigger {} exists{differs}", t.name.quoted()),
+            )?;
+        }
+        if missing.is_empty() && !self.backfill_due {
+            return emit(out, "");
+        }
+        print_locked_script(self, &missing, out)?;
+        if apply {
+            apply_locked(conn, self, &missing, out).await?;
+        }
+        emit(out, "")
+    }
+}
+
+fn lock_sql(rule: &CheckedRollup) -> String {
+    format!(
+        "LOCK TABLES {} WRITE, {} WRITE",
+        rule.log.quoted(),
+        rule.rollup.quoted()
+    )
+}
+
+fn print_header(rule: &CheckedRollup, out: &mut dyn Write) -> Result<()> {
+    let dims: Vec<String> = rule.dims.iter().map(|d| quote(&d.column.name)).collect();
+    let measures: Vec<String> = rule.measures.iter().map(measure_text).collect();
+    emit(
+        out,
+        &format!(
+            "-- rule {}: rollup of log {} by {} of {}{} in {} ({}; {} slots)",
+            rule.spec.name,
+            rule.log.quoted(),
+            rule.spec.bucket.unit().to_ascii_lowercase(),
+            quote(&rule.time),
+            if dims.is_empty() {
+                String::new()
+            } else {
+                format!(" and {}", dims.join(", "))
+            },
+            rule.rollup.quoted(),
+            measures.join(", "),
+            rule.spec.slots
+        ),
+    )?;
+    for note in &rule.notes {
+        emit(out, &format!("-- note: {note}"))?;
+    }
+    Ok(())
+}
+
+fn measure_text(m: &super::schema::Measured) -> String {
+    match &m.measure {
+        Measure::Rows => "count(*)".into(),
+        Measure::Count(c) => format!("count({c})"),
+        Measure::Sum(c) => format!("sum({c})"),
+    }
+}
+
+/// Prints the short locked part and, when due, the backfill.
+fn print_locked_script(rule: &CheckedRollup, missing: &[&str], out: &mut dyn Write) -> Result<()> {
+    emit(
+        out,
+        "-- the log is locked only while the triggers are created and the backfill's snapshot is taken",
+    )?;
+    emit(out, &format!("{};", lock_sql(rule)))?;
+    emit(out, "DELIMITER ;;")?;
+    for ddl in missing {
+        emit(out, &format!("{ddl};;"))?;
+    }
+    emit(out, "DELIMITER ;")?;
+    if rule.backfill_due {
+        emit(
+            out,
+            "-- (second connection) START TRANSACTION WITH CONSISTENT SNAPSHOT;",
+        )?;
+    }
+    emit(out, "UNLOCK TABLES;")?;
+    if rule.backfill_due {
+        emit(
+            out,
+            &format!(
+                "-- backfill: on the snapshot, for each chunk of {CHUNK} primary-key values ?lo < pk <= ?hi of the log:"
+            ),
+        )?;
+        emit(
+            out,
+            &format!("--   {};", chunk_sql(rule, "?lo", Some("?hi"))),
+        )?;
+        emit(
+            out,
+            &format!(
+                "--   and its groups added with INSERT INTO {} ({}) VALUES (…) {};",
+                rule.rollup.quoted(),
+                insert_columns(rule),
+                on_duplicate(rule)
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// The backfill's aggregate of the log rows with `lo < pk <= hi` (no upper bound
+/// for the last chunk): the group
+/// expressions, slot 0, then the measures in layout order.
+fn chunk_sql(rule: &CheckedRollup, lo: &str, hi: Option<&str>) -> String {
+    let mut select = group_exprs(rule, "");
+    let groups = select.len();
+    select.push("0".into());
+    select.push("COUNT(*)".into());
+    for c in counted(rule) {
+        select.push(format!("COUNT({})", quote(c)));
+    }
+    for (c, scale) in summed(rule) {
+        select.push(format!(
+            "CAST(IFNULL(SUM({}), 0) AS DECIMAL(65,{scale}))",
+            quote(c)
+        ));
+    }
+    let pk = quote(rule.pk.as_deref().unwrap_or_default());
+    let by: Vec<String> = (1..=groups).map(|i| i.to_string()).collect();
+    let upto = hi
+        .map(|hi| format!(" AND {pk} <= {hi}"))
+        .unwrap_or_default();
+    format!(
+        "SELECT {} FROM {} WHERE {pk} > {lo}{upto} GROUP BY {}",
+        select.join(", "),
+        rule.log.quoted(),
+        by.join(", ")
+    )
+}
+
+fn backend(rule: &CheckedRollup, what: &str, e: mysql_async::Error) -> Error {
+    Error::with_cause(
+        Source::Backend,
+        format!("rule {}: {what}", rule.spec.name),
+        e,
+    )
+}
+
+/// Under the lock: creates the missing triggers and, when the rollup is still empty
+/// and the log is not, opens the backfill's snapshot; then unlocks and backfills.
+async fn apply_locked(
+    conn: &mut Conn,
+    rule: &CheckedRollup,
+    missing: &[&str],
+    out: &mut dyn Write,
+) -> Result<()> {
+    let mut snapshot = if rule.backfill_due {
+        let mut c = Conn::new(conn.opts().clone())
+            .await
+            .map_err(|e| backend(rule, "opening the backfill connection", e))?;
+        c.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .await
+            .map_err(|e| backend(rule, "setting the backfill's isolation level", e))?;
+        Some(c)
+    } else {
+        None
+    };
+    // A lock request queued behind a long reader of the log would hold up its
+    // writers: give up after a while instead.
+    run_sql(conn, &rule.spec.name, "SET SESSION lock_wait_timeout = 20").await?;
+    let locked = match run_sql(conn, &rule.spec.name, &lock_sql(rule)).await {
+        Ok(_) => locked_part(conn, rule, missing, snapshot.as_mut()).await,
+        Err(e) => Err(e),
+    };
+    let _ = conn.query_drop("UNLOCK TABLES").await;
+    let _ = conn
+        .query_drop("SET SESSION lock_wait_timeout = DEFAULT")
+        .await;
+    let (created, due) = locked?;
+    for name in created {
+        emit(out, &format!("-- applied: created trigger {name}"))?;
+    }
+    match (due, snapshot) {
+        (true, Some(mut snap)) => {
+            let done = backfill(conn, &mut snap, rule).await;
+            let _ = snap.query_drop("COMMIT").await;
+            let _ = snap.disconnect().await;
+            let (rows, groups) = done.map_err(|e| {
+                Error::new(
+                    Source::Backend,
+                    format!(
+                        "{e}\nrule {}: the backfill of {} stopped half way; drop its triggers, empty it and run migrate --apply again",
+                        rule.spec.name,
+                        rule.rollup.quoted()
+                    ),
+                )
+            })?;
+            emit(
+                out,
+                &format!("-- applied: backfilled {rows} log rows into {groups} rollup rows"),
+            )
+        }
+        (_, snap) => {
+            if let Some(snap) = snap {
+                let _ = snap.disconnect().await;
+            }
+            if rule.backfill_due {
+                emit(
+                    out,
+                    &format!(
+                        "-- note: no backfill: {} was no longer empty (or the log was) once locked",
+                        rule.rollup.quoted()
+                    ),
+                )?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The part under `LOCK TABLES`: (triggers created, whether to backfill).
+async fn locked_part(
+    conn: &mut Conn,
+    rule: &CheckedRollup,
+    missing: &[&str],
+    snapshot: Option<&mut Conn>,
+) -> Result<(Vec<String>, bool)> {
+    let due = rule.backfill_due
+        && table_has_rows(conn, &rule.log).await?
+        && !table_has_rows(conn, &rule.rollup).await?;
+    let mut created = Vec::new();
+    for (ddl, t) in missing.iter().zip(
+        rule.triggers
+            .iter()
+            .filter(|t| t.state == TriggerState::Missing),
+    ) {
+        if let Err(e) = run_sql(conn, &rule.spec.name, ddl).await {
+            // All three or none: a partial set would make the rollup drift.
+            for t in rule
+                .triggers
+                .iter()
+                .filter(|t| created.contains(&t.name.quoted()))
+            {
+                let _ = conn
+                    .query_drop(format!("DROP TRIGGER IF EXISTS {}", t.name.quoted()))
+                    .await;
+            }
+            return Err(e);
+        }
+        created.push(t.name.quoted());
+    }
+    let mut backfill = false;
+    if let (true, Some(snap)) = (due, snapshot) {
+        snap.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            .await
+            .map_err(|e| backend(rule, "starting the backfill's snapshot", e))?;
+        backfill = true;
+    }
+    Ok((created, backfill))
+}
+
+/// The backfill proper, on the snapshot `snap`: (log rows read, rollup rows written).
+async fn backfill(conn: &mut Conn, snap: &mut Conn, rule: &CheckedRollup) -> Result<(u64, u64)> {
+    let pk = quote(rule.pk.as_deref().unwrap_or_default());
+    let log = rule.log.quoted();
+    let first: Option<Row> = snap
+        .query_first(format!("SELECT CAST(MIN({pk}) - 1 AS CHAR) FROM {log}"))
+        .await
+        .map_err(|e| schema_err(format!("reading {log}"), e))?;
+    let Some(mut lo) = first.and_then(|r| text(&r, 0)) else {
+        return Ok((0, 0));
+    };
+    let (mut rows, mut groups) = (0u64, 0u64);
+    loop {
+        let next: Option<Row> = snap
+            .query_first(format!(
+                "SELECT CAST({pk} AS CHAR) FROM {log} WHERE {pk} > {lo} ORDER BY {pk} LIMIT 1 OFFSET {}",
+                CHUNK - 1
+            ))
+            .await
+            .map_err(|e| schema_err(format!("reading {log}"), e))?;
+        let last = next.and_then(|r| text(&r, 0));
+        // The binary protocol keeps the values' types (numbers, dates) for the upsert.
+        let chunk: Vec<Row> = snap
+            .exec(chunk_sql(rule, &lo, last.as_deref()), ())
+            .await
+            .map_err(|e| schema_err(format!("aggregating {log} after {lo}"), e))?;
+        let chunk: Vec<Vec<Value>> = chunk.into_iter().map(values).collect();
+        rows += chunk
+            .iter()
+            .map(|r| count_of(&r[rule.dims.len() + 3]))
+            .sum::<u64>();
+        groups += upsert_groups(conn, rule, chunk).await?;
+        match last {
+            Some(hi) => lo = hi,
+            None => return Ok((rows, groups)),
+        }
+    }
+}
+
+fn count_of(v: &Value) -> u64 {
+    match v {
+        Value::Int(n) => u64::try_from(*n).unwrap_or(0),
+        Value::UInt(n) => *n,
+        Value::Bytes(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Adds aggregated groups (rows in layout order) to the rollup; returns how many.
+async fn upsert_groups(
+    conn: &mut Conn,
+    rule: &CheckedRollup,
+    rows: Vec<Vec<Value>>,
+) -> Result<u64> {
+    let n = rows.len() as u64;
+    let width = rows.first().map_or(0, Vec::len);
+    for batch in rows.chunks(UPSERT_ROWS) {
+        let one = format!("({})", vec!["?"; width].join(", "));
+        let sql = format!(
+            "INSERT INTO {} ({}) VALUES {} {}",
+            rule.rollup.quoted(),
+            insert_columns(rule),
+            vec![one; batch.len()].join(", "),
+            on_duplicate(rule)
+        );
+        let params: Vec<Value> = batch.iter().flatten().cloned().collect();
+        conn.exec_drop(sql, params)
+            .await
+            .map_err(|e| backend(rule, "adding backfilled groups", e))?;
+    }
+    Ok(n)
+}

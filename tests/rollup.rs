@@ -1,0 +1,349 @@
+//! Rollup rules: `heatsink migrate --apply` creates the rollup tables, the triggers
+//! that keep them exact and the online backfill; every write straight to the
+//! database (no proxy) must leave each rollup equal to a GROUP BY over the log.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::cli::migrate;
+use common::client::{connect, rules_dir, run};
+use common::fixture::{fresh_db, migrate_apply, scalar, Rule};
+use common::mariadb;
+use mysql_async::prelude::Queryable;
+
+const PLAYS: &str = "CREATE TABLE plays (id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at DATETIME DEFAULT NULL, \
+     track_id INT DEFAULT NULL, user_id INT DEFAULT NULL, referer TEXT, country VARCHAR(255) DEFAULT NULL, \
+     KEY (track_id), KEY (created_at));";
+
+/// The two rollups of `plays` the tests use.
+fn rules() -> String {
+    let hourly = Rule::rollup(
+        "plays_hourly",
+        "plays",
+        "plays_by_track_hour",
+        "created_at",
+        "hour",
+    )
+    .dimensions(&["track_id"])
+    .set("slots", "4");
+    let daily = Rule::rollup(
+        "plays_daily",
+        "plays",
+        "plays_by_country_day",
+        "created_at",
+        "day",
+    )
+    .dimensions(&["track_id", "country"])
+    .measures(&["count(*)", "count(user_id)", "sum(user_id)"]);
+    format!("{}\n{}", hourly.toml(), daily.toml())
+}
+
+type Groups = Vec<Vec<Option<String>>>;
+
+fn sorted(mut rows: Groups) -> Groups {
+    rows.sort();
+    rows
+}
+
+/// (from the log, from the rollup) of the hourly rollup, as sorted groups.
+fn hourly(db: &str) -> (Groups, Groups) {
+    let log = mariadb().query_strings(&format!(
+        "SELECT CAST(track_id AS CHAR), DATE_FORMAT(created_at, '%Y-%m-%d %H:00:00'), COUNT(*) \
+         FROM {db}.plays GROUP BY track_id, DATE_FORMAT(created_at, '%Y-%m-%d %H:00:00')"
+    ));
+    let rollup = mariadb().query_strings(&format!(
+        "SELECT IF(hs_nulls & 1, NULL, CAST(track_id AS CHAR)), \
+                IF(hs_nulls & (1 << 31), NULL, DATE_FORMAT(hs_bucket, '%Y-%m-%d %H:%i:%s')), SUM(hs_rows) \
+         FROM {db}.plays_by_track_hour GROUP BY track_id, hs_nulls, hs_bucket HAVING SUM(hs_rows) <> 0"
+    ));
+    (sorted(log), sorted(rollup))
+}
+
+/// (from the log, from the rollup) of the daily rollup, as sorted groups.
+fn daily(db: &str) -> (Groups, Groups) {
+    let log = mariadb().query_strings(&format!(
+        "SELECT CAST(track_id AS CHAR), country, DATE_FORMAT(created_at, '%Y-%m-%d 00:00:00'), \
+                COUNT(*), COUNT(user_id), CAST(IFNULL(SUM(user_id), 0) AS CHAR) \
+         FROM {db}.plays GROUP BY track_id, country, DATE_FORMAT(created_at, '%Y-%m-%d 00:00:00')"
+    ));
+    let rollup = mariadb().query_strings(&format!(
+        "SELECT IF(hs_nulls & 1, NULL, CAST(track_id AS CHAR)), IF(hs_nulls & 2, NULL, country), \
+                IF(hs_nulls & (1 << 31), NULL, DATE_FORMAT(hs_bucket, '%Y-%m-%d %H:%i:%s')), \
+                SUM(hs_rows), SUM(hs_count_user_id), CAST(SUM(hs_sum_user_id) AS CHAR) \
+         FROM {db}.plays_by_country_day GROUP BY track_id, country, hs_nulls, hs_bucket \
+         HAVING SUM(hs_rows) <> 0 OR SUM(hs_count_user_id) <> 0 OR SUM(hs_sum_user_id) <> 0"
+    ));
+    (sorted(log), sorted(rollup))
+}
+
+#[track_caller]
+fn assert_exact(db: &str, after: &str) {
+    let (log, rollup) = hourly(db);
+    assert!(!log.is_empty(), "{after}: the log is empty");
+    assert_eq!(rollup, log, "hourly rollup after {after}");
+    let (log, rollup) = daily(db);
+    assert_eq!(rollup, log, "daily rollup after {after}");
+}
+
+const SEED_ROWS: &str = "INSERT INTO plays (created_at, track_id, user_id, referer, country) VALUES \
+     ('2024-05-01 10:15:00', 1, 10, 'a', 'US'), ('2024-05-01 10:45:00', 1, NULL, NULL, 'US'), \
+     ('2024-05-01 11:00:00', 1, 11, 'b', NULL), ('2024-05-01 23:59:59', NULL, 12, NULL, 'DE'), \
+     (NULL, 2, 13, 'c', 'DE'), (NULL, NULL, NULL, NULL, NULL), ('2024-05-02 00:00:00', 2, 14, 'd', 'FR'), \
+     ('2024-05-02 08:30:00', 3, -5, 'e', ''), ('2024-05-02 08:31:00', 0, 0, 'f', 'US');";
+
+#[test]
+fn migrate_backfills_and_triggers_keep_both_rollups_exact() {
+    let db = "rollup_writes";
+    fresh_db(db, &format!("{PLAYS} {SEED_ROWS}"));
+    let out = migrate_apply(db, &rules());
+    assert!(out.contains("-- applied: created rollup table"), "{out}");
+    assert!(out.contains("-- applied: backfilled 9 log rows"), "{out}");
+    assert!(out.contains("plays_by_track_hour_hs_upd"), "{out}");
+    assert_exact(db, "the backfill");
+
+    let writes = [
+        "INSERT INTO plays (created_at, track_id, user_id, country) VALUES \
+         ('2024-05-01 10:20:00', 1, 20, 'US'), ('2024-05-03 01:00:00', NULL, 21, NULL), (NULL, 4, NULL, 'SE')",
+        "INSERT INTO plays (created_at, track_id, user_id, referer, country) \
+         SELECT created_at + INTERVAL 1 HOUR, track_id, user_id, referer, country FROM plays WHERE id <= 6",
+        "UPDATE plays SET track_id = 5, created_at = created_at + INTERVAL 2 DAY WHERE track_id = 1",
+        "UPDATE plays SET country = NULL, user_id = user_id + 100 WHERE country = 'DE'",
+        "UPDATE plays SET created_at = NULL WHERE id = 7",
+        "UPDATE plays SET referer = 'only the referer' WHERE id = 8",
+        "DELETE FROM plays WHERE track_id = 2 OR id = 3",
+    ];
+    for sql in writes {
+        mariadb().exec(&format!("USE {db}; {sql}"));
+        assert_exact(db, sql);
+    }
+    mariadb().exec(&format!(
+        "USE {db}; START TRANSACTION; INSERT INTO plays (created_at, track_id) VALUES ('2024-06-01', 9); \
+         DELETE FROM plays WHERE id = 1; UPDATE plays SET track_id = 8; ROLLBACK"
+    ));
+    assert_exact(db, "a rolled-back transaction");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plays.tsv");
+    std::fs::write(
+        &file,
+        "2024-05-04 12:00:00\t6\t30\tUS\n\\N\t6\t\\N\t\\N\n2024-05-04 12:30:00\t\\N\t31\tFR\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let can_read =
+        scalar(&format!("SELECT LOAD_FILE('{path}') IS NOT NULL")).as_deref() == Some("1");
+    eprintln!("LOAD DATA INFILE readable by the server: {can_read}");
+    if can_read {
+        mariadb().exec(&format!(
+            "USE {db}; LOAD DATA INFILE '{path}' INTO TABLE plays (created_at, track_id, user_id, country)"
+        ));
+        assert_exact(db, "LOAD DATA INFILE");
+    }
+
+    // Everything is in place: a second run changes nothing and backfills nothing.
+    let again = migrate_apply(db, &rules());
+    assert!(!again.contains("-- applied"), "{again}");
+    assert!(again.contains("exists and matches the rule"), "{again}");
+    assert_exact(db, "a second migrate");
+}
+
+#[test]
+fn unsuitable_logs_are_refused() {
+    let db = "rollup_refused";
+    let cases: [(&str, Rule, &str); 5] = [
+        (
+            "CREATE TABLE plays (id INT PRIMARY KEY, created_at TIMESTAMP NULL, track_id INT)",
+            Rule::rollup("r", "plays", "plays_r", "created_at", "day"),
+            "TIMESTAMP",
+        ),
+        (
+            PLAYS,
+            Rule::rollup("r", "plays", "plays_r", "created_at", "day").dimensions(&["referer"]),
+            "dimension `referer`",
+        ),
+        (
+            PLAYS,
+            Rule::rollup("r", "plays", "plays_r", "created_at", "day").measures(&["sum(country)"]),
+            "not a number",
+        ),
+        (
+            &format!("{PLAYS} CREATE TABLE plays_r (track_id INT NOT NULL PRIMARY KEY);"),
+            Rule::rollup("r", "plays", "plays_r", "created_at", "day").dimensions(&["track_id"]),
+            "plays_r",
+        ),
+        (
+            "CREATE TABLE plays (uuid CHAR(36) PRIMARY KEY, created_at DATETIME); \
+             INSERT INTO plays VALUES ('x', NOW());",
+            Rule::rollup("r", "plays", "plays_r", "created_at", "day"),
+            "integer primary key",
+        ),
+    ];
+    for (ddl, rule, want) in cases {
+        fresh_db(db, ddl);
+        let dir = rules_dir("rollup.toml", &rule.toml());
+        let (code, out, err) = migrate(dir.path(), db, true);
+        assert_ne!(code, 0, "{ddl}: {out}");
+        assert!(err.contains(want), "{ddl}: want {want}: {err}");
+        assert!(!common::fixture::table_exists(db, "plays_r") || ddl.contains("plays_r"));
+    }
+}
+
+#[test]
+fn backfill_under_concurrent_writers_is_exact() {
+    let db = "rollup_concurrent";
+    fresh_db(
+        db,
+        &format!(
+            "{PLAYS} INSERT INTO plays (created_at, track_id, user_id, country) \
+             SELECT '2024-05-01' + INTERVAL (seq % 500) HOUR, IF(seq % 7 = 0, NULL, seq % 40), \
+                    IF(seq % 5 = 0, NULL, seq % 1000), ELT(1 + seq % 4, 'US', 'DE', NULL, 'FR') \
+             FROM seq_1_to_50000;"
+        ),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    run(Duration::from_secs(60), async {
+        let url = mariadb().url(db);
+        let mut writers = Vec::new();
+        for w in 0..16u64 {
+            let (url, stop, done) = (url.clone(), stop.clone(), done.clone());
+            writers.push(tokio::spawn(async move {
+                let mut conn = connect(&url).await;
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let track = if w % 2 == 0 { 7 } else { (w * 31 + i) % 40 };
+                    let id = (w * 7919 + i * 104_729) % 50_000 + 1;
+                    let sql = match i % 10 {
+                        0 => format!(
+                            "UPDATE plays SET track_id = {track}, created_at = created_at + INTERVAL 1 DAY, user_id = user_id + 1 WHERE id = {id}"
+                        ),
+                        5 => format!("DELETE FROM plays WHERE id = {id}"),
+                        _ => format!(
+                            "INSERT INTO plays (created_at, track_id, user_id, country) \
+                             VALUES ('2024-05-10' + INTERVAL {} MINUTE, {track}, {i}, 'SE')",
+                            i % 600
+                        ),
+                    };
+                    // A deadlock or lock timeout rolls the whole statement back: fine.
+                    if conn.query_drop(&sql).await.is_ok() {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = done.load(Ordering::Relaxed);
+        let out = tokio::task::spawn_blocking(|| migrate_apply("rollup_concurrent", &rules()))
+            .await
+            .unwrap();
+        let during = done.load(Ordering::Relaxed) - before;
+        assert!(out.contains("-- applied: backfilled"), "{out}");
+        assert!(during > 50, "only {during} writes while migrate ran");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.await.unwrap();
+        }
+    });
+    assert!(done.load(Ordering::Relaxed) > 100, "writers barely ran");
+    assert_exact(db, "concurrent writes during the backfill");
+}
+
+#[test]
+fn check_reports_missing_and_differing_objects() {
+    let db = "rollup_check";
+    fresh_db(db, &format!("{PLAYS} {SEED_ROWS}"));
+    let dir = rules_dir("rollup.toml", &rules());
+    let path = dir.path().to_str().unwrap().to_string();
+    let url = mariadb().url(db);
+    let check = || common::cli::heatsink(&["check", "--rules", &path, "--backend-url", &url]);
+
+    let (code, out, err) = check();
+    assert_eq!(code, 1, "{out}\n{err}");
+    for want in [
+        "rollup table `rollup_check`.`plays_by_track_hour` does not exist",
+        "trigger `rollup_check`.`plays_by_country_day_hs_upd` on `rollup_check`.`plays` is missing",
+        "has rows but `rollup_check`.`plays_by_track_hour` has none",
+    ] {
+        assert!(out.contains(want), "want {want}:\n{out}");
+    }
+
+    migrate_apply(db, &rules());
+    let (code, out, err) = check();
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(!out.contains("differs"), "{out}");
+
+    mariadb().exec(&format!(
+        "USE {db}; DROP TRIGGER plays_by_track_hour_hs_del; \
+         CREATE TRIGGER plays_by_track_hour_hs_del AFTER DELETE ON plays FOR EACH ROW SET @x = 1"
+    ));
+    let (code, out, err) = check();
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("plays_by_track_hour_hs_del` on `rollup_check`.`plays` differs"),
+        "{out}"
+    );
+
+    // A filled rollup whose triggers are gone has missed writes: refused.
+    mariadb().exec(&format!(
+        "USE {db}; DROP TRIGGER plays_by_track_hour_hs_del"
+    ));
+    let (code, out, err) = migrate(dir.path(), db, true);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("may have missed writes"), "{err}");
+}
+
+#[test]
+fn dimensions_of_every_key_type_keep_their_nulls_apart() {
+    let db = "rollup_types";
+    fresh_db(
+        db,
+        "CREATE TABLE ev (id INT UNSIGNED AUTO_INCREMENT PRIMARY KEY, at DATETIME(3), \
+           d DATE, e ENUM('x','y'), m DECIMAL(8,2), y YEAR, t TIME, c CHAR(3) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin, \
+           u BIGINT UNSIGNED, amount DECIMAL(10,3)); \
+         INSERT INTO ev (at, d, e, m, y, t, c, u, amount) VALUES \
+           ('2024-01-01 05:06:07.890', '2024-01-01', 'y', 1.50, 2024, '10:00:00', 'abc', 18446744073709551615, 1.125), \
+           ('2024-01-01 05:59:59', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL), \
+           ('2024-01-01 06:00:00', '1000-01-01', 'x', 0, 0, '00:00:00', '', 0, -2.5);",
+    );
+    let rule = Rule::rollup("ev_hourly", "ev", "ev_hourly", "at", "hour")
+        .dimensions(&["d", "e", "m", "y", "t", "c", "u"])
+        .measures(&["sum(amount)", "count(u)"]);
+    migrate_apply(db, &rule.toml());
+    mariadb().exec(&format!(
+        "USE {db}; INSERT INTO ev (at, e, c, amount) VALUES (NULL, 'x', NULL, 3.001); \
+         UPDATE ev SET e = NULL, amount = amount * 2 WHERE id = 1; DELETE FROM ev WHERE id = 3"
+    ));
+    let dims = ["d", "e", "m", "y", "t", "c", "u"];
+    let shown: Vec<String> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!("IF(hs_nulls & {}, NULL, CAST({d} AS CHAR))", 1 << i))
+        .collect();
+    let log = mariadb().query_strings(&format!(
+        "SELECT {}, DATE_FORMAT(at, '%Y-%m-%d %H:00:00'), COUNT(*), COUNT(u), CAST(IFNULL(SUM(amount), 0) AS CHAR) \
+         FROM {db}.ev GROUP BY {}, DATE_FORMAT(at, '%Y-%m-%d %H:00:00')",
+        dims.map(|d| format!("CAST({d} AS CHAR)")).join(", "),
+        dims.join(", ")
+    ));
+    let rollup = mariadb().query_strings(&format!(
+        "SELECT {}, IF(hs_nulls & (1 << 31), NULL, DATE_FORMAT(hs_bucket, '%Y-%m-%d %H:%i:%s')), \
+                SUM(hs_rows), SUM(hs_count_u), CAST(SUM(hs_sum_amount) AS CHAR) \
+         FROM {db}.ev_hourly GROUP BY {}, hs_nulls, hs_bucket HAVING SUM(hs_rows) <> 0",
+        shown.join(", "),
+        dims.join(", ")
+    ));
+    assert_eq!(sorted(rollup), sorted(log));
+    assert_eq!(
+        scalar(&format!(
+            "SELECT COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '{db}' \
+             AND TABLE_NAME = 'ev_hourly' AND COLUMN_NAME = 'hs_sum_amount'"
+        ))
+        .as_deref(),
+        Some("decimal(65,3)")
+    );
+}

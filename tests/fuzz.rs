@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::differential::{Charset, Config, Differential, Gen, Kind, Lit, Order, Protocol, Stmt};
+use common::differential::{Charset, Differential, Gen, Kind, Lit, Order, Protocol, Stmt};
 use common::fixture::Rule;
 use common::rawclient::RawParam;
 

@@ -938,6 +938,17 @@ fn origin_name(def: &ColumnDef) -> &[u8] {
 /// client gave is restored; the flags too unless the read went through a `temporary`
 /// table.
 fn restore(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
+    restore_origin(def, patch, temporary);
+    if !patch.set_flags.is_empty() {
+        let name = String::from_utf8_lossy(&def.name).to_ascii_lowercase();
+        if let Some((_, set)) = patch.set_flags.iter().find(|(n, _)| *n == name) {
+            def.flags |= set;
+        }
+    }
+}
+
+/// The part of [`restore`] for columns of the rewrite's derived tables.
+fn restore_origin(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
     let is_alias = |t: &[u8]| names(&patch.tables, t);
     let materialized = names(&patch.materialized, &def.org_table);
     // Merged into a join, a computed column may lose its org_table and org_name;
@@ -950,9 +961,14 @@ fn restore(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
     }
     let name = String::from_utf8_lossy(origin_name(def)).to_ascii_lowercase();
     if let Some((_, computed)) = patch.computed.iter().find(|(n, _)| *n == name) {
+        // The name is the client's; character set and length are those of the
+        // session's character_set_results, as the server converted them.
         let client_name = std::mem::take(&mut def.name);
+        let (charset, length) = (def.charset, def.length);
         *def = computed.clone();
         def.name = client_name;
+        def.charset = charset;
+        def.length = length;
         return;
     }
     let Some((_, logical)) = patch.columns.iter().find(|(n, _)| *n == name) else {
@@ -1284,6 +1300,7 @@ mod tests {
             materialized: Vec::new(),
             keyed: Vec::new(),
             computed: Vec::new(),
+            set_flags: Vec::new(),
         };
         let mut d = mk("", "hits", "cnt", 8);
         d.name = b"c".to_vec();
@@ -1329,6 +1346,7 @@ mod tests {
             materialized: vec!["ring".into()],
             keyed: vec!["uid".into()],
             computed: Vec::new(),
+            set_flags: Vec::new(),
         };
         // Straight from the ring (merged derived table or an index read).
         for org_table in ["v", "ring"] {

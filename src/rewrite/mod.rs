@@ -745,9 +745,14 @@ pub struct ColumnPatch {
     /// logical table's columns either, so the arriving flags are kept.
     pub keyed: Vec<String>,
     /// Columns the rewrite computes itself (an aggregate answered from a summary
-    /// table), by lower-cased name in the derived table: the definition replaces the
-    /// arriving one entirely, except the name the client gave.
+    /// table, a column read through it), by lower-cased name in the derived table:
+    /// the definition replaces the arriving one, except the name the client gave and
+    /// the character set and length (the session's `character_set_results`).
     pub computed: Vec<(String, crate::wire::resultset::ColumnDef)>,
+    /// Flags to add to output columns by lower-cased name (as the client sees it),
+    /// after the rest: a column the outer query computes, whose flags the original
+    /// would have had from its own plan (a temporary table for `GROUP BY`).
+    pub set_flags: Vec<(String, u16)>,
 }
 
 /// What a rule wants to run instead of a statement.

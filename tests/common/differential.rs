@@ -292,6 +292,10 @@ pub struct Stmt {
     pub tags: Vec<&'static str>,
     /// Send it as COM_QUERY only.
     pub text_only: bool,
+    /// Column flag bits not compared: bits MariaDB sets from the plan it picks
+    /// (a temporary table for `GROUP BY`), for reads a rule answers with another plan
+    /// by design.
+    pub flags_mask: u16,
 }
 
 impl Stmt {
@@ -302,6 +306,7 @@ impl Stmt {
             order: Order::Unordered,
             tags: Vec::new(),
             text_only: false,
+            flags_mask: 0,
         }
     }
 
@@ -1259,7 +1264,7 @@ impl<'k> Differential<'k> {
             }
 
             let (mut pa, mut ra, refused) = if binary {
-                self.exchange_binary(&mut p, &mut r, &psql, &rsql, &params)
+                self.exchange_binary(&mut p, &mut r, (&psql, &rsql), &params, stmt.flags_mask)
             } else {
                 let pa = query_items(&mut p, &psql);
                 match refusal(&pa) {
@@ -1272,6 +1277,8 @@ impl<'k> Differential<'k> {
             };
             normalize(&mut pa, &dbs);
             normalize(&mut ra, &dbs);
+            mask_flags(&mut pa, stmt.flags_mask);
+            mask_flags(&mut ra, stmt.flags_mask);
             if stmt.order == Order::Unordered {
                 sort_rows(&mut pa);
                 sort_rows(&mut ra);
@@ -1345,15 +1352,17 @@ impl<'k> Differential<'k> {
         &self,
         p: &mut RawClient,
         r: &mut RawClient,
-        psql: &[u8],
-        rsql: &[u8],
+        (psql, rsql): (&[u8], &[u8]),
         params: &[RawParam],
+        flags_mask: u16,
     ) -> (Vec<Item>, Vec<Item>, bool) {
-        let (pid, pprep) = prepare_items(p, psql);
+        let (pid, mut pprep) = prepare_items(p, psql);
         if refusal(&pprep).is_some() {
             return (pprep, Vec::new(), true);
         }
-        let (rid, rprep) = prepare_items(r, rsql);
+        let (rid, mut rprep) = prepare_items(r, rsql);
+        mask_flags(&mut pprep, flags_mask);
+        mask_flags(&mut rprep, flags_mask);
         if pprep != rprep || is_err(&pprep) {
             close(p, pid);
             close(r, rid);
@@ -1408,6 +1417,18 @@ fn both_answers(head: &str, heatsink: &[Item], reference: &[Item]) -> String {
         show_items(heatsink),
         show_items(reference)
     )
+}
+
+/// Clears `mask` in every column definition's flags.
+fn mask_flags(items: &mut [Item], mask: u16) {
+    if mask == 0 {
+        return;
+    }
+    for i in items {
+        if let Item::Column { flags, .. } = i {
+            *flags &= !mask;
+        }
+    }
 }
 
 fn query_items(c: &mut RawClient, sql: &[u8]) -> Vec<Item> {

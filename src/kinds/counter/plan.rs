@@ -165,6 +165,7 @@ impl CounterRule {
                 materialized: Vec::new(),
                 keyed: Vec::new(),
                 computed: Vec::new(),
+                set_flags: Vec::new(),
             })),
             atomic: false,
             ..Default::default()

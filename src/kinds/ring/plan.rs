@@ -130,6 +130,7 @@ impl RingRule {
                     .map(|d| column_def_name(d).to_ascii_lowercase())
                     .collect(),
                 computed: Vec::new(),
+                set_flags: Vec::new(),
             })),
             ..Default::default()
         }))

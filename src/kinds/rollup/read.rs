@@ -123,8 +123,13 @@ enum Group {
 
 /// A conjunct of the WHERE clause on a dimension.
 enum Filter<'q> {
-    /// `d = v` or `d IN (…)`: printed as written; the dimension is not NULL.
-    Value { dim: usize, expr: &'q Expr },
+    /// `d = v` (`single`) or `d IN (…)`: printed as written; the dimension is not
+    /// NULL.
+    Value {
+        dim: usize,
+        expr: &'q Expr,
+        single: bool,
+    },
     /// `d IS NULL`.
     IsNull(usize),
     /// `d IS NOT NULL`.
@@ -424,6 +429,7 @@ impl<'q> Shape<'q> {
                 self.filters.push(Filter::Value {
                     dim: col,
                     expr: value,
+                    single: true,
                 });
             }
             Expr::InList {
@@ -432,7 +438,11 @@ impl<'q> Shape<'q> {
                 negated: false,
             } if list.iter().all(is_value) => {
                 let dim = self.dim_of(rule, expr)?;
-                self.filters.push(Filter::Value { dim, expr: t });
+                self.filters.push(Filter::Value {
+                    dim,
+                    expr: t,
+                    single: false,
+                });
             }
             Expr::IsNull(e) => self.filters.push(Filter::IsNull(self.dim_of(rule, e)?)),
             Expr::IsNotNull(e) => self.filters.push(Filter::NotNull(self.dim_of(rule, e)?)),
@@ -655,7 +665,7 @@ impl<'q> Shape<'q> {
         let mut conds: Vec<String> = Vec::new();
         for f in &self.filters {
             let (dim, null) = match f {
-                Filter::Value { dim, expr } => {
+                Filter::Value { dim, expr, .. } => {
                     conds.push(expr.to_string());
                     (*dim, false)
                 }
@@ -738,35 +748,157 @@ impl<'q> Shape<'q> {
         Some(floor(rule, self.upper.as_ref()?.expr))
     }
 
-    /// Column definitions: dimensions as the log's columns, aggregates as MariaDB
-    /// defines `COUNT(…)`.
+    /// Column definitions as the log's read would have them. Their flags depend on
+    /// the plan MariaDB picks for the original read ([`Plan`]), which the rewrite
+    /// predicts from the shape and the log's keys.
     fn patch(&self, rule: &RollupRule, meta: &[ColumnDef]) -> Option<ColumnPatch> {
-        let mut columns = Vec::new();
+        let mode = self.plan_mode(rule, meta);
         let mut computed = Vec::new();
+        let mut set_flags = Vec::new();
         for i in &self.items {
             match i {
                 Item::Dim { dim, .. } => {
                     let name = &rule.logical.key()[*dim];
-                    let def = meta
+                    let mut def = meta
                         .iter()
-                        .find(|d| eq(&String::from_utf8_lossy(&d.org_name), name))?;
-                    columns.push((name.to_ascii_lowercase(), def.clone()));
+                        .find(|d| eq(&String::from_utf8_lossy(&d.org_name), name))?
+                        .clone();
+                    def.table = self.alias.as_bytes().to_vec();
+                    def.flags = mode.column_flags(def.flags, self.is_const(*dim));
+                    computed.push((name.to_ascii_lowercase(), def));
                 }
                 Item::Agg { alias, .. } => {
-                    computed.push((alias.to_ascii_lowercase(), count_def()));
+                    computed.push((alias.to_ascii_lowercase(), count_def(mode.count_flags())));
                 }
-                // Computed by the outer query itself, from a DATETIME as the log's.
-                Item::Time { .. } => {}
+                // Computed by the outer query itself from a DATETIME, as from the
+                // log's; grouped through a temporary table.
+                Item::Time { alias, .. } => {
+                    let time = meta
+                        .iter()
+                        .find(|d| eq(&String::from_utf8_lossy(&d.org_name), &rule.time))?;
+                    let flags = if time.flags & NOT_NULL_FLAG != 0 {
+                        NOT_NULL_FLAG
+                    } else {
+                        GROUP_FLAG
+                    };
+                    set_flags.push((alias.to_ascii_lowercase(), flags));
+                }
             }
         }
         Some(ColumnPatch {
             tables: vec![self.alias.clone()],
-            columns,
+            columns: Vec::new(),
             flags_from_logical: false,
             materialized: Vec::new(),
             keyed: Vec::new(),
             computed,
+            set_flags,
         })
+    }
+
+    /// How MariaDB would run the original read, as far as column flags tell:
+    /// without `GROUP BY`; with every grouped column fixed to one value by the WHERE
+    /// clause (one group, no temporary table); grouping one column that leads an
+    /// index of the log (and no time range that could pick another index) in index
+    /// order, then sorting through a temporary table only when `ORDER BY` names an
+    /// aggregate; otherwise grouping through a temporary table. The optimizer may
+    /// choose otherwise on other data; only column flags depend on it.
+    fn plan_mode(&self, rule: &RollupRule, meta: &[ColumnDef]) -> PlanMode {
+        let Some(group) = &self.group else {
+            return PlanMode::Ungrouped;
+        };
+        let open: Vec<Group> = group
+            .iter()
+            .copied()
+            .filter(|g| !matches!(g, Group::Dim(d) if self.is_const(*d)))
+            .collect();
+        let leading = |d: usize| {
+            let name = &rule.logical.key()[d];
+            meta.iter()
+                .find(|c| eq(&String::from_utf8_lossy(&c.org_name), name))
+                .is_some_and(|c| {
+                    c.flags & (PRI_KEY_FLAG | UNIQUE_KEY_FLAG | MULTIPLE_KEY_FLAG) != 0
+                })
+        };
+        let ranged = self.lower.is_some() || self.upper.is_some();
+        match open.as_slice() {
+            [] => PlanMode::Index,
+            [Group::Dim(d)] if leading(*d) && !ranged => {
+                let by_aggregate = self.items.iter().any(|i| match i {
+                    Item::Agg { alias, .. } => self.order_by_names(alias),
+                    _ => false,
+                });
+                if by_aggregate {
+                    PlanMode::IndexThenTemporary
+                } else {
+                    PlanMode::Index
+                }
+            }
+            _ => PlanMode::Temporary,
+        }
+    }
+
+    /// Whether the WHERE clause fixes dimension `dim` to one value (`d = v`).
+    fn is_const(&self, dim: usize) -> bool {
+        self.filters
+            .iter()
+            .any(|f| matches!(f, Filter::Value { dim: d, single: true, .. } if *d == dim))
+    }
+
+    /// Whether the `ORDER BY` clause mentions `name`.
+    fn order_by_names(&self, name: &str) -> bool {
+        let lower = self.order_by.to_ascii_lowercase();
+        let name = name.to_ascii_lowercase();
+        lower
+            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$'))
+            .any(|w| w == name)
+    }
+}
+
+/// Column flags: NOT NULL, keys, BINARY, AUTO_INCREMENT, and the group flag a
+/// nullable column grouped through a temporary table carries.
+const NOT_NULL_FLAG: u16 = 0x0001;
+const PRI_KEY_FLAG: u16 = 0x0002;
+const UNIQUE_KEY_FLAG: u16 = 0x0004;
+const MULTIPLE_KEY_FLAG: u16 = 0x0008;
+const BINARY_FLAG: u16 = 0x0080;
+const AUTO_INCREMENT_FLAG: u16 = 0x0200;
+const PART_KEY_FLAG: u16 = 0x4000;
+const GROUP_FLAG: u16 = 0x8000;
+const KEY_FLAGS: u16 =
+    PRI_KEY_FLAG | UNIQUE_KEY_FLAG | MULTIPLE_KEY_FLAG | PART_KEY_FLAG | AUTO_INCREMENT_FLAG;
+
+/// How the original read would run (see [`Shape::plan_mode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PlanMode {
+    /// No `GROUP BY`: one row of aggregates.
+    Ungrouped,
+    /// Grouped in index order, rows sent as read.
+    Index,
+    /// Grouped in index order, then sorted through a temporary table.
+    IndexThenTemporary,
+    /// Grouped through a temporary table.
+    Temporary,
+}
+
+impl PlanMode {
+    /// A grouped column's flags, from the log column's; `fixed`: the WHERE clause
+    /// fixes it to one value, so it is not grouped by.
+    fn column_flags(self, base: u16, fixed: bool) -> u16 {
+        match self {
+            PlanMode::Ungrouped | PlanMode::Index => base,
+            PlanMode::IndexThenTemporary => base & !KEY_FLAGS,
+            PlanMode::Temporary if fixed || base & NOT_NULL_FLAG != 0 => base & !KEY_FLAGS,
+            PlanMode::Temporary => (base & !KEY_FLAGS) | GROUP_FLAG,
+        }
+    }
+
+    /// A `COUNT` column's flags.
+    fn count_flags(self) -> u16 {
+        match self {
+            PlanMode::Ungrouped | PlanMode::Index => NOT_NULL_FLAG | BINARY_FLAG,
+            PlanMode::IndexThenTemporary | PlanMode::Temporary => NOT_NULL_FLAG,
+        }
     }
 }
 
@@ -819,8 +951,9 @@ fn answerable_format(rule: &RollupRule, literal: &[u8]) -> bool {
     true
 }
 
-/// MariaDB's definition of a `COUNT(…)` column: `BIGINT(21) NOT NULL`, binary.
-fn count_def() -> ColumnDef {
+/// MariaDB's definition of a `COUNT(…)` column: `BIGINT(21) NOT NULL`, binary, with
+/// the flags of the read's plan.
+fn count_def(flags: u16) -> ColumnDef {
     ColumnDef {
         catalog: b"def".to_vec(),
         schema: Vec::new(),
@@ -832,7 +965,7 @@ fn count_def() -> ColumnDef {
         charset: 63,
         length: 21,
         column_type: types::LONGLONG,
-        flags: 0x0001 | 0x8000,
+        flags,
         decimals: 0,
         fixed_len: 0x0c,
         tail: vec![0, 0],

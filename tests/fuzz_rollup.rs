@@ -106,7 +106,13 @@ impl Kind for Rollup {
     fn statement(&self, g: &mut Gen) -> Stmt {
         let mut s = Stmt::new();
         match g.below(100) {
-            0..=14 => insert(g, &mut s),
+            0..=1 => {
+                // The session's time zone: NOW() moves, DATETIME values do not.
+                let tz = *g.pick(&["'+00:00'", "'+05:30'", "'-08:00'", "'SYSTEM'"]);
+                s.sql(format!("SET time_zone = {tz}"));
+                s.text_only = true;
+            }
+            2..=14 => insert(g, &mut s),
             15..=19 => update(g, &mut s),
             20..=23 => delete(g, &mut s),
             24..=25 => insert_select(g, &mut s),
@@ -265,7 +271,21 @@ fn time_range(g: &mut Gen, s: &mut Stmt, t: &str) {
             ));
         }
         _ => {
-            s.sql(format!("{t} >= NOW() - INTERVAL 5000 DAY"));
+            // Relative to NOW(), in the session's time zone, landing in the data's
+            // March 2024 with ragged hours.
+            let (a, b) = (g.range(-24 * 14, 24 * 14), g.range(-24 * 14, 24 * 14));
+            let ago = |h: i64| {
+                format!("NOW() - INTERVAL (DATEDIFF(NOW(), '2024-03-15') * 24 + {h}) HOUR")
+            };
+            match g.below(3) {
+                0 => s.sql(format!("{t} >= {}", ago(a))),
+                1 => s.sql(format!("{t} < {}", ago(a))),
+                _ => s.sql(format!(
+                    "{t} BETWEEN {} AND {}",
+                    ago(a.max(b)),
+                    ago(a.min(b))
+                )),
+            };
         }
     }
 }

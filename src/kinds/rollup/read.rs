@@ -1104,6 +1104,7 @@ fn constant(e: &Expr) -> bool {
         "SUBDATE",
         "ADDDATE",
         "FROM_UNIXTIME",
+        "DATEDIFF",
     ];
     let mut stack = vec![e];
     while let Some(e) = stack.pop() {

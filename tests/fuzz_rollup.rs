@@ -31,6 +31,39 @@ fn rollup_reads_match_the_log() {
     common::differential::run_bounded(&Rollup, SEED, STATEMENTS, ROUNDS);
 }
 
+/// The generator's shapes are answered from the rollups (the differential run
+/// would pass just as well if they all fell back to the log), and the shapes
+/// documented as fallbacks are.
+#[test]
+fn generated_shapes_are_answered_from_the_rollups() {
+    let rules = common::client::rules_dir("rollup.toml", &Rollup.rule_toml());
+    let dir = rules.path().to_str().expect("utf-8 path");
+    let rewritten = [
+        "SELECT track_id, country, COUNT(*) AS total FROM plays WHERE track_id = 1 AND created_at BETWEEN NOW() - INTERVAL 7 DAY AND NOW() GROUP BY track_id, country",
+        "SELECT COUNT(*) AS n FROM plays p WHERE p.track_id IN (1, 2) AND p.country IS NULL",
+        "SELECT DATE(created_at) AS d, COUNT(*) AS n FROM plays WHERE track_id = 1 GROUP BY d",
+        "SELECT DATE_FORMAT(created_at, '%Y-%m-%d %H:00:00') AS h, COUNT(*) AS n FROM plays GROUP BY 1 ORDER BY n DESC, 1 LIMIT 3",
+        "SELECT country, COUNT(*) AS n, COUNT(user_id) AS u FROM plays WHERE created_at > '2024-03-01 10:30:00' AND created_at <= '2024-03-09' GROUP BY country",
+        "SELECT track_id, COUNT(*) AS n FROM plays WHERE created_at >= NOW() - INTERVAL (DATEDIFF(NOW(), '2024-03-15') * 24 + 5) HOUR GROUP BY track_id",
+    ];
+    let fallbacks = [
+        "SELECT COUNT(*) FROM plays WHERE track_id = 1",
+        "SELECT user_id, COUNT(*) AS n FROM plays GROUP BY user_id",
+        "SELECT track_id, AVG(user_id) AS a FROM plays GROUP BY track_id",
+        "SELECT DATE_FORMAT(created_at, '%Y-%m-%d %H:%i') AS m, COUNT(*) AS n FROM plays GROUP BY m",
+    ];
+    for (sql, want) in rewritten.iter().map(|q| (q, "rewritten by rule")).chain(
+        fallbacks
+            .iter()
+            .map(|q| (q, "counted as the rule's fallback")),
+    ) {
+        let (code, out, err) =
+            common::cli::heatsink(&["explain", "--rules", dir, "--db", "shop", sql]);
+        assert_eq!(code, 0, "{sql}\n{err}");
+        assert!(out.contains(want), "{sql}: expected `{want}`\n{out}");
+    }
+}
+
 struct Rollup;
 
 impl Kind for Rollup {

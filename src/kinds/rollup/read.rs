@@ -1117,7 +1117,11 @@ fn constant(e: &Expr) -> bool {
             Expr::Cast { expr, .. } => stack.push(expr),
             Expr::BinaryOp {
                 left,
-                op: BinaryOperator::Plus | BinaryOperator::Minus,
+                op:
+                    BinaryOperator::Plus
+                    | BinaryOperator::Minus
+                    | BinaryOperator::Multiply
+                    | BinaryOperator::Divide,
                 right,
             } => {
                 stack.push(left);
@@ -1150,4 +1154,111 @@ fn constant(e: &Expr) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::spec::RollupSpec;
+    use super::super::RollupRule;
+    use crate::rewrite::testutil::{assert_sql, col, decide, reject, rewrite};
+    use crate::rewrite::{Decision, Engine, Reply};
+    use crate::wire::resultset::types;
+
+    /// An engine with a day rollup of `plays` by (track_id, country), and the log's
+    /// columns known for database `shop`.
+    fn engine() -> Engine {
+        let spec: Vec<RollupSpec> = crate::kinds::entries(
+            "[[rollup]]\nname = \"by_day\"\ntable = \"plays\"\nrollup_table = \"plays_by_day\"\n\
+             time = \"created_at\"\nbucket = \"day\"\ndimensions = [\"track_id\", \"country\"]\n",
+            "rollup",
+        )
+        .unwrap();
+        let rule = RollupRule::new(&spec[0]).unwrap();
+        let e = Engine::new(vec![Arc::new(rule)], 100).unwrap();
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[
+                col("plays", "id", types::LONGLONG, 0x4203),
+                col("plays", "created_at", types::DATETIME, 0x4008),
+                col("plays", "track_id", types::LONG, 0x4008),
+                col("plays", "country", 0xfd, 0),
+            ],
+        );
+        e
+    }
+
+    const ROLLUP_COLS: &str = "IF((`p`.`hs_nulls` & 1) <> 0, NULL, `p`.`track_id`) AS `track_id`, IF((`p`.`hs_nulls` & 2) <> 0, NULL, `p`.`country`) AS `country`, `p`.`hs_rows` AS `hs_rows`";
+
+    #[test]
+    fn whole_buckets_from_the_rollup_edges_from_the_log() {
+        let e = engine();
+        let r = rewrite(
+            &e,
+            "SELECT track_id, country, COUNT(*) AS total FROM plays p WHERE track_id = 7 \
+             AND created_at >= '2024-03-01 10:30:00' GROUP BY track_id, country",
+        );
+        let s = "IF(CAST(DATE_FORMAT(('2024-03-01 10:30:00'), '%Y-%m-%d 00:00:00') AS DATETIME) = ('2024-03-01 10:30:00'), \
+                 CAST(DATE_FORMAT(('2024-03-01 10:30:00'), '%Y-%m-%d 00:00:00') AS DATETIME), \
+                 CAST(DATE_FORMAT(('2024-03-01 10:30:00'), '%Y-%m-%d 00:00:00') AS DATETIME) + INTERVAL 1 DAY)";
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT `p`.`track_id` AS `track_id`, `p`.`country` AS `country`, `p`.`total` FROM (\
+                 SELECT `hs_u`.`track_id`, `hs_u`.`country`, CAST(COALESCE(SUM(`hs_u`.`hs_rows`), 0) AS SIGNED) AS `total` FROM (\
+                 SELECT {ROLLUP_COLS} FROM `plays_by_day` AS `p` WHERE track_id = 7 AND (`p`.`hs_nulls` & 1) = 0 \
+                 AND `p`.`hs_bucket` >= {s} AND (`p`.`hs_nulls` & 2147483648) = 0 \
+                 UNION ALL SELECT `p`.`track_id` AS `track_id`, `p`.`country` AS `country`, 1 AS `hs_rows` FROM plays AS `p` \
+                 WHERE (track_id = 7 AND created_at >= '2024-03-01 10:30:00') AND `p`.`created_at` < {s}) AS `hs_u` \
+                 GROUP BY `hs_u`.`track_id`, `hs_u`.`country` HAVING SUM(`hs_u`.`hs_rows`) > 0) AS `p` \
+                 ORDER BY `p`.`track_id`, `p`.`country`"
+            )],
+        );
+        let Reply::Patched(patch) = &r.reply else {
+            panic!("{:?}", r.reply)
+        };
+        assert_eq!(patch.computed.len(), 3);
+    }
+
+    #[test]
+    fn all_time_totals_read_the_rollup_alone() {
+        let e = engine();
+        let r = rewrite(&e, "SELECT COUNT(*) AS n FROM plays WHERE country IS NULL");
+        assert_sql(
+            &r,
+            &["SELECT `plays`.`n` FROM (SELECT CAST(COALESCE(SUM(`hs_u`.`hs_rows`), 0) AS SIGNED) AS `n` \
+               FROM (SELECT `plays`.`hs_rows` AS `hs_rows` FROM `plays_by_day` AS `plays` \
+               WHERE (`plays`.`hs_nulls` & 2) <> 0) AS `hs_u`) AS `plays`"],
+        );
+    }
+
+    #[test]
+    fn other_reads_fall_back_and_writes_pass() {
+        let e = engine();
+        for sql in [
+            "SELECT COUNT(*) FROM plays WHERE track_id = 1",
+            "SELECT user_id, COUNT(*) AS n FROM plays GROUP BY user_id",
+            "SELECT track_id, COUNT(*) AS n FROM plays GROUP BY track_id HAVING n > 1",
+            "SELECT track_id, COUNT(*) AS n FROM plays WHERE created_at > RAND() GROUP BY track_id",
+            "SELECT DATE_FORMAT(created_at, '%Y-%m-%d %H') AS h, COUNT(*) AS n FROM plays GROUP BY h",
+        ] {
+            assert!(
+                matches!(decide(&e, sql), Decision::Fallback(_)),
+                "{sql}: {:?}",
+                decide(&e, sql)
+            );
+        }
+        for sql in [
+            "SELECT * FROM plays WHERE id = 1",
+            "INSERT INTO plays (track_id) VALUES (1)",
+            "UPDATE plays SET country = 'x' WHERE id = 1",
+            "DELETE FROM plays WHERE id = 1",
+        ] {
+            assert!(matches!(decide(&e, sql), Decision::Passthrough), "{sql}");
+        }
+        assert!(reject(&e, "TRUNCATE TABLE plays").contains("fires no trigger"));
+        assert!(reject(&e, "ALTER TABLE plays ADD COLUMN x INT").contains("rollup"));
+    }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts a private MariaDB (temporary data directory, free loopback port) with the
-# example schema, creates the slot tables for the example rules, and runs heatsink in
-# front of it on 127.0.0.1:6033 (HEATSINK_DEMO_LISTEN to change). Ctrl-C stops both.
+# example schema, creates the tables and triggers the example rules need (every kind),
+# and runs heatsink in front of it on 127.0.0.1:6033 (HEATSINK_DEMO_LISTEN to change).
+# Ctrl-C stops both.
 # Installs mariadb-server on Debian when it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,8 @@ target/release/heatsink migrate --rules rules/ \
 
 cat <<TXT
 
-MariaDB (private, port $MARIADB_PORT) has database 'demo' with table 'hits'.
+MariaDB (private, port $MARIADB_PORT) has database 'demo' with tables 'hits',
+'profile_visits_log' and 'plays'.
 heatsink listens on $listen with the rules in rules/. Try:
 
   mariadb -h${listen%:*} -P${listen##*:} -udemo -pdemo demo \\
@@ -37,6 +39,10 @@ heatsink listens on $listen with the rules in rules/. Try:
   mariadb -h${listen%:*} -P${listen##*:} -udemo -pdemo demo \\
     -e "INSERT INTO profile_visits_log (uid, visitor_uid, last_update) VALUES (5, 42, NOW(6));
         SELECT * FROM profile_visits_log WHERE uid = 5 ORDER BY last_update DESC"
+  mariadb -h${listen%:*} -P${listen##*:} -udemo -pdemo demo \
+    -e "SELECT track_id, country, COUNT(*) AS total FROM plays
+        WHERE track_id = 1 AND created_at BETWEEN NOW() - INTERVAL 7 DAY AND NOW()
+        GROUP BY track_id, country"
 
 Metrics: http://127.0.0.1:9633/metrics   Stop: Ctrl-C
 TXT

@@ -20,3 +20,18 @@ CREATE TABLE IF NOT EXISTS profile_visits_log (
 INSERT INTO profile_visits_log (uid, visitor_uid, last_update)
   SELECT 5, seq, NOW(6) - INTERVAL seq MINUTE FROM seq_1_to_20
   WHERE NOT EXISTS (SELECT 1 FROM profile_visits_log);
+-- A play log the application appends to on every play and aggregates for statistics.
+CREATE TABLE IF NOT EXISTS plays (
+  id BIGINT AUTO_INCREMENT PRIMARY KEY,
+  created_at DATETIME DEFAULT NULL,
+  track_id INT DEFAULT NULL,
+  user_id INT DEFAULT NULL,
+  referer TEXT,
+  country VARCHAR(255) DEFAULT NULL,
+  api_consumer_key VARCHAR(255) DEFAULT NULL,
+  KEY (track_id), KEY (user_id), KEY (created_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+INSERT INTO plays (created_at, track_id, user_id, country)
+  SELECT NOW() - INTERVAL seq * 7 MINUTE, 1 + seq % 5, seq % 100, ELT(1 + seq % 4, 'US', 'DE', 'FR', 'BR')
+  FROM seq_1_to_5000
+  WHERE NOT EXISTS (SELECT 1 FROM plays);

@@ -1169,9 +1169,15 @@ mod tests {
     /// An engine with a day rollup of `plays` by (track_id, country), and the log's
     /// columns known for database `shop`.
     fn engine() -> Engine {
+        engine_with("")
+    }
+
+    fn engine_with(extra: &str) -> Engine {
         let spec: Vec<RollupSpec> = crate::kinds::entries(
-            "[[rollup]]\nname = \"by_day\"\ntable = \"plays\"\nrollup_table = \"plays_by_day\"\n\
-             time = \"created_at\"\nbucket = \"day\"\ndimensions = [\"track_id\", \"country\"]\n",
+            &format!(
+                "[[rollup]]\nname = \"by_day\"\ntable = \"plays\"\nrollup_table = \"plays_by_day\"\n\
+                 time = \"created_at\"\nbucket = \"day\"\ndimensions = [\"track_id\", \"country\"]\n{extra}"
+            ),
             "rollup",
         )
         .unwrap();
@@ -1260,5 +1266,19 @@ mod tests {
         }
         assert!(reject(&e, "TRUNCATE TABLE plays").contains("fires no trigger"));
         assert!(reject(&e, "ALTER TABLE plays ADD COLUMN x INT").contains("rollup"));
+    }
+
+    #[test]
+    fn shadow_mode_only_reports() {
+        let e = engine_with("mode = \"shadow\"\n");
+        let sql = "SELECT country, COUNT(*) AS n FROM plays WHERE track_id = 1 GROUP BY country";
+        match decide(&e, sql) {
+            Decision::Shadow(would) => assert!(matches!(*would, Decision::Rewrite(_))),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            decide(&e, "TRUNCATE TABLE plays"),
+            Decision::Shadow(_)
+        ));
     }
 }

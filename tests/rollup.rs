@@ -350,7 +350,7 @@ fn dimensions_of_every_key_type_keep_their_nulls_apart() {
 
 /// Which writers of [`write_load`] are connected through heatsink.
 fn through_heatsink(writer: u64) -> bool {
-    writer % 2 == 0
+    writer.is_multiple_of(2)
 }
 
 /// The statement writer `w` sends as its `i`-th, `last` being the id its connection
@@ -359,7 +359,7 @@ fn through_heatsink(writer: u64) -> bool {
 fn load_statement(w: u64, i: u64, last: Option<u64>) -> String {
     let row = |k: u64| {
         let n = w * 7919 + i * 31 + k;
-        let track = if n % 2 == 0 {
+        let track = if n.is_multiple_of(2) {
             "7".to_string()
         } else if n % 13 == 1 {
             "NULL".to_string()
@@ -371,7 +371,7 @@ fn load_statement(w: u64, i: u64, last: Option<u64>) -> String {
         } else {
             format!("'2024-05-10' + INTERVAL {} MINUTE", n % 4000)
         };
-        let user = if n % 5 == 0 {
+        let user = if n.is_multiple_of(5) {
             "NULL".to_string()
         } else {
             (n % 1000).to_string()
@@ -396,14 +396,33 @@ fn load_statement(w: u64, i: u64, last: Option<u64>) -> String {
     }
 }
 
-/// What a [`write_load`] writer saw: statements acknowledged and errors, each split by
-/// whether they were sent through heatsink.
+/// What the writers of one side (through heatsink or direct) of [`write_load`] saw.
+#[derive(Debug, Default, Clone, Copy)]
+struct Side {
+    /// Statements acknowledged.
+    ok: u64,
+    /// Statements the server refused (deadlocks, lock wait timeouts).
+    refused: u64,
+    /// Statements whose connection broke under them (the proxy killed).
+    lost: u64,
+    /// Statements acknowledged on a connection opened after one was lost.
+    ok_after_loss: u64,
+}
+
+impl std::ops::AddAssign for Side {
+    fn add_assign(&mut self, o: Side) {
+        self.ok += o.ok;
+        self.refused += o.refused;
+        self.lost += o.lost;
+        self.ok_after_loss += o.ok_after_loss;
+    }
+}
+
+/// What the 64 writers of [`write_load`] saw.
 #[derive(Debug, Default, Clone, Copy)]
 struct LoadCounts {
-    proxied_ok: u64,
-    proxied_errors: u64,
-    direct_ok: u64,
-    direct_errors: u64,
+    proxied: Side,
+    direct: Side,
 }
 
 /// 64 writers, half through the proxy at `*proxy_url` (read again on every reconnect),
@@ -421,7 +440,7 @@ async fn write_load(
         let (proxy_url, direct_url, stop) = (proxy_url.clone(), direct_url.clone(), stop.clone());
         writers.push(tokio::spawn(async move {
             let proxied = through_heatsink(w);
-            let (mut ok, mut errors) = (0u64, 0u64);
+            let mut seen = Side::default();
             let mut conn: Option<mysql_async::Conn> = None;
             let mut last = None;
             let mut i = round * 1_000_000;
@@ -447,16 +466,19 @@ async fn write_load(
                 let sql = load_statement(w, i, last);
                 match tokio::time::timeout(Duration::from_secs(10), c.query_drop(&sql)).await {
                     Ok(Ok(())) => {
-                        ok += 1;
+                        seen.ok += 1;
+                        if seen.lost > 0 {
+                            seen.ok_after_loss += 1;
+                        }
                         if sql.starts_with("INSERT") {
                             last = c.last_insert_id();
                         }
                     }
                     // A deadlock or lock wait timeout rolls the statement back.
-                    Ok(Err(mysql_async::Error::Server(_))) => errors += 1,
+                    Ok(Err(mysql_async::Error::Server(_))) => seen.refused += 1,
                     // The connection is gone (the proxy was killed): open another.
                     _ => {
-                        errors += 1;
+                        seen.lost += 1;
                         conn = None;
                     }
                 }
@@ -464,18 +486,16 @@ async fn write_load(
             if let Some(c) = conn {
                 let _ = c.disconnect().await;
             }
-            (proxied, ok, errors)
+            (proxied, seen)
         }));
     }
     let mut counts = LoadCounts::default();
     for w in writers {
-        let (proxied, ok, errors) = w.await.unwrap();
+        let (proxied, seen) = w.await.unwrap();
         if proxied {
-            counts.proxied_ok += ok;
-            counts.proxied_errors += errors;
+            counts.proxied += seen;
         } else {
-            counts.direct_ok += ok;
-            counts.direct_errors += errors;
+            counts.direct += seen;
         }
     }
     counts
@@ -563,8 +583,8 @@ fn writers_through_heatsink_and_direct_keep_rollups_exact_across_kill9() {
     stop.store(true, Ordering::Relaxed);
     let first = rt.block_on(load).unwrap();
     eprintln!("round 1: {first:?}");
-    assert!(first.proxied_ok > 200, "{first:?}");
-    assert!(first.direct_ok > 200, "{first:?}");
+    assert!(first.proxied.ok > 200 && first.direct.ok > 200, "{first:?}");
+    assert_eq!(first.proxied.lost + first.direct.lost, 0, "{first:?}");
     wait_quiet(db);
     assert_exact(db, "64 writers through heatsink and direct");
     rt.block_on(assert_reads_agree(&env.url(), db));
@@ -579,7 +599,14 @@ fn writers_through_heatsink_and_direct_keep_rollups_exact_across_kill9() {
     let pid = env.proxy.pid().expect("proxy running");
     env.proxy.kill9();
     eprintln!("killed heatsink (pid {pid}) with SIGKILL");
+    let max_id =
+        || scalar(&format!("SELECT MAX(id) FROM {db}.plays")).map(|v| v.parse::<u64>().unwrap());
+    let at_kill = max_id();
     std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        max_id() > at_kill,
+        "the direct writers stopped with the proxy"
+    );
     let (proxy, metrics) = Proxy::builder()
         .rules_dir(env.rules_path())
         .start_with_metrics();
@@ -589,11 +616,15 @@ fn writers_through_heatsink_and_direct_keep_rollups_exact_across_kill9() {
     let second = rt.block_on(load).unwrap();
     eprintln!("round 2: {second:?}");
     assert!(
-        second.proxied_errors > 0,
+        second.proxied.lost > 0,
         "no proxied writer saw the kill: {second:?}"
     );
-    assert!(second.proxied_ok > 200, "{second:?}");
-    assert!(second.direct_ok > 200, "{second:?}");
+    assert!(
+        second.proxied.ok_after_loss > 100,
+        "the proxied writers did not resume on the new proxy: {second:?}"
+    );
+    assert!(second.direct.ok > 200, "{second:?}");
+    assert_eq!(second.direct.lost, 0, "{second:?}");
     wait_quiet(db);
     assert_exact(db, "kill -9 of heatsink under 32 of 64 writers");
     rt.block_on(assert_reads_agree(&proxy.url(db), db));

@@ -1,6 +1,7 @@
 //! Rollup rules: `heatsink migrate --apply` creates the rollup tables, the triggers
-//! that keep them exact and the online backfill; every write straight to the
-//! database (no proxy) must leave each rollup equal to a GROUP BY over the log.
+//! that keep them exact and the online backfill; every write, straight to the
+//! database or through heatsink (also when heatsink is killed under its clients), must
+//! leave each rollup equal to a GROUP BY over the log.
 
 mod common;
 
@@ -376,7 +377,7 @@ fn load_statement(w: u64, i: u64, last: Option<u64>) -> String {
         } else {
             (n % 1000).to_string()
         };
-        let country = ["'US'", "'DE'", "NULL", "'FR'", "''"][(n % 5) as usize];
+        let country = ["'US'", "'DE'", "NULL", "'FR'", "''"][(n / 3 % 5) as usize];
         format!("({at}, {track}, {user}, {country})")
     };
     let insert = "INSERT INTO plays (created_at, track_id, user_id, country) VALUES ";

@@ -1,17 +1,18 @@
 //! Rollup rules: `heatsink migrate --apply` creates the rollup tables, the triggers
-//! that keep them exact and the online backfill; every write straight to the
-//! database (no proxy) must leave each rollup equal to a GROUP BY over the log.
+//! that keep them exact and the online backfill; every write, straight to the
+//! database or through heatsink (also when heatsink is killed under its clients), must
+//! leave each rollup equal to a GROUP BY over the log.
 
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::cli::migrate;
 use common::client::{connect, rules_dir, run};
-use common::fixture::{fresh_db, migrate_apply, scalar, Rule};
-use common::mariadb;
+use common::fixture::{fresh_db, migrate_apply, scalar, Env, Rule};
+use common::{mariadb, Proxy};
 use mysql_async::prelude::Queryable;
 
 const PLAYS: &str = "CREATE TABLE plays (id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at DATETIME DEFAULT NULL, \
@@ -346,4 +347,305 @@ fn dimensions_of_every_key_type_keep_their_nulls_apart() {
         .as_deref(),
         Some("decimal(65,3)")
     );
+}
+
+/// Which writers of [`write_load`] are connected through heatsink.
+fn through_heatsink(writer: u64) -> bool {
+    writer.is_multiple_of(2)
+}
+
+/// The statement writer `w` sends as its `i`-th, `last` being the id its connection
+/// inserted last: mostly single- and multi-row inserts, half of all rows on track 7,
+/// some NULL dimensions and times, a few UPDATEs and DELETEs.
+fn load_statement(w: u64, i: u64, last: Option<u64>) -> String {
+    let row = |k: u64| {
+        let n = w * 7919 + i * 31 + k;
+        let track = if n.is_multiple_of(2) {
+            "7".to_string()
+        } else if n % 13 == 1 {
+            "NULL".to_string()
+        } else {
+            (n % 40).to_string()
+        };
+        let at = if n % 11 == 3 {
+            "NULL".to_string()
+        } else {
+            format!("'2024-05-10' + INTERVAL {} MINUTE", n % 4000)
+        };
+        let user = if n.is_multiple_of(5) {
+            "NULL".to_string()
+        } else {
+            (n % 1000).to_string()
+        };
+        let country = ["'US'", "'DE'", "NULL", "'FR'", "''"][(n / 3 % 5) as usize];
+        format!("({at}, {track}, {user}, {country})")
+    };
+    let insert = "INSERT INTO plays (created_at, track_id, user_id, country) VALUES ";
+    match (i % 20, last) {
+        (7, Some(id)) => format!(
+            "UPDATE plays SET track_id = IF(track_id = 7, {}, 7), created_at = created_at + INTERVAL 1 HOUR, \
+             user_id = user_id + 1 WHERE id = {id}",
+            i % 40
+        ),
+        (13, Some(id)) => format!("UPDATE plays SET country = NULL, created_at = NULL WHERE id = {id}"),
+        (17, Some(id)) => format!("DELETE FROM plays WHERE id = {id}"),
+        (3 | 11, _) => {
+            let rows: Vec<String> = (0..2 + i % 4).map(row).collect();
+            format!("{insert}{}", rows.join(", "))
+        }
+        _ => format!("{insert}{}", row(0)),
+    }
+}
+
+/// What the writers of one side (through heatsink or direct) of [`write_load`] saw.
+#[derive(Debug, Default, Clone, Copy)]
+struct Side {
+    /// Statements acknowledged.
+    ok: u64,
+    /// Statements the server refused (deadlocks, lock wait timeouts).
+    refused: u64,
+    /// Statements whose connection broke under them (the proxy killed).
+    lost: u64,
+    /// Statements acknowledged on a connection opened after one was lost.
+    ok_after_loss: u64,
+}
+
+impl std::ops::AddAssign for Side {
+    fn add_assign(&mut self, o: Side) {
+        self.ok += o.ok;
+        self.refused += o.refused;
+        self.lost += o.lost;
+        self.ok_after_loss += o.ok_after_loss;
+    }
+}
+
+/// What the 64 writers of [`write_load`] saw.
+#[derive(Debug, Default, Clone, Copy)]
+struct LoadCounts {
+    proxied: Side,
+    direct: Side,
+}
+
+/// 64 writers, half through the proxy at `*proxy_url` (read again on every reconnect),
+/// half straight to MariaDB, until `stop` is set. A statement that fails (a deadlock,
+/// or the proxy killed under it) is counted; a connection that fails is opened again.
+async fn write_load(
+    db: &str,
+    proxy_url: Arc<Mutex<String>>,
+    stop: Arc<AtomicBool>,
+    round: u64,
+) -> LoadCounts {
+    let direct_url = mariadb().url(db);
+    let mut writers = Vec::new();
+    for w in 0..64u64 {
+        let (proxy_url, direct_url, stop) = (proxy_url.clone(), direct_url.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let proxied = through_heatsink(w);
+            let mut seen = Side::default();
+            let mut conn: Option<mysql_async::Conn> = None;
+            let mut last = None;
+            let mut i = round * 1_000_000;
+            while !stop.load(Ordering::Relaxed) {
+                let Some(c) = conn.as_mut() else {
+                    let url = if proxied {
+                        proxy_url.lock().unwrap().clone()
+                    } else {
+                        direct_url.clone()
+                    };
+                    match tokio::time::timeout(
+                        Duration::from_secs(5),
+                        mysql_async::Conn::from_url(url),
+                    )
+                    .await
+                    {
+                        Ok(Ok(c)) => conn = Some(c),
+                        _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
+                    continue;
+                };
+                i += 1;
+                let sql = load_statement(w, i, last);
+                match tokio::time::timeout(Duration::from_secs(10), c.query_drop(&sql)).await {
+                    Ok(Ok(())) => {
+                        seen.ok += 1;
+                        if seen.lost > 0 {
+                            seen.ok_after_loss += 1;
+                        }
+                        if sql.starts_with("INSERT") {
+                            last = c.last_insert_id();
+                        }
+                    }
+                    // A deadlock or lock wait timeout rolls the statement back.
+                    Ok(Err(mysql_async::Error::Server(_))) => seen.refused += 1,
+                    // The connection is gone (the proxy was killed): open another.
+                    _ => {
+                        seen.lost += 1;
+                        conn = None;
+                    }
+                }
+            }
+            if let Some(c) = conn {
+                let _ = c.disconnect().await;
+            }
+            (proxied, seen)
+        }));
+    }
+    let mut counts = LoadCounts::default();
+    for w in writers {
+        let (proxied, seen) = w.await.unwrap();
+        if proxied {
+            counts.proxied += seen;
+        } else {
+            counts.direct += seen;
+        }
+    }
+    counts
+}
+
+/// Waits until no statement of the test user is running in `db` (a statement whose
+/// client, or proxy, was killed may still be finishing or rolling back).
+fn wait_quiet(db: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let busy = scalar(&format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = '{}' \
+             AND DB = '{db}' AND COMMAND <> 'Sleep'",
+            common::USER
+        ));
+        if busy.as_deref() == Some("0") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "statements still running in {db} after 20 s: {busy:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Aggregate reads the rollups answer: through heatsink and straight to MariaDB they
+/// must give the same rows.
+async fn assert_reads_agree(proxy_url: &str, db: &str) {
+    let reads = [
+        "SELECT track_id, COUNT(*) AS n FROM plays WHERE created_at >= '2024-05-11 13:30:00' \
+         GROUP BY track_id ORDER BY track_id",
+        "SELECT track_id, COUNT(*) AS n FROM plays GROUP BY track_id ORDER BY track_id",
+        "SELECT track_id, country, COUNT(*) AS n, COUNT(user_id) AS u FROM plays \
+         WHERE created_at BETWEEN '2024-05-10 05:17:00' AND '2024-05-12 02:00:00' \
+         GROUP BY track_id, country ORDER BY track_id, country",
+        "SELECT COUNT(*) AS n FROM plays WHERE track_id = 7 AND created_at < '2024-05-11 20:05:00'",
+        "SELECT DATE(created_at) AS d, COUNT(*) AS n FROM plays WHERE track_id = 7 \
+         AND created_at >= '2024-05-10' GROUP BY d ORDER BY d",
+    ];
+    let mut through = connect(proxy_url).await;
+    let mut direct = connect(&mariadb().url(db)).await;
+    for sql in reads {
+        let via: Vec<mysql_async::Row> = through
+            .query(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let log: Vec<mysql_async::Row> = direct.query(sql).await.unwrap();
+        let via: Vec<_> = via.into_iter().map(mysql_async::Row::unwrap).collect();
+        let log: Vec<_> = log.into_iter().map(mysql_async::Row::unwrap).collect();
+        assert!(!log.is_empty(), "{sql}: no rows");
+        assert_eq!(via, log, "{sql}");
+    }
+    through.disconnect().await.unwrap();
+    direct.disconnect().await.unwrap();
+}
+
+/// 64 writers (half of the rows on one hot track), half through heatsink and half
+/// straight to MariaDB: afterwards every rollup equals a GROUP BY over the log. Then the
+/// same load again with the proxy killed (SIGKILL) under its writers, the direct writers
+/// going on, a new proxy started and the proxied writers resuming on it.
+#[test]
+fn writers_through_heatsink_and_direct_keep_rollups_exact_across_kill9() {
+    let db = "rollup_kill9";
+    let mut env = Env::builder(db)
+        .schema(format!("{PLAYS} {SEED_ROWS}"))
+        .rule("rollup.toml", rules())
+        .migrate()
+        .start();
+    assert_exact(db, "the migrate");
+    let proxy_url = Arc::new(Mutex::new(env.url()));
+
+    // Round 1: the proxy stays up.
+    let stop = Arc::new(AtomicBool::new(false));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let load = rt.spawn({
+        let (proxy_url, stop) = (proxy_url.clone(), stop.clone());
+        async move { write_load("rollup_kill9", proxy_url, stop, 0).await }
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::Relaxed);
+    let first = rt.block_on(load).unwrap();
+    eprintln!("round 1: {first:?}");
+    assert!(first.proxied.ok > 200 && first.direct.ok > 200, "{first:?}");
+    assert_eq!(first.proxied.lost + first.direct.lost, 0, "{first:?}");
+    wait_quiet(db);
+    assert_exact(db, "64 writers through heatsink and direct");
+    rt.block_on(assert_reads_agree(&env.url(), db));
+
+    // Round 2: kill -9 of the proxy mid-load, a new proxy, the proxied writers resume.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = rt.spawn({
+        let (proxy_url, stop) = (proxy_url.clone(), stop.clone());
+        async move { write_load("rollup_kill9", proxy_url, stop, 1).await }
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = env.proxy.pid().expect("proxy running");
+    env.proxy.kill9();
+    eprintln!("killed heatsink (pid {pid}) with SIGKILL");
+    let max_id =
+        || scalar(&format!("SELECT MAX(id) FROM {db}.plays")).map(|v| v.parse::<u64>().unwrap());
+    let at_kill = max_id();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        max_id() > at_kill,
+        "the direct writers stopped with the proxy"
+    );
+    let (proxy, metrics) = Proxy::builder()
+        .rules_dir(env.rules_path())
+        .start_with_metrics();
+    *proxy_url.lock().unwrap() = proxy.url(db);
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let second = rt.block_on(load).unwrap();
+    eprintln!("round 2: {second:?}");
+    assert!(
+        second.proxied.lost > 0,
+        "no proxied writer saw the kill: {second:?}"
+    );
+    assert!(
+        second.proxied.ok_after_loss > 100,
+        "the proxied writers did not resume on the new proxy: {second:?}"
+    );
+    assert!(second.direct.ok > 200, "{second:?}");
+    assert_eq!(second.direct.lost, 0, "{second:?}");
+    wait_quiet(db);
+    assert_exact(db, "kill -9 of heatsink under 32 of 64 writers");
+    rt.block_on(assert_reads_agree(&proxy.url(db), db));
+
+    // The reads were answered from the rollups, not from the log.
+    let (status, body) = common::http_get(metrics, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    for rule in ["plays_hourly", "plays_daily"] {
+        let count = |outcome: &str| {
+            common::sample(
+                &body,
+                &format!("heatsink_rule_statements_total{{rule=\"{rule}\",outcome=\"{outcome}\"}}"),
+            )
+        };
+        eprintln!(
+            "{rule}: rewritten {:?}, fallback {:?}",
+            count("rewritten"),
+            count("fallback")
+        );
+        assert!(count("rewritten").unwrap_or(0.0) >= 1.0, "{rule}:\n{body}");
+        assert_eq!(count("fallback"), Some(0.0), "{rule}:\n{body}");
+    }
 }

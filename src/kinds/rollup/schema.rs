@@ -35,7 +35,10 @@
 //!
 //! Three triggers on the log per rollup, `<rollup_table>_hs_ins`, `_hs_upd` and
 //! `_hs_del` (`AFTER` each event), upsert the row's contribution (+1 / −1 and its
-//! measures) into slot `FLOOR(RAND() * slots)` of its group; the update trigger
+//! measures) into slot `CONNECTION_ID() % slots` of its group (one writer keeps to
+//! one row per group, so concurrent writers meet on a row only when their connection
+//! ids collide, and a statement touching several groups cannot cross another's
+//! locks on slot rows it picked at random); the update trigger
 //! subtracts `OLD` and adds `NEW`, and does nothing when no column the rollup reads
 //! changed. They run in the writer's transaction, so a rolled-back write leaves no
 //! trace. Several rollups of one log each have their own three triggers; their order

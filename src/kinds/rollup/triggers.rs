@@ -107,7 +107,7 @@ pub(crate) fn on_duplicate(rule: &CheckedRollup) -> String {
 /// The upsert adding (`sign` "") or subtracting (`sign` "-") the row `row`.
 fn upsert(rule: &CheckedRollup, row: &str, sign: &str) -> String {
     let mut values = group_exprs(rule, row);
-    values.push(format!("FLOOR(RAND() * {})", rule.spec.slots));
+    values.push(format!("CONNECTION_ID() % {}", rule.spec.slots));
     values.push(format!("{sign}1"));
     for c in counted(rule) {
         values.push(format!("{sign}({} IS NOT NULL)", col(row, c)));

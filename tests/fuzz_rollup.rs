@@ -141,7 +141,7 @@ impl Kind for Rollup {
         match g.below(100) {
             0..=1 => {
                 // The session's time zone: NOW() moves, DATETIME values do not.
-                let tz = *g.pick(&["'+00:00'", "'+05:30'", "'-08:00'", "'SYSTEM'"]);
+                let tz = *g.pick(&["'+00:00'", "'+05:30'", "'Europe/Berlin'", "'SYSTEM'"]);
                 s.sql(format!("SET time_zone = {tz}"));
                 s.text_only = true;
             }

@@ -405,6 +405,19 @@ impl MariaDb {
              CREATE USER '{ED_USER}'@'%' IDENTIFIED VIA ed25519 USING PASSWORD('{ED_PASSWORD}');
              GRANT ALL ON *.* TO '{ED_USER}'@'%';"
         ));
+        // One named time zone with daylight saving time, for sessions that set it.
+        let zone = Command::new("mariadb-tzinfo-to-sql")
+            .args(["/usr/share/zoneinfo/Europe/Berlin", "Europe/Berlin"])
+            .output();
+        if let Some(out) = zone
+            .ok()
+            .filter(|o| o.status.success() && !o.stdout.is_empty())
+        {
+            self.exec(&format!(
+                "USE mysql;\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            ));
+        }
     }
 }
 

@@ -509,6 +509,55 @@ pub(crate) async fn has_returning(conn: &mut Conn) -> Result<bool> {
     Ok(version.is_some_and(|v| crate::wire::handshake::has_returning(&v)))
 }
 
+/// Resolves a rule's logical table (`table` as written) and its physical tables
+/// (`physical`, as written) to databases: the rule's prefix, else `default_db` (the
+/// URL's) for the logical table, and the logical table's database for an unqualified
+/// physical table (it lives next to it). Refused when a name is invalid or no
+/// database is known.
+pub(crate) fn resolve_tables(
+    table: &str,
+    physical: &[&str],
+    default_db: Option<&str>,
+) -> std::result::Result<(TableName, Vec<TableName>), crate::kinds::SchemaError> {
+    let refuse = crate::kinds::SchemaError::Refused;
+    let mut logical = TableName::parse(table).map_err(refuse)?;
+    if logical.db.is_none() {
+        logical.db = Some(default_db.map(str::to_string).ok_or_else(|| {
+            refuse(format!(
+                "table `{table}` names no database and --backend-url has none"
+            ))
+        })?);
+    }
+    let mut out = Vec::with_capacity(physical.len());
+    for p in physical {
+        let mut t = TableName::parse(p).map_err(refuse)?;
+        if t.db.is_none() {
+            t.db = logical.db.clone();
+        }
+        out.push(t);
+    }
+    Ok((logical, out))
+}
+
+/// Reads a rule's logical table; refused when it is missing or not a base table.
+pub(crate) async fn inspect_base_table(
+    conn: &mut Conn,
+    t: &TableName,
+) -> std::result::Result<Table, crate::kinds::SchemaError> {
+    let refuse = crate::kinds::SchemaError::Refused;
+    let Some(table) = inspect_table(conn, t).await? else {
+        return Err(refuse(format!("table {} does not exist", t.quoted())));
+    };
+    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
+        return Err(refuse(format!(
+            "{} is a {}, not a base table",
+            t.quoted(),
+            table.table_type
+        )));
+    }
+    Ok(table)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -118,6 +118,20 @@ pub fn entries<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// [`entries`] as [`RuleSpec`]s: what most kinds' [`Kind::parse`] is.
+pub fn specs_of<T>(
+    text: &str,
+    section: &'static str,
+) -> std::result::Result<Vec<Arc<dyn RuleSpec>>, toml::de::Error>
+where
+    T: RuleSpec + serde::de::DeserializeOwned + 'static,
+{
+    Ok(entries::<T>(text, section)?
+        .into_iter()
+        .map(|s| Arc::new(s) as Arc<dyn RuleSpec>)
+        .collect())
+}
+
 /// One rule as written in a rule file, of any kind.
 #[async_trait(?Send)]
 pub trait RuleSpec: Send + Sync + fmt::Debug {

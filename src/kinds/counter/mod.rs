@@ -41,11 +41,7 @@ impl Kind for Counter {
     }
 
     fn parse(&self, text: &str) -> std::result::Result<Vec<Arc<dyn RuleSpec>>, toml::de::Error> {
-        let specs: Vec<CounterSpec> = crate::kinds::entries(text, self.section())?;
-        Ok(specs
-            .into_iter()
-            .map(|s| Arc::new(s) as Arc<dyn RuleSpec>)
-            .collect())
+        crate::kinds::specs_of::<CounterSpec>(text, self.section())
     }
 
     fn merge_metric(&self) -> Option<&'static MergeMetric> {

@@ -93,20 +93,9 @@ pub(crate) fn resolve(
     spec: &CounterSpec,
     default_db: Option<&str>,
 ) -> std::result::Result<(TableName, TableName), SchemaError> {
-    let refuse = SchemaError::Refused;
-    let mut logical = TableName::parse(&spec.table).map_err(refuse)?;
-    let mut slot = TableName::parse(&spec.slot_table).map_err(refuse)?;
-    if logical.db.is_none() {
-        logical.db = Some(default_db.map(str::to_string).ok_or_else(|| {
-            refuse(format!(
-                "table `{}` names no database and --backend-url has none",
-                spec.table
-            ))
-        })?);
-    }
-    if slot.db.is_none() {
-        slot.db = logical.db.clone();
-    }
+    let (logical, physical) = resolve_tables(&spec.table, &[&spec.slot_table], default_db)?;
+    let [slot] = <[TableName; 1]>::try_from(physical)
+        .map_err(|_| SchemaError::Refused("internal error: one slot table".into()))?;
     Ok((logical, slot))
 }
 
@@ -162,18 +151,7 @@ pub(crate) async fn check_rule(
 
 /// Reads the logical table; refused when it is missing or not a base table.
 async fn inspect_logical(conn: &mut Conn, logical: &TableName) -> SchemaResult<Table> {
-    let refuse = SchemaError::Refused;
-    let Some(table) = inspect_table(conn, logical).await? else {
-        return Err(refuse(format!("table {} does not exist", logical.quoted())));
-    };
-    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
-        return Err(refuse(format!(
-            "{} is a {}, not a base table",
-            logical.quoted(),
-            table.table_type
-        )));
-    }
-    Ok(table)
+    inspect_base_table(conn, logical).await
 }
 
 /// Key columns: present, usable in a primary key, exactly a unique key (refused

@@ -39,11 +39,7 @@ impl Kind for Ring {
     }
 
     fn parse(&self, text: &str) -> std::result::Result<Vec<Arc<dyn RuleSpec>>, toml::de::Error> {
-        let specs: Vec<RingSpec> = crate::kinds::entries(text, self.section())?;
-        Ok(specs
-            .into_iter()
-            .map(|s| Arc::new(s) as Arc<dyn RuleSpec>)
-            .collect())
+        crate::kinds::specs_of::<RingSpec>(text, self.section())
     }
 
     fn merge_metric(&self) -> Option<&'static MergeMetric> {

@@ -135,23 +135,10 @@ pub(crate) fn resolve_ring(
     spec: &RingSpec,
     default_db: Option<&str>,
 ) -> std::result::Result<(TableName, TableName, TableName), SchemaError> {
-    let refuse = SchemaError::Refused;
-    let mut logical = TableName::parse(&spec.table).map_err(refuse)?;
-    let mut ring = TableName::parse(&spec.ring_table).map_err(refuse)?;
-    let mut seq = TableName::parse(&spec.seq_table_name()).map_err(refuse)?;
-    if logical.db.is_none() {
-        logical.db = Some(default_db.map(str::to_string).ok_or_else(|| {
-            refuse(format!(
-                "table `{}` names no database and --backend-url has none",
-                spec.table
-            ))
-        })?);
-    }
-    for t in [&mut ring, &mut seq] {
-        if t.db.is_none() {
-            t.db = logical.db.clone();
-        }
-    }
+    let seq = spec.seq_table_name();
+    let (logical, physical) = resolve_tables(&spec.table, &[&spec.ring_table, &seq], default_db)?;
+    let [ring, seq] = <[TableName; 2]>::try_from(physical)
+        .map_err(|_| SchemaError::Refused("internal error: ring and sequence tables".into()))?;
     Ok((logical, ring, seq))
 }
 
@@ -231,16 +218,7 @@ pub(crate) async fn check_ring(
 /// generated columns (ring inserts assign every column).
 async fn inspect_log(conn: &mut Conn, logical: &TableName) -> SchemaResult<Table> {
     let refuse = SchemaError::Refused;
-    let Some(table) = inspect_table(conn, logical).await? else {
-        return Err(refuse(format!("table {} does not exist", logical.quoted())));
-    };
-    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
-        return Err(refuse(format!(
-            "{} is a {}, not a base table",
-            logical.quoted(),
-            table.table_type
-        )));
-    }
+    let table = inspect_base_table(conn, logical).await?;
     if let Some(c) = table.columns.iter().find(|c| c.extra.contains("generated")) {
         return Err(refuse(format!(
             "column `{}` of {} is generated; a ring table cannot hold it (ring inserts assign every column)",

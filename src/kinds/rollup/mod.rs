@@ -41,11 +41,7 @@ impl Kind for Rollup {
     }
 
     fn parse(&self, text: &str) -> std::result::Result<Vec<Arc<dyn RuleSpec>>, toml::de::Error> {
-        let specs: Vec<RollupSpec> = crate::kinds::entries(text, self.section())?;
-        Ok(specs
-            .into_iter()
-            .map(|s| Arc::new(s) as Arc<dyn RuleSpec>)
-            .collect())
+        crate::kinds::specs_of::<RollupSpec>(text, self.section())
     }
 }
 

@@ -78,8 +78,8 @@ use mysql_async::Conn;
 use crate::kinds::SchemaError;
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
-    existing_trigger, inspect_table, integer_max, normalize, suffixed_name, table_has_rows,
-    table_options, Column, Table, MAX_IDENT,
+    existing_trigger, inspect_base_table, inspect_table, integer_max, normalize, resolve_tables,
+    suffixed_name, table_has_rows, table_options, Column, Table, MAX_IDENT,
 };
 
 use super::spec::{Measure, RollupSpec};
@@ -215,39 +215,15 @@ pub(crate) async fn check(
 /// The log and the rollup table, each with its database: the rule's prefix, else
 /// `default_db` for the log and the log's database for the rollup.
 fn resolve(spec: &RollupSpec, default_db: Option<&str>) -> SchemaResult<(TableName, TableName)> {
-    let refuse = SchemaError::Refused;
-    let mut log = TableName::parse(&spec.table).map_err(refuse)?;
-    let mut rollup = TableName::parse(&spec.rollup_table).map_err(refuse)?;
-    if log.db.is_none() {
-        log.db = Some(default_db.map(str::to_string).ok_or_else(|| {
-            refuse(format!(
-                "table `{}` names no database and --backend-url has none",
-                spec.table
-            ))
-        })?);
-    }
-    if rollup.db.is_none() {
-        rollup.db = log.db.clone();
-    }
+    let (log, physical) = resolve_tables(&spec.table, &[&spec.rollup_table], default_db)?;
+    let [rollup] = <[TableName; 1]>::try_from(physical)
+        .map_err(|_| SchemaError::Refused("internal error: one rollup table".into()))?;
     Ok((log, rollup))
 }
 
 /// Reads the log; refused when it is missing or not a base table.
 async fn inspect_log(conn: &mut Conn, log: &TableName) -> SchemaResult<Table> {
-    let Some(table) = inspect_table(conn, log).await? else {
-        return Err(SchemaError::Refused(format!(
-            "table {} does not exist",
-            log.quoted()
-        )));
-    };
-    if !table.table_type.eq_ignore_ascii_case("BASE TABLE") {
-        return Err(SchemaError::Refused(format!(
-            "{} is a {}, not a base table",
-            log.quoted(),
-            table.table_type
-        )));
-    }
-    Ok(table)
+    inspect_base_table(conn, log).await
 }
 
 /// The time column's name as the log spells it; refused unless it is DATETIME.

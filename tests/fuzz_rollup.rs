@@ -120,7 +120,7 @@ impl Kind for Rollup {
              time = \"created_at\"\nbucket = \"hour\"\ndimensions = [\"track_id\"]\n\n\
              [[rollup]]\nname = \"plays_by_country_day\"\ntable = \"{LOG}\"\n\
              rollup_table = \"plays_by_country_day\"\ntime = \"created_at\"\nbucket = \"day\"\n\
-             dimensions = [\"track_id\", \"country\"]\nmeasures = [\"count(*)\", \"count(user_id)\"]\n"
+             dimensions = [\"track_id\", \"country\"]\nmeasures = [\"count(*)\", \"count(user_id)\", \"sum(user_id)\"]\n"
         )
     }
 
@@ -352,6 +352,9 @@ fn read(g: &mut Gen, s: &mut Stmt) {
     items.push("COUNT(*) AS n".into());
     if dims.contains(&"country") || g.chance(20) {
         items.push(format!("COUNT({q}user_id) AS u"));
+    }
+    if g.chance(25) {
+        items.push(format!("SUM({q}user_id) AS su"));
     }
     s.sql(format!("{sel} {} {from} {LOG}", items.join(", ")));
     if alias {

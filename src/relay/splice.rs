@@ -947,6 +947,10 @@ fn restore(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
     }
 }
 
+/// The `binary` character set: numbers and other values the session's
+/// `character_set_results` does not convert.
+const BINARY_CHARSET: u16 = 63;
+
 /// The part of [`restore`] for columns of the rewrite's derived tables.
 fn restore_origin(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
     let is_alias = |t: &[u8]| names(&patch.tables, t);
@@ -967,8 +971,10 @@ fn restore_origin(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
         let (charset, length) = (def.charset, def.length);
         *def = computed.clone();
         def.name = client_name;
-        def.charset = charset;
-        def.length = length;
+        if computed.charset != BINARY_CHARSET {
+            def.charset = charset;
+            def.length = length;
+        }
         return;
     }
     let Some((_, logical)) = patch.columns.iter().find(|(n, _)| *n == name) else {

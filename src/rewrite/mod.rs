@@ -746,8 +746,9 @@ pub struct ColumnPatch {
     pub keyed: Vec<String>,
     /// Columns the rewrite computes itself (an aggregate answered from a summary
     /// table, a column read through it), by lower-cased name in the derived table:
-    /// the definition replaces the arriving one, except the name the client gave and
-    /// the character set and length (the session's `character_set_results`).
+    /// the definition replaces the arriving one, except the name the client gave and,
+    /// for a text column, the character set and length (the session's
+    /// `character_set_results`).
     pub computed: Vec<(String, crate::wire::resultset::ColumnDef)>,
     /// Flags to add to output columns by lower-cased name (as the client sees it),
     /// after the rest: a column the outer query computes, whose flags the original

@@ -4,7 +4,7 @@
 //! over output columns, `LIMIT`):
 //!
 //! ```sql
-//! SELECT <dims…>, COUNT(*) AS a [, COUNT(col) AS b] FROM log [AS x]
+//! SELECT <dims…>, COUNT(*) AS a [, COUNT(col) AS b] [, SUM(col) AS c] FROM log [AS x]
 //!  WHERE <dim> = v AND <dim> IN (…) AND <dim> IS [NOT] NULL
 //!    AND <time> >= L AND <time> < U        -- or >, <=, BETWEEN; either bound optional
 //!  [GROUP BY <dims…>] [ORDER BY …] [LIMIT …]
@@ -523,18 +523,7 @@ impl<'q> Shape<'q> {
         let a = quote(&self.alias);
         let group: Vec<Group> = self.group.clone().unwrap_or_default();
         let dim = |d: usize| quote(&rule.logical.key()[d]);
-        let counts: Vec<&str> = self
-            .items
-            .iter()
-            .filter_map(|i| match i {
-                Item::Agg {
-                    measure: Measure::Count(c),
-                    ..
-                } => Some(c.as_str()),
-                _ => None,
-            })
-            .collect();
-        let inner = self.inner_sql(rule, &group, &counts);
+        let inner = self.inner_sql(rule, &group, &self.measured());
         let outer_items: Vec<String> = self
             .items
             .iter()
@@ -574,6 +563,30 @@ impl<'q> Shape<'q> {
         )
     }
 
+    /// The measured columns the read needs: (column, with its sum), each once;
+    /// a `COUNT(col)` needs the column's count, a `SUM(col)` its count and sum.
+    fn measured(&self) -> Vec<(&str, bool)> {
+        let mut out: Vec<(&str, bool)> = Vec::new();
+        for i in &self.items {
+            let (c, sum) = match i {
+                Item::Agg {
+                    measure: Measure::Count(c),
+                    ..
+                } => (c.as_str(), false),
+                Item::Agg {
+                    measure: Measure::Sum(c),
+                    ..
+                } => (c.as_str(), true),
+                _ => continue,
+            };
+            match out.iter_mut().find(|(o, _)| eq(o, c)) {
+                Some(entry) => entry.1 |= sum,
+                None => out.push((c, sum)),
+            }
+        }
+        out
+    }
+
     /// The time series item's alias, if the read has one.
     fn time_alias(&self) -> Option<String> {
         self.items.iter().find_map(|i| match i {
@@ -591,7 +604,7 @@ impl<'q> Shape<'q> {
     }
 
     /// The grouping query over the rollup's and the log's rows.
-    fn inner_sql(&self, rule: &RollupRule, group: &[Group], counts: &[&str]) -> String {
+    fn inner_sql(&self, rule: &RollupRule, group: &[Group], measured: &[(&str, bool)]) -> String {
         let dim = |d: usize| quote(&rule.logical.key()[d]);
         let mut select: Vec<String> = Vec::new();
         let mut by: Vec<String> = Vec::new();
@@ -609,21 +622,27 @@ impl<'q> Shape<'q> {
             }
         }
         for i in &self.items {
-            if let Item::Agg { measure, alias } = i {
-                let column = match measure {
-                    Measure::Rows => "hs_rows".to_string(),
-                    Measure::Count(c) | Measure::Sum(c) => format!("hs_count_{c}"),
-                };
-                select.push(format!(
-                    "CAST(COALESCE(SUM(`hs_u`.{}), 0) AS SIGNED) AS {}",
-                    quote(&column),
-                    quote(alias)
-                ));
-            }
+            let Item::Agg { measure, alias } = i else {
+                continue;
+            };
+            let count = |column: &str| {
+                format!("CAST(COALESCE(SUM(`hs_u`.{}), 0) AS SIGNED)", quote(column))
+            };
+            let value = match measure {
+                Measure::Rows => count("hs_rows"),
+                Measure::Count(c) => count(&format!("hs_count_{c}")),
+                // NULL when the group has no value, as SUM over the log.
+                Measure::Sum(c) => format!(
+                    "IF(SUM(`hs_u`.{}) = 0, NULL, SUM(`hs_u`.{}))",
+                    quote(&format!("hs_count_{c}")),
+                    quote(&format!("hs_sum_{c}"))
+                ),
+            };
+            select.push(format!("{value} AS {}", quote(alias)));
         }
-        let mut parts = vec![self.rollup_part(rule, group, counts)];
+        let mut parts = vec![self.rollup_part(rule, group, measured)];
         if self.lower.is_some() || self.upper.is_some() {
-            parts.push(self.log_part(rule, group, counts));
+            parts.push(self.log_part(rule, group, measured));
         }
         let mut sql = format!(
             "SELECT {} FROM ({}) AS `hs_u`",
@@ -640,7 +659,7 @@ impl<'q> Shape<'q> {
     }
 
     /// Whole buckets, from the rollup table.
-    fn rollup_part(&self, rule: &RollupRule, group: &[Group], counts: &[&str]) -> String {
+    fn rollup_part(&self, rule: &RollupRule, group: &[Group], measured: &[(&str, bool)]) -> String {
         let a = quote(&self.alias);
         let mut cols: Vec<String> = group
             .iter()
@@ -658,9 +677,13 @@ impl<'q> Shape<'q> {
             })
             .collect();
         cols.push(format!("{a}.`hs_rows` AS `hs_rows`"));
-        for c in counts {
+        for (c, sum) in measured {
             let name = quote(&format!("hs_count_{c}"));
             cols.push(format!("{a}.{name} AS {name}"));
+            if *sum {
+                let name = quote(&format!("hs_sum_{c}"));
+                cols.push(format!("{a}.{name} AS {name}"));
+            }
         }
         let mut conds: Vec<String> = Vec::new();
         for f in &self.filters {
@@ -693,7 +716,7 @@ impl<'q> Shape<'q> {
     }
 
     /// The ragged edges, from the log.
-    fn log_part(&self, rule: &RollupRule, group: &[Group], counts: &[&str]) -> String {
+    fn log_part(&self, rule: &RollupRule, group: &[Group], measured: &[(&str, bool)]) -> String {
         let a = quote(&self.alias);
         let t = format!("{a}.{}", quote(&rule.time));
         let mut cols: Vec<String> = group
@@ -707,12 +730,19 @@ impl<'q> Shape<'q> {
             })
             .collect();
         cols.push("1 AS `hs_rows`".to_string());
-        for c in counts {
+        for (c, sum) in measured {
             cols.push(format!(
                 "({a}.{} IS NOT NULL) AS {}",
                 quote(c),
                 quote(&format!("hs_count_{c}"))
             ));
+            if *sum {
+                cols.push(format!(
+                    "{a}.{} AS {}",
+                    quote(c),
+                    quote(&format!("hs_sum_{c}"))
+                ));
+            }
         }
         let edges = match (self.start(rule), self.end(rule)) {
             (Some(s), Some(e)) => format!("({t} < {s} OR {t} >= {e})"),
@@ -766,6 +796,15 @@ impl<'q> Shape<'q> {
                     def.table = self.alias.as_bytes().to_vec();
                     def.flags = mode.column_flags(def.flags, self.is_const(*dim));
                     computed.push((name.to_ascii_lowercase(), def));
+                }
+                Item::Agg {
+                    measure: Measure::Sum(c),
+                    alias,
+                } => {
+                    let col = meta
+                        .iter()
+                        .find(|d| eq(&String::from_utf8_lossy(&d.org_name), c))?;
+                    computed.push((alias.to_ascii_lowercase(), sum_def(col, mode)?));
                 }
                 Item::Agg { alias, .. } => {
                     computed.push((alias.to_ascii_lowercase(), count_def(mode.count_flags())));
@@ -972,6 +1011,31 @@ fn count_def(flags: u16) -> ColumnDef {
     }
 }
 
+/// MariaDB's definition of `SUM(col)` over an exact numeric column: `DECIMAL(p +
+/// 22, s)` of the column's precision `p` and scale `s`, nullable, with the flags of
+/// the read's plan. `None` for a column of another type.
+fn sum_def(col: &ColumnDef, mode: PlanMode) -> Option<ColumnDef> {
+    const UNSIGNED_FLAG: u16 = 0x0020;
+    let signed = u32::from(col.flags & UNSIGNED_FLAG == 0);
+    let scale = u32::from(col.decimals);
+    let precision = match col.column_type {
+        types::TINY | types::SHORT | types::INT24 | types::LONG | types::LONGLONG => {
+            col.length.checked_sub(signed)?
+        }
+        types::NEWDECIMAL => col.length.checked_sub(signed + u32::from(scale > 0))?,
+        _ => return None,
+    };
+    let precision = (precision + 22).min(65);
+    let mut def = count_def(match mode.count_flags() & BINARY_FLAG {
+        0 => 0,
+        _ => BINARY_FLAG,
+    });
+    def.column_type = types::NEWDECIMAL;
+    def.length = precision + 1 + u32::from(scale > 0);
+    def.decimals = col.decimals;
+    Some(def)
+}
+
 /// Names the rewrite uses itself.
 fn reserved(name: &str) -> bool {
     name.starts_with("hs_")
@@ -1062,21 +1126,20 @@ fn aggregate(rule: &RollupRule, shape: &Shape<'_>, e: &Expr) -> Option<Measure> 
         list.duplicate_treatment,
         None | Some(DuplicateTreatment::All)
     );
-    if !plain
-        || !all
-        || !list.clauses.is_empty()
-        || !name.as_ident()?.value.eq_ignore_ascii_case("count")
-    {
+    let name = name.as_ident()?.value.to_ascii_lowercase();
+    if !plain || !all || !list.clauses.is_empty() {
         return None;
     }
-    match list.args.as_slice() {
-        [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)] => Some(Measure::Rows),
-        [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))] => {
+    match (name.as_str(), list.args.as_slice()) {
+        ("count", [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)]) => Some(Measure::Rows),
+        (func @ ("count" | "sum"), [FunctionArg::Unnamed(FunctionArgExpr::Expr(arg))]) => {
             let col = shape.column_of(arg)?;
-            rule.measures.iter().find_map(|m| match m {
-                Measure::Count(c) | Measure::Sum(c) if eq(c, &col) => {
+            rule.measures.iter().find_map(|m| match (func, m) {
+                // A column the rollup sums is also counted.
+                ("count", Measure::Count(c) | Measure::Sum(c)) if eq(c, &col) => {
                     Some(Measure::Count(c.clone()))
                 }
+                ("sum", Measure::Sum(c)) if eq(c, &col) => Some(Measure::Sum(c.clone())),
                 _ => None,
             })
         }

@@ -85,7 +85,7 @@ impl Kind for Rollup {
             } else {
                 format!(
                     "'2024-03-{:02} {:02}:{:02}:{:02}'",
-                    1 + g.next_u64() % 28,
+                    1 + g.next_u64() % 31,
                     g.next_u64() % 24,
                     g.next_u64() % 60,
                     g.next_u64() % 60
@@ -179,11 +179,12 @@ fn country_lit(g: &mut Gen) -> Lit {
     g.string_lit(c.as_bytes())
 }
 
-/// A time inside March 2024 (or NULL), ragged to the second.
+/// A time inside March 2024 (which ends with Europe/Berlin's change to summer time
+/// on the 31st), ragged to the second.
 fn time_text(g: &mut Gen) -> String {
     format!(
         "2024-03-{:02} {:02}:{:02}:{:02}",
-        g.range(1, 29),
+        g.range(1, 31),
         g.range(0, 23),
         g.range(0, 59),
         g.range(0, 59)

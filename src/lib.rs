@@ -10,7 +10,7 @@
 //! - [`rewrite`]: the rewrite engine — pre-filter on ruled table names, tokenizer and
 //!   fingerprints, plan cache, shape guards, the [`rewrite::Rule`] and
 //!   [`rewrite::Merger`] traits rule kinds implement.
-//! - [`kinds`]: the rule kinds, one folder each (`counter`, `ring`), each owning its
+//! - [`kinds`]: the rule kinds, one folder each (`counter`, `ring`, `rollup`), each owning its
 //!   rule-file section, planner, group-commit merge, schema work and maintenance
 //!   jobs; [`kinds::KINDS`] is the registry every driver loops over.
 //! - [`rules`]: rule files — reading them through the registry, validation, building

@@ -649,3 +649,34 @@ fn writers_through_heatsink_and_direct_keep_rollups_exact_across_kill9() {
         assert_eq!(count("fallback"), Some(0.0), "{rule}:\n{body}");
     }
 }
+
+/// Rollup reads through the `mariadb` CLI, which negotiates MariaDB's extended
+/// column metadata: the rewritten columns' definitions must stay parseable, and the
+/// output (with column types, `--column-type-info`) equal the log's.
+#[test]
+fn reads_through_the_mariadb_cli_match_the_log() {
+    let db = "rollup_cli";
+    let env = Env::builder(db)
+        .schema(format!("{PLAYS} {SEED_ROWS}"))
+        .rule("rollup.toml", rules())
+        .migrate()
+        .start();
+    // Shapes whose plan (and so column flags) MariaDB picks the same way on any data.
+    let reads = "SELECT track_id, COUNT(*) AS n FROM plays GROUP BY track_id;\n\
+                 SELECT country, COUNT(*) AS n FROM plays WHERE created_at >= '2024-05-01 12:00' GROUP BY country;\n\
+                 SELECT country, COUNT(*) AS n, COUNT(user_id) AS u FROM plays GROUP BY country;\n\
+                 SELECT DATE(created_at) AS d, COUNT(*) AS n FROM plays GROUP BY d;\n\
+                 SELECT COUNT(*) AS n FROM plays WHERE track_id = 1;\n";
+    let args = ["--table", "--column-type-info", db];
+    let cli = |port| {
+        common::cli::mariadb_client(port, common::USER, common::PASSWORD, &args, Some(reads))
+    };
+    let (via, direct) = (cli(env.proxy.port()), cli(mariadb().port()));
+    assert_eq!(via.code, Some(0), "{}", via.stderr);
+    assert_eq!(
+        via.stdout, direct.stdout,
+        "through heatsink:\n{}",
+        via.stdout
+    );
+    assert!(via.stdout.contains("`n`"), "{}", via.stdout);
+}

@@ -93,7 +93,7 @@ write_rules() {
 [[rollup]]
 name = "plays_by_hour"
 table = "logs.plays"
-rollup_table = "plays_by_hour"
+rollup_table = "logs.plays_by_hour"
 time = "created_at"
 bucket = "hour"
 dimensions = ["track_id"]
@@ -102,7 +102,7 @@ slots = $1
 [[rollup]]
 name = "plays_by_country_day"
 table = "logs.plays"
-rollup_table = "plays_by_country_day"
+rollup_table = "logs.plays_by_country_day"
 time = "created_at"
 bucket = "day"
 dimensions = ["track_id", "country"]
@@ -110,11 +110,12 @@ slots = $1
 EOF
 }
 drop_rollups() {
-  local t s
-  for t in plays_by_hour plays_by_country_day; do
-    for s in ins upd del; do mariadb_root logs -e "DROP TRIGGER IF EXISTS ${t}_hs_$s"; done
-    mariadb_root logs -e "DROP TABLE IF EXISTS $t"
+  local t
+  for t in $(mariadb_root -N -e "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS
+      WHERE EVENT_OBJECT_SCHEMA = 'logs' AND EVENT_OBJECT_TABLE = 'plays'"); do
+    mariadb_root logs -e "DROP TRIGGER $t"
   done
+  mariadb_root logs -e "DROP TABLE IF EXISTS plays_by_hour, plays_by_country_day"
 }
 # migrate SLOTS -> creates and backfills both rollups; sets migrate_s.
 migrate() {

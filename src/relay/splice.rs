@@ -963,10 +963,14 @@ fn restore_origin(def: &mut ColumnDef, patch: &ColumnPatch, temporary: bool) {
     if let Some((_, computed)) = patch.computed.iter().find(|(n, _)| *n == name) {
         // The name is the client's; character set and length are those of the
         // session's character_set_results, as the server converted them.
+        // The extended metadata block is there only when the session negotiated
+        // it: keep the server's.
         let client_name = std::mem::take(&mut def.name);
+        let extended = def.extended.take();
         let (charset, length) = (def.charset, def.length);
         *def = computed.clone();
         def.name = client_name;
+        def.extended = extended;
         def.charset = charset;
         def.length = length;
         return;

@@ -558,6 +558,26 @@ pub(crate) async fn inspect_base_table(
     Ok(table)
 }
 
+/// What is wrong with the key columns of an existing physical table `existing`
+/// against the logical table's `key` columns (`whose`: "the log's", "the logical
+/// table's"): a missing column, or one of another type.
+pub(crate) fn key_column_problems(existing: &Table, key: &[Column], whose: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    for k in key {
+        match existing.column(&k.name) {
+            None => problems.push(format!("key column `{}` is missing", k.name)),
+            Some(c) if !c.same_type(k) => problems.push(format!(
+                "key column `{}` is {} but {whose} is {}",
+                k.name,
+                c.type_sql(),
+                k.type_sql()
+            )),
+            Some(_) => {}
+        }
+    }
+    problems
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

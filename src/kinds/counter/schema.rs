@@ -411,19 +411,7 @@ fn slot_table_problems(
     key: &[Column],
     columns: &[String],
 ) -> Vec<String> {
-    let mut problems = Vec::new();
-    for k in key {
-        match slot.column(&k.name) {
-            None => problems.push(format!("key column `{}` is missing", k.name)),
-            Some(c) if !c.same_type(k) => problems.push(format!(
-                "key column `{}` is {} but the logical table's is {}",
-                k.name,
-                c.type_sql(),
-                k.type_sql()
-            )),
-            Some(_) => {}
-        }
-    }
+    let mut problems = key_column_problems(slot, key, "the logical table's");
     match slot.column(&spec.slot_column) {
         None => problems.push(format!("slot column `{}` is missing", spec.slot_column)),
         Some(c) => match integer_max(&c.data_type, c.is_unsigned()) {

@@ -750,19 +750,7 @@ fn ring_table_problems(
 
 /// What is wrong with an existing sequence table for this rule (empty: it fits).
 fn seq_table_problems(spec: &RingSpec, seq: &Table, key: &[Column]) -> Vec<String> {
-    let mut problems = Vec::new();
-    for k in key {
-        match seq.column(&k.name) {
-            None => problems.push(format!("key column `{}` is missing", k.name)),
-            Some(c) if !c.same_type(k) => problems.push(format!(
-                "key column `{}` is {} but the log's is {}",
-                k.name,
-                c.type_sql(),
-                k.type_sql()
-            )),
-            Some(_) => {}
-        }
-    }
+    let mut problems = key_column_problems(seq, key, "the log's");
     problems.extend(integer_column_problem(
         seq,
         &spec.seq_column,

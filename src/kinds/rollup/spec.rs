@@ -124,8 +124,10 @@ pub const MAX_DIMENSIONS: usize = 8;
 /// Largest `slots` accepted.
 pub const MAX_SLOTS: u32 = 256;
 
-/// Column names the rollup table uses itself; dimensions and measures may not take them.
-pub const RESERVED: &[&str] = &["hs_nulls", "hs_bucket", "hs_slot", "hs_rows"];
+/// The prefix of the column names the rollup table and the rewritten reads use
+/// themselves (`hs_nulls`, `hs_bucket`, `hs_count_<col>`, `hs_t`, …); dimensions,
+/// measured columns and the time column may not start with it.
+pub const RESERVED_PREFIX: &str = "hs_";
 
 impl RollupSpec {
     /// The measures, parsed; `count(*)` first, always present, each once.
@@ -184,9 +186,9 @@ impl RollupSpec {
             .chain(measures.iter().filter_map(Measure::column))
             .chain(std::iter::once(self.time.as_str()))
         {
-            if RESERVED.iter().any(|r| eq(r, c)) {
+            if c.to_ascii_lowercase().starts_with(RESERVED_PREFIX) {
                 return Err(format!(
-                    "column `{c}` is a name the rollup table uses itself"
+                    "column `{c}` starts with `{RESERVED_PREFIX}`, which names the rollup table uses itself"
                 ));
             }
         }
@@ -269,6 +271,9 @@ mod tests {
         assert!(r.validate().is_err());
         let mut r = spec("").unwrap().remove(0);
         r.dimensions.push("hs_bucket".into());
+        assert!(r.validate().unwrap_err().contains("uses itself"));
+        let mut r = spec("").unwrap().remove(0);
+        r.dimensions.push("HS_T".into());
         assert!(r.validate().unwrap_err().contains("uses itself"));
     }
 }

@@ -420,6 +420,62 @@ fn compact_global_counter() {
     );
 }
 
+/// `heatsink maintain` runs every job of every rule under a lock named after the
+/// job and the table: while another connection holds it (another proxy's sidecar, a
+/// cron entry) the job is skipped, and it runs once the lock is free.
+#[test]
+fn maintain_skips_a_job_another_holds_then_runs_it() {
+    let db = "hs_maintain_lock";
+    fresh_db(
+        db,
+        "CREATE TABLE total (n BIGINT NOT NULL DEFAULT 0); INSERT INTO total VALUES (5);",
+    );
+    let (_d, rules) = rules_dir(&counter_rule("global", "total", &[], &["n"], "total_slots"));
+    let rules = rules.to_str().unwrap();
+    let url = mariadb().url(db);
+    let (code, _, err) = migrate(Path::new(rules), db, true);
+    assert_eq!(code, 0, "{err}");
+    mariadb().exec(&format!(
+        "INSERT INTO {db}.total_slots (slot, n) VALUES (0, 3), (7, 4)"
+    ));
+    let lock = format!("heatsink:compact:{db}.total");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let holder = rt.block_on(async {
+        let mut c = mysql_async::Conn::from_url(url.as_str()).await.unwrap();
+        let got: Option<i64> = c
+            .exec_first("SELECT GET_LOCK(?, 0)", (lock.clone(),))
+            .await
+            .unwrap();
+        assert_eq!(got, Some(1));
+        c
+    });
+    let maintain = ["maintain", "--rules", rules, "--backend-url", &url];
+    let (code, out, err) = heatsink(&maintain);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("rule global: compact is running elsewhere"),
+        "{out}"
+    );
+    assert_eq!(
+        scalar(&format!("SELECT n FROM {db}.total")).as_deref(),
+        Some("5")
+    );
+    rt.block_on(async move { holder.disconnect().await.unwrap() });
+    let (code, out, err) = heatsink(&maintain);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("rule global: 1 keys compacted, 2 slot rows removed"),
+        "{out}"
+    );
+    assert_eq!(
+        scalar(&format!("SELECT n FROM {db}.total")).as_deref(),
+        Some("12")
+    );
+}
+
 /// Writers increment slot rows (and, like a proxy without the rule, the base) while
 /// compaction runs again and again; a reader checks that `base + SUM(slots)` never goes
 /// backwards. At the end nothing is lost.

@@ -270,10 +270,20 @@ impl CounterRule {
         if u.limit.is_some() || !u.order_by.is_empty() {
             return Err("setting a counter with ORDER BY or LIMIT cannot be rewritten".into());
         }
-        // Slots first, then the base: increments lock a slot row and then (through
-        // the trigger, for a new slot row) the base row; the same order here keeps
-        // the two from deadlocking.
-        let clear = self.clear_slots_sql(name, u.selection.as_ref())?;
+        self.clear_slots_then(name, u.selection.as_ref(), stmt)
+    }
+
+    /// Clears the slots of the keys `selection` picks, then runs `stmt` on the base,
+    /// atomically; the client sees `stmt`'s OK. Slots first, then the base:
+    /// increments lock a slot row and then (through the trigger, for a new slot row)
+    /// the base row; the same order here keeps the two from deadlocking.
+    fn clear_slots_then(
+        &self,
+        name: &ObjectName,
+        selection: Option<&Expr>,
+        stmt: &Statement,
+    ) -> Result<Option<Plan>, String> {
+        let clear = self.clear_slots_sql(name, selection)?;
         let mut statements = parse(&clear)?;
         statements.push(stmt.clone());
         Ok(Some(Plan {
@@ -775,16 +785,7 @@ impl CounterRule {
                 return Err("a WHERE condition on a counter column cannot be rewritten (the stored value is only the base)".into());
             }
         }
-        // Slots first, then the base (lock order, see plan_update).
-        let clear = self.clear_slots_sql(name, d.selection.as_ref())?;
-        let mut statements = parse(&clear)?;
-        statements.push(stmt.clone());
-        Ok(Some(Plan {
-            statements,
-            reply: Reply::OkOf(1),
-            atomic: true,
-            ..Default::default()
-        }))
+        self.clear_slots_then(name, d.selection.as_ref(), stmt)
     }
 
     fn mentions_counter(&self, e: &Expr) -> bool {

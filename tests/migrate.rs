@@ -389,21 +389,29 @@ fn compact_folds_slots_into_the_base() {
     assert!(!out.contains("rule pair"), "{out}");
 }
 
-#[test]
-fn compact_global_counter() {
-    let db = "hs_compact_global";
+/// Database `db` with a global counter `total` (base 5) under the rule `global`,
+/// migrated, and its slot table holding `slot_rows` (`(slot, n), …`); the rules
+/// directory and its path.
+fn global_counter(db: &str, slot_rows: &str) -> (tempfile::TempDir, PathBuf) {
     fresh_db(
         db,
         "CREATE TABLE total (n BIGINT NOT NULL DEFAULT 0); INSERT INTO total VALUES (5);",
     );
-    let (_d, rules) = rules_dir(&counter_rule("global", "total", &[], &["n"], "total_slots"));
-    let rules = rules.to_str().unwrap();
-    let url = mariadb().url(db);
-    let (code, _, err) = migrate(Path::new(rules), db, true);
+    let (dir, rules) = rules_dir(&counter_rule("global", "total", &[], &["n"], "total_slots"));
+    let (code, _, err) = migrate(&rules, db, true);
     assert_eq!(code, 0, "{err}");
     mariadb().exec(&format!(
-        "INSERT INTO {db}.total_slots (slot, n) VALUES (0, 3), (7, 4), (9, -1)"
+        "INSERT INTO {db}.total_slots (slot, n) VALUES {slot_rows}"
     ));
+    (dir, rules)
+}
+
+#[test]
+fn compact_global_counter() {
+    let db = "hs_compact_global";
+    let (_d, rules) = global_counter(db, "(0, 3), (7, 4), (9, -1)");
+    let rules = rules.to_str().unwrap();
+    let url = mariadb().url(db);
     let (code, out, err) = heatsink(&["compact", "--rules", rules, "--backend-url", &url]);
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -426,18 +434,9 @@ fn compact_global_counter() {
 #[test]
 fn maintain_skips_a_job_another_holds_then_runs_it() {
     let db = "hs_maintain_lock";
-    fresh_db(
-        db,
-        "CREATE TABLE total (n BIGINT NOT NULL DEFAULT 0); INSERT INTO total VALUES (5);",
-    );
-    let (_d, rules) = rules_dir(&counter_rule("global", "total", &[], &["n"], "total_slots"));
+    let (_d, rules) = global_counter(db, "(0, 3), (7, 4)");
     let rules = rules.to_str().unwrap();
     let url = mariadb().url(db);
-    let (code, _, err) = migrate(Path::new(rules), db, true);
-    assert_eq!(code, 0, "{err}");
-    mariadb().exec(&format!(
-        "INSERT INTO {db}.total_slots (slot, n) VALUES (0, 3), (7, 4)"
-    ));
     let lock = format!("heatsink:compact:{db}.total");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,7 +1,8 @@
 //! Differential fuzzing of the rollup rule (`tests/common/differential.rs`): seeded
 //! aggregate reads of a play log — dimension filters, ragged time ranges, time
 //! series, totals, `ORDER BY`/`LIMIT`, and shapes the rollups cannot answer — run
-//! through heatsink on a log with two rollups, and directly on a plain log, in both
+//! through heatsink on a log with three rollups (the per-country day rollup reads
+//! the ragged edges of its ranges from the per-country hour rollup), and directly on a plain log, in both
 //! protocols, under changing character sets and sql_modes, interleaved with writes
 //! (single and multi-row inserts, `INSERT … SELECT`, updates of dimensions and times,
 //! deletes) that the triggers must fold into the rollups exactly. Every answer must
@@ -62,6 +63,11 @@ fn generated_shapes_are_answered_from_the_rollups() {
         assert_eq!(code, 0, "{sql}\n{err}");
         assert!(out.contains(want), "{sql}: expected `{want}`\n{out}");
     }
+    // The per-country read takes whole hours of its edges from the hour rollup by
+    // country.
+    let (_, out, _) =
+        common::cli::heatsink(&["explain", "--rules", dir, "--db", "shop", rewritten[0]]);
+    assert!(out.contains("`plays_by_country_hour`"), "{out}");
 }
 
 struct Rollup;
@@ -120,7 +126,10 @@ impl Kind for Rollup {
              time = \"created_at\"\nbucket = \"hour\"\ndimensions = [\"track_id\"]\n\n\
              [[rollup]]\nname = \"plays_by_country_day\"\ntable = \"{LOG}\"\n\
              rollup_table = \"plays_by_country_day\"\ntime = \"created_at\"\nbucket = \"day\"\n\
-             dimensions = [\"track_id\", \"country\"]\nmeasures = [\"count(*)\", \"count(user_id)\", \"sum(user_id)\"]\n"
+             dimensions = [\"track_id\", \"country\"]\nmeasures = [\"count(*)\", \"count(user_id)\", \"sum(user_id)\"]\n\n\
+             [[rollup]]\nname = \"plays_by_country_hour\"\ntable = \"{LOG}\"\n\
+             rollup_table = \"plays_by_country_hour\"\ntime = \"created_at\"\nbucket = \"hour\"\n\
+             dimensions = [\"country\", \"track_id\"]\nmeasures = [\"count(*)\", \"count(user_id)\"]\n"
         )
     }
 
@@ -132,6 +141,10 @@ impl Kind for Rollup {
         vec![
             "SELECT track_id, hs_nulls, hs_bucket, SUM(hs_rows) FROM {db}.plays_by_hour \
              GROUP BY track_id, hs_nulls, hs_bucket HAVING SUM(hs_rows) <> 0"
+                .into(),
+            "SELECT country, track_id, hs_nulls, hs_bucket, SUM(hs_rows), SUM(hs_count_user_id) \
+             FROM {db}.plays_by_country_hour GROUP BY country, track_id, hs_nulls, hs_bucket \
+             HAVING SUM(hs_rows) <> 0"
                 .into(),
         ]
     }

@@ -42,6 +42,7 @@ use crate::rewrite::Rule;
 use crate::wire::resultset::ColumnDef;
 
 pub mod counter;
+pub mod inserts;
 pub mod logical;
 pub mod ring;
 pub mod rollup;
@@ -252,7 +253,7 @@ mod tests {
         let items = MergedItems::default();
         for m in [
             counter::merge::Increments::merger(),
-            ring::merge::Inserts::merger(true),
+            ring::merge::merger(true),
         ] {
             assert!(merge_metrics().any(|x| std::ptr::eq(x, m.metric())));
         }
@@ -264,7 +265,8 @@ mod tests {
             shown,
             [
                 ("heatsink_coalesced_increments_total", 3),
-                ("heatsink_coalesced_rows_total", 6)
+                ("heatsink_coalesced_rows_total", 6),
+                ("heatsink_rollup_merged_rows_total", 0)
             ]
         );
     }

@@ -42,10 +42,10 @@ use sqlparser::ast::{
     SetExpr, TableFactor, TableWithJoins,
 };
 
-use super::plan::RollupRule;
-use super::spec::Measure;
+use super::plan::{RollupRule, Tier};
+use super::spec::{Bucket, Measure};
 use crate::rewrite::shape::{column_name, conjuncts, eq, is_value};
-use crate::rewrite::{parse_statements, ColumnPatch, Plan, PlanContext, Reply};
+use crate::rewrite::{parse_statements, ColumnPatch, Plan, PlanContext, Reply, TableName};
 use crate::rules::spec::quote;
 use crate::wire::resultset::{types, ColumnDef};
 
@@ -640,9 +640,32 @@ impl<'q> Shape<'q> {
             };
             select.push(format!("{value} AS {}", quote(alias)));
         }
-        let mut parts = vec![self.rollup_part(rule, group, measured)];
+        let own = Source {
+            table: &rule.rollup_table,
+            dims: rule.logical.key(),
+        };
+        let bucket = format!("{}.`hs_bucket`", quote(&self.alias));
+        let range = self.within(&bucket, rule.bucket);
+        let mut parts = vec![self.bucket_part(rule, &own, group, measured, &range)];
         if self.lower.is_some() || self.upper.is_some() {
-            parts.push(self.log_part(rule, group, measured));
+            // The edges: whole finer buckets from a finer rollup when one can answer,
+            // the rest from the log.
+            let mut edge = rule.bucket;
+            if let Some(tier) = self.tier(rule, group, measured) {
+                let fine = Source {
+                    table: &tier.table,
+                    dims: &tier.dims,
+                };
+                let mut range = self.within(&bucket, tier.bucket);
+                range.push(outside(
+                    &bucket,
+                    self.start(rule.bucket),
+                    self.end(rule.bucket),
+                ));
+                parts.push(self.bucket_part(rule, &fine, group, measured, &range));
+                edge = tier.bucket;
+            }
+            parts.push(self.log_part(rule, group, measured, edge));
         }
         let mut sql = format!(
             "SELECT {} FROM ({}) AS `hs_u`",
@@ -658,9 +681,18 @@ impl<'q> Shape<'q> {
         sql
     }
 
-    /// Whole buckets, from the rollup table.
-    fn rollup_part(&self, rule: &RollupRule, group: &[Group], measured: &[(&str, bool)]) -> String {
+    /// Whole buckets from a rollup table (the rule's own or a finer one's):
+    /// `range` are the conditions on its `hs_bucket`.
+    fn bucket_part(
+        &self,
+        rule: &RollupRule,
+        src: &Source<'_>,
+        group: &[Group],
+        measured: &[(&str, bool)],
+        range: &[String],
+    ) -> String {
         let a = quote(&self.alias);
+        let bit = |d: usize| 1u64 << src.bit(&rule.logical.key()[d]);
         let mut cols: Vec<String> = group
             .iter()
             .map(|g| match g {
@@ -668,7 +700,7 @@ impl<'q> Shape<'q> {
                     let name = quote(&rule.logical.key()[*d]);
                     format!(
                         "IF(({a}.`hs_nulls` & {}) <> 0, NULL, {a}.{name}) AS {name}",
-                        1u64 << d
+                        bit(*d)
                     )
                 }
                 Group::Time => format!(
@@ -696,18 +728,13 @@ impl<'q> Shape<'q> {
                 Filter::NotNull(dim) => (*dim, false),
             };
             let op = if null { "<>" } else { "=" };
-            conds.push(format!("({a}.`hs_nulls` & {}) {op} 0", 1u64 << dim));
+            conds.push(format!("({a}.`hs_nulls` & {}) {op} 0", bit(dim)));
         }
-        if let Some(s) = self.start(rule) {
-            conds.push(format!("{a}.`hs_bucket` >= {s}"));
-        }
-        if let Some(e) = self.end(rule) {
-            conds.push(format!("{a}.`hs_bucket` < {e}"));
-        }
+        conds.extend(range.iter().cloned());
         if self.lower.is_some() || self.upper.is_some() {
             conds.push(format!("({a}.`hs_nulls` & {TIME_NULL_BIT}) = 0"));
         }
-        let table = rule.logical.physical_sql(&rule.rollup_table, self.table);
+        let table = rule.logical.physical_sql(src.table, self.table);
         let mut sql = format!("SELECT {} FROM {table} AS {a}", cols.join(", "));
         if !conds.is_empty() {
             sql.push_str(&format!(" WHERE {}", conds.join(" AND ")));
@@ -716,7 +743,13 @@ impl<'q> Shape<'q> {
     }
 
     /// The ragged edges, from the log.
-    fn log_part(&self, rule: &RollupRule, group: &[Group], measured: &[(&str, bool)]) -> String {
+    fn log_part(
+        &self,
+        rule: &RollupRule,
+        group: &[Group],
+        measured: &[(&str, bool)],
+        edge: Bucket,
+    ) -> String {
         let a = quote(&self.alias);
         let t = format!("{a}.{}", quote(&rule.time));
         let mut cols: Vec<String> = group
@@ -744,12 +777,7 @@ impl<'q> Shape<'q> {
                 ));
             }
         }
-        let edges = match (self.start(rule), self.end(rule)) {
-            (Some(s), Some(e)) => format!("({t} < {s} OR {t} >= {e})"),
-            (Some(s), None) => format!("{t} < {s}"),
-            (None, Some(e)) => format!("{t} >= {e}"),
-            (None, None) => "TRUE".to_string(),
-        };
+        let edges = outside(&t, self.start(edge), self.end(edge));
         let selection = self
             .selection
             .map_or_else(String::new, |w| format!("({w}) AND "));
@@ -761,10 +789,10 @@ impl<'q> Shape<'q> {
     }
 
     /// The first bucket start inside the range's lower bound, as SQL.
-    fn start(&self, rule: &RollupRule) -> Option<String> {
+    fn start(&self, bucket: Bucket) -> Option<String> {
         let b = self.lower.as_ref()?;
-        let floor = floor(rule, b.expr);
-        let next = format!("{floor} + INTERVAL 1 {}", rule.bucket.unit());
+        let floor = floor(bucket, b.expr);
+        let next = format!("{floor} + INTERVAL 1 {}", bucket.unit());
         Some(if b.strict {
             format!("({next})")
         } else {
@@ -774,8 +802,51 @@ impl<'q> Shape<'q> {
 
     /// The start of the bucket holding the range's upper bound, as SQL: buckets
     /// before it end at or before the bound.
-    fn end(&self, rule: &RollupRule) -> Option<String> {
-        Some(floor(rule, self.upper.as_ref()?.expr))
+    fn end(&self, bucket: Bucket) -> Option<String> {
+        Some(floor(bucket, self.upper.as_ref()?.expr))
+    }
+
+    /// Conditions keeping the `bucket` column (qualified) to the whole buckets of
+    /// width `width` inside the range.
+    fn within(&self, bucket: &str, width: Bucket) -> Vec<String> {
+        let mut range = Vec::new();
+        if let Some(s) = self.start(width) {
+            range.push(format!("{bucket} >= {s}"));
+        }
+        if let Some(e) = self.end(width) {
+            range.push(format!("{bucket} < {e}"));
+        }
+        range
+    }
+
+    /// The finer rollup the edges of the range are read from: the one with the
+    /// fewest dimensions that has every dimension the read filters or groups by and
+    /// every measure it needs.
+    fn tier<'r>(
+        &self,
+        rule: &'r RollupRule,
+        group: &[Group],
+        measured: &[(&str, bool)],
+    ) -> Option<&'r Tier> {
+        let mut dims: Vec<usize> = group
+            .iter()
+            .filter_map(|g| match g {
+                Group::Dim(d) => Some(*d),
+                Group::Time => None,
+            })
+            .collect();
+        dims.extend(self.filters.iter().map(|f| match f {
+            Filter::Value { dim, .. } | Filter::IsNull(dim) | Filter::NotNull(dim) => *dim,
+        }));
+        rule.finer
+            .get()?
+            .iter()
+            .filter(|t| {
+                dims.iter()
+                    .all(|&d| t.dim(&rule.logical.key()[d]).is_some())
+                    && measured.iter().all(|(c, sum)| t.measures(c, *sum))
+            })
+            .min_by_key(|t| (t.dims.len(), std::cmp::Reverse(t.bucket)))
     }
 
     /// Column definitions as the log's read would have them. Their flags depend on
@@ -943,11 +1014,40 @@ impl PlanMode {
 
 /// `CAST(DATE_FORMAT(e, '<bucket start>') AS DATETIME)`: the start of the bucket
 /// holding `e`.
-fn floor(rule: &RollupRule, e: &Expr) -> String {
+fn floor(bucket: Bucket, e: &Expr) -> String {
     format!(
         "CAST(DATE_FORMAT(({e}), '{}') AS DATETIME)",
-        rule.bucket.format()
+        bucket.format()
     )
+}
+
+/// `t` outside `[start, end)` (either bound may be missing: then the other side
+/// only).
+fn outside(t: &str, start: Option<String>, end: Option<String>) -> String {
+    match (start, end) {
+        (Some(s), Some(e)) => format!("({t} < {s} OR {t} >= {e})"),
+        (Some(s), None) => format!("{t} < {s}"),
+        (None, Some(e)) => format!("{t} >= {e}"),
+        (None, None) => "TRUE".to_string(),
+    }
+}
+
+/// A rollup table whole buckets are read from.
+struct Source<'r> {
+    /// The table as its rule names it.
+    table: &'r TableName,
+    /// Its dimensions in its order.
+    dims: &'r [String],
+}
+
+impl Source<'_> {
+    /// The `hs_nulls` bit of dimension `name` (one of the table's).
+    fn bit(&self, name: &str) -> usize {
+        self.dims
+            .iter()
+            .position(|d| d.eq_ignore_ascii_case(name))
+            .unwrap_or(0)
+    }
 }
 
 /// `DATE(t)`, or `DATE_FORMAT(t, fmt)` with the statement's format.
@@ -1221,13 +1321,10 @@ fn constant(e: &Expr) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
-    use super::super::spec::RollupSpec;
-    use super::super::RollupRule;
-    use crate::rewrite::testutil::{assert_sql, col, decide, reject, rewrite};
+    use super::super::testutil::{engine_of, DAY_RULE};
+    use crate::rewrite::testutil::{assert_sql, decide, reject, rewrite};
     use crate::rewrite::{Decision, Engine, Reply};
-    use crate::wire::resultset::types;
 
     /// An engine with a day rollup of `plays` by (track_id, country), and the log's
     /// columns known for database `shop`.
@@ -1236,27 +1333,7 @@ mod tests {
     }
 
     fn engine_with(extra: &str) -> Engine {
-        let spec: Vec<RollupSpec> = crate::kinds::entries(
-            &format!(
-                "[[rollup]]\nname = \"by_day\"\ntable = \"plays\"\nrollup_table = \"plays_by_day\"\n\
-                 time = \"created_at\"\nbucket = \"day\"\ndimensions = [\"track_id\", \"country\"]\n{extra}"
-            ),
-            "rollup",
-        )
-        .unwrap();
-        let rule = RollupRule::new(&spec[0]).unwrap();
-        let e = Engine::new(vec![Arc::new(rule)], 100).unwrap();
-        e.provide_metadata(
-            0,
-            Some("shop"),
-            &[
-                col("plays", "id", types::LONGLONG, 0x4203),
-                col("plays", "created_at", types::DATETIME, 0x4008),
-                col("plays", "track_id", types::LONG, 0x4008),
-                col("plays", "country", 0xfd, 0),
-            ],
-        );
-        e
+        engine_of(&format!("{DAY_RULE}{extra}"))
     }
 
     const ROLLUP_COLS: &str = "IF((`p`.`hs_nulls` & 1) <> 0, NULL, `p`.`track_id`) AS `track_id`, IF((`p`.`hs_nulls` & 2) <> 0, NULL, `p`.`country`) AS `country`, `p`.`hs_rows` AS `hs_rows`";
@@ -1321,7 +1398,7 @@ mod tests {
         }
         for sql in [
             "SELECT * FROM plays WHERE id = 1",
-            "INSERT INTO plays (track_id) VALUES (1)",
+            "INSERT INTO plays (track_id) VALUES (RAND())",
             "UPDATE plays SET country = 'x' WHERE id = 1",
             "DELETE FROM plays WHERE id = 1",
         ] {
@@ -1329,6 +1406,56 @@ mod tests {
         }
         assert!(reject(&e, "TRUNCATE TABLE plays").contains("fires no trigger"));
         assert!(reject(&e, "ALTER TABLE plays ADD COLUMN x INT").contains("rollup"));
+    }
+
+    /// An hour rollup with the read's dimensions (in another order) gives the whole
+    /// hours of the edges; the log only the partial hours.
+    #[test]
+    fn edges_from_a_finer_rollup() {
+        let hour = |dims: &str, extra: &str| {
+            engine_of(&format!(
+                "{DAY_RULE}[[rollup]]\nname = \"by_hour\"\ntable = \"plays\"\nrollup_table = \"plays_by_hour\"\n\
+                 time = \"created_at\"\nbucket = \"hour\"\ndimensions = [{dims}]\n{extra}"
+            ))
+        };
+        let sql = "SELECT track_id, country, COUNT(*) AS total FROM plays p WHERE track_id = 7 \
+                   AND created_at >= '2024-03-01 10:30:00' GROUP BY track_id, country";
+        let lower = "'2024-03-01 10:30:00'";
+        let ceil = |fmt: &str, unit: &str| {
+            let f = format!("CAST(DATE_FORMAT(({lower}), '{fmt}') AS DATETIME)");
+            format!("IF({f} = ({lower}), {f}, {f} + INTERVAL 1 {unit})")
+        };
+        let (s, sh) = (
+            ceil("%Y-%m-%d 00:00:00", "DAY"),
+            ceil("%Y-%m-%d %H:00:00", "HOUR"),
+        );
+        let hour_cols = "IF((`p`.`hs_nulls` & 2) <> 0, NULL, `p`.`track_id`) AS `track_id`, \
+                         IF((`p`.`hs_nulls` & 1) <> 0, NULL, `p`.`country`) AS `country`, `p`.`hs_rows` AS `hs_rows`";
+        let expected = format!(
+            "SELECT `p`.`track_id` AS `track_id`, `p`.`country` AS `country`, `p`.`total` FROM (\
+             SELECT `hs_u`.`track_id`, `hs_u`.`country`, CAST(COALESCE(SUM(`hs_u`.`hs_rows`), 0) AS SIGNED) AS `total` FROM (\
+             SELECT {ROLLUP_COLS} FROM `plays_by_day` AS `p` WHERE track_id = 7 AND (`p`.`hs_nulls` & 1) = 0 \
+             AND `p`.`hs_bucket` >= {s} AND (`p`.`hs_nulls` & 2147483648) = 0 \
+             UNION ALL SELECT {hour_cols} FROM `plays_by_hour` AS `p` WHERE track_id = 7 AND (`p`.`hs_nulls` & 2) = 0 \
+             AND `p`.`hs_bucket` >= {sh} AND `p`.`hs_bucket` < {s} AND (`p`.`hs_nulls` & 2147483648) = 0 \
+             UNION ALL SELECT `p`.`track_id` AS `track_id`, `p`.`country` AS `country`, 1 AS `hs_rows` FROM plays AS `p` \
+             WHERE (track_id = 7 AND created_at >= '2024-03-01 10:30:00') AND `p`.`created_at` < {sh}) AS `hs_u` \
+             GROUP BY `hs_u`.`track_id`, `hs_u`.`country` HAVING SUM(`hs_u`.`hs_rows`) > 0) AS `p` \
+             ORDER BY `p`.`track_id`, `p`.`country`"
+        );
+        assert_sql(
+            &rewrite(&hour("\"country\", \"track_id\"", ""), sql),
+            &[&expected],
+        );
+        // Without a dimension the read needs, or in shadow mode, the hour rollup
+        // takes no part: the edges come from the log.
+        let alone = rewrite(&engine(), sql);
+        for e in [
+            hour("\"track_id\"", ""),
+            hour("\"country\", \"track_id\"", "mode = \"shadow\"\n"),
+        ] {
+            assert_eq!(rewrite(&e, sql).statements, alone.statements);
+        }
     }
 
     #[test]

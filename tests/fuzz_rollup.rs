@@ -29,7 +29,14 @@ const FLAGS_BY_PLAN: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0080 | 0x0200 | 0x4000 |
 
 #[test]
 fn rollup_reads_match_the_log() {
-    common::differential::run_bounded(&Rollup, SEED, STATEMENTS, ROUNDS);
+    common::differential::run_bounded(&Rollup { utc: false }, SEED, STATEMENTS, ROUNDS);
+}
+
+/// The same on a log whose time column is a TIMESTAMP (the rollups' buckets are of
+/// UTC; sessions write and read it in their own time zones).
+#[test]
+fn rollup_reads_of_a_timestamp_log_match_the_log() {
+    common::differential::run_bounded(&Rollup { utc: true }, SEED + 77, STATEMENTS, ROUNDS);
 }
 
 /// The generator's shapes are answered from the rollups (the differential run
@@ -37,7 +44,7 @@ fn rollup_reads_match_the_log() {
 /// documented as fallbacks are.
 #[test]
 fn generated_shapes_are_answered_from_the_rollups() {
-    let rules = common::client::rules_dir("rollup.toml", &Rollup.rule_toml());
+    let rules = common::client::rules_dir("rollup.toml", &Rollup { utc: false }.rule_toml());
     let dir = rules.path().to_str().expect("utf-8 path");
     let rewritten = [
         "SELECT track_id, country, COUNT(*) AS total FROM plays WHERE track_id = 1 AND created_at BETWEEN NOW() - INTERVAL 7 DAY AND NOW() GROUP BY track_id, country",
@@ -70,11 +77,18 @@ fn generated_shapes_are_answered_from_the_rollups() {
     assert!(out.contains("`plays_by_country_hour`"), "{out}");
 }
 
-struct Rollup;
+struct Rollup {
+    /// The log's time column is a TIMESTAMP.
+    utc: bool,
+}
 
 impl Kind for Rollup {
     fn name(&self) -> &'static str {
-        "rollup"
+        if self.utc {
+            "rollup_ts"
+        } else {
+            "rollup"
+        }
     }
 
     fn schema(&self) -> String {
@@ -111,11 +125,16 @@ impl Kind for Rollup {
             rows.push(format!("({time}, {track}, {user}, {country})"));
         }
         format!(
-            "CREATE TABLE {LOG} (id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at DATETIME DEFAULT NULL, \
+            "CREATE TABLE {LOG} (id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at {} DEFAULT NULL, \
                  track_id INT DEFAULT NULL, user_id INT DEFAULT NULL, referer TEXT, \
                  country VARCHAR(20) DEFAULT NULL, KEY (track_id), KEY (created_at)) \
                  DEFAULT CHARSET=utf8mb4;
              INSERT INTO {LOG} (created_at, track_id, user_id, country) VALUES {};",
+            if self.utc {
+                "TIMESTAMP NULL"
+            } else {
+                "DATETIME"
+            },
             rows.join(", ")
         )
     }

@@ -62,10 +62,18 @@ pub(super) fn plan_read(
     q: &Query,
     ctx: &PlanContext<'_>,
 ) -> Result<Option<Plan>, String> {
-    let Some(shape) = Shape::of(rule, q, ctx) else {
+    let Some(mut shape) = Shape::of(rule, q, ctx) else {
         return Ok(aggregates(q).then(Plan::fallback));
     };
     let meta = rule.logical.columns(ctx)?;
+    shape.utc = meta.iter().any(|d| {
+        d.column_type == types::TIMESTAMP && eq(&String::from_utf8_lossy(&d.org_name), &rule.time)
+    });
+    if shape.utc && shape.time_alias().is_some() {
+        // Days and hours of the session's time zone are not the rollup's UTC
+        // buckets.
+        return Ok(Some(Plan::fallback()));
+    }
     let sql = shape.sql(rule);
     let statements = parse_statements(&sql)
         .map_err(|e| format!("internal error: the rollup read does not parse ({e})"))?;
@@ -162,6 +170,8 @@ struct Shape<'q> {
     /// `ORDER BY …` and `LIMIT …` as written (empty when absent).
     order_by: String,
     limit: String,
+    /// The time column is a TIMESTAMP: the rollup's buckets are of UTC.
+    utc: bool,
 }
 
 impl<'q> Shape<'q> {
@@ -192,6 +202,7 @@ impl<'q> Shape<'q> {
             upper: None,
             order_by: String::new(),
             limit: String::new(),
+            utc: false,
         };
         shape.projection(rule, &sel.projection, ctx)?;
         shape.group = shape.group_by(rule, &sel.group_by, ctx)?;
@@ -777,7 +788,7 @@ impl<'q> Shape<'q> {
                 ));
             }
         }
-        let edges = outside(&t, self.start(edge), self.end(edge));
+        let edges = self.log_edges(&t, edge);
         let selection = self
             .selection
             .map_or_else(String::new, |w| format!("({w}) AND "));
@@ -790,6 +801,9 @@ impl<'q> Shape<'q> {
 
     /// The first bucket start inside the range's lower bound, as SQL.
     fn start(&self, bucket: Bucket) -> Option<String> {
+        if self.utc {
+            return Some(utc_bucket(&self.lower_secs(bucket)?));
+        }
         let b = self.lower.as_ref()?;
         let floor = floor(bucket, b.expr);
         let next = format!("{floor} + INTERVAL 1 {}", bucket.unit());
@@ -803,7 +817,66 @@ impl<'q> Shape<'q> {
     /// The start of the bucket holding the range's upper bound, as SQL: buckets
     /// before it end at or before the bound.
     fn end(&self, bucket: Bucket) -> Option<String> {
+        if self.utc {
+            return Some(utc_bucket(&self.upper_secs(bucket)?));
+        }
         Some(floor(bucket, self.upper.as_ref()?.expr))
+    }
+
+    /// For a TIMESTAMP log: the first UTC bucket start inside the lower bound, in
+    /// seconds since the epoch (`UNIX_TIMESTAMP` converts the bound from the
+    /// session's time zone as the comparison with the column does; NULL when it
+    /// cannot).
+    fn lower_secs(&self, bucket: Bucket) -> Option<String> {
+        let b = self.lower.as_ref()?;
+        let w = bucket.seconds();
+        Some(if b.strict {
+            format!("(FLOOR(UNIX_TIMESTAMP({}) / {w}) * {w} + {w})", b.expr)
+        } else {
+            format!("(CEILING(UNIX_TIMESTAMP({}) / {w}) * {w})", b.expr)
+        })
+    }
+
+    /// For a TIMESTAMP log: the start of the UTC bucket holding the upper bound, in
+    /// seconds since the epoch (NULL when the bound cannot be converted).
+    fn upper_secs(&self, bucket: Bucket) -> Option<String> {
+        let b = self.upper.as_ref()?;
+        let w = bucket.seconds();
+        Some(format!("(FLOOR(UNIX_TIMESTAMP({}) / {w}) * {w})", b.expr))
+    }
+
+    /// The log rows of the range outside the buckets `[start, end)` of width
+    /// `edge` the rollups answer. A bound the server cannot turn into a bucket
+    /// (NULL) leaves every row of the range to the log, as the rollups then answer
+    /// none.
+    fn log_edges(&self, t: &str, edge: Bucket) -> String {
+        if !self.utc {
+            let before = self
+                .start(edge)
+                .map(|s| format!("({t} < {s} OR {s} IS NULL)"));
+            let after = self
+                .end(edge)
+                .map(|e| format!("({t} >= {e} OR {e} IS NULL)"));
+            return either(before, after);
+        }
+        // A TIMESTAMP compared with a DATETIME is converted in the session's time
+        // zone, which is ambiguous in the hour a clock goes back: the exact test is
+        // on UNIX_TIMESTAMP, behind a range on the column widened by two hours so
+        // that the log's index still narrows the read.
+        let u = format!("UNIX_TIMESTAMP({t})");
+        let before = self.lower_secs(edge).map(|s| {
+            let s = format!("IFNULL({s}, {MAX_SECS})");
+            format!("({t} <= FROM_UNIXTIME(LEAST({s} + 7200, 2147483647)) AND {u} < {s})")
+        });
+        let after = self.upper_secs(edge).map(|e| {
+            let e = format!("IFNULL({e}, -1)");
+            // The zero TIMESTAMP is in the rollup's first bucket, unless the upper
+            // bound could not be converted.
+            format!(
+                "(({e} <= 7200 OR {t} >= FROM_UNIXTIME({e} - 7200)) AND IF({u} = 0, {e} < 0, {u} >= {e}))"
+            )
+        });
+        either(before, after)
     }
 
     /// Conditions keeping the `bucket` column (qualified) to the whole buckets of
@@ -1021,13 +1094,29 @@ fn floor(bucket: Bucket, e: &Expr) -> String {
     )
 }
 
+/// Seconds since the epoch of `9999-12-31 23:59:59` (after every TIMESTAMP).
+const MAX_SECS: u64 = 253_402_300_799;
+
+/// `'1970-01-01' + secs`: a UTC bucket start as the rollup stores it.
+fn utc_bucket(secs: &str) -> String {
+    format!("('1970-01-01 00:00:00' + INTERVAL {secs} SECOND)")
+}
+
 /// `t` outside `[start, end)` (either bound may be missing: then the other side
 /// only).
 fn outside(t: &str, start: Option<String>, end: Option<String>) -> String {
-    match (start, end) {
-        (Some(s), Some(e)) => format!("({t} < {s} OR {t} >= {e})"),
-        (Some(s), None) => format!("{t} < {s}"),
-        (None, Some(e)) => format!("{t} >= {e}"),
+    either(
+        start.map(|s| format!("{t} < {s}")),
+        end.map(|e| format!("{t} >= {e}")),
+    )
+}
+
+/// `a OR b` of the conditions present (`TRUE` when none is).
+fn either(a: Option<String>, b: Option<String>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => format!("({a} OR {b})"),
+        (Some(a), None) => a,
+        (None, Some(b)) => b,
         (None, None) => "TRUE".to_string(),
     }
 }
@@ -1357,7 +1446,7 @@ mod tests {
                  SELECT {ROLLUP_COLS} FROM `plays_by_day` AS `p` WHERE track_id = 7 AND (`p`.`hs_nulls` & 1) = 0 \
                  AND `p`.`hs_bucket` >= {s} AND (`p`.`hs_nulls` & 2147483648) = 0 \
                  UNION ALL SELECT `p`.`track_id` AS `track_id`, `p`.`country` AS `country`, 1 AS `hs_rows` FROM plays AS `p` \
-                 WHERE (track_id = 7 AND created_at >= '2024-03-01 10:30:00') AND `p`.`created_at` < {s}) AS `hs_u` \
+                 WHERE (track_id = 7 AND created_at >= '2024-03-01 10:30:00') AND (`p`.`created_at` < {s} OR {s} IS NULL)) AS `hs_u` \
                  GROUP BY `hs_u`.`track_id`, `hs_u`.`country` HAVING SUM(`hs_u`.`hs_rows`) > 0) AS `p` \
                  ORDER BY `p`.`track_id`, `p`.`country`"
             )],
@@ -1439,7 +1528,7 @@ mod tests {
              UNION ALL SELECT {hour_cols} FROM `plays_by_hour` AS `p` WHERE track_id = 7 AND (`p`.`hs_nulls` & 2) = 0 \
              AND `p`.`hs_bucket` >= {sh} AND `p`.`hs_bucket` < {s} AND (`p`.`hs_nulls` & 2147483648) = 0 \
              UNION ALL SELECT `p`.`track_id` AS `track_id`, `p`.`country` AS `country`, 1 AS `hs_rows` FROM plays AS `p` \
-             WHERE (track_id = 7 AND created_at >= '2024-03-01 10:30:00') AND `p`.`created_at` < {sh}) AS `hs_u` \
+             WHERE (track_id = 7 AND created_at >= '2024-03-01 10:30:00') AND (`p`.`created_at` < {sh} OR {sh} IS NULL)) AS `hs_u` \
              GROUP BY `hs_u`.`track_id`, `hs_u`.`country` HAVING SUM(`hs_u`.`hs_rows`) > 0) AS `p` \
              ORDER BY `p`.`track_id`, `p`.`country`"
         );
@@ -1456,6 +1545,41 @@ mod tests {
         ] {
             assert_eq!(rewrite(&e, sql).statements, alone.statements);
         }
+    }
+
+    /// A TIMESTAMP log: UTC buckets from the bounds' `UNIX_TIMESTAMP`, the log's
+    /// edges tested exactly on `UNIX_TIMESTAMP` behind a widened range; time series
+    /// (days of the session's zone) fall back.
+    #[test]
+    fn timestamp_logs_have_utc_buckets() {
+        let e = super::super::testutil::engine_with_time(
+            DAY_RULE,
+            crate::wire::resultset::types::TIMESTAMP,
+        );
+        let r = rewrite(
+            &e,
+            "SELECT track_id, country, COUNT(*) AS total FROM plays p WHERE track_id = 7 \
+             AND created_at >= '2024-03-01 10:30:00' GROUP BY track_id, country",
+        );
+        let secs = "(CEILING(UNIX_TIMESTAMP('2024-03-01 10:30:00') / 86400) * 86400)";
+        let s = format!("IFNULL({secs}, 253402300799)");
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT `p`.`track_id` AS `track_id`, `p`.`country` AS `country`, `p`.`total` FROM (\
+                 SELECT `hs_u`.`track_id`, `hs_u`.`country`, CAST(COALESCE(SUM(`hs_u`.`hs_rows`), 0) AS SIGNED) AS `total` FROM (\
+                 SELECT {ROLLUP_COLS} FROM `plays_by_day` AS `p` WHERE track_id = 7 AND (`p`.`hs_nulls` & 1) = 0 \
+                 AND `p`.`hs_bucket` >= ('1970-01-01 00:00:00' + INTERVAL {secs} SECOND) AND (`p`.`hs_nulls` & 2147483648) = 0 \
+                 UNION ALL SELECT `p`.`track_id` AS `track_id`, `p`.`country` AS `country`, 1 AS `hs_rows` FROM plays AS `p` \
+                 WHERE (track_id = 7 AND created_at >= '2024-03-01 10:30:00') \
+                 AND (`p`.`created_at` <= FROM_UNIXTIME(LEAST({s} + 7200, 2147483647)) AND UNIX_TIMESTAMP(`p`.`created_at`) < {s})) AS `hs_u` \
+                 GROUP BY `hs_u`.`track_id`, `hs_u`.`country` HAVING SUM(`hs_u`.`hs_rows`) > 0) AS `p` \
+                 ORDER BY `p`.`track_id`, `p`.`country`"
+            )],
+        );
+        let series =
+            "SELECT DATE(created_at) AS d, COUNT(*) AS n FROM plays WHERE track_id = 7 GROUP BY d";
+        assert!(matches!(decide(&e, series), Decision::Fallback(_)));
     }
 
     #[test]

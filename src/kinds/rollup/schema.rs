@@ -140,6 +140,8 @@ pub(crate) struct CheckedRollup {
     pub pk: Option<String>,
     pub dims: Vec<Dimension>,
     pub time: String,
+    /// The time column is a TIMESTAMP: buckets of UTC.
+    pub utc: bool,
     pub measures: Vec<Measured>,
     /// `CREATE TABLE` when the rollup table is missing.
     pub create_table: Option<String>,
@@ -164,7 +166,7 @@ pub(crate) async fn check(
     spec.validate().map_err(refuse)?;
     let (log, rollup) = resolve(spec, default_db)?;
     let table = inspect_log(conn, &log).await?;
-    let time = time_column(spec, &table, &log)?;
+    let (time, utc) = time_column(spec, &table, &log)?;
     let dims = dimensions(spec, &table, &log)?;
     let measures = measured(spec, &table, &log)?;
     let pk = integer_pk(&table);
@@ -175,6 +177,7 @@ pub(crate) async fn check(
         pk,
         dims,
         time,
+        utc,
         measures,
         create_table: None,
         triggers: Vec::new(),
@@ -235,8 +238,9 @@ async fn inspect_log(conn: &mut Conn, log: &TableName) -> SchemaResult<Table> {
     inspect_base_table(conn, log).await
 }
 
-/// The time column's name as the log spells it; refused unless it is DATETIME.
-fn time_column(spec: &RollupSpec, table: &Table, log: &TableName) -> SchemaResult<String> {
+/// The time column's name as the log spells it, and whether it is a TIMESTAMP
+/// (buckets of UTC) rather than a DATETIME (buckets of its wall-clock value).
+fn time_column(spec: &RollupSpec, table: &Table, log: &TableName) -> SchemaResult<(String, bool)> {
     let col = table.column(&spec.time).ok_or_else(|| {
         SchemaError::Refused(format!(
             "time column `{}` is not a column of {}",
@@ -245,13 +249,10 @@ fn time_column(spec: &RollupSpec, table: &Table, log: &TableName) -> SchemaResul
         ))
     })?;
     match col.data_type.as_str() {
-        "datetime" => Ok(col.name.clone()),
-        "timestamp" => Err(SchemaError::Refused(format!(
-            "time column `{}` is TIMESTAMP, whose buckets would depend on each session's time zone; only DATETIME is supported for now",
-            col.name
-        ))),
+        "datetime" => Ok((col.name.clone(), false)),
+        "timestamp" => Ok((col.name.clone(), true)),
         _ => Err(SchemaError::Refused(format!(
-            "time column `{}` is {}, not DATETIME",
+            "time column `{}` is {}, not DATETIME or TIMESTAMP",
             col.name, col.column_type
         ))),
     }

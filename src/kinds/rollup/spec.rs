@@ -69,6 +69,14 @@ impl Bucket {
         }
     }
 
+    /// The bucket's width in seconds (buckets of UTC, for TIMESTAMP logs).
+    pub fn seconds(self) -> u32 {
+        match self {
+            Bucket::Hour => 3600,
+            Bucket::Day => 86_400,
+        }
+    }
+
     /// `DATE_FORMAT` pattern of a bucket's start.
     pub fn format(self) -> &'static str {
         match self {

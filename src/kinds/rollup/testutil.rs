@@ -14,8 +14,13 @@ pub const DAY_RULE: &str =
      time = \"created_at\"\nbucket = \"day\"\ndimensions = [\"track_id\", \"country\"]\n";
 
 /// An engine over the `[[rollup]]` rules of `toml`, with the log's columns (id,
-/// created_at, track_id, country, ms) known for database `shop`.
+/// created_at DATETIME, track_id, country, ms) known for database `shop`.
 pub fn engine_of(toml: &str) -> Engine {
+    engine_with_time(toml, types::DATETIME)
+}
+
+/// [`engine_of`] with `created_at` of type `time` (a protocol type).
+pub fn engine_with_time(toml: &str, time: u8) -> Engine {
     let specs: Vec<RollupSpec> = crate::kinds::entries(toml, "rollup").unwrap();
     let rules: Vec<Arc<dyn Rule>> = specs
         .iter()
@@ -25,7 +30,7 @@ pub fn engine_of(toml: &str) -> Engine {
     let e = Engine::new(rules, 100).unwrap();
     let columns = [
         col("plays", "id", types::LONGLONG, 0x4203),
-        col("plays", "created_at", types::DATETIME, 0x4008),
+        col("plays", "created_at", time, 0x4008),
         col("plays", "track_id", types::LONG, 0x4008),
         col("plays", "country", 0xfd, 0),
         col("plays", "ms", types::LONG, 0),

@@ -212,8 +212,19 @@ fn country_lit(g: &mut Gen) -> Lit {
 }
 
 /// A time inside March 2024 (which ends with Europe/Berlin's change to summer time
-/// on the 31st), ragged to the second.
+/// on the 31st), ragged to the second; sometimes in the night of 27 October 2024,
+/// when Berlin's clocks go back from 03:00 to 02:00 (local times between are
+/// ambiguous: a TIMESTAMP log's UTC buckets must still come out exact).
 fn time_text(g: &mut Gen) -> String {
+    if g.chance(6) {
+        return format!(
+            "2024-10-{:02} {:02}:{:02}:{:02}",
+            g.range(26, 28),
+            g.range(0, 4),
+            g.range(0, 59),
+            g.range(0, 59)
+        );
+    }
     format!(
         "2024-03-{:02} {:02}:{:02}:{:02}",
         g.range(1, 31),

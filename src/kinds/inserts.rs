@@ -37,6 +37,8 @@ pub struct Flavor {
     /// A multi-row insert running alone runs with `RETURNING` to report its first
     /// row's id (an upsert's OK packet reports another row's).
     pub returning_alone: bool,
+    /// [`Merger::lanes`].
+    pub lanes: u32,
 }
 
 /// The pieces of an insert, by name: merged inserts become
@@ -208,6 +210,10 @@ impl Merger for Inserts {
         true
     }
 
+    fn lanes(&self) -> u32 {
+        self.flavor.lanes
+    }
+
     fn answer_alone(&self, written: Option<&Written>) -> Result<OkSummary, &'static str> {
         let Some(w) = written else {
             return Err("heatsink: an insert was written but its response was not understood");
@@ -288,6 +294,7 @@ mod tests {
         explain: "merged",
         metric: &METRIC,
         returning_alone: true,
+        lanes: 1,
     };
 
     fn aux(ai: &str, rows: &str) -> Vec<Vec<u8>> {

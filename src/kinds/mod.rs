@@ -46,9 +46,15 @@ pub mod inserts;
 pub mod logical;
 pub mod ring;
 pub mod rollup;
+pub mod timeline;
 
 /// Every rule kind heatsink knows, in the order their rules are listed.
-pub static KINDS: &[&dyn Kind] = &[&counter::Counter, &ring::Ring, &rollup::Rollup];
+pub static KINDS: &[&dyn Kind] = &[
+    &counter::Counter,
+    &ring::Ring,
+    &rollup::Rollup,
+    &timeline::Timeline,
+];
 
 /// The merged-items metric of every kind that merges writes (group commit), in
 /// [`KINDS`] order: the order `/metrics` shows them.

@@ -25,6 +25,7 @@ static FLAVOR: Flavor = Flavor {
     explain: "concurrent autocommit inserts into the same ring may be merged into one multi-row write, answered after it committed (coalesce)",
     metric: &METRIC,
     returning_alone: true,
+    lanes: 1,
 };
 
 /// The ring's [`Merger`], as a plan carries it.

@@ -34,7 +34,14 @@ static FLAVOR: Flavor = Flavor {
     explain: "concurrent autocommit inserts into the log may be merged into one multi-row insert (the rollups' triggers run per row, in one statement and one commit), answered after it committed (coalesce)",
     metric: &METRIC,
     returning_alone: false,
+    lanes: LANES,
 };
+
+/// Merged log inserts in flight at once. One merged write at a time would run every
+/// row's triggers on one connection; a few lanes keep the server's cores busy. A
+/// power of two no larger than the default `slots`, so that leaders of different
+/// lanes (`backend id % LANES`) write different slots (`CONNECTION_ID() % slots`).
+const LANES: u32 = 4;
 
 /// `AUTO_INCREMENT` in a column definition's flags.
 const AUTO_INCREMENT_FLAG: u16 = 0x0200;

@@ -921,6 +921,7 @@ impl AdminShim {
             in_transaction: false,
             current_db: self.db.as_deref(),
             lexing: Some(crate::rewrite::Lexing::STANDARD),
+            share: None,
         };
         let (decision, shadow) = match engine.decide(sql.as_bytes(), &ctx) {
             Decision::Shadow(would) => (*would, true),

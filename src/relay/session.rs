@@ -177,6 +177,7 @@ pub async fn serve_client(
         prepared: HashMap::new(),
         lexing: None,
         lexing_prepared: false,
+        node_share: None,
         packet_limit: None,
     };
     let outcome = async {
@@ -287,6 +288,9 @@ pub(super) struct Session {
     /// `sql_mode`: every COM_STMT_EXECUTE of a statement the proxy did not rewrite
     /// then forgets `lexing`.
     pub(super) lexing_prepared: bool,
+    /// The backend node's share of a counter's slots on a Galera cluster, learned
+    /// with the settings (`rewrite::NodeShare`); `None` on a single server.
+    pub(super) node_share: Option<crate::rewrite::NodeShare>,
     /// The backend session's `max_allowed_packet`, once learned (see
     /// [`LEARN_PACKET_LIMIT_AT`]); unused when `max_client_packet` is configured.
     pub(super) packet_limit: Option<usize>,
@@ -861,6 +865,7 @@ impl Session {
             in_transaction: self.status & status::IN_TRANS != 0,
             current_db: self.current_db.as_deref(),
             lexing: self.lexing,
+            share: self.node_share,
         }
     }
 

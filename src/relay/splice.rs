@@ -226,27 +226,40 @@ impl Session {
     /// connection (`rewrite::SESSION_STATE_QUERY`). `false`: the client has been
     /// answered with the error instead.
     async fn learn_lexing(&mut self, cmd_seq: u8) -> Result<bool> {
-        let c = self
+        let mut c = self
             .run_collect(crate::rewrite::SESSION_STATE_QUERY.as_bytes())
             .await?;
+        if c.err_code()
+            .is_some_and(|code| code == 1109 || code == 1146)
+        {
+            // A server without information_schema.GLOBAL_STATUS (MySQL 8): no
+            // cluster share, the settings alone.
+            c = self
+                .run_collect(crate::rewrite::SESSION_STATE_QUERY_PLAIN.as_bytes())
+                .await?;
+        }
         if let Some(e) = c.err() {
             let payload = e.payload.to_vec();
             self.reply(cmd_seq, &payload).await?;
             return Ok(false);
         }
         let rows = c.text_rows(self.deprecate_eof);
-        let learned = c
+        let cells = c
             .packets
             .get(rows.start)
             .filter(|_| rows.len() == 1)
-            .and_then(|p| crate::wire::resultset::text_cells(&p.payload))
-            .and_then(|cells| match cells[..] {
-                [Some(charset), mode] => Some(crate::rewrite::Lexing::from_server(
-                    charset,
-                    mode.unwrap_or_default(),
-                )),
-                _ => None,
-            });
+            .and_then(|p| crate::wire::resultset::text_cells(&p.payload));
+        let learned = cells.as_ref().and_then(|cells| match cells[..] {
+            [Some(charset), mode, ..] => Some(crate::rewrite::Lexing::from_server(
+                charset,
+                mode.unwrap_or_default(),
+            )),
+            _ => None,
+        });
+        self.node_share = cells
+            .as_ref()
+            .and_then(|cells| cells.get(2).copied().flatten())
+            .and_then(crate::rewrite::NodeShare::from_server);
         match learned {
             Some(l) => {
                 self.lexing = Some(l);

@@ -755,7 +755,7 @@ impl Engine {
                         reason,
                     });
                 }
-                match template.render(rule, st.sql, &st.literals, st.ctx.prepared) {
+                match template.render(rule, st.sql, &st.literals, st.ctx.prepared, st.ctx.share) {
                     Ok(r) => Decision::Rewrite(r),
                     Err(e) => Decision::Reject(Rejection {
                         rule: rule.clone(),
@@ -1149,6 +1149,7 @@ mod tests {
         in_transaction: false,
         current_db: None,
         lexing: Some(Lexing::STANDARD),
+        share: None,
     };
 
     const PREPARED: StatementContext<'static> = StatementContext {
@@ -1156,6 +1157,7 @@ mod tests {
         in_transaction: false,
         current_db: None,
         lexing: Some(Lexing::STANDARD),
+        share: None,
     };
 
     fn ast(sql: &str) -> Vec<Statement> {

@@ -55,6 +55,8 @@
 //! - `fixture.rs`: databases, rule TOML and the test environment.
 //! - `differential.rs`: the differential fuzzing harness.
 //! - `mariadb.rs`: template data directory, server start, watchdog, admin SQL.
+//! - `galera.rs`: a 3-node Galera cluster on loopback ([`galera::galera()`]), nodes run as
+//!   `mysql`, `kill9()` / `restart()` of a node.
 //! - `proxy.rs`: proxy process builder and lifecycle.
 //! - `rawclient.rs`: raw protocol client.
 //! - `packets.rs`: packet decoders.
@@ -66,6 +68,7 @@ pub mod cli;
 pub mod client;
 pub mod differential;
 pub mod fixture;
+pub mod galera;
 mod mariadb;
 pub mod packets;
 mod proxy;

@@ -199,3 +199,206 @@ fn the_same_load_sent_directly_gets_certification_conflicts() {
         );
     });
 }
+
+/// `SHOW BACKENDS` on the admin port: (address, state, detail, connections).
+async fn show_backends(admin: std::net::SocketAddr) -> Vec<(String, String, String, u64)> {
+    let mut a = connect(&format!("mysql://admin@{admin}/?prefer_socket=false")).await;
+    let rows: Vec<(String, String, String, u64, u64, u64)> =
+        a.query("SHOW BACKENDS").await.expect("SHOW BACKENDS");
+    let _ = a.disconnect().await;
+    rows.into_iter()
+        .map(|(addr, state, detail, conns, _, _)| (addr, state, detail, conns))
+        .collect()
+}
+
+/// The node (1-based, from `wsrep_node_name`) a connection landed on.
+async fn node_of(conn: &mut mysql_async::Conn) -> usize {
+    let name: String = conn
+        .query_first("SELECT @@wsrep_node_name")
+        .await
+        .expect("node name")
+        .expect("a row");
+    name.trim_start_matches("node").parse().expect("nodeN")
+}
+
+#[test]
+fn one_proxy_in_front_of_the_cluster_survives_kill_9_of_a_node() {
+    let cluster = galera();
+    let db = "cl_failover";
+    counter_db(db);
+    let rules = rules_dir("counter.toml", &Rule::counter("page_hits", "hits").toml());
+    migrate_on(cluster.node(0), rules.path(), db);
+    let (builder, metrics) = Proxy::builder()
+        .backend(cluster.backend_list())
+        .rules_dir(rules.path())
+        .arg("--health-user")
+        .arg("root")
+        .arg("--health-interval-ms")
+        .arg("200")
+        .log_level_from("CLUSTER_PROXY_LOG")
+        .listen_arg("--metrics");
+    let (proxy, admin) = builder.start_with_admin();
+    let url = proxy.url(db);
+    const CONNS: usize = 64;
+    let victim = 2; // 1-based node number
+    run(Duration::from_secs(240), async {
+        let backends = show_backends(admin).await;
+        assert_eq!(backends.len(), 3, "{backends:?}");
+        for b in &backends {
+            assert_eq!(b.1, "up", "{backends:?}");
+            assert!(b.2.contains("Synced"), "{backends:?}");
+        }
+        // Least connections: 64 connections spread evenly over the nodes.
+        let mut conns = Vec::new();
+        let mut per_node = [0usize; 3];
+        for _ in 0..CONNS {
+            let mut c = connect(&url).await;
+            per_node[node_of(&mut c).await - 1] += 1;
+            conns.push(c);
+        }
+        assert!(per_node.iter().all(|&n| n >= CONNS / 3), "{per_node:?}");
+        let backends = show_backends(admin).await;
+        assert_eq!(
+            backends.iter().map(|b| b.3).sum::<u64>(),
+            CONNS as u64,
+            "{backends:?}"
+        );
+
+        // Load on every connection; node 2 is killed with SIGKILL after 1.5 s.
+        let acked = Arc::new(AtomicU64::new(0));
+        let unknown = Arc::new(AtomicU64::new(0));
+        let reconnect_ms = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let other_errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut tasks = Vec::new();
+        for mut conn in conns {
+            let mut on = node_of(&mut conn).await;
+            let (url, acked, unknown, reconnect_ms, other_errors) = (
+                url.clone(),
+                acked.clone(),
+                unknown.clone(),
+                reconnect_ms.clone(),
+                other_errors.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    match conn
+                        .query_drop("UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'")
+                        .await
+                    {
+                        Ok(()) => {
+                            acked.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            // The node died under this session: the increment's outcome
+                            // is unknown; the client reconnects.
+                            // Only sessions of that node see an error: the connection
+                            // lost (2013 or closed), or a merged write of their node
+                            // whose outcome is unknown (1158).
+                            let text = e.to_string();
+                            let lost = text.contains("2013")
+                                || text.contains("1158")
+                                || matches!(e, mysql_async::Error::Io(_));
+                            if !lost || on != victim {
+                                other_errors
+                                    .lock()
+                                    .unwrap()
+                                    .push(format!("node {on}: {text}"));
+                            }
+                            unknown.fetch_add(1, Ordering::Relaxed);
+                            let started = Instant::now();
+                            conn = loop {
+                                match mysql_async::Conn::from_url(url.as_str()).await {
+                                    Ok(mut c) => {
+                                        on = node_of(&mut c).await;
+                                        assert_ne!(on, victim, "reconnected to the dead node");
+                                        break c;
+                                    }
+                                    Err(e) => {
+                                        assert!(
+                                            started.elapsed() < Duration::from_secs(5),
+                                            "no reconnect within 5 s: {e}"
+                                        );
+                                        tokio::time::sleep(Duration::from_millis(10)).await;
+                                    }
+                                }
+                            };
+                            reconnect_ms
+                                .lock()
+                                .unwrap()
+                                .push(started.elapsed().as_millis() as u64);
+                        }
+                    }
+                }
+                let _ = conn.disconnect().await;
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let victim_node = cluster.node(victim - 1);
+        tokio::task::spawn_blocking(move || galera().node(victim - 1).kill9())
+            .await
+            .expect("kill");
+        for t in tasks {
+            t.await.expect("load task");
+        }
+        let acked = acked.load(Ordering::Relaxed);
+        let unknown = unknown.load(Ordering::Relaxed);
+        let reconnects = reconnect_ms.lock().unwrap().clone();
+        let other = other_errors.lock().unwrap().clone();
+        assert!(other.is_empty(), "errors other than a lost node: {other:?}");
+        assert!(
+            !reconnects.is_empty(),
+            "no session saw node {victim} die ({acked} increments)"
+        );
+        let slowest = reconnects.iter().copied().max().unwrap_or(0);
+        assert!(
+            slowest < 1000,
+            "a reconnect took {slowest} ms: {reconnects:?}"
+        );
+        // The dead node is down in SHOW BACKENDS and /readyz still answers ready.
+        let backends = show_backends(admin).await;
+        assert_eq!(backends[victim - 1].1, "down", "{backends:?}");
+        let (status, body) = common::http_get(metrics, "/readyz");
+        assert_eq!(status, 200, "{body}");
+
+        // The node rejoins; every acknowledged increment is there, on every node.
+        tokio::task::spawn_blocking(move || galera().node(victim - 1).restart())
+            .await
+            .expect("restart");
+        for node in cluster.nodes() {
+            let total = counter_total(node, db) as u64;
+            assert!(
+                total >= acked && total <= acked + unknown,
+                "node {}: total {total}, acknowledged {acked}, unknown {unknown}",
+                node.index() + 1
+            );
+        }
+        // Once the checker sees it Synced, it takes new connections again.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while show_backends(admin).await[victim - 1].1 != "up" {
+            assert!(Instant::now() < deadline, "node {victim} not up again");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut seen = Vec::new();
+        let mut open = Vec::new();
+        for _ in 0..3 {
+            let mut c = connect(&url).await;
+            seen.push(node_of(&mut c).await);
+            open.push(c);
+        }
+        assert!(
+            seen.contains(&victim),
+            "the rejoined node got no connection: {seen:?}"
+        );
+        for c in open {
+            let _ = c.disconnect().await;
+        }
+        eprintln!(
+            "failover: {acked} acknowledged, {unknown} lost with node {victim}, \
+             reconnects {} (slowest {slowest} ms), node pid {}",
+            reconnects.len(),
+            victim_node.pid()
+        );
+    });
+    drop(proxy);
+}

@@ -50,7 +50,10 @@ impl Session {
     /// `None` when it must run alone: not mergeable, or the session is not in
     /// autocommit mode outside a transaction, or its state no longer follows from
     /// its SET history. A merged write runs with the leader's privileges and
-    /// settings, so the group key holds the user, character set and SET history.
+    /// settings, so the group key holds the user, character set and SET history;
+    /// and on the leader's backend node, so it holds the node too (a node that dies
+    /// must fail only its own sessions' writes, and each node writes its own share of
+    /// a counter's slots).
     pub(super) fn merge_part(&self, rw: &Rewritten) -> Option<(Vec<u8>, Part)> {
         let m = rw.merge.as_ref()?;
         if !self.pristine
@@ -70,6 +73,7 @@ impl Session {
             &self.identity,
             &self.session_sets,
             self.current_db.as_deref().unwrap_or("").as_bytes(),
+            self.lease.addr().as_bytes(),
         ];
         for piece in session.into_iter().chain(target) {
             key.extend_from_slice(&(piece.len() as u32).to_le_bytes());

@@ -402,3 +402,53 @@ fn one_proxy_in_front_of_the_cluster_survives_kill_9_of_a_node() {
     });
     drop(proxy);
 }
+
+/// On a Galera node `GET_LOCK` holds only on that node: `heatsink maintain` takes a
+/// lease row in `heatsink_locks` instead, which a run through another node sees.
+#[test]
+fn maintenance_lock_holds_across_nodes() {
+    let cluster = galera();
+    let db = "cl_lock";
+    counter_db(db);
+    let rules = rules_dir("counter.toml", &Rule::counter("page_hits", "hits").toml());
+    migrate_on(cluster.node(0), rules.path(), db);
+    let maintain = |node: usize| {
+        Cli::new(["maintain", "--job", "compact", "--rules"])
+            .arg(rules.path())
+            .arg("--backend-url")
+            .arg(cluster.node(node).url(db))
+            .run()
+    };
+    // A first run creates the lease table, runs, and leaves no lease behind.
+    let (code, out, err) = maintain(0);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("rule page_hits:"), "{out}");
+    let lock = format!("heatsink:compact:{db}.hits");
+    let leases = |node: usize| {
+        cluster.node(node).query_strings(&format!(
+            "SELECT owner FROM {db}.heatsink_locks WHERE name = '{lock}'"
+        ))
+    };
+    assert!(leases(1).is_empty());
+    // A run holding the lease through node 1: runs through nodes 2 and 3 skip.
+    cluster.node(0).exec(&format!(
+        "INSERT INTO {db}.heatsink_locks VALUES ('{lock}', 'another run', NOW(6) + INTERVAL 1 HOUR)"
+    ));
+    for node in [1, 2] {
+        let (code, out, err) = maintain(node);
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(
+            out.contains("is running elsewhere"),
+            "node {}: {out}",
+            node + 1
+        );
+    }
+    // A lease that lapsed (its run died) is taken over.
+    cluster.node(2).exec(&format!(
+        "UPDATE {db}.heatsink_locks SET expires = NOW(6) - INTERVAL 1 SECOND WHERE name = '{lock}'"
+    ));
+    let (code, out, err) = maintain(1);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(!out.contains("is running elsewhere"), "{out}");
+    assert!(leases(0).is_empty(), "the lease is released");
+}

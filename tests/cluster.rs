@@ -452,3 +452,25 @@ fn maintenance_lock_holds_across_nodes() {
     assert!(!out.contains("is running elsewhere"), "{out}");
     assert!(leases(0).is_empty(), "the lease is released");
 }
+
+/// `heatsink check --backend-url` on a Galera node warns about what Galera does not
+/// replicate: a ruled table that is not InnoDB.
+#[test]
+fn check_warns_about_what_galera_does_not_support() {
+    let cluster = galera();
+    let db = "cl_check";
+    cluster.any_synced().exec(&format!(
+        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
+         CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0) ENGINE=MyISAM;"
+    ));
+    let rules = rules_dir("counter.toml", &Rule::counter("page_hits", "hits").toml());
+    let (_code, out, err) = Cli::new(["check", "--rules"])
+        .arg(rules.path())
+        .arg("--backend-url")
+        .arg(cluster.node(1).url(db))
+        .run();
+    assert!(
+        out.contains("Galera: table cl_check.hits is MyISAM, not InnoDB"),
+        "{out}\n{err}"
+    );
+}

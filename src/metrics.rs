@@ -117,7 +117,13 @@ pub fn render(shared: &Shared) -> String {
 /// Per backend node: up (1) or down (0), client connections now and since start,
 /// failed connection attempts and health checks.
 fn write_backends(out: &mut String, nodes: &[crate::backends::NodeView]) {
-    let metrics: [(&str, &str, &str, fn(&crate::backends::NodeView) -> u64); 4] = [
+    type Metric<'a> = (
+        &'a str,
+        &'a str,
+        &'a str,
+        fn(&crate::backends::NodeView) -> u64,
+    );
+    let metrics: [Metric<'_>; 4] = [
         (
             "heatsink_backend_up",
             "Backend node takes new connections (1) or not (0).",

@@ -16,8 +16,8 @@ use common::galera::{galera, GaleraNode};
 use common::Proxy;
 use mysql_async::prelude::Queryable;
 
-/// Connections per node in the load tests.
-const PER_NODE: usize = 8;
+/// Connections per node in the load tests (66 in all).
+const PER_NODE: usize = 22;
 
 /// Creates database `db` afresh on the cluster (DDL replicates to every node) with
 /// `hits (slug, cnt)` holding `('home', 0)`.
@@ -64,19 +64,31 @@ struct Load {
 /// `PER_NODE` connections to each of `urls` run `sql` until `duration` has passed
 /// (at most `per_conn` times each). Returns what they saw.
 async fn hammer(urls: &[String], sql: &str, duration: Duration, per_conn: u64) -> Arc<Load> {
+    let sql = sql.to_string();
+    hammer_with(urls, duration, per_conn, move |_| sql.clone()).await
+}
+
+/// [`hammer`] with a statement made per execution from a number unique to it.
+async fn hammer_with(
+    urls: &[String],
+    duration: Duration,
+    per_conn: u64,
+    sql: impl Fn(u64) -> String + Send + Sync + Clone + 'static,
+) -> Arc<Load> {
     let load = Arc::new(Load::default());
     let end = Instant::now() + duration;
     let mut tasks = Vec::new();
     for url in urls {
         for _ in 0..PER_NODE {
-            let (url, sql, load) = (url.clone(), sql.to_string(), load.clone());
+            let (url, sql, load) = (url.clone(), sql.clone(), load.clone());
+            let first = tasks.len() as u64 * 1_000_000;
             tasks.push(tokio::spawn(async move {
                 let mut conn = connect(&url).await;
-                for _ in 0..per_conn {
+                for i in 0..per_conn {
                     if Instant::now() >= end {
                         break;
                     }
-                    match conn.query_drop(sql.as_str()).await {
+                    match conn.query_drop(sql(first + i).as_str()).await {
                         Ok(()) => {
                             load.ok.fetch_add(1, Ordering::Relaxed);
                         }
@@ -121,7 +133,7 @@ fn hot_counter_through_every_node(db: &str, coalesce: bool) {
             &urls,
             "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'",
             Duration::from_secs(4),
-            400,
+            200,
         )
         .await;
         let errors = load.errors.lock().unwrap().clone();
@@ -473,4 +485,93 @@ fn check_warns_about_what_galera_does_not_support() {
         out.contains("Galera: table cl_check.hits is MyISAM, not InnoDB"),
         "{out}\n{err}"
     );
+}
+
+/// The ring of these tests: the latest 5 visits per `uid`.
+fn ring_rule(coalesce: bool) -> String {
+    Rule::ring("profile_visits", "profile_visits_log")
+        .key(&["uid"])
+        .size(5)
+        .ring_table("profile_visits_ring")
+        .seq_table("profile_visits_seq")
+        .order_by("last_update")
+        .coalesce(coalesce)
+        .toml()
+}
+
+/// Inserts into a ring through one proxy per node, 66 connections on 4 hot keys: no
+/// client error, each key's sequence is single-run across the nodes (its counter is
+/// the number of acknowledged inserts, the ring holds the 5 latest numbers), and
+/// every node holds the same ring.
+fn ring_through_every_node(db: &str, coalesce: bool) {
+    let cluster = galera();
+    cluster.any_synced().exec(&format!(
+        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
+         CREATE TABLE profile_visits_log (id INT AUTO_INCREMENT PRIMARY KEY, uid INT NOT NULL,
+           visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL, KEY(uid));"
+    ));
+    let rules = rules_dir("ring.toml", &ring_rule(coalesce));
+    migrate_on(cluster.node(0), rules.path(), db);
+    let proxies = proxy_per_node(rules.path());
+    let urls: Vec<String> = proxies.iter().map(|p| p.url(db)).collect();
+    run(Duration::from_secs(120), async {
+        let load = hammer_with(&urls, Duration::from_secs(4), 100, |n| {
+            format!(
+                "INSERT INTO profile_visits_log (uid, visitor_uid, last_update) \
+                 VALUES ({}, {}, NOW(6))",
+                n % 4,
+                n % 1_000_000_000
+            )
+        })
+        .await;
+        let errors = load.errors.lock().unwrap().clone();
+        let ok = load.ok.load(Ordering::Relaxed);
+        assert!(
+            errors.is_empty(),
+            "{} of {} ring inserts failed through heatsink, first: {:?}",
+            errors.len(),
+            ok as usize + errors.len(),
+            errors.first()
+        );
+        let mut states = Vec::new();
+        for node in cluster.nodes() {
+            let seqs = node.query_strings(&format!(
+                "SELECT CAST(SUM(seq) AS CHAR) FROM {db}.profile_visits_seq"
+            ));
+            assert_eq!(
+                seqs[0][0].as_deref(),
+                Some(ok.to_string().as_str()),
+                "node {}: the keys' sequences add up to the acknowledged inserts",
+                node.index() + 1
+            );
+            let ring = node.query_strings(&format!(
+                "SELECT r.uid, COUNT(*), MIN(r.seq), MAX(r.seq), s.seq \
+                 FROM {db}.profile_visits_ring r JOIN {db}.profile_visits_seq s ON s.uid = r.uid \
+                 GROUP BY r.uid, s.seq ORDER BY r.uid"
+            ));
+            for row in &ring {
+                let n = |i: usize| -> i64 { row[i].as_deref().unwrap_or("0").parse().unwrap() };
+                assert_eq!(n(1), 5, "node {}: {row:?}", node.index() + 1);
+                assert_eq!(n(3), n(4), "the newest row is the last number: {row:?}");
+                assert_eq!(n(2), n(4) - 4, "the 5 latest numbers: {row:?}");
+            }
+            let rows = node.query_strings(&format!(
+                "SELECT uid, seq, visitor_uid FROM {db}.profile_visits_ring ORDER BY uid, seq"
+            ));
+            states.push(rows);
+        }
+        assert!(states.windows(2).all(|w| w[0] == w[1]), "nodes differ");
+        eprintln!("{db}: {ok} ring inserts through 3 nodes, 0 errors");
+    });
+    drop(proxies);
+}
+
+#[test]
+fn ring_through_one_proxy_per_node_stays_exact() {
+    ring_through_every_node("cl_ring", false);
+}
+
+#[test]
+fn ring_with_group_commit_through_one_proxy_per_node_stays_exact() {
+    ring_through_every_node("cl_ring_merged", true);
 }

@@ -182,6 +182,7 @@ pub async fn serve_client(
         lexing: None,
         lexing_prepared: false,
         node_share: None,
+        galera: false,
         packet_limit: None,
         lease,
     };
@@ -332,6 +333,9 @@ pub(super) struct Session {
     /// The backend node's share of a counter's slots on a Galera cluster, learned
     /// with the settings (`rewrite::NodeShare`); `None` on a single server.
     pub(super) node_share: Option<crate::rewrite::NodeShare>,
+    /// The backend is a Galera node (it reports `wsrep_local_index`), learned with
+    /// the settings.
+    pub(super) galera: bool,
     /// The backend session's `max_allowed_packet`, once learned (see
     /// [`LEARN_PACKET_LIMIT_AT`]); unused when `max_client_packet` is configured.
     pub(super) packet_limit: Option<usize>,

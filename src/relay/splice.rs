@@ -32,6 +32,10 @@ use crate::wire::{cmd, status, MAX_PAYLOAD};
 pub(super) const RETRYABLE: [u16; 2] = [1213, 1205];
 /// Attempts of a rewrite before a lock conflict reaches the client.
 pub(super) const MAX_ATTEMPTS: u32 = 8;
+/// The same on a Galera node, where a hot row written through several nodes fails
+/// certification far more often than a lock wait fails on one server (a failed
+/// certification committed nothing, so retrying is always safe where a retry is).
+pub(super) const MAX_ATTEMPTS_GALERA: u32 = 40;
 
 /// A prepared statement whose text was rewritten.
 #[derive(Debug)]
@@ -133,9 +137,10 @@ enum Attempt {
 
 /// Waits before retry `attempt + 1` of a write that hit a lock conflict: a random
 /// 1..2^(attempt+1) ms, so that the writers that collided do not collide again.
+/// From the 8th retry on, the wait stays below 512 ms.
 pub(super) async fn backoff(attempt: u32) {
     tokio::time::sleep(Duration::from_millis(rand::random_range(
-        1..=(2u64 << attempt),
+        1..=(2u64 << attempt.min(8)),
     )))
     .await;
 }
@@ -256,10 +261,11 @@ impl Session {
             )),
             _ => None,
         });
-        self.node_share = cells
+        let node = cells
             .as_ref()
-            .and_then(|cells| cells.get(2).copied().flatten())
-            .and_then(crate::rewrite::NodeShare::from_server);
+            .and_then(|cells| cells.get(2).copied().flatten());
+        self.galera = node.is_some();
+        self.node_share = node.and_then(crate::rewrite::NodeShare::from_server);
         match learned {
             Some(l) => {
                 self.lexing = Some(l);
@@ -364,6 +370,16 @@ impl Session {
         self.run_command(&query_payload(sql)).await
     }
 
+    /// Attempts of a statement the proxy runs on its own before a lock conflict or
+    /// certification failure reaches the client.
+    pub(super) fn max_attempts(&self) -> u32 {
+        if self.galera {
+            MAX_ATTEMPTS_GALERA
+        } else {
+            MAX_ATTEMPTS
+        }
+    }
+
     /// Whether a failed attempt left nothing behind, so that it can be retried.
     pub(super) fn retry_safe(&self, statements: usize, wrapped: bool) -> bool {
         self.status & status::IN_TRANS == 0 && (wrapped || statements == 1)
@@ -436,7 +452,7 @@ impl Session {
             match self.attempt(commands, reply, wrap, atomic, cmd_seq).await? {
                 Attempt::Answered => return Ok(()),
                 Attempt::Conflict(err) => {
-                    if !retry || attempt >= MAX_ATTEMPTS {
+                    if !retry || attempt >= self.max_attempts() {
                         return self.reply(cmd_seq, &err).await;
                     }
                     tracing::debug!(rule, attempt, "lock conflict in rewrite: retrying");

@@ -655,7 +655,7 @@ async fn check_live(
     let url_db = crate::schema::default_db(url)?;
     let default_db = db.map(str::to_string).or(url_db);
     let mut c = crate::schema::connect(url).await?;
-    let galera = on_galera(&mut c).await?;
+    let galera = crate::schema::on_galera(&mut c).await?;
     for f in files {
         let Some(parsed) = f.parsed.as_ref().filter(|_| f.valid) else {
             continue; // invalid file: already reported
@@ -679,16 +679,6 @@ async fn check_live(
         }
     }
     Ok(c)
-}
-
-/// Whether the server is a Galera node (`wsrep_on = ON`).
-async fn on_galera(c: &mut mysql_async::Conn) -> Result<bool> {
-    use mysql_async::prelude::Queryable;
-    let row: Option<(String, String)> = c
-        .query_first("SHOW VARIABLES LIKE 'wsrep_on'")
-        .await
-        .map_err(|e| crate::error::Error::with_cause(Source::Backend, "reading wsrep_on", e))?;
-    Ok(row.is_some_and(|(_, v)| v.eq_ignore_ascii_case("ON")))
 }
 
 /// What Galera does not support about a rule's table: a table that is not InnoDB

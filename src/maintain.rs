@@ -74,7 +74,9 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
     let default_db = default_db(opts.backend_url)?;
     let mut failed = Vec::new();
     let lease = match default_db.as_deref() {
-        Some(db) if on_galera(&mut conn).await? => Some(Lease::create(&mut conn, db).await?),
+        Some(db) if crate::schema::on_galera(&mut conn).await? => {
+            Some(Lease::create(&mut conn, db).await?)
+        }
         _ => None,
     };
     for (spec, job) in work {
@@ -162,16 +164,6 @@ async fn release_lock(conn: &mut Conn, name: &str) -> Result<()> {
     conn.exec_drop("DO RELEASE_LOCK(?)", (name,))
         .await
         .or_err(Source::Backend, || format!("releasing lock '{name}'"))
-}
-
-/// Whether the server is a Galera node (`wsrep_on = ON`), where `GET_LOCK` holds only
-/// on that node.
-async fn on_galera(conn: &mut Conn) -> Result<bool> {
-    let row: Option<(String, String)> = conn
-        .query_first("SHOW VARIABLES LIKE 'wsrep_on'")
-        .await
-        .or_err(Source::Backend, || "reading wsrep_on".to_string())?;
-    Ok(row.is_some_and(|(_, v)| v.eq_ignore_ascii_case("ON")))
 }
 
 /// Cluster-wide job locks: lease rows in `<db>.heatsink_locks`.

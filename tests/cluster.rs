@@ -575,3 +575,91 @@ fn ring_through_one_proxy_per_node_stays_exact() {
 fn ring_with_group_commit_through_one_proxy_per_node_stays_exact() {
     ring_through_every_node("cl_ring_merged", true);
 }
+
+/// Inserts into a log with a rollup (triggers keep it in the writing transaction)
+/// through one proxy per node, 66 connections on 3 hot tracks: the rollup stays
+/// equal to a GROUP BY over the log on every node, and the rewritten read through
+/// each proxy answers what the log does. Returns the number of client errors (the
+/// inserts are the client's own statements, forwarded unchanged).
+#[test]
+fn rollup_through_one_proxy_per_node_stays_exact() {
+    let cluster = galera();
+    let db = "cl_rollup";
+    cluster.any_synced().exec(&format!(
+        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
+         CREATE TABLE plays (id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at DATETIME DEFAULT NULL,
+           track_id INT DEFAULT NULL, user_id INT DEFAULT NULL, country VARCHAR(255) DEFAULT NULL,
+           KEY (track_id), KEY (created_at));"
+    ));
+    let rule = Rule::rollup(
+        "plays_hourly",
+        "plays",
+        "plays_by_track_hour",
+        "created_at",
+        "hour",
+    )
+    .dimensions(&["track_id"])
+    .set("slots", "6");
+    let rules = rules_dir("rollup.toml", &rule.toml());
+    migrate_on(cluster.node(0), rules.path(), db);
+    let proxies = proxy_per_node(rules.path());
+    let urls: Vec<String> = proxies.iter().map(|p| p.url(db)).collect();
+    run(Duration::from_secs(120), async {
+        let load = hammer_with(&urls, Duration::from_secs(4), 100, |n| {
+            format!(
+                "INSERT INTO plays (created_at, track_id, user_id, country) \
+                 VALUES ('2024-03-01 10:00:00' + INTERVAL {} MINUTE, {}, {}, 'DE')",
+                n % 120,
+                n % 3,
+                n % 1000
+            )
+        })
+        .await;
+        let errors = load.errors.lock().unwrap().clone();
+        let ok = load.ok.load(Ordering::Relaxed);
+        let read = "SELECT track_id, COUNT(*) AS plays FROM plays \
+                    WHERE created_at >= '2024-03-01 00:00:00' AND created_at < '2024-03-02 00:00:00' \
+                    GROUP BY track_id ORDER BY track_id";
+        for (node, url) in cluster.nodes().iter().zip(&urls) {
+            let log = node.query_strings(&format!(
+                "SELECT CAST(track_id AS CHAR), DATE_FORMAT(created_at, '%Y-%m-%d %H:00:00'), COUNT(*) \
+                 FROM {db}.plays GROUP BY 1, 2 ORDER BY 1, 2"
+            ));
+            let rollup = node.query_strings(&format!(
+                "SELECT CAST(track_id AS CHAR), DATE_FORMAT(hs_bucket, '%Y-%m-%d %H:%i:%s'), SUM(hs_rows) \
+                 FROM {db}.plays_by_track_hour GROUP BY 1, 2 HAVING SUM(hs_rows) <> 0 ORDER BY 1, 2"
+            ));
+            assert_eq!(log, rollup, "node {}", node.index() + 1);
+            let total: u64 = log
+                .iter()
+                .map(|r| r[2].as_deref().unwrap_or("0").parse::<u64>().unwrap())
+                .sum();
+            assert_eq!(total, ok, "node {}: acknowledged inserts", node.index() + 1);
+            let mut conn = connect(url).await;
+            conn.query_drop("SET SESSION wsrep_sync_wait = 15")
+                .await
+                .expect("sync");
+            let through: Vec<(i64, i64)> = conn.query(read).await.expect("rollup read");
+            let direct: Vec<(i64, i64)> = {
+                let mut d = connect(&node.url(db)).await;
+                d.query_drop("SET SESSION wsrep_sync_wait = 15")
+                    .await
+                    .expect("sync");
+                d.query(read).await.expect("log read")
+            };
+            assert_eq!(through, direct, "node {}", node.index() + 1);
+        }
+        eprintln!(
+            "{db}: {ok} log inserts through 3 nodes, {} errors, first: {:?}",
+            errors.len(),
+            errors.first()
+        );
+        assert!(
+            errors.is_empty(),
+            "{} inserts failed: {:?}",
+            errors.len(),
+            errors.first()
+        );
+    });
+    drop(proxies);
+}

@@ -1358,7 +1358,10 @@ fn cluster_compose_file() {
     for node in &nodes {
         let name = node.split(':').next().unwrap_or_default();
         let cmd = c.words(name, "command");
-        assert!(cmd.contains(&"--wsrep-on=ON".to_string()), "{name}: {cmd:?}");
+        assert!(
+            cmd.contains(&"--wsrep-on=ON".to_string()),
+            "{name}: {cmd:?}"
+        );
         bootstraps += usize::from(cmd.contains(&"--wsrep-new-cluster".to_string()));
         for (source, _, _) in c.volumes(name) {
             if let Some(path) = Compose::bind_source(&source) {

@@ -490,6 +490,37 @@ mod tests {
     }
 
     #[test]
+    fn several_backends_and_health_settings() {
+        let file = FileConfig::from_str(
+            "backend = \"10.0.0.1:3306, 10.0.0.2:3306,10.0.0.3:3306\"\nbackend_policy = \"first\"\n\
+             health_interval_ms = 250\nhealth_user = \"hc\"\nhealth_password = \"pw\"\n",
+            "f",
+        )
+        .unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(c.backend_policy, BackendPolicy::First);
+        assert_eq!(c.health_interval, Duration::from_millis(250));
+        assert_eq!(c.health_timeout, Duration::from_millis(1000));
+        assert_eq!(c.health_user.as_deref(), Some("hc"));
+        assert_eq!(c.health_password.0, "pw");
+        assert_eq!(crate::backends::parse_list(&c.backend).len(), 3);
+        // The default policy, and refusals.
+        let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
+        assert_eq!(c.backend_policy, BackendPolicy::LeastConnections);
+        let empty = Overrides {
+            backend: Some(" , ".into()),
+            ..Overrides::default()
+        };
+        assert!(Config::resolve(empty, FileConfig::default()).is_err());
+        let zero = Overrides {
+            health_interval_ms: Some(0),
+            ..Overrides::default()
+        };
+        assert!(Config::resolve(zero, FileConfig::default()).is_err());
+        assert!(FileConfig::from_str("backend_policy = \"random\"\n", "f").is_err());
+    }
+
+    #[test]
     fn max_client_packet() {
         let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
         assert_eq!(c.max_client_packet, None);

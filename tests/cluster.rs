@@ -16,6 +16,13 @@ use common::galera::{galera, GaleraNode};
 use common::Proxy;
 use mysql_async::prelude::Queryable;
 
+/// Serialises the tests: they share one cluster, and one of them kills a node.
+static CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn cluster_lock() -> std::sync::MutexGuard<'static, ()> {
+    CLUSTER.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Connections per node in the load tests (66 in all).
 const PER_NODE: usize = 22;
 
@@ -176,16 +183,19 @@ fn hot_counter_through_every_node(db: &str, coalesce: bool) {
 
 #[test]
 fn hot_counter_through_one_proxy_per_node_is_exact_without_errors() {
+    let _serial = cluster_lock();
     hot_counter_through_every_node("cl_counter", false);
 }
 
 #[test]
 fn hot_counter_with_group_commit_through_one_proxy_per_node_is_exact_without_errors() {
+    let _serial = cluster_lock();
     hot_counter_through_every_node("cl_counter_merged", true);
 }
 
 #[test]
 fn the_same_load_sent_directly_gets_certification_conflicts() {
+    let _serial = cluster_lock();
     let cluster = galera();
     let db = "cl_direct";
     counter_db(db);
@@ -235,6 +245,7 @@ async fn node_of(conn: &mut mysql_async::Conn) -> usize {
 
 #[test]
 fn one_proxy_in_front_of_the_cluster_survives_kill_9_of_a_node() {
+    let _serial = cluster_lock();
     let cluster = galera();
     let db = "cl_failover";
     counter_db(db);
@@ -419,6 +430,7 @@ fn one_proxy_in_front_of_the_cluster_survives_kill_9_of_a_node() {
 /// lease row in `heatsink_locks` instead, which a run through another node sees.
 #[test]
 fn maintenance_lock_holds_across_nodes() {
+    let _serial = cluster_lock();
     let cluster = galera();
     let db = "cl_lock";
     counter_db(db);
@@ -466,16 +478,24 @@ fn maintenance_lock_holds_across_nodes() {
 }
 
 /// `heatsink check --backend-url` on a Galera node warns about what Galera does not
-/// replicate: a ruled table that is not InnoDB.
+/// support: a ruled table that is not InnoDB, the LOCK TABLES of a ring's backfill.
 #[test]
 fn check_warns_about_what_galera_does_not_support() {
+    let _serial = cluster_lock();
     let cluster = galera();
     let db = "cl_check";
     cluster.any_synced().exec(&format!(
         "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
-         CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0) ENGINE=MyISAM;"
+         CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0) ENGINE=MyISAM;
+         CREATE TABLE profile_visits_log (id INT AUTO_INCREMENT PRIMARY KEY, uid INT NOT NULL,
+           visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL, KEY(uid));"
     ));
-    let rules = rules_dir("counter.toml", &Rule::counter("page_hits", "hits").toml());
+    let counter = Rule::counter("page_hits", "hits").toml();
+    let ring = ring_rule(true);
+    let rules = common::client::rules_dir_with(&[
+        ("counter.toml", counter.as_str()),
+        ("ring.toml", ring.as_str()),
+    ]);
     let (_code, out, err) = Cli::new(["check", "--rules"])
         .arg(rules.path())
         .arg("--backend-url")
@@ -483,6 +503,12 @@ fn check_warns_about_what_galera_does_not_support() {
         .run();
     assert!(
         out.contains("Galera: table cl_check.hits is MyISAM, not InnoDB"),
+        "{out}\n{err}"
+    );
+    assert!(
+        out.contains(
+            "rule 'profile_visits': warning: Galera: `heatsink migrate --apply` backfills"
+        ),
         "{out}\n{err}"
     );
 }
@@ -568,11 +594,13 @@ fn ring_through_every_node(db: &str, coalesce: bool) {
 
 #[test]
 fn ring_through_one_proxy_per_node_stays_exact() {
+    let _serial = cluster_lock();
     ring_through_every_node("cl_ring", false);
 }
 
 #[test]
 fn ring_with_group_commit_through_one_proxy_per_node_stays_exact() {
+    let _serial = cluster_lock();
     ring_through_every_node("cl_ring_merged", true);
 }
 
@@ -583,6 +611,7 @@ fn ring_with_group_commit_through_one_proxy_per_node_stays_exact() {
 /// inserts are the client's own statements, forwarded unchanged).
 #[test]
 fn rollup_through_one_proxy_per_node_stays_exact() {
+    let _serial = cluster_lock();
     let cluster = galera();
     let db = "cl_rollup";
     cluster.any_synced().exec(&format!(
@@ -662,4 +691,83 @@ fn rollup_through_one_proxy_per_node_stays_exact() {
         );
     });
     drop(proxies);
+}
+
+/// `--backend-policy first` (single-primary use): every connection goes to the first
+/// healthy node of the list; when it dies, new connections go to the next one at
+/// once; when it is back and Synced, new connections go to it again.
+#[test]
+fn first_policy_fails_over_and_back() {
+    let _serial = cluster_lock();
+    let cluster = galera();
+    let db = "cl_first";
+    counter_db(db);
+    let rules = rules_dir("counter.toml", &Rule::counter("page_hits", "hits").toml());
+    migrate_on(cluster.node(0), rules.path(), db);
+    let primary = 3; // 1-based: the node the test kills (not the bootstrap node)
+                     // The list starts with the primary.
+    let mut list: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.addr().to_string())
+        .collect();
+    list.swap(0, primary - 1);
+    let next = 2; // list[1]: node 2
+    let (proxy, admin2) = Proxy::builder()
+        .backend(list.join(","))
+        .rules_dir(rules.path())
+        .arg("--backend-policy")
+        .arg("first")
+        .arg("--health-user")
+        .arg("root")
+        .arg("--health-interval-ms")
+        .arg("200")
+        .start_with_admin();
+    let url2 = proxy.url(db);
+    run(Duration::from_secs(180), async {
+        let mut conns = Vec::new();
+        for _ in 0..6 {
+            let mut c = connect(&url2).await;
+            assert_eq!(node_of(&mut c).await, primary);
+            c.query_drop("UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'")
+                .await
+                .expect("increment");
+            conns.push(c);
+        }
+        tokio::task::spawn_blocking(move || galera().node(primary - 1).kill9())
+            .await
+            .expect("kill");
+        // The sessions of the dead primary get an error; new connections go to the
+        // next node of the list at once.
+        for mut c in conns {
+            assert!(c
+                .query_drop("UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'")
+                .await
+                .is_err());
+        }
+        let started = Instant::now();
+        let mut c = connect(&url2).await;
+        assert_eq!(node_of(&mut c).await, next);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        c.query_drop("UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'")
+            .await
+            .expect("increment on the next node");
+        drop(c);
+        tokio::task::spawn_blocking(move || galera().node(primary - 1).restart())
+            .await
+            .expect("restart");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while show_backends(admin2).await[0].1 != "up" {
+            assert!(Instant::now() < deadline, "primary not up again");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut c = connect(&url2).await;
+        assert_eq!(node_of(&mut c).await, primary, "back to the first node");
+        assert_eq!(counter_total(cluster.node(primary - 1), db), 7);
+    });
+    drop(proxy);
 }

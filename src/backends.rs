@@ -21,12 +21,14 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
 use crate::config::{BackendPolicy, Config};
+use crate::rewrite::ClusterInfo;
 
 /// The addresses of a `backend` setting: comma-separated, blanks trimmed, empty
 /// entries skipped.
@@ -55,7 +57,14 @@ pub struct Node {
     total: AtomicU64,
     /// Failed connection attempts and failed health checks.
     errors: AtomicU64,
+    /// What a session last learned of the node's place in a cluster, and when:
+    /// sessions reuse it for [`CLUSTER_INFO_TTL`] instead of asking the server
+    /// (the status lookup costs ≈ 0.4 ms a session).
+    cluster: Mutex<Option<(Instant, ClusterInfo)>>,
 }
+
+/// How long a node's [`ClusterInfo`] is reused before a session asks again.
+pub const CLUSTER_INFO_TTL: Duration = Duration::from_secs(10);
 
 /// What `SHOW BACKENDS`, `/metrics` and `/readyz` show of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +92,7 @@ impl Node {
             active: AtomicU64::new(0),
             total: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            cluster: Mutex::new(None),
         }
     }
 
@@ -134,6 +144,28 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// What a session learned of this node's place in a cluster within
+    /// [`CLUSTER_INFO_TTL`], if anything.
+    pub fn cluster_info(&self) -> Option<ClusterInfo> {
+        let node = self.backends.nodes.get(self.index)?;
+        let cached = *node.cluster.lock().ok()?;
+        cached
+            .filter(|(at, _)| at.elapsed() < CLUSTER_INFO_TTL)
+            .map(|(_, info)| info)
+    }
+
+    /// Records what a session learned of this node's place in a cluster.
+    pub fn set_cluster_info(&self, info: ClusterInfo) {
+        if let Some(mut c) = self
+            .backends
+            .nodes
+            .get(self.index)
+            .and_then(|n| n.cluster.lock().ok())
+        {
+            *c = Some((Instant::now(), info));
+        }
+    }
+
     /// The node's address.
     pub fn addr(&self) -> &str {
         self.backends

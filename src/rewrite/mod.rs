@@ -329,6 +329,34 @@ pub struct NodeShare {
     pub nodes: u32,
 }
 
+/// What a session learns of its backend node with the settings query: whether it is
+/// a node of a running Galera cluster, and its share of proxy-chosen values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClusterInfo {
+    /// A Galera provider runs on the node (`wsrep_cluster_size` ≥ 1). A server built
+    /// with Galera support but without a provider reports the status variables with
+    /// a cluster size of 0.
+    pub galera: bool,
+    /// The node's share, in a cluster of several nodes.
+    pub share: Option<NodeShare>,
+}
+
+impl ClusterInfo {
+    /// Reads the third column of [`SESSION_STATE_QUERY`] (`index/size`, NULL on a
+    /// server without the status variables).
+    pub fn from_server(cell: Option<&[u8]>) -> ClusterInfo {
+        let size = cell
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .and_then(|t| t.split_once('/'))
+            .and_then(|(_, n)| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        ClusterInfo {
+            galera: size >= 1,
+            share: cell.and_then(NodeShare::from_server),
+        }
+    }
+}
+
 impl NodeShare {
     /// Reads `index/nodes` (the third column of [`SESSION_STATE_QUERY`]); `None` for a
     /// server that is not in a cluster of several nodes, or an index out of range (a
@@ -1375,6 +1403,20 @@ mod share_tests {
         assert_eq!(NodeShare::from_server(b"0/1"), None);
         assert_eq!(NodeShare::from_server(b"18446744073709551615/3"), None);
         assert_eq!(NodeShare::from_server(b"3/3"), None);
+    }
+
+    #[test]
+    fn a_server_without_a_provider_is_not_a_node() {
+        use super::ClusterInfo;
+        // Debian's MariaDB without wsrep on: the status exists, the cluster is empty.
+        let plain = ClusterInfo::from_server(Some(b"18446744073709551615/0"));
+        assert_eq!(plain, ClusterInfo::default());
+        assert_eq!(ClusterInfo::from_server(None), ClusterInfo::default());
+        let single = ClusterInfo::from_server(Some(b"0/1"));
+        assert!(single.galera && single.share.is_none());
+        let three = ClusterInfo::from_server(Some(b"2/3"));
+        assert!(three.galera);
+        assert_eq!(three.share, Some(NodeShare { index: 2, nodes: 3 }));
     }
 
     #[test]

@@ -36,14 +36,15 @@ fn counter_db(db: &str) {
     ));
 }
 
-/// `heatsink migrate --apply` of `rules` against `node`'s database `db`.
-fn migrate_on(node: &GaleraNode, rules: &std::path::Path, db: &str) {
+/// `heatsink migrate --apply` of `rules` against `node`'s database `db`; its output.
+fn migrate_on(node: &GaleraNode, rules: &std::path::Path, db: &str) -> String {
     let (code, out, err) = Cli::new(["migrate", "--apply", "--rules"])
         .arg(rules)
         .arg("--backend-url")
         .arg(node.url(db))
         .run();
     assert_eq!(code, 0, "migrate failed:\n{out}\n{err}");
+    out
 }
 
 /// One proxy per node, each with the rules in `rules`.
@@ -383,6 +384,20 @@ fn one_proxy_in_front_of_the_cluster_survives_kill_9_of_a_node() {
         assert_eq!(backends[victim - 1].1, "down", "{backends:?}");
         let (status, body) = common::http_get(metrics, "/readyz");
         assert_eq!(status, 200, "{body}");
+        let victim_addr = cluster.node(victim - 1).addr().to_string();
+        assert!(body.contains(&format!("{victim_addr} down")), "{body}");
+        let (_, text) = common::http_get(metrics, "/metrics");
+        assert!(
+            text.contains(&format!(
+                "heatsink_backend_up{{backend=\"{victim_addr}\"}} 0"
+            )),
+            "{text}"
+        );
+        let other = cluster.node(0).addr().to_string();
+        assert!(
+            text.contains(&format!("heatsink_backend_up{{backend=\"{other}\"}} 1")),
+            "{text}"
+        );
 
         // The node rejoins; every acknowledged increment is there, on every node.
         tokio::task::spawn_blocking(move || galera().node(victim - 1).restart())
@@ -537,7 +552,11 @@ fn ring_through_every_node(db: &str, coalesce: bool) {
            visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL, KEY(uid));"
     ));
     let rules = rules_dir("ring.toml", &ring_rule(coalesce));
-    migrate_on(cluster.node(0), rules.path(), db);
+    let out = migrate_on(cluster.node(0), rules.path(), db);
+    assert!(
+        out.contains("this is a Galera node; the backfill below runs under LOCK TABLES"),
+        "{out}"
+    );
     let proxies = proxy_per_node(rules.path());
     let urls: Vec<String> = proxies.iter().map(|p| p.url(db)).collect();
     run(Duration::from_secs(120), async {

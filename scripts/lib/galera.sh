@@ -54,7 +54,10 @@ galera_start() {
 	hs_tmpdir_into dir galera
 	GALERA_DIR=$dir
 	chmod 755 "$dir"
-	mariadb-install-db --no-defaults --user=mysql --datadir="$dir/template" \
+	# Private temp dirs: temporary table files of other servers in /tmp can collide.
+	mkdir -p "$dir/tmp"
+	chown mysql:mysql "$dir/tmp"
+	mariadb-install-db --no-defaults --user=mysql --datadir="$dir/template" --tmpdir="$dir/tmp" \
 		--auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1 || {
 		cat "$dir/install.log" >&2
 		hs_die "mariadb-install-db failed"
@@ -63,7 +66,7 @@ galera_start() {
 		GALERA_PORTS+=("$(hs_free_port)")
 		gports+=("$(hs_free_port)")
 		gcomm+="${gcomm:+,}127.0.0.1:${gports[$i]}"
-		mkdir -p "$dir/node$((i + 1))"
+		mkdir -p "$dir/node$((i + 1))/tmp"
 		cp -a "$dir/template" "$dir/node$((i + 1))/data"
 	done
 	chown -R mysql:mysql "$dir"
@@ -75,7 +78,7 @@ galera_start() {
 		fi
 		# shellcheck disable=SC2086
 		setsid "$mariadbd" --no-defaults --user=mysql \
-			--datadir="$nd/data" --socket="$nd/sock" --pid-file="$nd/mariadbd.pid" \
+			--datadir="$nd/data" --tmpdir="$nd/tmp" --socket="$nd/sock" --pid-file="$nd/mariadbd.pid" \
 			--log-error="$nd/error.log" --port="${GALERA_PORTS[$i]}" --bind-address=127.0.0.1 \
 			--skip-log-bin --skip-name-resolve --binlog-format=ROW --innodb-autoinc-lock-mode=2 \
 			--innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=2 --max-connections=1000 \

@@ -144,6 +144,9 @@ impl Galera {
             if !ok {
                 return Err(format!("cp -a {template:?} failed"));
             }
+            // A private temp dir: temporary table files of other servers in /tmp can
+            // collide.
+            fs::create_dir(dir.join("tmp")).map_err(|e| format!("mkdir tmp: {e}"))?;
             chown_mysql(&dir)?;
             nodes.push(GaleraNode {
                 index,
@@ -359,6 +362,7 @@ impl GaleraNode {
             "--no-defaults".into(),
             "--user=mysql".into(),
             format!("--datadir={}", data.display()),
+            format!("--tmpdir={}", self.dir.join("tmp").display()),
             format!("--socket={}", self.dir.join("sock").display()),
             format!("--pid-file={}", self.dir.join("mariadbd.pid").display()),
             format!("--log-error={}", self.dir.join("error.log").display()),

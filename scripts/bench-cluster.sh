@@ -11,12 +11,15 @@
 #                  --backend n1,n2,n3 --backend-policy first, the rule
 #   plain_direct   3 × PER_NODE connections to one plain MariaDB server
 #   plain_hs       the same through heatsink with the rule
-# After every leg the counter (base + slots) must have grown by exactly the
-# acknowledged increments. Writes bench/results/cluster.md.
+# ROUNDS times (default 3), the order of the legs rotated each round; the report
+# gives each leg's median rate and the median of its per-round ratios to
+# direct_multi. After every leg the counter (base + slots) must have grown by exactly
+# the acknowledged increments. Writes bench/results/cluster.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 PER_NODE=${PER_NODE:-8}
+ROUNDS=${ROUNDS:-3}
 OUT=bench/results/cluster.md
 TARGET=${CARGO_TARGET_DIR:-target}
 
@@ -105,25 +108,44 @@ leg() {
     exact="no (grew by $((after - before)))"
     [[ $name == direct_* ]] || check_failed=1
   fi
-  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$((conns * $#))" "$ops" "$errors" "$exact" >>"$results"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$name" "$((conns * $#))" "$ops" "$errors" "$exact" >>"$results"
   hs_log "$name: $ops increments in ${DURATION}s ($((ops / DURATION))/s), $errors errors, exact: $exact"
 }
 
-leg direct_multi cluster "$PER_NODE" "${GALERA_PORTS[@]}"
-leg hs_unmerged cluster "$PER_NODE" "${UN_PORTS[@]}"
-leg hs_rule cluster "$PER_NODE" "${RULE_PORTS[@]}"
-leg direct_single cluster "$((3 * PER_NODE))" "${GALERA_PORTS[0]}"
-leg hs_single cluster "$((3 * PER_NODE))" "$SINGLE_PORT"
-leg plain_direct plain "$((3 * PER_NODE))" "$MARIADB_PORT"
-leg plain_hs plain "$((3 * PER_NODE))" "$PLAIN_HS_PORT"
+LEGS=(direct_multi hs_unmerged hs_rule direct_single hs_single plain_direct plain_hs)
+run_leg() {
+  case $1 in
+    direct_multi) leg direct_multi cluster "$PER_NODE" "${GALERA_PORTS[@]}" ;;
+    hs_unmerged) leg hs_unmerged cluster "$PER_NODE" "${UN_PORTS[@]}" ;;
+    hs_rule) leg hs_rule cluster "$PER_NODE" "${RULE_PORTS[@]}" ;;
+    direct_single) leg direct_single cluster "$((3 * PER_NODE))" "${GALERA_PORTS[0]}" ;;
+    hs_single) leg hs_single cluster "$((3 * PER_NODE))" "$SINGLE_PORT" ;;
+    plain_direct) leg plain_direct plain "$((3 * PER_NODE))" "$MARIADB_PORT" ;;
+    plain_hs) leg plain_hs plain "$((3 * PER_NODE))" "$PLAIN_HS_PORT" ;;
+  esac
+}
+for ((round = 1; round <= ROUNDS; round++)); do
+  for ((k = 0; k < ${#LEGS[@]}; k++)); do
+    run_leg "${LEGS[$(((k + round - 1) % ${#LEGS[@]}))]}"
+  done
+done
 
 mkdir -p bench/results
-python3 - "$results" "$DURATION" "$PER_NODE" "$MARIADB_VERSION" >"$OUT" <<'PY'
-import sys
-path, duration, per_node, version = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+python3 - "$results" "$DURATION" "$PER_NODE" "$MARIADB_VERSION" "$ROUNDS" >"$OUT" <<'PY'
+import statistics, sys
+path, duration, per_node, version, rounds = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 rows = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
-rate = {r[0]: int(r[2]) / duration for r in rows}
-base = rate.get("direct_multi") or 1.0
+order = []
+by = {}
+for rnd, name, conns, ops, errors, exact in rows:
+    if name not in by:
+        order.append(name)
+        by[name] = {"conns": conns, "rates": {}, "errors": 0, "exact": []}
+    by[name]["rates"][rnd] = int(ops) / duration
+    by[name]["errors"] += int(errors)
+    by[name]["exact"].append(exact)
+base_rounds = by.get("direct_multi", {}).get("rates", {})
+base = statistics.median(base_rounds.values()) if base_rounds else 1.0
 what = {
     "direct_multi": "multi-primary, straight to the nodes",
     "hs_unmerged": "multi-primary, one heatsink per node, `coalesce = false`",
@@ -134,16 +156,22 @@ what = {
     "plain_hs": "one plain server through heatsink, the rule",
 }
 print("# Hot counter on a 3-node Galera cluster\n")
-print(f"`scripts/bench-cluster.sh`: `UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'`, {duration:g} s per leg, "
+print(f"`scripts/bench-cluster.sh`: `UPDATE hits SET cnt = cnt + 1 WHERE slug = 'home'`, {duration:g} s per leg, {rounds} rounds (leg order rotated), "
       f"{per_node} connections per node on the multi-primary legs (the same total on the others), "
       f"MariaDB {version} with galera-4, every node, proxy and client on this 2-core machine, "
-      "all legs in one run. Ratios are against the direct multi-primary rate of the same run. "
+      "all legs in one run. Ratios are against the direct multi-primary median of the same run. "
       "`exact`: the counter (base + slots) grew by the acknowledged increments.\n")
-print("| leg | setup | connections | increments/s | errors | × direct multi-primary | exact |")
-print("|---|---|---|---|---|---|---|")
-for r in rows:
-    name, conns, ops, errors, exact = r
-    print(f"| {name} | {what.get(name, '')} | {conns} | {rate[name]:,.0f} | {int(errors):,} | {rate[name] / base:.2f} | {exact} |")
+print("| leg | setup | connections | increments/s (median) | min–max | errors (all rounds) | × direct multi-primary | median of per-round ratios | exact |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name in sorted(order, key=lambda n: list(what).index(n) if n in what else 99):
+    d = by[name]
+    rates = d["rates"]
+    med = statistics.median(rates.values())
+    per_round = [rates[r] / base_rounds[r] for r in rates if base_rounds.get(r)]
+    ratio_rounds = statistics.median(per_round) if per_round else float("nan")
+    exact = "yes" if all(e == "yes" for e in d["exact"]) else "; ".join(e for e in d["exact"] if e != "yes")
+    print(f"| {name} | {what.get(name, '')} | {d['conns']} | {med:,.0f} | {min(rates.values()):,.0f}–{max(rates.values()):,.0f} | "
+          f"{d['errors']:,} | {med / base:.2f} | {ratio_rounds:.2f} | {exact} |")
 PY
 hs_log "wrote $OUT"
 cat "$OUT"

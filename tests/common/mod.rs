@@ -33,7 +33,8 @@
 //!   affected rows, info, warnings, last_insert_id).
 //! - [`differential`]: `Differential::start(&kind).run(&Config::from_env(..))` runs
 //!   seeded statements of a rule [`differential::Kind`] through heatsink and on a plain
-//!   reference table, comparing every answer and the logical state (tests/fuzz.rs).
+//!   reference table, comparing every answer and the logical state (tests/fuzz.rs);
+//!   `run_bounded_on(.., Target::Galera)` does so on the Galera cluster.
 //! - [`cli`]: `heatsink(args)` and `Cli::new(args).stdin(..).env(..).run()` run the
 //!   binary's one-shot subcommands (exit code, stdout, stderr) with a time limit;
 //!   `migrate(rules, db, apply)`, `migrate_ok`; `run_limited(cmd, stdin, limit)` (a

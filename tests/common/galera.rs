@@ -57,11 +57,14 @@ pub struct GaleraNode {
     sst_port: u16,
     /// Directory holding `data/`, `sock`, `error.log`; owned by `mysql`.
     dir: PathBuf,
+    /// The cluster's directory (holding every node's): the watchdogs remove it when
+    /// the test process exits.
+    root: PathBuf,
     /// The running mariadbd's pid (changes on [`GaleraNode::restart`]).
     pid: Mutex<u32>,
     /// Every watchdog started for this node (one per start), held open for the life of
-    /// the process: closing a pipe stops that start's server and removes the directory,
-    /// which must outlive a restart.
+    /// the process: closing a pipe stops that start's server and removes the cluster's
+    /// directory, which must outlive a restart.
     watchdogs: Mutex<Vec<(ChildStdin, Child)>>,
 }
 
@@ -155,6 +158,7 @@ impl Galera {
                 ist_port: free_port(),
                 sst_port: free_port(),
                 dir,
+                root: root.clone(),
                 pid: Mutex::new(0),
                 watchdogs: Mutex::new(Vec::new()),
             });
@@ -397,7 +401,7 @@ impl GaleraNode {
             .arg("-c")
             .arg(WATCHDOG)
             .arg("heatsink-galera-watchdog")
-            .arg(&self.dir)
+            .arg(&self.root)
             .args(&server)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

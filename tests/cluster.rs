@@ -790,3 +790,58 @@ fn first_policy_fails_over_and_back() {
     });
     drop(proxy);
 }
+
+/// A node that is not Synced (here desynced by hand, as a donor is) takes no new
+/// connections; once Synced again, it does.
+#[test]
+fn a_desynced_node_takes_no_new_connections() {
+    let _serial = cluster_lock();
+    let cluster = galera();
+    let db = "cl_desync";
+    counter_db(db);
+    let (proxy, admin) = Proxy::builder()
+        .backend(cluster.backend_list())
+        .arg("--health-user")
+        .arg("root")
+        .arg("--health-interval-ms")
+        .arg("100")
+        .start_with_admin();
+    let url = proxy.url(db);
+    let desynced = 3; // 1-based
+    run(Duration::from_secs(60), async {
+        cluster
+            .node(desynced - 1)
+            .exec("SET GLOBAL wsrep_desync = ON");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let b = show_backends(admin).await;
+            if b[desynced - 1].1 == "down" {
+                assert!(b[desynced - 1].2.contains("Desynced"), "{b:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "still up: {b:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut open = Vec::new();
+        for _ in 0..6 {
+            let mut c = connect(&url).await;
+            assert_ne!(node_of(&mut c).await, desynced);
+            open.push(c);
+        }
+        cluster
+            .node(desynced - 1)
+            .exec("SET GLOBAL wsrep_desync = OFF");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while show_backends(admin).await[desynced - 1].1 != "up" {
+            assert!(Instant::now() < deadline, "node {desynced} not up again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Least connections: the node without any gets the next one.
+        let mut c = connect(&url).await;
+        assert_eq!(node_of(&mut c).await, desynced);
+        for c in open {
+            let _ = c.disconnect().await;
+        }
+    });
+    drop(proxy);
+}

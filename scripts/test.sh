@@ -13,6 +13,9 @@ command -v mariadb >/dev/null 2>&1 || need+=(mariadb-client)
 command -v sysbench >/dev/null 2>&1 || need+=(sysbench)
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# tests/cluster.rs: a 3-node Galera cluster, state transfer by rsync.
+[ -f /usr/lib/galera/libgalera_smm.so ] || need+=(galera-4)
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   $sudo_cmd apt-get update -qq

@@ -6,6 +6,7 @@
 //! | `SHOW RULES` | name, kind, table, mode, file of each rule in force |
 //! | `SHOW RULE STATS` | per rule: matched, rewritten, rejected, errors, mean and max rewrite latency (µs) |
 //! | `SHOW SESSIONS` | id, client, user, db, backend connection id, state, statements |
+//! | `SHOW BACKENDS` | per backend node: address, state (up/down), what the last check found, connections now and since start, errors |
 //! | `RELOAD RULES` | OK, or the error (file:line) that kept the previous rules |
 //! | `EXPLAIN REWRITE '<sql>'` | outcome, rule, and the rewritten statements or the reason |
 //!
@@ -567,6 +568,8 @@ pub enum Command {
     ShowRuleStats,
     /// `SHOW SESSIONS`
     ShowSessions,
+    /// `SHOW BACKENDS`
+    ShowBackends,
     /// `RELOAD RULES`
     ReloadRules,
     /// `EXPLAIN REWRITE '<sql>'`
@@ -579,7 +582,7 @@ pub enum Command {
 
 /// The commands, for error messages.
 pub const COMMANDS: &str =
-    "SHOW RULES, SHOW RULE STATS, SHOW SESSIONS, RELOAD RULES, EXPLAIN REWRITE '<sql>'";
+    "SHOW RULES, SHOW RULE STATS, SHOW SESSIONS, SHOW BACKENDS, RELOAD RULES, EXPLAIN REWRITE '<sql>'";
 
 /// Parses one admin command. Err: the message for the client.
 pub fn parse(query: &str) -> std::result::Result<Command, String> {
@@ -591,6 +594,7 @@ pub fn parse(query: &str) -> std::result::Result<Command, String> {
         ["SHOW", "RULES"] => return Ok(Command::ShowRules),
         ["SHOW", "RULE", "STATS"] => return Ok(Command::ShowRuleStats),
         ["SHOW", "SESSIONS"] => return Ok(Command::ShowSessions),
+        ["SHOW", "BACKENDS"] => return Ok(Command::ShowBackends),
         ["RELOAD", "RULES"] => return Ok(Command::ReloadRules),
         ["SET", _, ..] => return Ok(Command::Set),
         ["EXPLAIN", "REWRITE", ..] => {
@@ -799,6 +803,7 @@ impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for AdminShim {
             Command::ShowRules => self.show_rules(results).await,
             Command::ShowRuleStats => self.show_rule_stats(results).await,
             Command::ShowSessions => self.show_sessions(results).await,
+            Command::ShowBackends => self.show_backends(results).await,
             Command::ReloadRules => match self.reloader.reload(Trigger::Admin).await {
                 Ok(names) => {
                     let info = if names.is_empty() {
@@ -910,6 +915,31 @@ impl AdminShim {
         w.finish().await
     }
 
+    async fn show_backends<W: AsyncWrite + Send + Unpin>(
+        &self,
+        results: QueryResultWriter<'_, W>,
+    ) -> std::io::Result<()> {
+        let cols = [
+            text_col("backend"),
+            text_col("state"),
+            text_col("detail"),
+            num_col("connections"),
+            num_col("connections_total"),
+            num_col("errors"),
+        ];
+        let mut w = results.start(&cols).await?;
+        for n in self.shared.backends.views() {
+            w.write_col(n.addr)?;
+            w.write_col(if n.up { "up" } else { "down" })?;
+            w.write_col(n.detail)?;
+            w.write_col(n.connections)?;
+            w.write_col(n.connections_total)?;
+            w.write_col(n.errors)?;
+            w.end_row().await?;
+        }
+        w.finish().await
+    }
+
     async fn explain<W: AsyncWrite + Send + Unpin>(
         &self,
         sql: &str,
@@ -921,6 +951,7 @@ impl AdminShim {
             in_transaction: false,
             current_db: self.db.as_deref(),
             lexing: Some(crate::rewrite::Lexing::STANDARD),
+            share: None,
         };
         let (decision, shadow) = match engine.decide(sql.as_bytes(), &ctx) {
             Decision::Shadow(would) => (*would, true),
@@ -1025,6 +1056,7 @@ mod tests {
         assert_eq!(parse("show rules"), Ok(Command::ShowRules));
         assert_eq!(parse("  Show   Rule\tStats ;"), Ok(Command::ShowRuleStats));
         assert_eq!(parse("SHOW SESSIONS"), Ok(Command::ShowSessions));
+        assert_eq!(parse("show backends;"), Ok(Command::ShowBackends));
         assert_eq!(parse("reload rules;"), Ok(Command::ReloadRules));
         assert_eq!(
             parse("explain rewrite 'UPDATE hits SET cnt = cnt + 1 WHERE slug = ''a'''"),

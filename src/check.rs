@@ -655,13 +655,17 @@ async fn check_live(
     let url_db = crate::schema::default_db(url)?;
     let default_db = db.map(str::to_string).or(url_db);
     let mut c = crate::schema::connect(url).await?;
+    let galera = crate::schema::on_galera(&mut c).await?;
     for f in files {
         let Some(parsed) = f.parsed.as_ref().filter(|_| f.valid) else {
             continue; // invalid file: already reported
         };
         let rule_line = rule_lines(&f.text);
         for s in &parsed.specs {
-            let found = live_problems(&mut c, s.as_ref(), default_db.as_deref()).await?;
+            let mut found = live_problems(&mut c, s.as_ref(), default_db.as_deref()).await?;
+            if galera {
+                found.extend(galera_problems(&mut c, s.as_ref(), default_db.as_deref()).await?);
+            }
             for (severity, reason) in found {
                 problems.push(Problem {
                     file: Some(f.path.display().to_string()),
@@ -675,6 +679,69 @@ async fn check_live(
         }
     }
     Ok(c)
+}
+
+/// What Galera does not support about a rule's table: a table that is not InnoDB
+/// is not replicated (writes to it stay on one node), a table without a primary
+/// key is replicated slowly and unsafely; `LOCK TABLES` (used by the backfill of
+/// `migrate --apply` for rings and rollups) is not replicated either.
+async fn galera_problems(
+    c: &mut mysql_async::Conn,
+    spec: &dyn RuleSpec,
+    default_db: Option<&str>,
+) -> Result<Vec<(Severity, String)>> {
+    use mysql_async::prelude::Queryable;
+    let (db, table) = match spec.table().split_once('.') {
+        Some((d, t)) => (d.to_string(), t.to_string()),
+        None => (
+            default_db.unwrap_or_default().to_string(),
+            spec.table().to_string(),
+        ),
+    };
+    let mut found = Vec::new();
+    let row: Option<(Option<String>, i64)> = c
+        .exec_first(
+            "SELECT t.ENGINE, (SELECT COUNT(*) FROM information_schema.TABLE_CONSTRAINTS k \
+             WHERE k.TABLE_SCHEMA = t.TABLE_SCHEMA AND k.TABLE_NAME = t.TABLE_NAME \
+             AND k.CONSTRAINT_TYPE = 'PRIMARY KEY') \
+             FROM information_schema.TABLES t WHERE t.TABLE_SCHEMA = ? AND t.TABLE_NAME = ?",
+            (&db, &table),
+        )
+        .await
+        .map_err(|e| {
+            crate::error::Error::with_cause(Source::Backend, "reading the table's engine", e)
+        })?;
+    if let Some((engine, pk)) = row {
+        let engine = engine.unwrap_or_default();
+        if !engine.eq_ignore_ascii_case("InnoDB") {
+            found.push((
+                Severity::Warning,
+                format!(
+                    "Galera: table {db}.{table} is {engine}, not InnoDB: Galera replicates only \
+                     InnoDB tables, so its rows would differ between nodes"
+                ),
+            ));
+        }
+        if pk == 0 {
+            found.push((
+                Severity::Warning,
+                format!(
+                    "Galera: table {db}.{table} has no primary key: Galera replicates such \
+                     tables slowly and may apply rows in a different order on each node; add one"
+                ),
+            ));
+        }
+    }
+    if matches!(spec.kind(), "ring" | "rollup") {
+        found.push((
+            Severity::Warning,
+            "Galera: `heatsink migrate --apply` backfills this rule under LOCK TABLES, which \
+             holds only on the node it runs on: stop writes to the table on every node (or \
+             send them all through that node) while migrate runs"
+                .to_string(),
+        ));
+    }
+    Ok(found)
 }
 
 /// Runs every file's test cases through a planner over all the rules (column lists

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{BackendTlsMode, Config, FileConfig, LogFormat, Overrides, Secret};
+use crate::config::{
+    BackendPolicy, BackendTlsMode, Config, FileConfig, LogFormat, Overrides, Secret,
+};
 use crate::error::Error;
 
 /// heatsink: a MySQL wire-protocol proxy that rewrites hot-spot statements.
@@ -177,6 +179,23 @@ pub struct ServeArgs {
     /// Rule file or directory of *.toml rule files [default: rules].
     #[arg(long, env = "HEATSINK_RULES")]
     pub rules: Option<PathBuf>,
+    /// How a client connection's node is chosen among several backends
+    /// [default: least-connections].
+    #[arg(long, env = "HEATSINK_BACKEND_POLICY", value_enum)]
+    pub backend_policy: Option<BackendPolicy>,
+    /// Milliseconds between health checks of each backend [default: 1000].
+    #[arg(long, env = "HEATSINK_HEALTH_INTERVAL_MS")]
+    pub health_interval_ms: Option<u64>,
+    /// Milliseconds one health check may take [default: 1000].
+    #[arg(long, env = "HEATSINK_HEALTH_TIMEOUT_MS")]
+    pub health_timeout_ms: Option<u64>,
+    /// User the health checker logs in as to read a Galera node's state; without
+    /// it a backend that answers counts as up.
+    #[arg(long, env = "HEATSINK_HEALTH_USER")]
+    pub health_user: Option<String>,
+    /// Password of --health-user (prefer the environment variable or the config file).
+    #[arg(long, env = "HEATSINK_HEALTH_PASSWORD", hide_env_values = true)]
+    pub health_password: Option<Secret>,
     /// Admin port address (MySQL protocol), e.g. 127.0.0.1:6032.
     #[arg(long, env = "HEATSINK_ADMIN")]
     pub admin: Option<String>,
@@ -260,6 +279,11 @@ impl ServeArgs {
         let o = Overrides {
             listen: self.listen,
             backend: self.backend,
+            backend_policy: self.backend_policy,
+            health_interval_ms: self.health_interval_ms,
+            health_timeout_ms: self.health_timeout_ms,
+            health_user: self.health_user,
+            health_password: self.health_password,
             rules: self.rules,
             admin: self.admin,
             admin_user: self.admin_user,

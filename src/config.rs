@@ -55,6 +55,16 @@ pub const MIN_CLIENT_PACKET: u64 = 1024;
 /// Largest `max_client_packet` (the server's maximum `max_allowed_packet`, 1 GiB).
 pub const MAX_CLIENT_PACKET: u64 = 1 << 30;
 
+/// How a client connection's backend node is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendPolicy {
+    /// The healthy node with the fewest client connections (multi-primary clusters).
+    LeastConnections,
+    /// The first healthy node in the list (single-primary use with failover).
+    First,
+}
+
 /// Default admin port user.
 pub const DEFAULT_ADMIN_USER: &str = "admin";
 
@@ -63,8 +73,22 @@ pub const DEFAULT_ADMIN_USER: &str = "admin";
 pub struct Config {
     /// Address clients connect to.
     pub listen: String,
-    /// MySQL/MariaDB server every client connection is relayed to.
+    /// The MySQL/MariaDB server(s) client connections are relayed to: one address, or
+    /// a comma-separated list (the nodes of a cluster); each client connection gets
+    /// one healthy node (see [`crate::backends`]).
     pub backend: String,
+    /// How a client connection's node is chosen among several backends.
+    pub backend_policy: BackendPolicy,
+    /// The health checker looks at every backend this often.
+    pub health_interval: Duration,
+    /// One health check (connect, greeting, status query) must finish within this.
+    pub health_timeout: Duration,
+    /// User the health checker logs in as to read a Galera node's state
+    /// (`wsrep_ready`, `wsrep_local_state_comment`); without one, a backend that
+    /// answers with a greeting counts as up.
+    pub health_user: Option<String>,
+    /// Password of `health_user`.
+    pub health_password: Secret,
     /// Rule file, or directory of `*.toml` rule files.
     pub rules: PathBuf,
     /// Admin port (MySQL protocol), off when `None`.
@@ -123,6 +147,11 @@ impl Default for Config {
         Config {
             listen: "127.0.0.1:6033".into(),
             backend: "127.0.0.1:3306".into(),
+            backend_policy: BackendPolicy::LeastConnections,
+            health_interval: Duration::from_millis(1000),
+            health_timeout: Duration::from_millis(1000),
+            health_user: None,
+            health_password: Secret::default(),
             rules: PathBuf::from("rules"),
             admin: None,
             admin_user: DEFAULT_ADMIN_USER.into(),
@@ -155,6 +184,11 @@ impl Default for Config {
 pub struct FileConfig {
     pub listen: Option<String>,
     pub backend: Option<String>,
+    pub backend_policy: Option<BackendPolicy>,
+    pub health_interval_ms: Option<u64>,
+    pub health_timeout_ms: Option<u64>,
+    pub health_user: Option<String>,
+    pub health_password: Option<Secret>,
     pub rules: Option<PathBuf>,
     pub admin: Option<String>,
     pub admin_user: Option<String>,
@@ -209,6 +243,11 @@ impl FileConfig {
 pub struct Overrides {
     pub listen: Option<String>,
     pub backend: Option<String>,
+    pub backend_policy: Option<BackendPolicy>,
+    pub health_interval_ms: Option<u64>,
+    pub health_timeout_ms: Option<u64>,
+    pub health_user: Option<String>,
+    pub health_password: Option<Secret>,
     pub rules: Option<PathBuf>,
     pub admin: Option<String>,
     pub admin_user: Option<String>,
@@ -241,6 +280,25 @@ impl Config {
         let c = Config {
             listen: cli.listen.or(file.listen).unwrap_or(d.listen),
             backend: cli.backend.or(file.backend).unwrap_or(d.backend),
+            backend_policy: cli
+                .backend_policy
+                .or(file.backend_policy)
+                .unwrap_or(d.backend_policy),
+            health_interval: cli
+                .health_interval_ms
+                .or(file.health_interval_ms)
+                .map(Duration::from_millis)
+                .unwrap_or(d.health_interval),
+            health_timeout: cli
+                .health_timeout_ms
+                .or(file.health_timeout_ms)
+                .map(Duration::from_millis)
+                .unwrap_or(d.health_timeout),
+            health_user: cli.health_user.or(file.health_user),
+            health_password: cli
+                .health_password
+                .or(file.health_password)
+                .unwrap_or(d.health_password),
             rules: cli.rules.or(file.rules).unwrap_or(d.rules),
             admin: cli.admin.or(file.admin),
             admin_user: cli.admin_user.or(file.admin_user).unwrap_or(d.admin_user),
@@ -324,6 +382,12 @@ impl Config {
         }
         if self.handshake_timeout.is_zero() || self.connect_timeout.is_zero() {
             return bad("handshake_timeout and connect_timeout must be at least 1 second");
+        }
+        if crate::backends::parse_list(&self.backend).is_empty() {
+            return bad("backend must name at least one address");
+        }
+        if self.health_interval.is_zero() || self.health_timeout.is_zero() {
+            return bad("health_interval_ms and health_timeout_ms must be at least 1");
         }
         if self.admin.is_some() && self.admin_user.is_empty() {
             return bad("admin_user must not be empty");
@@ -423,6 +487,37 @@ mod tests {
             ..Default::default()
         };
         assert!(Config::resolve(required, FileConfig::default()).is_err());
+    }
+
+    #[test]
+    fn several_backends_and_health_settings() {
+        let file = FileConfig::from_str(
+            "backend = \"10.0.0.1:3306, 10.0.0.2:3306,10.0.0.3:3306\"\nbackend_policy = \"first\"\n\
+             health_interval_ms = 250\nhealth_user = \"hc\"\nhealth_password = \"pw\"\n",
+            "f",
+        )
+        .unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(c.backend_policy, BackendPolicy::First);
+        assert_eq!(c.health_interval, Duration::from_millis(250));
+        assert_eq!(c.health_timeout, Duration::from_millis(1000));
+        assert_eq!(c.health_user.as_deref(), Some("hc"));
+        assert_eq!(c.health_password.0, "pw");
+        assert_eq!(crate::backends::parse_list(&c.backend).len(), 3);
+        // The default policy, and refusals.
+        let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
+        assert_eq!(c.backend_policy, BackendPolicy::LeastConnections);
+        let empty = Overrides {
+            backend: Some(" , ".into()),
+            ..Overrides::default()
+        };
+        assert!(Config::resolve(empty, FileConfig::default()).is_err());
+        let zero = Overrides {
+            health_interval_ms: Some(0),
+            ..Overrides::default()
+        };
+        assert!(Config::resolve(zero, FileConfig::default()).is_err());
+        assert!(FileConfig::from_str("backend_policy = \"random\"\n", "f").is_err());
     }
 
     #[test]

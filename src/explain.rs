@@ -213,6 +213,7 @@ impl Planner {
             in_transaction: false,
             current_db: db,
             lexing: Some(crate::rewrite::Lexing::STANDARD),
+            share: None,
         };
         let mut asked: Vec<usize> = Vec::new();
         let decision = loop {

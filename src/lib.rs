@@ -16,6 +16,8 @@
 //! - [`rules`]: rule files — reading them through the registry, validation, building
 //!   an engine.
 //! - [`server`]: accept loop, connection limit, graceful shutdown.
+//! - [`backends`]: the backend nodes (a list for a cluster), which node a client
+//!   connection gets, and the health checker.
 //! - [`tls`]: TLS towards clients (terminated by the proxy) and towards the backend;
 //!   the socket type of both legs.
 //! - [`reload`]: hot reload of the rule set (file watch, SIGHUP, admin command):
@@ -37,6 +39,7 @@
 //! parsed and when) are recorded in `docs/design.md`.
 
 pub mod admin;
+pub mod backends;
 pub mod check;
 pub mod cli;
 
@@ -168,6 +171,9 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
     };
     let reloader = reload::Reloader::new(Arc::clone(&shared), &snapshot);
     reload::on_sighup(Arc::clone(&reloader))?;
+    // The first health check, so that the first clients and `/readyz` see it.
+    let health_config = Arc::new(config.clone());
+    backends::check_all(&shared.backends, &health_config).await;
     let listener = server::bind(&config.listen).await?;
     let addr = listener
         .local_addr()
@@ -186,8 +192,13 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
     if let Some(l) = admin {
         tokio::spawn(admin::serve(l, Arc::clone(&shared), reloader));
     }
+    let health = tokio::spawn(backends::health_loop(
+        Arc::clone(&shared.backends),
+        health_config,
+    ));
     let served = server::run(listener, Arc::clone(&shared), shutdown).await;
     watcher.abort();
+    health.abort();
     served
 }
 

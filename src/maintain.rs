@@ -6,6 +6,13 @@
 //! (`GET_LOCK('heatsink:<job>:<db>.<table>', 0)`): when several proxies' sidecars or cron
 //! entries start the same job, one runs it and the others skip it, so scheduling
 //! it everywhere is safe. `heatsink compact` is `maintain --job compact`.
+//!
+//! On a Galera cluster `GET_LOCK` is local to the node it runs on, so two runs
+//! through two nodes would both take it. There (`wsrep_on = ON`) the lock is a lease
+//! row in the InnoDB table `heatsink_locks` of the database, taken with one upsert in
+//! autocommit: certification decides between runs on different nodes, and the
+//! loser, retried, finds the winner's row. The lease is released when the job ends,
+//! and lapses after [`LEASE_SECONDS`] if the run died.
 
 use std::io::Write;
 use std::path::Path;
@@ -16,6 +23,10 @@ use mysql_async::Conn;
 use crate::error::{Error, OrErr, Result, Source};
 use crate::kinds::{JobContext, RuleSpec};
 use crate::schema::{connect, default_db, emit};
+
+/// A cluster-wide lease (Galera) lapses this long after it was taken, so that a run
+/// that died does not block the job for ever.
+pub const LEASE_SECONDS: u32 = 3600;
 
 /// Keys or rows per batch when `--batch` is not given.
 pub const DEFAULT_BATCH: usize = 1000;
@@ -62,9 +73,19 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
     let mut conn = connect(opts.backend_url).await?;
     let default_db = default_db(opts.backend_url)?;
     let mut failed = Vec::new();
+    let lease = match default_db.as_deref() {
+        Some(db) if crate::schema::on_galera(&mut conn).await? => {
+            Some(Lease::create(&mut conn, db).await?)
+        }
+        _ => None,
+    };
     for (spec, job) in work {
         let lock = lock_name(spec, job, default_db.as_deref());
-        if !take_lock(&mut conn, &lock).await? {
+        let taken = match &lease {
+            Some(l) => l.take(&mut conn, &lock).await?,
+            None => take_lock(&mut conn, &lock).await?,
+        };
+        if !taken {
             emit(
                 out,
                 &format!(
@@ -81,7 +102,10 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
             out: &mut *out,
         };
         let report = spec.run_job(job, &mut ctx).await;
-        release_lock(&mut conn, &lock).await?;
+        match &lease {
+            Some(l) => l.release(&mut conn, &lock).await?,
+            None => release_lock(&mut conn, &lock).await?,
+        }
         let report = report?;
         emit(out, &format!("rule {}: {}", spec.name(), report.summary))?;
         failed.extend(
@@ -140,4 +164,83 @@ async fn release_lock(conn: &mut Conn, name: &str) -> Result<()> {
     conn.exec_drop("DO RELEASE_LOCK(?)", (name,))
         .await
         .or_err(Source::Backend, || format!("releasing lock '{name}'"))
+}
+
+/// Cluster-wide job locks: lease rows in `<db>.heatsink_locks`.
+struct Lease {
+    /// `` `db`.`heatsink_locks` ``.
+    table: String,
+    /// This run's identity in the rows it owns.
+    owner: String,
+}
+
+impl Lease {
+    /// Creates the lease table when missing (InnoDB, a primary key: Galera
+    /// replicates it).
+    async fn create(conn: &mut Conn, db: &str) -> Result<Lease> {
+        let table = format!("`{}`.`heatsink_locks`", db.replace('`', "``"));
+        conn.query_drop(format!(
+            "CREATE TABLE IF NOT EXISTS {table} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
+             owner VARCHAR(64) NOT NULL, expires DATETIME(6) NOT NULL) ENGINE=InnoDB"
+        ))
+        .await
+        .or_err(Source::Backend, || format!("creating {table}"))?;
+        let owner = format!(
+            "{}:{}:{:016x}",
+            std::process::id(),
+            conn.id(),
+            rand::random::<u64>()
+        );
+        Ok(Lease { table, owner })
+    }
+
+    /// Takes the lease `name` unless another run holds it and it has not lapsed.
+    /// Certification conflicts (two nodes taking it at once) are retried: the
+    /// retry sees the row that won.
+    async fn take(&self, conn: &mut Conn, name: &str) -> Result<bool> {
+        let upsert = format!(
+            "INSERT INTO {t} (name, owner, expires) VALUES (?, ?, NOW(6) + INTERVAL {LEASE_SECONDS} SECOND) \
+             ON DUPLICATE KEY UPDATE owner = IF(expires < NOW(6), VALUES(owner), owner), \
+             expires = IF(owner = VALUES(owner), VALUES(expires), expires)",
+            t = self.table
+        );
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match conn.exec_drop(upsert.as_str(), (name, &self.owner)).await {
+                Ok(()) => break,
+                Err(mysql_async::Error::Server(e)) if e.code == 1213 && attempt < 10 => {
+                    tokio::time::sleep(std::time::Duration::from_millis(rand::random_range(
+                        1..=(5u64 << attempt.min(6)),
+                    )))
+                    .await;
+                }
+                Err(e) => {
+                    return Err(Error::with_cause(
+                        Source::Backend,
+                        format!("taking lease '{name}'"),
+                        e,
+                    ))
+                }
+            }
+        }
+        let owner: Option<String> = conn
+            .exec_first(
+                format!("SELECT owner FROM {} WHERE name = ?", self.table),
+                (name,),
+            )
+            .await
+            .or_err(Source::Backend, || format!("reading lease '{name}'"))?;
+        Ok(owner.as_deref() == Some(self.owner.as_str()))
+    }
+
+    /// Gives the lease back (only if this run still holds it).
+    async fn release(&self, conn: &mut Conn, name: &str) -> Result<()> {
+        conn.exec_drop(
+            format!("DELETE FROM {} WHERE name = ? AND owner = ?", self.table),
+            (name, &self.owner),
+        )
+        .await
+        .or_err(Source::Backend, || format!("releasing lease '{name}'"))
+    }
 }

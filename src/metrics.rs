@@ -1,5 +1,6 @@
 //! The `--metrics` HTTP endpoint: `/metrics` (Prometheus text format), `/healthz`
-//! (the process is serving) and `/readyz` (the backend accepts TCP connections).
+//! (the process is serving) and `/readyz` (at least one backend node is up, as the
+//! health checker of [`crate::backends`] sees it; the body lists every node).
 //!
 //! A deliberately tiny HTTP/1.1 responder on tokio: one request per connection,
 //! GET only, no dependencies.
@@ -99,6 +100,7 @@ pub fn render(shared: &Shared) -> String {
         "counter",
         s.backend_errors.load(Relaxed),
     );
+    write_backends(&mut out, &shared.backends.views());
     s.rewrite_latency.render(
         &mut out,
         "heatsink_rewrite_duration_seconds",
@@ -110,6 +112,50 @@ pub fn render(shared: &Shared) -> String {
         "Passthrough statements: from forwarding to the end of the backend's response.",
     );
     out
+}
+
+/// Per backend node: up (1) or down (0), client connections now and since start,
+/// failed connection attempts and health checks.
+fn write_backends(out: &mut String, nodes: &[crate::backends::NodeView]) {
+    type Metric<'a> = (
+        &'a str,
+        &'a str,
+        &'a str,
+        fn(&crate::backends::NodeView) -> u64,
+    );
+    let metrics: [Metric<'_>; 4] = [
+        (
+            "heatsink_backend_up",
+            "Backend node takes new connections (1) or not (0).",
+            "gauge",
+            |n| u64::from(n.up),
+        ),
+        (
+            "heatsink_backend_connections",
+            "Client connections relayed to the backend node now.",
+            "gauge",
+            |n| n.connections,
+        ),
+        (
+            "heatsink_backend_connections_total",
+            "Client connections relayed to the backend node since start.",
+            "counter",
+            |n| n.connections_total,
+        ),
+        (
+            "heatsink_backend_node_errors_total",
+            "Failed connection attempts and health checks of the backend node.",
+            "counter",
+            |n| n.errors,
+        ),
+    ];
+    for (name, help, kind, get) in metrics {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for n in nodes {
+            let addr = n.addr.replace(['\\', '"'], "_");
+            let _ = writeln!(out, "{name}{{backend=\"{addr}\"}} {}", get(n));
+        }
+    }
 }
 
 /// Writes a metric that is one number: its `HELP` and `TYPE` lines and its value.
@@ -422,13 +468,26 @@ async fn handle(mut sock: TcpStream, shared: &Shared) -> std::io::Result<()> {
         ("GET", "/metrics") => ("200 OK", render(shared)),
         ("GET", "/healthz") => ("200 OK", "ok\n".to_string()),
         ("GET", "/readyz") => {
-            let backend = shared.config.backend.clone();
-            match tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(backend)).await {
-                Ok(Ok(_)) => ("200 OK", "ready\n".to_string()),
-                _ => (
+            // Ready while at least one backend node takes connections (the health
+            // checker's view); the body lists every node.
+            let mut body = String::new();
+            for n in shared.backends.views() {
+                let _ = writeln!(
+                    body,
+                    "{} {} ({}), {} connections",
+                    n.addr,
+                    if n.up { "up" } else { "down" },
+                    n.detail,
+                    n.connections
+                );
+            }
+            if shared.backends.any_up() {
+                ("200 OK", format!("ready\n{body}"))
+            } else {
+                (
                     "503 Service Unavailable",
-                    "backend unreachable\n".to_string(),
-                ),
+                    format!("backend unreachable\n{body}"),
+                )
             }
         }
         ("GET", _) => ("404 Not Found", "not found\n".to_string()),

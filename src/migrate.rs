@@ -64,6 +64,24 @@ pub async fn run(opts: &MigrateOptions<'_>, out: &mut dyn Write) -> Result<()> {
             ),
         ));
     }
+    if crate::schema::on_galera(&mut conn).await? {
+        for spec in specs
+            .iter()
+            .filter(|s| matches!(s.kind(), "ring" | "rollup"))
+        {
+            emit(
+                out,
+                &format!(
+                    "-- warning: {} '{}': this is a Galera node; the backfill below runs under \
+                     LOCK TABLES, which holds only on this node: stop writes to {} through \
+                     the other nodes (or send them all through this one) while it runs",
+                    spec.kind(),
+                    spec.name(),
+                    spec.table()
+                ),
+            )?;
+        }
+    }
     for migration in &checked {
         migration.run(&mut conn, opts.apply, out).await?;
     }

@@ -501,6 +501,17 @@ pub(crate) fn table_options(logical: &Table) -> String {
 }
 
 /// Whether the server has `INSERT … RETURNING` (MariaDB ≥ 10.5).
+/// Whether the server is a Galera node (`wsrep_on = ON`): `GET_LOCK` and
+/// `LOCK TABLES` then hold only on that node, and rows written through several nodes
+/// at once fail certification.
+pub(crate) async fn on_galera(conn: &mut Conn) -> Result<bool> {
+    let row: Option<(String, String)> = conn
+        .query_first("SHOW VARIABLES LIKE 'wsrep_on'")
+        .await
+        .map_err(|e| Error::with_cause(Source::Backend, "reading wsrep_on", e))?;
+    Ok(row.is_some_and(|(_, v)| v.eq_ignore_ascii_case("ON")))
+}
+
 pub(crate) async fn has_returning(conn: &mut Conn) -> Result<bool> {
     let version: Option<String> = conn
         .query_first("SELECT VERSION()")

@@ -34,6 +34,20 @@ fn counter_matches_a_plain_table() {
     run_kind(&Counter, 0);
 }
 
+/// The counter through one proxy in front of a 3-node Galera cluster (its
+/// connections spread over the nodes, each writing its node's share of the slots),
+/// against a plain table on node 1.
+#[test]
+fn counter_matches_a_plain_table_on_a_galera_cluster() {
+    common::differential::run_bounded_on(
+        &Counter,
+        SEED + 100,
+        STATEMENTS,
+        ROUNDS,
+        common::differential::Target::Galera,
+    );
+}
+
 #[test]
 fn ring_matches_a_plain_table() {
     run_kind(&Ring, 1);

@@ -154,6 +154,13 @@ impl Compose {
         }
     }
 
+    /// The cluster variant, `compose.cluster.yaml`.
+    fn load_cluster() -> Compose {
+        Compose {
+            doc: yaml(&sidecar().join("compose.cluster.yaml")),
+        }
+    }
+
     fn services(&self) -> &serde_json::Map<String, Value> {
         self.doc["services"]
             .as_object()
@@ -1328,6 +1335,42 @@ fn compose_and_dockerfile_use_real_flags() {
     );
     let hc = dockerfile_healthcheck(&instructions);
     assert_cli_accepts("Dockerfile HEALTHCHECK", "health", &hc[2..], &[]);
+}
+
+/// The cluster variant: heatsink's settings are real flags and variables, its
+/// backend list names the three Galera nodes, each a service that runs with Galera
+/// on, one of them bootstrapping; the bind-mounted files exist.
+#[test]
+fn cluster_compose_file() {
+    let c = Compose::load_cluster();
+    let env = c.env("heatsink");
+    assert_cli_accepts(
+        "compose.cluster.yaml heatsink",
+        "serve",
+        &c.words("heatsink", "command"),
+        &env.keys().collect::<Vec<_>>(),
+    );
+    let mcmd = c.words("migrate", "command");
+    assert_cli_accepts("compose.cluster.yaml migrate", "migrate", &mcmd[1..], &[]);
+    let nodes: Vec<&str> = env["HEATSINK_BACKEND"].split(',').collect();
+    assert_eq!(nodes, ["db1:3306", "db2:3306", "db3:3306"]);
+    let mut bootstraps = 0;
+    for node in &nodes {
+        let name = node.split(':').next().unwrap_or_default();
+        let cmd = c.words(name, "command");
+        assert!(
+            cmd.contains(&"--wsrep-on=ON".to_string()),
+            "{name}: {cmd:?}"
+        );
+        bootstraps += usize::from(cmd.contains(&"--wsrep-new-cluster".to_string()));
+        for (source, _, _) in c.volumes(name) {
+            if let Some(path) = Compose::bind_source(&source) {
+                assert!(path.exists(), "{name}: {} is missing", path.display());
+            }
+        }
+    }
+    assert_eq!(bootstraps, 1, "exactly one node bootstraps the cluster");
+    assert!(env.contains_key("HEATSINK_HEALTH_USER"));
 }
 
 #[test]

@@ -225,12 +225,14 @@ mariadb_stop() {
 # heatsink
 # ---------------------------------------------------------------------------
 
-# heatsink_start BACKEND_PORT [EXTRA_ARGS...] -> heatsink serve with an empty rules
-# dir (pure passthrough), or the rules in $HS_RULES_DIR when set.
+# heatsink_start BACKEND [EXTRA_ARGS...] -> heatsink serve with an empty rules
+# dir (pure passthrough), or the rules in $HS_RULES_DIR when set. BACKEND is a port
+# on 127.0.0.1, or `host:port[,host:port…]` (the nodes of a cluster).
 # Sets HEATSINK_PORT HEATSINK_PID HEATSINK_DIR HEATSINK_LOG.
 heatsink_start() {
-	local backend_port=$1
+	local backend_port=$1 backend=$1
 	shift
+	[[ $backend == *:* ]] || backend="127.0.0.1:$backend"
 	local bin=${HEATSINK_BIN:-$HS_REPO_DIR/target/release/heatsink}
 	[[ -x "$bin" ]] || hs_die "heatsink binary not found at $bin (cargo build --release)"
 	local dir
@@ -239,7 +241,7 @@ heatsink_start() {
 	mkdir -p "$dir/rules"
 	HEATSINK_PORT=$(hs_free_port)
 	HEATSINK_LOG=$dir/heatsink.log
-	setsid "$bin" serve --listen "127.0.0.1:$HEATSINK_PORT" --backend "127.0.0.1:$backend_port" \
+	setsid "$bin" serve --listen "127.0.0.1:$HEATSINK_PORT" --backend "$backend" \
 		--rules "${HS_RULES_DIR:-$dir/rules}" --log-level "${HEATSINK_LOG_LEVEL:-warn}" "$@" \
 		>"$HEATSINK_LOG" 2>&1 &
 	HEATSINK_PID=$!

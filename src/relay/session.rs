@@ -91,6 +91,8 @@ pub struct Shared {
     pub coalescer: Arc<super::coalesce::Coalescer>,
     /// TLS material loaded at startup (client certificate, backend trust).
     pub tls: Tls,
+    /// The backend nodes, their health and connections.
+    pub backends: Arc<crate::backends::Backends>,
 }
 
 impl Shared {
@@ -102,7 +104,9 @@ impl Shared {
     /// Shared state with TLS material loaded from `config` ([`Tls::load`]).
     pub fn with_tls(config: Config, engine: Engine, tls: Tls) -> Arc<Self> {
         let rules = RuleTable::for_engine(&engine, &RuleTable::default());
+        let backends = Arc::new(crate::backends::Backends::from_config(&config));
         Arc::new(Shared {
+            backends,
             config,
             engine: ArcSwap::from_pointee(engine),
             stats: Stats::default(),
@@ -133,14 +137,14 @@ pub async fn serve_client(
 ) {
     let _ = client.set_nodelay(true);
     let mut client = PacketIo::new(Stream::Plain(client), Source::Client);
-    let backend = match connect_backend(&shared.config).await {
+    let (backend, lease) = match connect_backend(&shared).await {
         Ok(b) => b,
-        Err(e) => {
+        Err((addr, e)) => {
             shared.stats.backend_connect_errors.fetch_add(1, Relaxed);
             warn!(%peer, error = %e, "backend unreachable");
             let msg = format!(
                 "Can't connect to MySQL server on '{}' ({})",
-                shared.config.backend,
+                addr,
                 e.cause
                     .as_ref()
                     .map(|c| c.to_string())
@@ -177,7 +181,10 @@ pub async fn serve_client(
         prepared: HashMap::new(),
         lexing: None,
         lexing_prepared: false,
+        node_share: None,
+        galera: false,
         packet_limit: None,
+        lease,
     };
     let outcome = async {
         let hs = s.shared.config.handshake_timeout;
@@ -201,9 +208,42 @@ pub async fn serve_client(
     s.client.shutdown().await;
 }
 
-async fn connect_backend(config: &Config) -> Result<TcpStream> {
-    let fut = TcpStream::connect(config.backend.as_str());
-    match tokio::time::timeout(config.connect_timeout, fut).await {
+/// Connects to the best backend node that accepts ([`crate::backends`]): a node that
+/// refuses is marked down and the next one is tried. `Err` names the last address.
+async fn connect_backend(
+    shared: &Arc<Shared>,
+) -> std::result::Result<(TcpStream, crate::backends::Lease), (String, Error)> {
+    let backends = &shared.backends;
+    let mut last = None;
+    for index in backends.candidates() {
+        let Some(addr) = backends.nodes().get(index).map(|n| n.addr.clone()) else {
+            continue;
+        };
+        match connect_addr(&addr, shared.config.connect_timeout).await {
+            Ok(s) => return Ok((s, backends.lease(index))),
+            Err(e) => {
+                let why = e
+                    .cause
+                    .as_ref()
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| e.context.clone());
+                backends.connect_failed(index, &why);
+                warn!(backend = %addr, error = %e, "backend connection failed");
+                last = Some((addr, e));
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        (
+            shared.config.backend.clone(),
+            Error::new(Source::Backend, "no backend address"),
+        )
+    }))
+}
+
+async fn connect_addr(addr: &str, limit: Duration) -> Result<TcpStream> {
+    let fut = TcpStream::connect(addr);
+    match tokio::time::timeout(limit, fut).await {
         Err(_) => Err(Error::with_cause(
             Source::Backend,
             "connecting",
@@ -222,6 +262,9 @@ pub(super) struct Session {
     pub(super) client: PacketIo<Stream>,
     /// This session's own backend connection (plain or TLS).
     pub(super) backend: PacketIo<Stream>,
+    /// The node `backend` is connected to, counted in its connections while the
+    /// session lives.
+    pub(super) lease: crate::backends::Lease,
     /// Config, rules and counters.
     pub(super) shared: Arc<Shared>,
     /// This session's entry in the admin port's session list (removed on drop).
@@ -287,6 +330,12 @@ pub(super) struct Session {
     /// `sql_mode`: every COM_STMT_EXECUTE of a statement the proxy did not rewrite
     /// then forgets `lexing`.
     pub(super) lexing_prepared: bool,
+    /// The backend node's share of a counter's slots on a Galera cluster, learned
+    /// with the settings (`rewrite::NodeShare`); `None` on a single server.
+    pub(super) node_share: Option<crate::rewrite::NodeShare>,
+    /// The backend is a Galera node (it reports `wsrep_local_index`), learned with
+    /// the settings.
+    pub(super) galera: bool,
     /// The backend session's `max_allowed_packet`, once learned (see
     /// [`LEARN_PACKET_LIMIT_AT`]); unused when `max_client_packet` is configured.
     pub(super) packet_limit: Option<usize>,
@@ -332,6 +381,7 @@ impl Session {
         }
         let shared = Arc::clone(&self.shared);
         let tls = &shared.tls;
+        let shared_addr = &self.lease.addr().to_string();
         // CLIENT_SSL towards the client says what the proxy offers, not the backend.
         let (clear, set) = if tls.acceptor.is_some() {
             (caps::UNSUPPORTED, caps::SSL)
@@ -343,9 +393,7 @@ impl Session {
         self.backend_id = info.connection_id;
         self.info.set_backend_id(info.connection_id);
         self.returning = crate::wire::handshake::has_returning(&info.server_version);
-        let backend_tls = self
-            .choose_backend_tls(tls, &info, &shared.config.backend)
-            .await?;
+        let backend_tls = self.choose_backend_tls(tls, &info, shared_addr).await?;
         self.client.write_all(&greeting.raw).await?;
 
         let Some((mut hello, h, client_extra)) = self.client_hello(tls, &info).await? else {
@@ -362,8 +410,7 @@ impl Session {
 
         let mut backend_extra = 0u8;
         if let Some(b) = backend_tls {
-            self.upgrade_backend(b, &hello, &shared.config.backend)
-                .await?;
+            self.upgrade_backend(b, &hello, shared_addr).await?;
             backend_extra = 1;
         }
         debug!(
@@ -861,6 +908,7 @@ impl Session {
             in_transaction: self.status & status::IN_TRANS != 0,
             current_db: self.current_db.as_deref(),
             lexing: self.lexing,
+            share: self.node_share,
         }
     }
 

@@ -118,19 +118,20 @@ impl Template {
         sql: &[u8],
         literals: &[Token],
         prepared: bool,
+        share: Option<crate::rewrite::NodeShare>,
     ) -> Result<Rewritten, String> {
         let mut params = Vec::new();
         let mut statements = Vec::with_capacity(self.statements.len());
         for segs in &self.statements {
             let mut holes = Vec::new();
-            statements.push(render_segments(segs, sql, literals, &mut holes)?);
+            statements.push(render_segments(segs, sql, literals, &mut holes, share)?);
             params.extend(holes.into_iter().map(|(_, j)| j));
         }
         let mut aux = Vec::with_capacity(self.aux.len());
         let mut aux_holes = Vec::new();
         for segs in &self.aux {
             let mut holes = Vec::new();
-            aux.push(render_segments(segs, sql, literals, &mut holes)?);
+            aux.push(render_segments(segs, sql, literals, &mut holes, share)?);
             if prepared {
                 aux_holes.push(holes);
             }
@@ -161,6 +162,7 @@ fn render_segments(
     sql: &[u8],
     literals: &[Token],
     holes: &mut Vec<(usize, usize)>,
+    share: Option<crate::rewrite::NodeShare>,
 ) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(sql.len() + 64);
     for seg in segs {
@@ -177,7 +179,7 @@ fn render_segments(
                 out.push(b'?');
             }
             Segment::Dynamic(Dynamic::RandomBelow(n)) => {
-                let v: u32 = rand::random_range(0..(*n).max(1));
+                let v = crate::rewrite::NodeShare::pick_below(share, *n);
                 let _ = write!(out, "{v}");
             }
         }
@@ -365,13 +367,13 @@ mod tests {
             .into_iter()
             .filter(|t| matches!(t.kind, TokenKind::Literal(_)))
             .collect();
-        let r = t.render(&Arc::from("r"), sql, &lits, true).unwrap();
+        let r = t.render(&Arc::from("r"), sql, &lits, true, None).unwrap();
         assert_eq!(
             r.statements,
             vec![b"UPDATE t SET a = 'it''s', s = '?2', `?3` = 7 + 0 WHERE id = ?".to_vec()]
         );
         assert_eq!(r.param_map, Some(vec![0]));
-        let r = t.render(&Arc::from("r"), sql, &lits, false).unwrap();
+        let r = t.render(&Arc::from("r"), sql, &lits, false, None).unwrap();
         assert_eq!(r.param_map, None);
         // Unknown markers and bare parameters are refused.
         assert!(Template::build(&["SELECT ?9".into()], &slots, &dyns).is_err());

@@ -781,7 +781,7 @@ impl Engine {
                         reason,
                     });
                 }
-                match template.render(rule, st.sql, &st.literals, st.ctx.prepared) {
+                match template.render(rule, st.sql, &st.literals, st.ctx.prepared, st.ctx.share) {
                     Ok(r) => Decision::Rewrite(r),
                     Err(e) => Decision::Reject(Rejection {
                         rule: rule.clone(),
@@ -1202,6 +1202,7 @@ mod tests {
         in_transaction: false,
         current_db: None,
         lexing: Some(Lexing::STANDARD),
+        share: None,
     };
 
     const PREPARED: StatementContext<'static> = StatementContext {
@@ -1209,6 +1210,7 @@ mod tests {
         in_transaction: false,
         current_db: None,
         lexing: Some(Lexing::STANDARD),
+        share: None,
     };
 
     fn ast(sql: &str) -> Vec<Statement> {

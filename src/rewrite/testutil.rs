@@ -36,6 +36,7 @@ pub fn decide(e: &Engine, sql: &str) -> Decision {
             in_transaction: false,
             current_db: Some("shop"),
             lexing: Some(crate::rewrite::Lexing::STANDARD),
+            share: None,
         },
     )
 }

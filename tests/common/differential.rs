@@ -83,12 +83,17 @@ pub const DOCUMENTED: &[&str] = &[
 /// `HEATSINK_FUZZ_STATEMENTS` and `HEATSINK_FUZZ_ROUNDS` override), stopping at the
 /// first round with a difference; panics with every difference found.
 pub fn run_bounded(kind: &dyn Kind, seed: u64, statements: usize, rounds: u64) {
+    run_bounded_on(kind, seed, statements, rounds, Target::Single);
+}
+
+/// [`run_bounded`] on `target`.
+pub fn run_bounded_on(kind: &dyn Kind, seed: u64, statements: usize, rounds: u64, target: Target) {
     let base = Config::from_env(seed, statements);
     let rounds = std::env::var("HEATSINK_FUZZ_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(rounds);
-    let diff = Differential::start(kind);
+    let diff = Differential::start_on(kind, target);
     let mut total = Report::default();
     for round in 0..rounds {
         let mut cfg = base.clone();
@@ -1101,9 +1106,22 @@ impl Report {
     }
 }
 
+/// Where a differential run's databases live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The test binary's MariaDB ([`mariadb()`]).
+    Single,
+    /// The 3-node Galera cluster ([`super::galera::galera()`]): the proxy gets every
+    /// node (each of its connections lands on the node with the fewest), the
+    /// reference is read and written on node 1.
+    Galera,
+}
+
 /// One rule kind's databases and proxy.
 pub struct Differential<'k> {
     kind: &'k dyn Kind,
+    /// Where the databases live.
+    target: Target,
     /// The database behind the proxy (ruled table).
     pub proxied_db: String,
     /// The reference database (plain table).
@@ -1116,17 +1134,28 @@ impl<'k> Differential<'k> {
     /// Creates both databases, switches the rule on in the proxied one with
     /// `heatsink migrate --apply`, and starts a proxy with the rule.
     pub fn start(kind: &'k dyn Kind) -> Differential<'k> {
+        Self::start_on(kind, Target::Single)
+    }
+
+    /// [`Differential::start`] with the databases on `target`.
+    pub fn start_on(kind: &'k dyn Kind, target: Target) -> Differential<'k> {
         // Tests of one binary run in parallel: each harness has its own databases.
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let proxied_db = format!("fz_{}{n}_p", kind.name());
         let reference_db = format!("fz_{}{n}_r", kind.name());
         let rules = super::client::rules_dir(&format!("{}.toml", kind.name()), &kind.rule_toml());
+        let builder = Proxy::builder().rules_dir(rules.path());
+        let builder = match target {
+            Target::Single => builder,
+            Target::Galera => builder.backend(super::galera::galera().backend_list()),
+        };
         let d = Differential {
             kind,
+            target,
             proxied_db,
             reference_db,
-            proxy: Proxy::builder().rules_dir(rules.path()).start(),
+            proxy: builder.start(),
             _rules: rules,
         };
         d.reset();
@@ -1135,6 +1164,24 @@ impl<'k> Differential<'k> {
 
     /// Recreates both databases from the schema (and the rule's tables).
     pub fn reset(&self) {
+        if self.target == Target::Galera {
+            let node = super::galera::galera().node(0);
+            for db in [&self.proxied_db, &self.reference_db] {
+                node.exec(&format!(
+                    "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db} DEFAULT CHARACTER SET utf8mb4; \
+                     USE {db}; {}",
+                    self.kind.schema()
+                ));
+            }
+            let (code, out, err) = super::cli::Cli::new(["migrate", "--apply", "--rules"])
+                .arg(self._rules.path())
+                .arg("--backend-url")
+                .arg(node.url(&self.proxied_db))
+                .run();
+            assert_eq!(code, 0, "migrate failed:\n{out}\n{err}");
+            self.kind.settle_reference(&self.reference_db);
+            return;
+        }
         for db in [&self.proxied_db, &self.reference_db] {
             fresh_db_with(db, "DEFAULT CHARACTER SET utf8mb4", &self.kind.schema());
         }
@@ -1146,7 +1193,10 @@ impl<'k> Differential<'k> {
         let (addr, db) = if proxied {
             (self.proxy.addr(), &self.proxied_db)
         } else {
-            (mariadb().addr(), &self.reference_db)
+            match self.target {
+                Target::Single => (mariadb().addr(), &self.reference_db),
+                Target::Galera => (super::galera::galera().node(0).addr(), &self.reference_db),
+            }
         };
         let opts = ConnectOpts::new(USER, PASSWORD)
             .db(db)
@@ -1324,7 +1374,11 @@ impl<'k> Differential<'k> {
                     for q in self.kind.physical_queries() {
                         let q = q.replace("{db}", &self.proxied_db);
                         let _ = writeln!(physical, "    {q}");
-                        for row in mariadb().query_strings(&q) {
+                        let rows = match self.target {
+                            Target::Single => mariadb().query_strings(&q),
+                            Target::Galera => super::galera::galera().node(0).query_strings(&q),
+                        };
+                        for row in rows {
                             let _ = writeln!(physical, "      {row:?}");
                         }
                     }

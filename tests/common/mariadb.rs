@@ -34,7 +34,7 @@ pub const ED_PASSWORD: &str = "ed-pw";
 pub const ADMIN_USER: &str = "root";
 
 /// Options shared by the template initialisation and the server.
-const INNODB_OPTS: &[&str] = &[
+pub(super) const INNODB_OPTS: &[&str] = &[
     "--innodb-buffer-pool-size=128M",
     "--innodb-log-file-size=48M",
 ];
@@ -43,7 +43,7 @@ const INNODB_OPTS: &[&str] = &[
 /// then stop it and delete the data directory. `$1` is the directory to delete, the rest
 /// is the mariadbd command line. INT/HUP are ignored so a Ctrl-C on `cargo test` still
 /// lets the watchdog clean up once the test process is gone.
-const WATCHDOG: &str = r#"
+pub(super) const WATCHDOG: &str = r#"
 dir="$1"; shift
 trap '' INT HUP
 "$@" </dev/null >/dev/null 2>&1 &
@@ -421,7 +421,7 @@ impl MariaDb {
     }
 }
 
-fn url_for(addr: SocketAddr, user: &str, password: &str, db: &str) -> String {
+pub(super) fn url_for(addr: SocketAddr, user: &str, password: &str, db: &str) -> String {
     let auth = if password.is_empty() {
         user.to_string()
     } else {
@@ -432,7 +432,7 @@ fn url_for(addr: SocketAddr, user: &str, password: &str, db: &str) -> String {
 
 /// Runs a future to completion on a fresh current-thread runtime in its own thread, so it
 /// works whether or not the caller is already inside a tokio runtime.
-fn run_blocking<F, T>(fut: F) -> T
+pub(super) fn run_blocking<F, T>(fut: F) -> T
 where
     F: std::future::Future<Output = T> + Send + 'static,
     T: Send + 'static,
@@ -448,7 +448,7 @@ where
     .unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
 
-fn read_pid_line(stdout: &mut impl Read) -> u32 {
+pub(super) fn read_pid_line(stdout: &mut impl Read) -> u32 {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while stdout.read(&mut byte).map(|n| n == 1).unwrap_or(false) && byte[0] != b'\n' {
@@ -461,7 +461,7 @@ fn read_pid_line(stdout: &mut impl Read) -> u32 {
 }
 
 /// Alive and not a zombie (a dead mariadbd stays a zombie until the watchdog reaps it).
-fn process_alive(pid: u32) -> bool {
+pub(super) fn process_alive(pid: u32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
             // Field 3 (after "pid (comm)") is the state.
@@ -476,7 +476,7 @@ fn process_alive(pid: u32) -> bool {
 }
 
 /// Returns the template data directory, creating it on first use.
-fn ensure_template() -> PathBuf {
+pub(super) fn ensure_template() -> PathBuf {
     let target = target_dir();
     let template = target.join("mariadb-template");
     if template.join("mysql").is_dir() {

@@ -33,7 +33,8 @@
 //!   affected rows, info, warnings, last_insert_id).
 //! - [`differential`]: `Differential::start(&kind).run(&Config::from_env(..))` runs
 //!   seeded statements of a rule [`differential::Kind`] through heatsink and on a plain
-//!   reference table, comparing every answer and the logical state (tests/fuzz.rs).
+//!   reference table, comparing every answer and the logical state (tests/fuzz.rs);
+//!   `run_bounded_on(.., Target::Galera)` does so on the Galera cluster.
 //! - [`cli`]: `heatsink(args)` and `Cli::new(args).stdin(..).env(..).run()` run the
 //!   binary's one-shot subcommands (exit code, stdout, stderr) with a time limit;
 //!   `migrate(rules, db, apply)`, `migrate_ok`; `run_limited(cmd, stdin, limit)` (a
@@ -55,6 +56,8 @@
 //! - `fixture.rs`: databases, rule TOML and the test environment.
 //! - `differential.rs`: the differential fuzzing harness.
 //! - `mariadb.rs`: template data directory, server start, watchdog, admin SQL.
+//! - `galera.rs`: a 3-node Galera cluster on loopback ([`galera::galera()`]), nodes run as
+//!   `mysql`, `kill9()` / `restart()` of a node.
 //! - `proxy.rs`: proxy process builder and lifecycle.
 //! - `rawclient.rs`: raw protocol client.
 //! - `packets.rs`: packet decoders.
@@ -66,6 +69,7 @@ pub mod cli;
 pub mod client;
 pub mod differential;
 pub mod fixture;
+pub mod galera;
 mod mariadb;
 pub mod packets;
 mod proxy;

@@ -1316,6 +1316,7 @@ mod tests {
                 in_transaction: false,
                 current_db: Some("shop"),
                 lexing: Some(crate::rewrite::Lexing::STANDARD),
+                share: None,
             },
         );
         let Decision::Rewrite(r) = d else {

@@ -792,6 +792,7 @@ mod tests {
                 in_transaction: false,
                 current_db: Some("shop"),
                 lexing: Some(crate::rewrite::Lexing::STANDARD),
+                share: None,
             },
         ) {
             Decision::Rewrite(r) => r,

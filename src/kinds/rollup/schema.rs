@@ -594,12 +594,13 @@ fn fixed_type_fits(have: &Column, want: &str) -> bool {
 /// is not an `AFTER` trigger of the right event on the log.
 async fn plan_triggers(conn: &mut Conn, rule: &CheckedRollup) -> SchemaResult<Vec<Trigger>> {
     let mut out = Vec::new();
+    let galera = crate::schema::on_galera(conn).await?;
     for event in super::triggers::EVENTS {
         let name = TableName {
             db: rule.log.db.clone(),
             name: suffixed_name(&rule.rollup.name, event.suffix()),
         };
-        let body = super::triggers::body(rule, event);
+        let body = super::triggers::body(rule, event, galera);
         let create = super::triggers::create_sql(rule, &name, event, &body);
         let state = match existing_trigger(conn, &name).await? {
             None => TriggerState::Missing,

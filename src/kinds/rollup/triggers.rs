@@ -115,10 +115,27 @@ pub(crate) fn on_duplicate(rule: &CheckedRollup) -> String {
     format!("ON DUPLICATE KEY UPDATE {}", adds.join(", "))
 }
 
+/// The slot a session's trigger writes: `CONNECTION_ID() % slots`. On a Galera node
+/// (`galera`), within the node's share of the slots, so that writes through
+/// different nodes never update the same rollup row (they would fail certification):
+/// Galera gives each node its own `auto_increment_offset` (its index + 1) and sets
+/// `auto_increment_increment` to the cluster size, so slot ≡ offset − 1 modulo the
+/// cluster size. On one server (increment 1, offset 1) it is the same as above.
+fn slot_expr(slots: u32, galera: bool) -> String {
+    if galera {
+        format!(
+            "((@@auto_increment_offset - 1) + @@auto_increment_increment * \
+             (CONNECTION_ID() % GREATEST(1, {slots} DIV @@auto_increment_increment))) % {slots}"
+        )
+    } else {
+        format!("CONNECTION_ID() % {slots}")
+    }
+}
+
 /// The upsert adding (`sign` "") or subtracting (`sign` "-") the row `row`.
-fn upsert(rule: &CheckedRollup, row: &str, sign: &str) -> String {
+fn upsert(rule: &CheckedRollup, row: &str, sign: &str, galera: bool) -> String {
     let mut values = group_exprs(rule, row);
-    values.push(format!("CONNECTION_ID() % {}", rule.spec.slots));
+    values.push(slot_expr(rule.spec.slots, galera));
     values.push(format!("{sign}1"));
     for c in counted(rule) {
         values.push(format!("{sign}({} IS NOT NULL)", col(row, c)));
@@ -150,11 +167,12 @@ fn read_columns(rule: &CheckedRollup) -> Vec<String> {
     cols
 }
 
-/// The trigger body (what follows `FOR EACH ROW`).
-pub(crate) fn body(rule: &CheckedRollup, event: Event) -> String {
+/// The trigger body (what follows `FOR EACH ROW`); `galera`: made on a Galera node
+/// (see [`slot_expr`]).
+pub(crate) fn body(rule: &CheckedRollup, event: Event, galera: bool) -> String {
     match event {
-        Event::Insert => upsert(rule, "NEW", ""),
-        Event::Delete => upsert(rule, "OLD", "-"),
+        Event::Insert => upsert(rule, "NEW", "", galera),
+        Event::Delete => upsert(rule, "OLD", "-", galera),
         Event::Update => {
             let same: Vec<String> = read_columns(rule)
                 .iter()
@@ -163,8 +181,8 @@ pub(crate) fn body(rule: &CheckedRollup, event: Event) -> String {
             format!(
                 "BEGIN IF NOT ({}) THEN {}; {}; END IF; END",
                 same.join(" AND "),
-                upsert(rule, "OLD", "-"),
-                upsert(rule, "NEW", "")
+                upsert(rule, "OLD", "-", galera),
+                upsert(rule, "NEW", "", galera)
             )
         }
     }
@@ -183,4 +201,21 @@ pub(crate) fn create_sql(
         event.sql(),
         rule.log.quoted()
     )
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::slot_expr;
+
+    #[test]
+    fn one_server_keeps_the_connection_id_slot() {
+        // Triggers installed before Galera support read the same: migrate finds them
+        // fitting.
+        assert_eq!(slot_expr(8, false), "CONNECTION_ID() % 8");
+        let g = slot_expr(6, true);
+        assert!(
+            g.contains("@@auto_increment_offset") && g.ends_with("% 6"),
+            "{g}"
+        );
+    }
 }

@@ -44,10 +44,16 @@ use crate::wire::resultset::ColumnDef;
 pub mod counter;
 pub mod logical;
 pub mod ring;
+pub mod partition;
 pub mod rollup;
 
 /// Every rule kind heatsink knows, in the order their rules are listed.
-pub static KINDS: &[&dyn Kind] = &[&counter::Counter, &ring::Ring, &rollup::Rollup];
+pub static KINDS: &[&dyn Kind] = &[
+    &counter::Counter,
+    &ring::Ring,
+    &rollup::Rollup,
+    &partition::Partition,
+];
 
 /// The merged-items metric of every kind that merges writes (group commit), in
 /// [`KINDS`] order: the order `/metrics` shows them.

@@ -62,14 +62,20 @@ impl KeyTimeSql {
     }
 
     /// The key's creation time in unix seconds (integer); only meaningful where
-    /// [`KeyTimeSql::readable`].
+    /// [`KeyTimeSql::readable`]. Numbers are converted only from text that is
+    /// digits (else from `'0'`): MariaDB evaluates constant parts of a DELETE's
+    /// condition on their own, and a conversion of other text would warn.
     pub fn seconds(&self, key: &str) -> String {
         let part = self.part(key);
+        let digits = |n: u32| {
+            format!("CAST(IF({part} REGEXP '^[0-9]{{1,{n}}}$', {part}, '0') AS UNSIGNED)")
+        };
         match self.kind {
-            KeyTime::Unix => format!("CAST({part} AS UNSIGNED)"),
-            KeyTime::UnixMs => format!("CAST({part} AS UNSIGNED) DIV 1000"),
+            KeyTime::Unix => digits(10),
+            KeyTime::UnixMs => format!("{} DIV 1000", digits(13)),
             KeyTime::Snowflake => format!(
-                "((CAST({part} AS UNSIGNED) >> 22) + {}) DIV 1000",
+                "(({} >> 22) + {}) DIV 1000",
+                digits(19),
                 self.epoch_ms
             ),
             KeyTime::UuidV7 => format!(
@@ -79,7 +85,7 @@ impl KeyTimeSql {
                 let digits: Vec<String> = (1..=10u32)
                     .map(|i| {
                         format!(
-                            "(LOCATE(UPPER(SUBSTR({part}, {i}, 1)), '{CROCKFORD}') - 1) * {}",
+                            "GREATEST(LOCATE(UPPER(SUBSTR({part}, {i}, 1)), '{CROCKFORD}') - 1, 0) * {}",
                             32u64.pow(10 - i)
                         )
                     })

@@ -441,7 +441,11 @@ impl Rule for PartitionRule {
     fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
         let interesting = matches!(
             stmt,
-            Statement::Query(_) | Statement::Update(_) | Statement::Delete(_) | Statement::Insert(_)
+            Statement::Query(_)
+                | Statement::Update(_)
+                | Statement::Delete(_)
+                | Statement::Insert(_)
+                | Statement::Explain { .. }
         );
         if !interesting {
             return Ok(None);
@@ -593,6 +597,19 @@ mod tests {
                 "{sql}: {:?}",
                 decide(&e, sql)
             );
+        }
+    }
+
+    #[test]
+    fn explain_shows_the_pruned_statement() {
+        let e = engine();
+        for sql in [
+            "EXPLAIN SELECT * FROM Messages WHERE UUID = 'x'",
+            "EXPLAIN FORMAT=JSON SELECT * FROM Messages WHERE UUID = 'x'",
+        ] {
+            let r = rewrite(&e, sql);
+            let printed = String::from_utf8_lossy(&r.statements[0]).into_owned();
+            assert!(printed.contains("`Messages`.`Inserted` BETWEEN"), "{printed}");
         }
     }
 

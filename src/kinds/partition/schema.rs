@@ -98,11 +98,9 @@ pub fn triggers(spec: &PartitionSpec, t: &TableName) -> Vec<(TableName, &'static
     let kt = super::key_time_sql(spec);
     let key = |row: &str| format!("{row}.{}", quote(&spec.key));
     let col = |row: &str| format!("{row}.{}", quote(&spec.column));
-    let datetime_guess = false;
-    let _ = datetime_guess;
     let msg = format!(
-        "heatsink rule ''{}'': {} must lie within the date of {} \u{b1} {} days (session time zone), else lookups by {} would not find the row",
-        spec.name, spec.column, spec.key, spec.tolerance_days, spec.key
+        "heatsink rule ''{}'': {} must lie within {} day(s) of the date the time in {} gives (in the session time zone), else lookups by {} would not find the row",
+        spec.name, spec.column, spec.tolerance_days, spec.key, spec.key
     );
     let check = |row: &str| {
         format!(

@@ -46,7 +46,11 @@ fn utc_date(t: i64) -> String {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { yoe + era * 400 + 1 } else { yoe + era * 400 };
+    let y = if m <= 2 {
+        yoe + era * 400 + 1
+    } else {
+        yoe + era * 400
+    };
     format!("{y:04}-{m:02}-{d:02}")
 }
 

@@ -43,8 +43,8 @@ use crate::wire::resultset::ColumnDef;
 
 pub mod counter;
 pub mod logical;
-pub mod ring;
 pub mod partition;
+pub mod ring;
 pub mod rollup;
 
 /// Every rule kind heatsink knows, in the order their rules are listed.

@@ -50,9 +50,7 @@ impl KeyTimeSql {
             KeyTime::UnixMs => format!("{part} REGEXP '^[0-9]{{1,13}}$'"),
             KeyTime::Snowflake => format!("{part} REGEXP '^[0-9]{{1,19}}$'"),
             KeyTime::UuidV7 => format!("{part} REGEXP '^[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-'"),
-            KeyTime::Ulid => format!(
-                "{part} REGEXP '^[0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{{9}}'"
-            ),
+            KeyTime::Ulid => format!("{part} REGEXP '^[0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{{9}}'"),
         };
         let matched = match &self.pattern {
             Some(p) => format!("{key} REGEXP '{p}' AND "),
@@ -67,9 +65,8 @@ impl KeyTimeSql {
     /// condition on their own, and a conversion of other text would warn.
     pub fn seconds(&self, key: &str) -> String {
         let part = self.part(key);
-        let digits = |n: u32| {
-            format!("CAST(IF({part} REGEXP '^[0-9]{{1,{n}}}$', {part}, '0') AS UNSIGNED)")
-        };
+        let digits =
+            |n: u32| format!("CAST(IF({part} REGEXP '^[0-9]{{1,{n}}}$', {part}, '0') AS UNSIGNED)");
         match self.kind {
             KeyTime::Unix => digits(10),
             KeyTime::UnixMs => format!("{} DIV 1000", digits(13)),

@@ -67,7 +67,12 @@ struct Types {
     key: KeyType,
     /// The partition column is a DATETIME or TIMESTAMP (not a DATE).
     datetime: bool,
+    /// The partition column has a default value (no NO_DEFAULT_VALUE flag).
+    has_default: bool,
 }
+
+/// Column flag: the column has no default value.
+const NO_DEFAULT_VALUE_FLAG: u16 = 0x1000;
 
 impl PartitionRule {
     /// Builds the rule from a validated spec.
@@ -97,15 +102,29 @@ impl PartitionRule {
                 KeyType::Integer
             }
             0x0f | 0xf9..=0xfe => KeyType::String,
-            t => return Err(format!("key column `{}` has type {t:#04x}; a partition rule needs a string or integer key", self.key)),
+            t => {
+                return Err(format!(
+                "key column `{}` has type {t:#04x}; a partition rule needs a string or integer key",
+                self.key
+            ))
+            }
         };
         let col = find(&self.column)?;
         let datetime = match col.column_type {
             types::DATE => false,
             types::DATETIME | types::TIMESTAMP => true,
-            t => return Err(format!("column `{}` has type {t:#04x}; a partition rule needs a DATE or DATETIME column", self.column)),
+            t => {
+                return Err(format!(
+                "column `{}` has type {t:#04x}; a partition rule needs a DATE or DATETIME column",
+                self.column
+            ))
+            }
         };
-        Ok(Types { key, datetime })
+        Ok(Types {
+            key,
+            datetime,
+            has_default: col.flags & NO_DEFAULT_VALUE_FLAG == 0,
+        })
     }
 }
 
@@ -176,8 +195,13 @@ impl Pruner<'_, '_> {
         let class = self.ctx.literal_class(inner);
         Some(matches!(
             (self.types.key, class),
-            (KeyType::String, Some(crate::rewrite::LiteralClass::String { .. }))
-                | (KeyType::Integer, Some(crate::rewrite::LiteralClass::Integer { .. }))
+            (
+                KeyType::String,
+                Some(crate::rewrite::LiteralClass::String { .. })
+            ) | (
+                KeyType::Integer,
+                Some(crate::rewrite::LiteralClass::Integer { .. })
+            )
         ))
     }
 
@@ -347,7 +371,9 @@ impl PartitionRule {
     /// An INSERT into the table that omits the partition column: the column is
     /// added, with the key's date (or time, for a DATETIME column) in the session's
     /// time zone; a key whose time cannot be read gets the column's default, as
-    /// the statement would have.
+    /// the statement would have (a column without a default gets NULL: the insert
+    /// then fails with 1048 where the statement would have failed with 1364, or
+    /// stores the zero date with that warning outside strict mode).
     fn plan_insert(
         &self,
         ins: &Insert,
@@ -360,7 +386,11 @@ impl PartitionRule {
         {
             return Ok(None);
         }
-        let Some(ki) = ins.columns.iter().position(|c| eq(&last_ident(c), &self.key)) else {
+        let Some(ki) = ins
+            .columns
+            .iter()
+            .position(|c| eq(&last_ident(c), &self.key))
+        else {
             return Ok(None);
         };
         let Some(src) = &ins.source else {
@@ -395,11 +425,12 @@ impl PartitionRule {
             } else {
                 self.time.date(&k)
             };
-            let sql = format!(
-                "SELECT IF({}, {when}, DEFAULT({}))",
-                self.time.readable(&k),
-                quote(&self.column)
-            );
+            let otherwise = if types.has_default {
+                format!("DEFAULT({})", quote(&self.column))
+            } else {
+                "NULL".to_string()
+            };
+            let sql = format!("SELECT IF({}, {when}, {otherwise})", self.time.readable(&k));
             let mut v = parse(&sql)?;
             let Some(Statement::Query(q)) = v.pop() else {
                 return Err("internal error: fill expression is not a query".into());
@@ -522,7 +553,10 @@ mod tests {
     #[test]
     fn lookups_by_key_get_the_partition_predicate() {
         let e = engine();
-        let r = rewrite(&e, &format!("SELECT Message FROM Messages WHERE UUID = {K}"));
+        let r = rewrite(
+            &e,
+            &format!("SELECT Message FROM Messages WHERE UUID = {K}"),
+        );
         assert_sql(
             &r,
             &[&format!(
@@ -542,7 +576,10 @@ mod tests {
                 range("'b'", "`m`.`Inserted`")
             )],
         );
-        let r = rewrite(&e, &format!("UPDATE Messages SET Message = '{{}}' WHERE {K} = UUID LIMIT 1"));
+        let r = rewrite(
+            &e,
+            &format!("UPDATE Messages SET Message = '{{}}' WHERE {K} = UUID LIMIT 1"),
+        );
         assert_sql(
             &r,
             &[&format!(
@@ -609,7 +646,10 @@ mod tests {
         ] {
             let r = rewrite(&e, sql);
             let printed = String::from_utf8_lossy(&r.statements[0]).into_owned();
-            assert!(printed.contains("`Messages`.`Inserted` BETWEEN"), "{printed}");
+            assert!(
+                printed.contains("`Messages`.`Inserted` BETWEEN"),
+                "{printed}"
+            );
         }
     }
 
@@ -622,7 +662,7 @@ mod tests {
         );
         let spec: Vec<PartitionSpec> = crate::kinds::entries(RULE, "partition").unwrap();
         let kt = super::super::key_time_sql(&spec[0]);
-        let fill = |k: &str| format!("IF({}, {}, DEFAULT(`Inserted`))", kt.readable(k), kt.date(k));
+        let fill = |k: &str| format!("IF({}, {}, NULL)", kt.readable(k), kt.date(k));
         assert_sql(
             &r,
             &[&format!(

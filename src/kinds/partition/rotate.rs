@@ -24,13 +24,13 @@ use crate::kinds::{JobContext, JobReport};
 use crate::schema::{emit, resolve_tables};
 
 /// Attempts of one DDL statement whose lock was not granted.
-pub const DDL_ATTEMPTS: u32 = 8;
+pub const DDL_ATTEMPTS: u32 = 12;
 /// Pause after the first refused attempt; doubled after each, at most [`MAX_PAUSE`].
-pub const FIRST_PAUSE: Duration = Duration::from_millis(250);
+pub const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// Longest pause between attempts.
 pub const MAX_PAUSE: Duration = Duration::from_secs(4);
 /// Seconds a rotation statement waits for its table lock (`lock_wait_timeout`).
-pub const LOCK_WAIT_SECONDS: u32 = 1;
+pub const LOCK_WAIT_SECONDS: u32 = 0;
 
 /// A day as a count of days since 1970-01-01 (proleptic Gregorian).
 pub type Day = i64;
@@ -64,7 +64,15 @@ pub fn civil(z: Day) -> (i64, i64, i64) {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (if m <= 2 { yoe + era * 400 + 1 } else { yoe + era * 400 }, m, d)
+    (
+        if m <= 2 {
+            yoe + era * 400 + 1
+        } else {
+            yoe + era * 400
+        },
+        m,
+        d,
+    )
 }
 
 /// `YYYY-MM-DD`.
@@ -116,20 +124,26 @@ pub fn plan(
 ) -> RotationPlan {
     let mut out = RotationPlan::default();
     let keep_from = today - i64::from(spec.retention_days);
-    let bounded: Vec<&(String, Day)> = layout.bounded.iter().collect();
-    // Never drop every bounded partition: the last one stays.
-    for (name, upper) in bounded.iter().take(bounded.len().saturating_sub(1)) {
-        if *upper <= keep_from {
-            out.drop.push(name.clone());
-        }
-    }
     let want_last = today + i64::from(spec.premake);
-    let first_new = layout.bounded.last().map_or(today, |(_, upper)| *upper);
+    // Days are added from the last partition's end, or from the first kept day
+    // when that is later (the first new partition then also holds the days
+    // before it, which are expired anyway).
+    let first_new = layout
+        .bounded
+        .last()
+        .map_or(today, |(_, upper)| *upper)
+        .max(keep_from);
     let new = if first_new <= want_last {
         day_partitions(first_new..=want_last)
     } else {
         Vec::new()
     };
+    let last = layout.bounded.last().map(|(name, _)| name.clone());
+    for (name, upper) in &layout.bounded {
+        if *upper <= keep_from {
+            out.drop.push(name.clone());
+        }
+    }
     match (&layout.catch_all, new.is_empty()) {
         (Some(_), true) => {}
         (Some(pmax), false) if catch_all_empty => {
@@ -154,6 +168,10 @@ pub fn plan(
                 parts.join(", ")
             ));
         }
+    }
+    // A RANGE table keeps at least one bounded partition.
+    if out.add.is_none() {
+        out.drop.retain(|n| Some(n) != last.as_ref());
     }
     out
 }
@@ -208,7 +226,10 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
         .await
         .or_err(Source::Backend, || "reading CURDATE()".to_string())?;
     let today = today.as_deref().and_then(parse_day).ok_or_else(|| {
-        Error::new(Source::Backend, "CURDATE() did not answer a date".to_string())
+        Error::new(
+            Source::Backend,
+            "CURDATE() did not answer a date".to_string(),
+        )
     })?;
     let catch_all_empty = match &layout.catch_all {
         Some(p) => {
@@ -229,11 +250,17 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
     let p = plan(spec, &table.quoted(), &layout, today, catch_all_empty);
     let mut failed = Vec::new();
     let mut added = 0;
+    let mut drop = p.drop.clone();
     if let Some(add) = &p.add {
         emit(ctx.out, &format!("{add};"))?;
         match run_ddl(ctx.conn, &spec.name, add).await {
             Ok(_) => added = add.matches("VALUES LESS THAN ('").count(),
-            Err(e) => failed.push(e.to_string()),
+            Err(e) => {
+                failed.push(e.to_string());
+                // Without the new partitions, the last bounded one stays.
+                let last = layout.bounded.last().map(|(n, _)| n.clone());
+                drop.retain(|n| Some(n) != last.as_ref());
+            }
         }
     }
     if let Some(b) = p.blocked {
@@ -241,7 +268,11 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
     }
     let mut dropped = 0;
     if !p.drop.is_empty() {
-        let quoted: Vec<String> = p.drop.iter().map(|n| crate::rules::spec::quote(n)).collect();
+        let quoted: Vec<String> = p
+            .drop
+            .iter()
+            .map(|n| crate::rules::spec::quote(n))
+            .collect();
         let sql = format!(
             "ALTER TABLE {} DROP PARTITION {}",
             table.quoted(),
@@ -249,7 +280,7 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
         );
         emit(ctx.out, &format!("{sql};"))?;
         match run_ddl(ctx.conn, &spec.name, &sql).await {
-            Ok(_) => dropped = p.drop.len(),
+            Ok(_) => dropped = drop.len(),
             Err(e) => failed.push(e.to_string()),
         }
     }
@@ -270,11 +301,20 @@ mod tests {
 
     #[test]
     fn days_round_trip() {
-        for s in ["1970-01-01", "2024-02-29", "2024-03-01", "2000-12-31", "1999-01-01"] {
+        for s in [
+            "1970-01-01",
+            "2024-02-29",
+            "2024-03-01",
+            "2000-12-31",
+            "1999-01-01",
+        ] {
             assert_eq!(day_sql(parse_day(s).unwrap()), s);
         }
         assert_eq!(parse_day("1970-01-02"), Some(1));
-        assert_eq!(partition_name(parse_day("2024-11-24").unwrap()), "p20241124");
+        assert_eq!(
+            partition_name(parse_day("2024-11-24").unwrap()),
+            "p20241124"
+        );
     }
 
     fn spec() -> PartitionSpec {
@@ -310,6 +350,15 @@ mod tests {
         );
         let busy = plan(&spec(), "`Messages`", &layout, d("2024-11-25"), false);
         assert!(busy.add.is_none() && busy.blocked.is_some());
+        // Far behind: the first new partition starts at the first kept day, and
+        // every old one goes.
+        let late = plan(&spec(), "`Messages`", &layout, d("2024-12-25"), true);
+        assert_eq!(late.drop.len(), 6);
+        assert!(late
+            .add
+            .as_deref()
+            .unwrap()
+            .contains("INTO (PARTITION p20241222 VALUES LESS THAN ('2024-12-23'), "));
         let none = Layout {
             catch_all: None,
             ..layout

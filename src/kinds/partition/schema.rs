@@ -11,7 +11,8 @@
 //! (`BEFORE UPDATE`, when the key or the column changes), refuse such a row with
 //! error 1105 (SQLSTATE HY000) naming the rule, whoever writes it (through heatsink
 //! or not); the statement then writes nothing. A key whose time cannot be read is
-//! stored with any value (its lookups are not pruned). Dates are taken in the
+//! stored with any value (its lookups are not pruned); a NULL in the column with
+//! such a key is left to the column's own constraint. Dates are taken in the
 //! writer's session time zone, as lookups take them in theirs.
 
 use std::io::Write;
@@ -27,8 +28,8 @@ use crate::error::{OrErr, Result, Source};
 use crate::kinds::{Migration, SchemaError};
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
-    emit, existing_trigger, inspect_base_table, normalize, resolve_tables, run_sql,
-    suffixed_name, text, Table,
+    emit, existing_trigger, inspect_base_table, normalize, resolve_tables, run_sql, suffixed_name,
+    text, Table,
 };
 
 /// Largest table `migrate --apply` partitions in place (an `ALTER TABLE` that copies
@@ -56,7 +57,9 @@ pub async fn partitions(conn: &mut Conn, t: &TableName, column: &str) -> Result<
             (t.db.clone().unwrap_or_default(), t.name.clone()),
         )
         .await
-        .or_err(Source::Backend, || format!("reading the partitions of {}", t.quoted()))?;
+        .or_err(Source::Backend, || {
+            format!("reading the partitions of {}", t.quoted())
+        })?;
     let mut layout = Layout {
         bounded: Vec::new(),
         catch_all: None,
@@ -84,7 +87,10 @@ pub async fn partitions(conn: &mut Conn, t: &TableName, column: &str) -> Result<
             let day = parse_day(&desc).ok_or_else(|| {
                 crate::error::Error::new(
                     Source::Backend,
-                    format!("partition {name} of {} ends at {desc}, not at a day", t.quoted()),
+                    format!(
+                        "partition {name} of {} ends at {desc}, not at a day",
+                        t.quoted()
+                    ),
                 )
             })?;
             layout.bounded.push((name, day));
@@ -104,8 +110,10 @@ pub fn triggers(spec: &PartitionSpec, t: &TableName) -> Vec<(TableName, &'static
     );
     let check = |row: &str| {
         format!(
-            "IF NOT COALESCE({}, FALSE) THEN SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1105, MESSAGE_TEXT = '{msg}'; END IF;",
-            kt.range(&key(row), &col(row), spec.tolerance_days, true)
+            "IF NOT COALESCE({}, FALSE) AND ({} IS NOT NULL OR COALESCE({}, FALSE)) THEN SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1105, MESSAGE_TEXT = '{msg}'; END IF;",
+            kt.range(&key(row), &col(row), spec.tolerance_days, true),
+            col(row),
+            kt.readable(&key(row))
         )
     };
     let name = |suffix: &str| TableName {
@@ -167,9 +175,13 @@ pub async fn check(
     let refuse = SchemaError::Refused;
     let (table, _) = resolve_tables(&spec.table, &[], default_db)?;
     let desc = inspect_base_table(conn, &table).await?;
-    let key = desc
-        .column(&spec.key)
-        .ok_or_else(|| refuse(format!("key `{}` is not a column of {}", spec.key, table.quoted())))?;
+    let key = desc.column(&spec.key).ok_or_else(|| {
+        refuse(format!(
+            "key `{}` is not a column of {}",
+            spec.key,
+            table.quoted()
+        ))
+    })?;
     let keyed = key.data_type.contains("char")
         || key.data_type.contains("binary")
         || key.is_integer()
@@ -181,7 +193,11 @@ pub async fn check(
         )));
     }
     let col = desc.column(&spec.column).ok_or_else(|| {
-        refuse(format!("column `{}` is not a column of {}", spec.column, table.quoted()))
+        refuse(format!(
+            "column `{}` is not a column of {}",
+            spec.column,
+            table.quoted()
+        ))
     })?;
     if !matches!(col.data_type.as_str(), "date" | "datetime") {
         return Err(refuse(format!(
@@ -242,10 +258,9 @@ impl PartitionMigration {
                 true
             )
         );
-        let n: Option<u64> = conn
-            .query_first(&sql)
-            .await
-            .or_err(Source::Backend, || format!("counting stray rows of {}", self.table.quoted()))?;
+        let n: Option<u64> = conn.query_first(&sql).await.or_err(Source::Backend, || {
+            format!("counting stray rows of {}", self.table.quoted())
+        })?;
         Ok(n.unwrap_or(0))
     }
 
@@ -260,13 +275,23 @@ impl PartitionMigration {
                 t = self.table.quoted()
             ))
             .await
-            .or_err(Source::Backend, || format!("reading {}", self.table.quoted()))?
+            .or_err(Source::Backend, || {
+                format!("reading {}", self.table.quoted())
+            })?
             .unwrap_or((None, None, None));
         let today = today.as_deref().and_then(parse_day).unwrap_or(0);
-        let first = first.as_deref().and_then(parse_day).unwrap_or(today).min(today);
+        let first = first
+            .as_deref()
+            .and_then(parse_day)
+            .unwrap_or(today)
+            .min(today);
         let mut alter = Vec::new();
         let col = &self.spec.column;
-        let has_ai = self.desc.columns.iter().any(|c| c.extra.contains("auto_increment"));
+        let has_ai = self
+            .desc
+            .columns
+            .iter()
+            .any(|c| c.extra.contains("auto_increment"));
         for (name, cols) in &self.desc.unique {
             if cols.iter().any(|c| c.eq_ignore_ascii_case(col)) {
                 continue;
@@ -283,13 +308,21 @@ impl PartitionMigration {
                 if random_pk {
                     alter.push("ADD COLUMN `hs_id` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT INVISIBLE FIRST".into());
                     alter.push(format!("ADD PRIMARY KEY (`hs_id`, {})", quote(col)));
-                    alter.push(format!("ADD UNIQUE KEY {} ({})", quote(&format!("{}_key", self.spec.key)), extended.join(", ")));
+                    alter.push(format!(
+                        "ADD UNIQUE KEY {} ({})",
+                        quote(&format!("{}_key", self.spec.key)),
+                        extended.join(", ")
+                    ));
                 } else {
                     alter.push(format!("ADD PRIMARY KEY ({})", extended.join(", ")));
                 }
             } else {
                 alter.push(format!("DROP INDEX {}", quote(name)));
-                alter.push(format!("ADD UNIQUE KEY {} ({})", quote(name), extended.join(", ")));
+                alter.push(format!(
+                    "ADD UNIQUE KEY {} ({})",
+                    quote(name),
+                    extended.join(", ")
+                ));
             }
         }
         let mut parts = day_partitions(first..=today + i64::from(self.spec.premake));
@@ -331,7 +364,10 @@ impl Migration for PartitionMigration {
             Some(_) => {}
         }
         for (name, _) in &self.create {
-            out.push((Severity::Error, format!("trigger {} is missing", name.quoted())));
+            out.push((
+                Severity::Error,
+                format!("trigger {} is missing", name.quoted()),
+            ));
         }
         let strays = self.strays(conn).await?;
         if strays > 0 {
@@ -362,13 +398,18 @@ impl Migration for PartitionMigration {
                     "-- {} holds {rows} rows (more than {APPLY_MAX_ROWS}): not partitioned in place; run online:",
                     self.table.quoted()
                 ))?;
-                let alter = sql.split_once(&format!("ALTER TABLE {} ", self.table.quoted())).map_or(sql.as_str(), |(_, a)| a);
-                emit(out, &format!(
-                    "-- pt-online-schema-change --alter \"{}\" D={},t={} --execute",
-                    alter.replace('`', ""),
-                    self.table.db.as_deref().unwrap_or_default(),
-                    self.table.name
-                ))?;
+                let alter = sql
+                    .split_once(&format!("ALTER TABLE {} ", self.table.quoted()))
+                    .map_or(sql.as_str(), |(_, a)| a);
+                emit(
+                    out,
+                    &format!(
+                        "-- pt-online-schema-change --alter \"{}\" D={},t={} --execute",
+                        alter.replace('`', ""),
+                        self.table.db.as_deref().unwrap_or_default(),
+                        self.table.name
+                    ),
+                )?;
             } else {
                 emit(out, &format!("{sql};"))?;
                 if apply {
@@ -376,7 +417,10 @@ impl Migration for PartitionMigration {
                 }
             }
         } else {
-            emit(out, &format!("-- {} is partitioned by day", self.table.quoted()))?;
+            emit(
+                out,
+                &format!("-- {} is partitioned by day", self.table.quoted()),
+            )?;
         }
         for (_, sql) in &self.create {
             emit(out, &format!("{sql};"))?;

@@ -137,7 +137,9 @@ impl PartitionSpec {
                 return Err("snowflake_epoch_ms is required when key_time = \"snowflake\"".into())
             }
             (KeyTime::Snowflake, Some(e)) if e > 4_102_444_800_000 => {
-                return Err("snowflake_epoch_ms must be a unix time in milliseconds before 2100".into())
+                return Err(
+                    "snowflake_epoch_ms must be a unix time in milliseconds before 2100".into(),
+                )
             }
             (KeyTime::Snowflake, Some(_)) | (_, None) => {}
             (_, Some(_)) => {
@@ -158,7 +160,10 @@ fn check_pattern(p: &str) -> Result<(), String> {
     if p.is_empty() || p.len() > MAX_PATTERN {
         return Err(format!("must be 1 to {MAX_PATTERN} characters"));
     }
-    if let Some(c) = p.chars().find(|c| matches!(c, '\'' | '"' | '\\' | '`') || c.is_control()) {
+    if let Some(c) = p
+        .chars()
+        .find(|c| matches!(c, '\'' | '"' | '\\' | '`') || c.is_control())
+    {
         return Err(format!(
             "may not contain {c:?} (write character classes such as [0-9] instead of escapes)"
         ));

@@ -559,3 +559,92 @@ fn rotation_ddl_never_stalls_the_application() {
         let _ = rot.disconnect().await;
     });
 }
+
+/// Crockford base-32 of the low 50 bits of `v`, 10 characters (a ULID's time).
+fn crockford(mut v: u64) -> String {
+    const A: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+    let mut out = [b'0'; 10];
+    for c in out.iter_mut().rev() {
+        *c = A[(v % 32) as usize];
+        v /= 32;
+    }
+    String::from_utf8(out.to_vec()).unwrap()
+}
+
+#[test]
+fn every_key_encoding_prunes() {
+    // 2024-11-24 00:00:00.123 UTC: a key of the first moment of its day.
+    let ms: u64 = 1_732_406_400_123;
+    let epoch: u64 = 1_288_834_974_657;
+    let hex = format!("{ms:012x}");
+    let cases: Vec<(&str, &str, String, &str)> = vec![
+        ("unix_ms", "VARCHAR(40)", ms.to_string(), ""),
+        (
+            "uuid_v7",
+            "CHAR(36)",
+            format!("{}-{}-7abc-8def-0123456789ab", &hex[..8], &hex[8..]),
+            "",
+        ),
+        (
+            "ulid",
+            "CHAR(26)",
+            format!("{}ABCDEFGHJKMNPQRS", crockford(ms)).to_lowercase(),
+            "",
+        ),
+        (
+            "snowflake",
+            "BIGINT UNSIGNED",
+            (((ms - epoch) << 22) | 12_345).to_string(),
+            "snowflake_epoch_ms = 1288834974657\n",
+        ),
+        (
+            "unix",
+            "VARCHAR(40)",
+            format!("x-{}-y", ms / 1000),
+            "key_pattern = \"-([0-9]{10})-\"\n",
+        ),
+    ];
+    for (kind, ty, k, extra) in cases {
+        let db = format!("part_enc_{kind}");
+        let ddl = messages_ddl("")
+            .replace("UUID VARCHAR(40)", &format!("K {ty}"))
+            .replace("UNIQUE KEY (UUID,", "UNIQUE KEY (K,");
+        let literal = if ty.starts_with("BIGINT") {
+            k.clone()
+        } else {
+            format!("'{k}'")
+        };
+        let toml = format!(
+            "[[partition]]\nname = \"by_{kind}\"\ntable = \"Messages\"\nkey = \"K\"\nkey_time = \"{kind}\"\n\
+             column = \"Inserted\"\nretention_days = 30\n{extra}"
+        );
+        let env = Env::builder(db)
+            .schema(format!(
+                "{ddl} INSERT INTO Messages (K, Message, Inserted) VALUES ({literal}, '{{}}', '2024-11-24');"
+            ))
+            .rule("p.toml", toml)
+            .migrate()
+            .start();
+        run(Duration::from_secs(60), async {
+            let mut p = env.proxied().await;
+            p.query_drop("SET time_zone = '+00:00'").await.unwrap();
+            let sql = format!("SELECT Message FROM Messages WHERE K = {literal}");
+            let n = explain_text(&mut p, &sql).await;
+            assert!((1..=3).contains(&n), "{kind}: {n} partitions");
+            let found: Vec<String> = p.query(&sql).await.unwrap();
+            assert_eq!(found.len(), 1, "{kind}");
+            // The insert check reads the same time: a day off by two is refused.
+            let e = p
+                .query_drop(format!(
+                    "INSERT INTO Messages (K, Message, Inserted) VALUES ({literal}, '{{}}', '2024-11-27')"
+                ))
+                .await
+                .unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains(&format!("heatsink rule 'by_{kind}'")),
+                "{kind}: {e}"
+            );
+        });
+    }
+}

@@ -648,3 +648,46 @@ fn every_key_encoding_prunes() {
         });
     }
 }
+
+/// `heatsink serve --maintain-url` runs the rotation itself, every interval; two
+/// proxies share the work through the job's named lock.
+#[test]
+fn serve_rotates_partitions_periodically() {
+    let db = "part_serve";
+    fresh_db(db, &rotation_ddl());
+    let rules = rules_dir("p.toml", &rule());
+    migrate_ok(rules.path(), db, true);
+    let start = |_: u8| {
+        common::Proxy::builder()
+            .rules_dir(rules.path())
+            .arg("--maintain-url")
+            .arg(mariadb().url(db))
+            .arg("--maintain-interval")
+            .arg("1")
+            .start()
+    };
+    let proxies = [start(0), start(1)];
+    // The server's clock is today: a partition for each day up to today + 3.
+    let want = scalar("SELECT CAST(CURDATE() + INTERVAL 4 DAY AS CHAR)").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let last = scalar(&format!(
+            "SELECT MAX(PARTITION_DESCRIPTION) FROM information_schema.PARTITIONS \
+             WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = 'Messages' AND PARTITION_DESCRIPTION <> 'MAXVALUE'"
+        ));
+        if last.as_deref().map(|d| d.trim_matches('\'')) == Some(want.as_str()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no rotation within 30 s (last bound {last:?}, want {want})\n{}\n{}",
+            proxies[0].log_text(),
+            proxies[1].log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Old days (2025-01-01 is long expired) are dropped, the catch-all is kept.
+    assert!(partition_count(db) <= 30 + 3 + 2);
+    let logs = format!("{}{}", proxies[0].log_text(), proxies[1].log_text());
+    assert!(logs.contains("partitions added"), "{logs}");
+}

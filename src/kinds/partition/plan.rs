@@ -481,8 +481,11 @@ impl Rule for PartitionRule {
         if !interesting {
             return Ok(None);
         }
-        let meta = self.logical.columns(ctx)?;
-        let types = self.types(&meta)?;
+        // The rule only ever prunes: when the table's columns do not fit it (or
+        // no database is selected), statements pass through, counted.
+        let Ok(types) = self.logical.columns(ctx).and_then(|m| self.types(&m)) else {
+            return Ok(Some(Plan::fallback()));
+        };
         if let Statement::Insert(ins) = stmt {
             let sqlparser::ast::TableObject::TableName(name) = &ins.table else {
                 return Ok(None);
@@ -651,6 +654,26 @@ mod tests {
                 "{printed}"
             );
         }
+    }
+
+    #[test]
+    fn a_table_that_does_not_fit_the_rule_passes_statements_through() {
+        let spec: Vec<PartitionSpec> = crate::kinds::entries(RULE, "partition").unwrap();
+        let e = Engine::new(vec![Arc::new(PartitionRule::new(&spec[0]).unwrap())], 100).unwrap();
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[
+                col("Messages", "UUID", 0xfd, 0x1001),
+                col("Messages", "Day", types::DATE, 0),
+            ],
+        );
+        let sql = "SELECT * FROM Messages WHERE UUID = 'x-1732406400-y'";
+        assert!(
+            matches!(decide(&e, sql), Decision::Fallback(_)),
+            "{:?}",
+            decide(&e, sql)
+        );
     }
 
     #[test]

@@ -413,7 +413,9 @@ impl PartitionRule {
             return Ok(None);
         };
         for (row, new_row) in values.rows.iter().zip(new_values.rows.iter_mut()) {
-            let Some(k) = row.get(ki) else {
+            // Only a value (literal or parameter): an expression such as `UUID()`
+            // would be evaluated again, differently, for the column.
+            let Some(k) = row.get(ki).filter(|k| crate::rewrite::shape::is_value(k)) else {
                 return Ok(None);
             };
             if row.len() != ins.columns.len() {
@@ -630,6 +632,7 @@ mod tests {
             "SELECT * FROM Messages WHERE ID = 5",
             "SELECT * FROM Messages WHERE UUID = 'x' OR ID = 5",
             "SELECT * FROM Messages WHERE UUID = NULL",
+            "INSERT INTO Messages (UUID, Message) VALUES (UUID(), '{}')",
             "INSERT INTO Messages (UUID, Message, Inserted) VALUES ('a', '{}', '2024-01-01')",
         ] {
             assert!(

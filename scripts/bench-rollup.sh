@@ -3,9 +3,10 @@
 #   1. a `plays` log of ROWS rows (default 5000000) over the last two years, one hot
 #      track (123) with HOT_ROWS plays (default 500000), the rest on 100,000 cold
 #      tracks, 10 countries; filled with INSERT … SELECT FROM seq_1_to_N.
-#   2. two [[rollup]] rules on it (plays_by_hour: hour, [track_id];
+#   2. two [[rollup]] rules on it (plays_by_country_hour: hour, [track_id, country];
 #      plays_by_country_day: day, [track_id, country]), created and backfilled by
-#      `heatsink migrate --apply` (timed).
+#      `heatsink migrate --apply` (timed). The day rollup answers the reads, taking
+#      the whole hours of the ragged edges from the hour rollup.
 #   3. the 7-day and 30-day per-country reads of the hot track, directly and through
 #      heatsink: median latency of the load generator at 1 connection for
 #      READ_DURATION seconds (default 5), and the two answers compared.
@@ -14,7 +15,10 @@
 #      order rotated, medians):
 #        bare       the same table in database `bare`, no rules, no triggers, directly
 #        bare_hs    the same through heatsink (no rule names that table: passthrough)
-#        rollup_hs  the log with the two rollups, through heatsink
+#        rollup_hs  the log with the two rollups, through heatsink (concurrent
+#                   inserts merged: the rules' default coalesce)
+#        rollup_hs1 the same through a second heatsink whose rules say
+#                   coalesce = false (one insert, one statement)
 #        rollup     (reference) the log with the two rollups, directly
 #      for each rule `slots` setting in SLOTS (default "8"; e.g. SLOTS="8 64": every
 #      later setting drops the rollups and their triggers and migrates again).
@@ -91,13 +95,14 @@ hs_tmpdir_into rules rules-rollup
 write_rules() {
   cat >"$rules/rollup.toml" <<EOF
 [[rollup]]
-name = "plays_by_hour"
+name = "plays_by_country_hour"
 table = "logs.plays"
-rollup_table = "logs.plays_by_hour"
+rollup_table = "logs.plays_by_country_hour"
 time = "created_at"
 bucket = "hour"
-dimensions = ["track_id"]
+dimensions = ["track_id", "country"]
 slots = $1
+coalesce = $2
 
 [[rollup]]
 name = "plays_by_country_day"
@@ -107,7 +112,17 @@ time = "created_at"
 bucket = "day"
 dimensions = ["track_id", "country"]
 slots = $1
+coalesce = $2
 EOF
+}
+# The same rules without group commit, for the second heatsink.
+rules1=""
+hs_tmpdir_into rules1 rules-rollup-unmerged
+write_rules1() {
+  local saved=$rules
+  rules=$rules1
+  write_rules "$1" false
+  rules=$saved
 }
 drop_rollups() {
   local t
@@ -115,19 +130,20 @@ drop_rollups() {
       WHERE EVENT_OBJECT_SCHEMA = 'logs' AND EVENT_OBJECT_TABLE = 'plays'"); do
     mariadb_root logs -e "DROP TRIGGER $t"
   done
-  mariadb_root logs -e "DROP TABLE IF EXISTS plays_by_hour, plays_by_country_day"
+  mariadb_root logs -e "DROP TABLE IF EXISTS plays_by_country_hour, plays_by_country_day"
 }
 # migrate SLOTS -> creates and backfills both rollups; sets migrate_s.
 migrate() {
   local t0 t1
-  write_rules "$1"
+  write_rules "$1" true
+  write_rules1 "$1"
   t0=$(date +%s.%N)
   "$HEATSINK_BIN" migrate --rules "$rules" --backend-url "$(url "$MARIADB_PORT" logs)" --apply >"$sqldir/migrate.log" 2>&1 ||
     { cat "$sqldir/migrate.log" >&2; hs_die "heatsink migrate --apply failed"; }
   t1=$(date +%s.%N)
   migrate_s=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$t0" "$t1")
   hs_log "migrate --apply (slots $1): ${migrate_s}s, rollup rows: $(mariadb_root -N logs -e \
-    "SELECT (SELECT COUNT(*) FROM plays_by_hour), (SELECT COUNT(*) FROM plays_by_country_day)" | tr '\t' ' ')"
+"SELECT (SELECT COUNT(*) FROM plays_by_country_hour), (SELECT COUNT(*) FROM plays_by_country_day)" | tr '\t' ' ')"
 }
 
 sqldir=""
@@ -170,13 +186,13 @@ check_rollup() {
 }
 verify() {
   local slots=$1 h d total
-  h=$(check_rollup plays_by_hour track_id '%Y-%m-%d %H:00:00' \
-    '(track_id IS NULL) | ((created_at IS NULL) << 31)' 'IFNULL(track_id, 0)')
+  h=$(check_rollup plays_by_country_hour 'track_id, country' '%Y-%m-%d %H:00:00' \
+    '(track_id IS NULL) | ((country IS NULL) << 1) | ((created_at IS NULL) << 31)' "IFNULL(track_id, 0), IFNULL(country, '')")
   d=$(check_rollup plays_by_country_day 'track_id, country' '%Y-%m-%d' \
     '(track_id IS NULL) | ((country IS NULL) << 1) | ((created_at IS NULL) << 31)' "IFNULL(track_id, 0), IFNULL(country, '')")
-  total=$(mariadb_root -N logs -e "SELECT (SELECT COUNT(*) FROM plays), (SELECT SUM(hs_rows) FROM plays_by_hour), (SELECT SUM(hs_rows) FROM plays_by_country_day)" | tr '\t' ' ')
+  total=$(mariadb_root -N logs -e "SELECT (SELECT COUNT(*) FROM plays), (SELECT SUM(hs_rows) FROM plays_by_country_hour), (SELECT SUM(hs_rows) FROM plays_by_country_day)" | tr '\t' ' ')
   printf '%s\t%s\t%s\t%s\n' "$slots" "$h" "$d" "$total" >>"$checks"
-  hs_log "check (slots $slots): groups differing from the log: plays_by_hour $h, plays_by_country_day $d; rows log/hour/day: $total"
+  hs_log "check (slots $slots): groups differing from the log: plays_by_country_hour $h, plays_by_country_day $d; rows log/hour/day: $total"
 }
 
 for slots in $SLOTS; do
@@ -184,11 +200,14 @@ for slots in $SLOTS; do
   [[ $slots == "${SLOTS%% *}" ]] && first=1
   ((first)) || {
     heatsink_stop
+    hs_stop_pid "$HS1_PID"
     drop_rollups
   }
   migrate "$slots"
   printf '%s\t%s\n' "$slots" "$migrate_s" >>"$migrations"
   METRICS_PORT=$(hs_free_port)
+  HS_RULES_DIR=$rules1 heatsink_start "$MARIADB_PORT"
+  HS1_PORT=$HEATSINK_PORT HS1_PID=$HEATSINK_PID
   HS_RULES_DIR=$rules heatsink_start "$MARIADB_PORT" --metrics "127.0.0.1:$METRICS_PORT"
 
   if ((first)); then
@@ -218,13 +237,14 @@ for slots in $SLOTS; do
 
   # Inserts, legs interleaved and rotated per round.
   for ((round = 1; round <= ROUNDS; round++)); do
-    legs=(bare bare_hs rollup_hs rollup)
+    legs=(bare bare_hs rollup_hs rollup_hs1 rollup)
     for ((i = 0; i < ${#legs[@]}; i++)); do
       leg=${legs[$(((i + round - 1) % ${#legs[@]}))]}
       case $leg in
         bare) u=$(url "$MARIADB_PORT" bare) ;;
         bare_hs) u=$(url "$HEATSINK_PORT" bare) ;;
         rollup_hs) u=$(url "$HEATSINK_PORT" logs) ;;
+        rollup_hs1) u=$(url "$HS1_PORT" logs) ;;
         rollup) u=$(url "$MARIADB_PORT" logs) ;;
       esac
       json=$(loadgen "$u" "$leg" -c "$CONNS" -d "$DURATION" --sql-file "$sqldir/insert.sql" --mix round-robin)
@@ -264,8 +284,9 @@ lines = [
     f" filled in {fill_s} s by `INSERT … SELECT … FROM seq_1_to_N`, in time order (ids grow with `created_at`), evenly over"
     f" the last 730 days; track 123 has {int(hot_rows):,} plays (every {int(log_rows) // int(hot_rows)}th row), the others on"
     " 100,000 cold tracks; 10 countries at random",
-    "- rules: `plays_by_hour` (bucket hour, dimensions [track_id]) and `plays_by_country_day` (bucket day, dimensions"
-    " [track_id, country]), created by `heatsink migrate --apply` after the log was filled (triggers + backfill of both): "
+    "- rules: `plays_by_country_hour` (bucket hour) and `plays_by_country_day` (bucket day), both with dimensions"
+    " [track_id, country]; the day rollup answers the reads and takes the whole hours of their ragged edges from the hour"
+    " rollup, the log only the partial hours; created by `heatsink migrate --apply` after the log was filled (triggers + backfill of both): "
     + ", ".join(f"{m[1]} s with `slots = {m[0]}`" for m in migs),
     "",
     "## Reads: the hot track per country, 7 and 30 days",
@@ -302,18 +323,20 @@ lines += [
     "",
     "- bare: the same table in database `bare`, no rules, no triggers, directly",
     "- bare_hs: the same through heatsink (no rule names `bare.plays`: passthrough), the same hop as rollup_hs",
-    "- rollup_hs: the log with the two rollups (their triggers), through heatsink",
+    "- rollup_hs: the log with the two rollups (their triggers), through heatsink; concurrent inserts merged into"
+    " multi-row inserts (the rules' default `coalesce`)",
+    "- rollup_hs1: the same through a second heatsink whose rules say `coalesce = false`: one insert, one statement",
     "- rollup: (reference) the log with the two rollups, directly",
     "",
-    "| slots | **rollup_hs / bare_hs** | per round | rollup_hs / bare | per round | rollup / bare (the triggers alone) | bare_hs / bare (the hop) |",
-    "|---:|---:|---|---:|---|---:|---:|",
+    "| slots | **rollup_hs / bare_hs** | per round | **rollup_hs / bare** | per round | rollup_hs1 / bare_hs (unmerged) | rollup / bare (the triggers alone) | bare_hs / bare (the hop) |",
+    "|---:|---:|---|---:|---|---:|---:|---:|",
 ]
 def rounds_of(s, num, den):
     return ", ".join(f"{a['ops_per_sec'] / b['ops_per_sec']:.2f}" for a, b in zip(ins[(s, num)], ins[(s, den)]))
 for s in slot_settings:
-    b, bh, rh, r = (med(s, l) for l in ("bare", "bare_hs", "rollup_hs", "rollup"))
-    lines.append(f"| {s} | **{rh / bh:.2f}** | {rounds_of(s, 'rollup_hs', 'bare_hs')} | {rh / b:.2f} |"
-                 f" {rounds_of(s, 'rollup_hs', 'bare')} | {r / b:.2f} | {bh / b:.2f} |")
+    b, bh, rh, rh1, r = (med(s, l) for l in ("bare", "bare_hs", "rollup_hs", "rollup_hs1", "rollup"))
+    lines.append(f"| {s} | **{rh / bh:.2f}** | {rounds_of(s, 'rollup_hs', 'bare_hs')} | **{rh / b:.2f}** |"
+                 f" {rounds_of(s, 'rollup_hs', 'bare')} | {rh1 / bh:.2f} | {r / b:.2f} | {bh / b:.2f} |")
 lines += [
     "",
     "Target: rollup through heatsink ≥ 0.7 × the bare log without rules (like for like: both through heatsink; the"
@@ -324,7 +347,7 @@ lines += [
 ]
 samples = {}
 for s in slot_settings:
-    for leg in ("bare", "bare_hs", "rollup_hs", "rollup"):
+    for leg in ("bare", "bare_hs", "rollup_hs", "rollup_hs1", "rollup"):
         lines.append(f"| {s} | {leg} | {med(s, leg):,.0f} | {med(s, leg, 'p50_us'):,.0f} | {med(s, leg, 'p95_us'):,.0f} |"
                      f" {med(s, leg, 'p99_us'):,.0f} | {sum(j['errors'] for j in ins[(s, leg)])} |")
         for j in ins[(s, leg)]:
@@ -341,7 +364,7 @@ lines += [
     "",
     "Groups (dimensions, NULL bits, bucket) where `SUM(hs_rows)` differs from a `GROUP BY` over the log: 0 expected.",
     "",
-    "| slots | plays_by_hour | plays_by_country_day | log rows | Σ hs_rows, hour | Σ hs_rows, day |",
+    "| slots | plays_by_country_hour | plays_by_country_day | log rows | Σ hs_rows, hour | Σ hs_rows, day |",
     "|---:|---:|---:|---:|---:|---:|",
 ]
 for s, h, d, tot in checks:

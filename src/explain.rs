@@ -254,8 +254,16 @@ impl Planner {
                     }
                 },
             };
-            self.engine
-                .provide_metadata(req.rule, req.db.as_deref(), &cols);
+            match &self.columns {
+                Columns::Assumed(_) => {
+                    self.engine
+                        .provide_metadata(req.rule, req.db.as_deref(), &cols)
+                }
+                Columns::Backend(_) => {
+                    self.engine
+                        .provide_server_metadata(req.rule, req.db.as_deref(), &cols)
+                }
+            }
         };
         let assumed = self.assumes_columns();
         let (decision, shadow) = match decision {

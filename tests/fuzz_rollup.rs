@@ -1,7 +1,8 @@
 //! Differential fuzzing of the rollup rule (`tests/common/differential.rs`): seeded
 //! aggregate reads of a play log — dimension filters, ragged time ranges, time
 //! series, totals, `ORDER BY`/`LIMIT`, and shapes the rollups cannot answer — run
-//! through heatsink on a log with two rollups, and directly on a plain log, in both
+//! through heatsink on a log with three rollups (the per-country day rollup reads
+//! the ragged edges of its ranges from the per-country hour rollup), and directly on a plain log, in both
 //! protocols, under changing character sets and sql_modes, interleaved with writes
 //! (single and multi-row inserts, `INSERT … SELECT`, updates of dimensions and times,
 //! deletes) that the triggers must fold into the rollups exactly. Every answer must
@@ -28,7 +29,14 @@ const FLAGS_BY_PLAN: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0080 | 0x0200 | 0x4000 |
 
 #[test]
 fn rollup_reads_match_the_log() {
-    common::differential::run_bounded(&Rollup, SEED, STATEMENTS, ROUNDS);
+    common::differential::run_bounded(&Rollup { utc: false }, SEED, STATEMENTS, ROUNDS);
+}
+
+/// The same on a log whose time column is a TIMESTAMP (the rollups' buckets are of
+/// UTC; sessions write and read it in their own time zones).
+#[test]
+fn rollup_reads_of_a_timestamp_log_match_the_log() {
+    common::differential::run_bounded(&Rollup { utc: true }, SEED + 77, STATEMENTS, ROUNDS);
 }
 
 /// The generator's shapes are answered from the rollups (the differential run
@@ -36,7 +44,7 @@ fn rollup_reads_match_the_log() {
 /// documented as fallbacks are.
 #[test]
 fn generated_shapes_are_answered_from_the_rollups() {
-    let rules = common::client::rules_dir("rollup.toml", &Rollup.rule_toml());
+    let rules = common::client::rules_dir("rollup.toml", &Rollup { utc: false }.rule_toml());
     let dir = rules.path().to_str().expect("utf-8 path");
     let rewritten = [
         "SELECT track_id, country, COUNT(*) AS total FROM plays WHERE track_id = 1 AND created_at BETWEEN NOW() - INTERVAL 7 DAY AND NOW() GROUP BY track_id, country",
@@ -62,13 +70,25 @@ fn generated_shapes_are_answered_from_the_rollups() {
         assert_eq!(code, 0, "{sql}\n{err}");
         assert!(out.contains(want), "{sql}: expected `{want}`\n{out}");
     }
+    // The per-country read takes whole hours of its edges from the hour rollup by
+    // country.
+    let (_, out, _) =
+        common::cli::heatsink(&["explain", "--rules", dir, "--db", "shop", rewritten[0]]);
+    assert!(out.contains("`plays_by_country_hour`"), "{out}");
 }
 
-struct Rollup;
+struct Rollup {
+    /// The log's time column is a TIMESTAMP.
+    utc: bool,
+}
 
 impl Kind for Rollup {
     fn name(&self) -> &'static str {
-        "rollup"
+        if self.utc {
+            "rollup_ts"
+        } else {
+            "rollup"
+        }
     }
 
     fn schema(&self) -> String {
@@ -105,11 +125,16 @@ impl Kind for Rollup {
             rows.push(format!("({time}, {track}, {user}, {country})"));
         }
         format!(
-            "CREATE TABLE {LOG} (id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at DATETIME DEFAULT NULL, \
+            "CREATE TABLE {LOG} (id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at {} DEFAULT NULL, \
                  track_id INT DEFAULT NULL, user_id INT DEFAULT NULL, referer TEXT, \
                  country VARCHAR(20) DEFAULT NULL, KEY (track_id), KEY (created_at)) \
                  DEFAULT CHARSET=utf8mb4;
              INSERT INTO {LOG} (created_at, track_id, user_id, country) VALUES {};",
+            if self.utc {
+                "TIMESTAMP NULL"
+            } else {
+                "DATETIME"
+            },
             rows.join(", ")
         )
     }
@@ -120,7 +145,10 @@ impl Kind for Rollup {
              time = \"created_at\"\nbucket = \"hour\"\ndimensions = [\"track_id\"]\n\n\
              [[rollup]]\nname = \"plays_by_country_day\"\ntable = \"{LOG}\"\n\
              rollup_table = \"plays_by_country_day\"\ntime = \"created_at\"\nbucket = \"day\"\n\
-             dimensions = [\"track_id\", \"country\"]\nmeasures = [\"count(*)\", \"count(user_id)\", \"sum(user_id)\"]\n"
+             dimensions = [\"track_id\", \"country\"]\nmeasures = [\"count(*)\", \"count(user_id)\", \"sum(user_id)\"]\n\n\
+             [[rollup]]\nname = \"plays_by_country_hour\"\ntable = \"{LOG}\"\n\
+             rollup_table = \"plays_by_country_hour\"\ntime = \"created_at\"\nbucket = \"hour\"\n\
+             dimensions = [\"country\", \"track_id\"]\nmeasures = [\"count(*)\", \"count(user_id)\"]\n"
         )
     }
 
@@ -132,6 +160,10 @@ impl Kind for Rollup {
         vec![
             "SELECT track_id, hs_nulls, hs_bucket, SUM(hs_rows) FROM {db}.plays_by_hour \
              GROUP BY track_id, hs_nulls, hs_bucket HAVING SUM(hs_rows) <> 0"
+                .into(),
+            "SELECT country, track_id, hs_nulls, hs_bucket, SUM(hs_rows), SUM(hs_count_user_id) \
+             FROM {db}.plays_by_country_hour GROUP BY country, track_id, hs_nulls, hs_bucket \
+             HAVING SUM(hs_rows) <> 0"
                 .into(),
         ]
     }
@@ -180,8 +212,19 @@ fn country_lit(g: &mut Gen) -> Lit {
 }
 
 /// A time inside March 2024 (which ends with Europe/Berlin's change to summer time
-/// on the 31st), ragged to the second.
+/// on the 31st), ragged to the second; sometimes in the night of 27 October 2024,
+/// when Berlin's clocks go back from 03:00 to 02:00 (local times between are
+/// ambiguous: a TIMESTAMP log's UTC buckets must still come out exact).
 fn time_text(g: &mut Gen) -> String {
+    if g.chance(6) {
+        return format!(
+            "2024-10-{:02} {:02}:{:02}:{:02}",
+            g.range(26, 28),
+            g.range(0, 4),
+            g.range(0, 59),
+            g.range(0, 59)
+        );
+    }
     format!(
         "2024-03-{:02} {:02}:{:02}:{:02}",
         g.range(1, 31),

@@ -156,9 +156,9 @@ fn unsuitable_logs_are_refused() {
     let db = "rollup_refused";
     let cases: [(&str, Rule, &str); 5] = [
         (
-            "CREATE TABLE plays (id INT PRIMARY KEY, created_at TIMESTAMP NULL, track_id INT)",
+            "CREATE TABLE plays (id INT PRIMARY KEY, created_at DATE NULL, track_id INT)",
             Rule::rollup("r", "plays", "plays_r", "created_at", "day"),
-            "TIMESTAMP",
+            "not DATETIME or TIMESTAMP",
         ),
         (
             PLAYS,
@@ -679,4 +679,119 @@ fn reads_through_the_mariadb_cli_match_the_log() {
         via.stdout
     );
     assert!(via.stdout.contains("`n`"), "{}", via.stdout);
+}
+
+/// What one merged-insert client saw: (user_id of its first row, rows, reported
+/// last insert id, info).
+type Answer = (i64, u64, u64, Option<String>);
+
+/// Concurrent autocommit inserts through heatsink merge into multi-row inserts
+/// (group commit): each client is answered as its own insert would have been — its
+/// rows, the id of its own first row (also from `LAST_INSERT_ID()` afterwards), the
+/// `Records:` info of a multi-row insert — text and prepared, and the rollups stay
+/// exact.
+#[test]
+fn concurrent_inserts_merge_and_answer_each_client() {
+    let db = "rollup_merged";
+    let env = Env::builder(db)
+        .schema(format!("{PLAYS} {SEED_ROWS}"))
+        .rule("rollup.toml", rules())
+        .migrate()
+        .metrics()
+        .start();
+    run(Duration::from_secs(120), async {
+        let tasks: Vec<_> = (0..32i64)
+            .map(|w| {
+                let url = env.url();
+                tokio::spawn(async move {
+                    let mut c = connect(&url).await;
+                    let mut seen: Vec<Answer> = Vec::new();
+                    let prepared = w % 2 == 1;
+                    for i in 0..20i64 {
+                        let user = w * 1000 + i;
+                        let rows: u64 = if i % 3 == 0 { 2 } else { 1 };
+                        let (track, country) = (w % 3, ["DE", "FR", "US"][(i % 3) as usize]);
+                        if prepared {
+                            let one = "INSERT INTO plays (created_at, track_id, user_id, country) VALUES (NOW(), ?, ?, ?)";
+                            let two = "INSERT INTO plays (created_at, track_id, user_id, country) VALUES (NOW(), ?, ?, ?), (NOW(), ?, ?, NULL)";
+                            if rows == 2 {
+                                c.exec_drop(two, (track, user, country, track, user + 500))
+                                    .await
+                                    .unwrap();
+                            } else {
+                                c.exec_drop(one, (track, user, country)).await.unwrap();
+                            }
+                        } else {
+                            let second = if rows == 2 {
+                                format!(", (NOW(), {track}, {}, NULL)", user + 500)
+                            } else {
+                                String::new()
+                            };
+                            c.query_drop(format!(
+                                "INSERT INTO plays (created_at, track_id, user_id, country) \
+                                 VALUES (NOW(), {track}, {user}, '{country}'){second}"
+                            ))
+                            .await
+                            .unwrap();
+                        }
+                        let id = c.last_insert_id().unwrap_or(0);
+                        let info = c.info().into_owned();
+                        seen.push((user, c.affected_rows(), id, (!info.is_empty()).then_some(info)));
+                        if i % 5 == 4 {
+                            let last: Option<u64> =
+                                c.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
+                            assert_eq!(last, Some(id), "LAST_INSERT_ID() of client {w}");
+                        }
+                    }
+                    seen
+                })
+            })
+            .collect();
+        let mut answers: Vec<Answer> = Vec::new();
+        for t in tasks {
+            answers.extend(t.await.unwrap());
+        }
+        let stored: std::collections::HashMap<u64, i64> = env
+            .backend_rows("SELECT id, user_id FROM {db}.plays WHERE user_id IS NOT NULL")
+            .iter()
+            .map(|r| {
+                let v = |i: usize| r[i].as_deref().unwrap_or("0").parse::<i64>().unwrap();
+                (v(0) as u64, v(1))
+            })
+            .collect();
+        for (user, rows, id, info) in &answers {
+            assert_eq!(
+                stored.get(id),
+                Some(user),
+                "row {id} reported to user {user}"
+            );
+            if *rows == 2 {
+                assert_eq!(
+                    stored.get(&(id + 1)),
+                    Some(&(user + 500)),
+                    "second row of {user}"
+                );
+                assert_eq!(
+                    info.as_deref(),
+                    Some("Records: 2  Duplicates: 0  Warnings: 0")
+                );
+            } else {
+                assert_eq!(info, &None, "info of user {user}");
+            }
+        }
+        assert!(answers.iter().all(|(_, rows, ..)| *rows >= 1));
+        let affected: Vec<u64> = answers.iter().map(|a| a.1).collect();
+        let expected: Vec<u64> = (0..32)
+            .flat_map(|_| (0..20).map(|i| if i % 3 == 0 { 2 } else { 1 }))
+            .collect();
+        assert_eq!(affected, expected, "affected rows");
+    });
+    let m = env.metrics();
+    let merged = m["heatsink_rollup_merged_rows_total"];
+    eprintln!(
+        "merged writes {}, rows {merged}",
+        m["heatsink_coalesced_writes_total"]
+    );
+    assert!(merged > 0, "no insert was merged");
+    assert_exact(db, "merged inserts");
 }

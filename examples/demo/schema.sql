@@ -35,3 +35,21 @@ INSERT INTO plays (created_at, track_id, user_id, country)
   SELECT NOW() - INTERVAL seq * 7 MINUTE, 1 + seq % 5, seq % 100, ELT(1 + seq % 4, 'US', 'DE', 'FR', 'BR')
   FROM seq_1_to_5000
   WHERE NOT EXISTS (SELECT 1 FROM plays);
+
+-- [[timeline]] (rules/timelines.toml): follows and messages for friends timelines.
+CREATE TABLE IF NOT EXISTS follower (
+  user_id INT UNSIGNED NOT NULL,
+  follower_id INT UNSIGNED NOT NULL,
+  PRIMARY KEY (user_id, follower_id),
+  KEY (follower_id)
+) ENGINE=InnoDB;
+CREATE TABLE IF NOT EXISTS message (
+  id INT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
+  user_id INT UNSIGNED NOT NULL,
+  body VARCHAR(255) NOT NULL,
+  KEY user_id_id (user_id, id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+INSERT IGNORE INTO follower SELECT 1 + seq DIV 20, 1 + (seq * 37) % 100 FROM seq_0_to_1999;
+INSERT INTO message (user_id, body)
+  SELECT 1 + seq % 100, CONCAT('message ', seq) FROM seq_1_to_20000
+  WHERE NOT EXISTS (SELECT 1 FROM message);

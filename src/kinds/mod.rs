@@ -42,10 +42,12 @@ use crate::rewrite::Rule;
 use crate::wire::resultset::ColumnDef;
 
 pub mod counter;
+pub mod inserts;
 pub mod logical;
 pub mod partition;
 pub mod ring;
 pub mod rollup;
+pub mod timeline;
 
 /// Every rule kind heatsink knows, in the order their rules are listed.
 pub static KINDS: &[&dyn Kind] = &[
@@ -53,6 +55,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &ring::Ring,
     &rollup::Rollup,
     &partition::Partition,
+    &timeline::Timeline,
 ];
 
 /// The merged-items metric of every kind that merges writes (group commit), in
@@ -258,7 +261,7 @@ mod tests {
         let items = MergedItems::default();
         for m in [
             counter::merge::Increments::merger(),
-            ring::merge::Inserts::merger(true),
+            ring::merge::merger(true),
         ] {
             assert!(merge_metrics().any(|x| std::ptr::eq(x, m.metric())));
         }
@@ -270,7 +273,8 @@ mod tests {
             shown,
             [
                 ("heatsink_coalesced_increments_total", 3),
-                ("heatsink_coalesced_rows_total", 6)
+                ("heatsink_coalesced_rows_total", 6),
+                ("heatsink_rollup_merged_rows_total", 0)
             ]
         );
     }

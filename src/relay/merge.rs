@@ -75,6 +75,10 @@ impl Session {
             key.extend_from_slice(&(piece.len() as u32).to_le_bytes());
             key.extend_from_slice(piece);
         }
+        let lanes = m.lanes().max(1);
+        if lanes > 1 {
+            key.extend_from_slice(&(self.backend_id % lanes).to_le_bytes());
+        }
         Some((key, part))
     }
 

@@ -211,7 +211,7 @@ impl Session {
                 self.reply(cmd_seq, &payload).await?;
                 return Ok(None);
             }
-            engine.provide_metadata(
+            engine.provide_server_metadata(
                 req.rule,
                 req.db.as_deref(),
                 &column_defs(&c.packets, self.extended_metadata),

@@ -177,6 +177,7 @@ impl Engine {
                 p.tables.push((ri, t.db.as_deref().map(Arc::from)));
             }
         }
+        introduce_sharing_rules(&rules, &patterns);
         let prefilter = Prefilter::new(patterns.iter().map(|p| &p.name))
             .map_err(|e| EngineError::Prefilter(e.to_string()))?;
         // As the server quotes them in messages: `db`.`table`.`column`.
@@ -225,6 +226,31 @@ impl Engine {
         if let Some(r) = self.rules.get(rule) {
             r.provide_metadata(current_db, columns);
         }
+    }
+
+    /// [`Engine::provide_metadata`] with the server's answer to the rule's query:
+    /// the other rules sharing a table that ask the same query get it too (one round
+    /// trip for all the rollups of a log, not one each).
+    pub fn provide_server_metadata(
+        &self,
+        rule: usize,
+        current_db: Option<&str>,
+        columns: &[crate::wire::resultset::ColumnDef],
+    ) {
+        let Some(r) = self.rules.get(rule) else {
+            return;
+        };
+        if r.sharing().is_some() {
+            if let Some(query) = r.metadata_query(current_db) {
+                for other in self.rules.iter().filter(|o| o.sharing().is_some()) {
+                    if other.metadata_query(current_db).as_deref() == Some(query.as_str()) {
+                        other.provide_metadata(current_db, columns);
+                    }
+                }
+                return;
+            }
+        }
+        r.provide_metadata(current_db, columns);
     }
 
     /// The rules, in the order they are consulted.
@@ -969,6 +995,33 @@ fn qualifiers_of(qualifier: &Option<Cow<'_, [u8]>>, name: &[u8]) -> Option<(Stri
         String::from_utf8_lossy(name).into_owned(),
         String::from_utf8_lossy(db).into_owned(),
     ))
+}
+
+/// Hands every sharing rule ([`Rule::sharing`]) the other sharing rules of the
+/// tables it names ([`Rule::cooperate`]).
+fn introduce_sharing_rules(rules: &[Arc<dyn Rule>], patterns: &[Pattern]) {
+    let mut others: Vec<Vec<usize>> = vec![Vec::new(); rules.len()];
+    for p in patterns {
+        let sharing: Vec<usize> = p
+            .tables
+            .iter()
+            .map(|(ri, _)| *ri)
+            .filter(|&ri| rules[ri].sharing().is_some())
+            .collect();
+        for &ri in &sharing {
+            for &other in &sharing {
+                if other != ri && !others[ri].contains(&other) {
+                    others[ri].push(other);
+                }
+            }
+        }
+    }
+    for (ri, list) in others.iter().enumerate() {
+        if !list.is_empty() {
+            let list: Vec<Arc<dyn Rule>> = list.iter().map(|&o| Arc::clone(&rules[o])).collect();
+            rules[ri].cooperate(&list);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -139,6 +139,14 @@ pub trait Merger: Send + Sync + fmt::Debug {
     /// (`at row N`), each member then seeing only its own.
     fn routes_warnings(&self) -> bool;
 
+    /// How many merged writes of one target may be in flight at once (each
+    /// session joins the lane of its backend connection id). One lane serializes
+    /// the target's writes, which is what a single hot row needs; a target whose
+    /// writes touch many rows (inserts into a log) gains from a few lanes.
+    fn lanes(&self) -> u32 {
+        1
+    }
+
     /// The OK of an execution that ran alone with [`Merger::returning_alone`]
     /// (status flags are the session's), from its response (`None`: not
     /// understood); `Err` holds the message of the error it gets instead.

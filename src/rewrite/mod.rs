@@ -846,10 +846,6 @@ pub trait Rule: Send + Sync {
         false
     }
 
-    /// Physical tables the rule's rewrites run against, each with the logical table
-    /// the application named, as (physical, logical) table names: the server's
-    /// messages about a rewritten statement (``… for column `db`.`ring`.`c` …``) are
-    /// shown with the logical name.
     /// Whether other rules may be about the same table, and in which order the
     /// engine asks them: `Some(rank)` for rules that share (lower ranks first — the
     /// smallest rollup of a log before larger ones; the first plan wins), `None`
@@ -858,6 +854,22 @@ pub trait Rule: Send + Sync {
         None
     }
 
+    /// Called once when the engine is built, with the other sharing rules about one
+    /// of this rule's tables (only for rules whose [`Rule::sharing`] is `Some`), so
+    /// that a rule can take part of an answer from another's tables (a day rollup
+    /// the ragged edges of a range from an hour rollup). Plans made afterwards may
+    /// use what it learnt; the engine is built before any plan.
+    fn cooperate(&self, _sharing: &[Arc<dyn Rule>]) {}
+
+    /// The rule as `Any`, for [`Rule::cooperate`] to recognise rules of its kind.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
+    /// Physical tables the rule's rewrites run against, each with the logical table
+    /// the application named, as (physical, logical) table names: the server's
+    /// messages about a rewritten statement (``… for column `db`.`ring`.`c` …``) are
+    /// shown with the logical name.
     fn physical_tables(&self) -> Vec<(String, String)> {
         Vec::new()
     }

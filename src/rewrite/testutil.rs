@@ -72,3 +72,19 @@ pub fn parsed<S: AsRef<[u8]>>(texts: &[S]) -> Vec<Statement> {
 pub fn assert_sql(r: &Rewritten, expected: &[&str]) {
     assert_eq!(parsed(&r.statements), parsed(expected));
 }
+
+/// Asserts that each statement is a fallback of a rule (forwarded, counted).
+pub fn assert_fallbacks(e: &Engine, sqls: &[&str]) {
+    for sql in sqls {
+        let d = decide(e, sql);
+        assert!(matches!(d, Decision::Fallback(_)), "{sql}: {d:?}");
+    }
+}
+
+/// Asserts that each statement passes through unchanged.
+pub fn assert_passthrough(e: &Engine, sqls: &[&str]) {
+    for sql in sqls {
+        let d = decide(e, sql);
+        assert!(matches!(d, Decision::Passthrough), "{sql}: {d:?}");
+    }
+}

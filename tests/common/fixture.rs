@@ -145,6 +145,23 @@ impl Rule {
         }
     }
 
+    /// A pull timeline rule over the usual `message (id, user_id, body)` and
+    /// `follower (user_id, follower_id)` tables.
+    pub fn timeline(name: &str) -> Rule {
+        Rule {
+            kind: "timeline",
+            settings: vec![
+                ("name", quoted(name)),
+                ("messages", quoted("message")),
+                ("message_author", quoted("user_id")),
+                ("follows", quoted("follower")),
+                ("follow_reader", quoted("user_id")),
+                ("follow_author", quoted("follower_id")),
+                ("mode", quoted("pull")),
+            ],
+        }
+    }
+
     /// `dimensions = [..]` (rollup).
     pub fn dimensions(self, columns: &[&str]) -> Rule {
         self.set("dimensions", list(columns))

@@ -27,12 +27,13 @@
 use std::sync::Arc;
 
 use sqlparser::ast::{
-    AssignmentTarget, Delete, Expr, FromTable, FunctionArg, FunctionArgExpr, FunctionArguments,
-    Insert, ObjectName, SetExpr, Statement, TableFactor, TableObject, Update,
+    AssignmentTarget, Delete, Expr, FromTable, Insert, ObjectName, SetExpr, Statement, TableFactor,
+    TableObject, Update,
 };
 
-use super::merge::{Inserts, RingPieces};
+use super::merge::RingPieces;
 use super::spec::RingSpec;
+use crate::kinds::inserts::session_independent;
 use crate::kinds::logical::LogicalTable;
 use crate::rewrite::shape::{
     check_qualifiers, check_update_qualifiers, column_def_name, ddl_rejection, eq, is_table_ddl,
@@ -213,7 +214,7 @@ impl RingRule {
         } else {
             Vec::new()
         };
-        let merge = (!aux.is_empty()).then(|| Inserts::merger(mergeable));
+        let merge = (!aux.is_empty()).then(|| super::merge::merger(mergeable));
         Ok(Some(Plan {
             statements,
             reply: Reply::Ok {
@@ -535,41 +536,6 @@ impl RingRule {
             statements: parse(&sql)?,
             ..Default::default()
         }))
-    }
-}
-
-/// A value that is the same whichever session evaluates it (at about the same time):
-/// a literal, or a clock function of literals. Only such rows may be merged into
-/// another session's write.
-fn session_independent(e: &Expr) -> bool {
-    const CLOCKS: &[&str] = &[
-        "NOW",
-        "CURRENT_TIMESTAMP",
-        "LOCALTIME",
-        "LOCALTIMESTAMP",
-        "SYSDATE",
-        "UTC_TIMESTAMP",
-        "CURDATE",
-        "CURRENT_DATE",
-        "UTC_DATE",
-        "CURTIME",
-        "CURRENT_TIME",
-        "UTC_TIME",
-        "UNIX_TIMESTAMP",
-    ];
-    match e {
-        Expr::Function(f) => {
-            let name = f.name.to_string();
-            CLOCKS.iter().any(|c| c.eq_ignore_ascii_case(&name)) && match &f.args {
-                FunctionArguments::None => true,
-                FunctionArguments::List(l) => l.args.iter().all(
-                    |a| matches!(a, FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) if is_value(e)),
-                ),
-                FunctionArguments::Subquery(_) => false,
-            }
-        }
-        Expr::Nested(inner) => session_independent(inner),
-        e => is_value(e),
     }
 }
 

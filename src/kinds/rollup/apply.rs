@@ -59,6 +59,15 @@ impl Migration for CheckedRollup {
                 TriggerState::Fits => {}
             }
         }
+        if self.legacy_key {
+            out.push((
+                Severity::Warning,
+                format!(
+                    "{} has the primary key order of earlier versions; reads are exact but a time range does not narrow it (rebuild it: drop the table and its triggers, run `heatsink migrate --apply`)",
+                    self.rollup.quoted()
+                ),
+            ));
+        }
         if self.backfill_due {
             out.push((
                 Severity::Warning,

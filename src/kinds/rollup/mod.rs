@@ -12,10 +12,13 @@
 //! ([`crate::rewrite::Rule::sharing`]) and the smallest that can answer a read does.
 
 mod apply;
+pub mod merge;
 pub mod plan;
 mod read;
 pub mod schema;
 pub mod spec;
+#[cfg(test)]
+mod testutil;
 mod triggers;
 
 use std::sync::Arc;
@@ -28,6 +31,7 @@ pub use spec::RollupSpec;
 
 use crate::kinds::logical::{assumed_column, Assumed};
 use crate::kinds::{Kind, Migration, RuleSpec, SchemaError};
+use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;
 use crate::wire::resultset::ColumnDef;
@@ -42,6 +46,10 @@ impl Kind for Rollup {
 
     fn parse(&self, text: &str) -> std::result::Result<Vec<Arc<dyn RuleSpec>>, toml::de::Error> {
         crate::kinds::specs_of::<RollupSpec>(text, self.section())
+    }
+
+    fn merge_metric(&self) -> Option<&'static MergeMetric> {
+        Some(&merge::METRIC)
     }
 }
 

@@ -1,9 +1,12 @@
 //! The rollup planner: aggregate reads of the log answered from the rollup table.
 //!
-//! Writes to the log pass through unchanged: the triggers `heatsink migrate`
-//! installs keep the rollup exact in the same transaction. `TRUNCATE` of the log
+//! Writes to the log pass through unchanged (plain inserts may be merged with
+//! concurrent ones, `merge.rs`): the triggers `heatsink migrate` installs keep the
+//! rollup exact in the same transaction. `TRUNCATE` of the log
 //! fires no trigger and is refused; other DDL on the log is refused as for every
 //! kind. Reads the rollup cannot answer exactly pass through to the log.
+
+use std::sync::{Arc, OnceLock};
 
 use sqlparser::ast::Statement;
 
@@ -29,6 +32,51 @@ pub struct RollupRule {
     pub(super) measures: Vec<Measure>,
     /// `mode = "shadow"`.
     pub(super) shadow: bool,
+    /// `coalesce` (default on): concurrent inserts into the log may merge.
+    pub(super) coalesce: bool,
+    /// Rollups of the same log with finer buckets (hours under days), which the
+    /// ragged edges of a range are read from before the log ([`Rule::cooperate`]).
+    pub(super) finer: OnceLock<Vec<Tier>>,
+}
+
+/// A finer rollup of the same log, as another rule keeps it.
+#[derive(Debug, Clone)]
+pub(super) struct Tier {
+    /// Its rollup table as written in its rule.
+    pub(super) table: TableName,
+    /// Its dimensions, in its order (bit i of its `hs_nulls` is dimension i).
+    pub(super) dims: Vec<String>,
+    /// Its bucket width.
+    pub(super) bucket: Bucket,
+    /// Its aggregates.
+    pub(super) measures: Vec<Measure>,
+}
+
+impl Tier {
+    /// Whether the tier keeps `column`'s count (`sum` false) or also its sum.
+    pub(super) fn measures(&self, column: &str, sum: bool) -> bool {
+        self.measures.iter().any(|m| match m {
+            Measure::Count(c) => !sum && c.eq_ignore_ascii_case(column),
+            Measure::Sum(c) => c.eq_ignore_ascii_case(column),
+            Measure::Rows => false,
+        })
+    }
+
+    /// The position of dimension `name` among the tier's.
+    pub(super) fn dim(&self, name: &str) -> Option<usize> {
+        self.dims.iter().position(|d| d.eq_ignore_ascii_case(name))
+    }
+}
+
+/// Whether two rules name the same table (databases and names compared as the
+/// server compares them on a case-insensitive file system: without case).
+fn same_table(a: &TableName, b: &TableName) -> bool {
+    a.name.eq_ignore_ascii_case(&b.name)
+        && match (&a.db, &b.db) {
+            (Some(x), Some(y)) => x.eq_ignore_ascii_case(y),
+            (None, None) => true,
+            _ => false,
+        }
 }
 
 impl RollupRule {
@@ -43,6 +91,8 @@ impl RollupRule {
             bucket: spec.bucket,
             measures: spec.parsed_measures()?,
             shadow: spec.mode == crate::rules::spec::Mode::Shadow,
+            coalesce: spec.coalesce,
+            finer: OnceLock::new(),
         })
     }
 
@@ -71,6 +121,32 @@ impl Rule for RollupRule {
         Some(self.rank())
     }
 
+    /// Learns the finer rollups of the same log (rules in shadow mode are not
+    /// trusted to have their tables).
+    fn cooperate(&self, sharing: &[Arc<dyn Rule>]) {
+        let tiers = sharing
+            .iter()
+            .filter_map(|r| r.as_any()?.downcast_ref::<RollupRule>())
+            .filter(|r| {
+                !r.shadow
+                    && r.bucket < self.bucket
+                    && same_table(r.logical.name(), self.logical.name())
+            })
+            .map(|r| Tier {
+                table: r.rollup_table.clone(),
+                dims: r.logical.key().to_vec(),
+                bucket: r.bucket,
+                measures: r.measures.clone(),
+            })
+            .collect();
+        // Set once, when the engine is built.
+        let _ = self.finer.set(tiers);
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
     fn metadata_query(&self, current_db: Option<&str>) -> Option<String> {
         self.logical.metadata_query(current_db)
     }
@@ -94,6 +170,7 @@ impl Rule for RollupRule {
                 &format!("rollup table {} and its triggers", self.rollup_table),
             )),
             Statement::Query(q) => super::read::plan_read(self, q, ctx),
+            Statement::Insert(ins) => super::merge::plan_insert(self, ins, stmt, ctx),
             _ => Ok(None),
         }
     }

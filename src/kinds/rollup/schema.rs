@@ -16,9 +16,15 @@
 //!   `hs_rows` BIGINT NOT NULL,           -- count(*)
 //!   `hs_count_<col>` BIGINT NOT NULL,    -- count(col), one per measure
 //!   `hs_sum_<col>` DECIMAL(65,s) NOT NULL, -- sum(col) (with hs_count_<col> for NULLs)
-//!   PRIMARY KEY (track_id, country, hs_nulls, hs_bucket, hs_slot)
+//!   PRIMARY KEY (track_id, hs_bucket, country, hs_nulls, hs_slot)
 //! ) ENGINE=InnoDB
 //! ```
+//!
+//! The key starts with the first dimension and the bucket: the reads a rollup
+//! serves fix the first dimension (a track) and ask for a time range, which is then
+//! one contiguous range of the clustered index whatever the other dimensions are.
+//! (Tables made with the earlier order, all dimensions before `hs_nulls,
+//! hs_bucket`, are still accepted; `check` suggests rebuilding them.)
 //!
 //! A group (dimension values, bucket) is the sum over its slot rows; a group whose
 //! `SUM(hs_rows)` is 0 has no log rows (all were deleted) and is not shown.
@@ -134,6 +140,8 @@ pub(crate) struct CheckedRollup {
     pub pk: Option<String>,
     pub dims: Vec<Dimension>,
     pub time: String,
+    /// The time column is a TIMESTAMP: buckets of UTC.
+    pub utc: bool,
     pub measures: Vec<Measured>,
     /// `CREATE TABLE` when the rollup table is missing.
     pub create_table: Option<String>,
@@ -141,6 +149,8 @@ pub(crate) struct CheckedRollup {
     pub triggers: Vec<Trigger>,
     /// The log has rows and the rollup none.
     pub backfill_due: bool,
+    /// The existing rollup table has the legacy primary key order.
+    pub legacy_key: bool,
     pub notes: Vec<String>,
 }
 
@@ -156,7 +166,7 @@ pub(crate) async fn check(
     spec.validate().map_err(refuse)?;
     let (log, rollup) = resolve(spec, default_db)?;
     let table = inspect_log(conn, &log).await?;
-    let time = time_column(spec, &table, &log)?;
+    let (time, utc) = time_column(spec, &table, &log)?;
     let dims = dimensions(spec, &table, &log)?;
     let measures = measured(spec, &table, &log)?;
     let pk = integer_pk(&table);
@@ -167,15 +177,17 @@ pub(crate) async fn check(
         pk,
         dims,
         time,
+        utc,
         measures,
         create_table: None,
         triggers: Vec::new(),
         backfill_due: false,
+        legacy_key: false,
         notes: Vec::new(),
     };
     let existing = inspect_table(conn, &checked.rollup).await?;
     match &existing {
-        Some(t) => rollup_table_fits(&checked, t).map_err(refuse)?,
+        Some(t) => checked.legacy_key = rollup_table_fits(&checked, t).map_err(refuse)?,
         None => checked.create_table = Some(create_table_sql(&checked, &table)),
     }
     checked.triggers = plan_triggers(conn, &checked).await?;
@@ -226,8 +238,9 @@ async fn inspect_log(conn: &mut Conn, log: &TableName) -> SchemaResult<Table> {
     inspect_base_table(conn, log).await
 }
 
-/// The time column's name as the log spells it; refused unless it is DATETIME.
-fn time_column(spec: &RollupSpec, table: &Table, log: &TableName) -> SchemaResult<String> {
+/// The time column's name as the log spells it, and whether it is a TIMESTAMP
+/// (buckets of UTC) rather than a DATETIME (buckets of its wall-clock value).
+fn time_column(spec: &RollupSpec, table: &Table, log: &TableName) -> SchemaResult<(String, bool)> {
     let col = table.column(&spec.time).ok_or_else(|| {
         SchemaError::Refused(format!(
             "time column `{}` is not a column of {}",
@@ -236,13 +249,10 @@ fn time_column(spec: &RollupSpec, table: &Table, log: &TableName) -> SchemaResul
         ))
     })?;
     match col.data_type.as_str() {
-        "datetime" => Ok(col.name.clone()),
-        "timestamp" => Err(SchemaError::Refused(format!(
-            "time column `{}` is TIMESTAMP, whose buckets would depend on each session's time zone; only DATETIME is supported for now",
-            col.name
-        ))),
+        "datetime" => Ok((col.name.clone(), false)),
+        "timestamp" => Ok((col.name.clone(), true)),
         _ => Err(SchemaError::Refused(format!(
-            "time column `{}` is {}, not DATETIME",
+            "time column `{}` is {}, not DATETIME or TIMESTAMP",
             col.name, col.column_type
         ))),
     }
@@ -477,8 +487,23 @@ pub(crate) fn summed(rule: &CheckedRollup) -> Vec<(&str, u32)> {
         .collect()
 }
 
-/// The rollup's primary key columns.
+/// The rollup's primary key columns: the first dimension, the bucket, the other
+/// dimensions, the NULL bits and the slot (a rollup without dimensions: the bucket
+/// first).
 pub(crate) fn primary_key(rule: &CheckedRollup) -> Vec<String> {
+    let dims: Vec<String> = rule.dims.iter().map(|d| d.column.name.clone()).collect();
+    let at = usize::from(!dims.is_empty());
+    let mut key = dims[..at].to_vec();
+    key.push("hs_bucket".into());
+    key.extend_from_slice(&dims[at..]);
+    key.extend(["hs_nulls", "hs_slot"].map(String::from));
+    key
+}
+
+/// The primary key order of rollup tables made before [`primary_key`]'s: every
+/// dimension, then the NULL bits, the bucket and the slot. Reads are exact on it,
+/// only slower (a time range does not narrow the clustered index).
+fn legacy_primary_key(rule: &CheckedRollup) -> Vec<String> {
     let mut key: Vec<String> = rule.dims.iter().map(|d| d.column.name.clone()).collect();
     key.extend(["hs_nulls", "hs_bucket", "hs_slot"].map(String::from));
     key
@@ -501,7 +526,8 @@ fn create_table_sql(rule: &CheckedRollup, log: &Table) -> String {
 
 /// `Err(reason)` unless an existing rollup table has the layout's columns (types,
 /// `NOT NULL`) and primary key; other columns must be omittable.
-fn rollup_table_fits(rule: &CheckedRollup, t: &Table) -> std::result::Result<(), String> {
+/// `Ok(true)`: the table has the legacy key order ([`legacy_primary_key`]).
+fn rollup_table_fits(rule: &CheckedRollup, t: &Table) -> std::result::Result<bool, String> {
     let name = rule.rollup.quoted();
     let dims = rule.dims.len();
     for (i, (col, ty)) in layout(rule).iter().enumerate() {
@@ -524,10 +550,13 @@ fn rollup_table_fits(rule: &CheckedRollup, t: &Table) -> std::result::Result<(),
         }
     }
     let want = primary_key(rule);
-    let same_order = t.primary.as_ref().is_some_and(|pk| {
-        pk.len() == want.len() && pk.iter().zip(&want).all(|(a, b)| a.eq_ignore_ascii_case(b))
-    });
-    if !same_order {
+    let is = |want: &[String]| {
+        t.primary.as_ref().is_some_and(|pk| {
+            pk.len() == want.len() && pk.iter().zip(want).all(|(a, b)| a.eq_ignore_ascii_case(b))
+        })
+    };
+    let legacy = !is(&want) && is(&legacy_primary_key(rule));
+    if !is(&want) && !legacy {
         return Err(format!(
             "{name} exists but its primary key is not ({}); drop or fix it",
             want.join(", ")
@@ -544,7 +573,7 @@ fn rollup_table_fits(rule: &CheckedRollup, t: &Table) -> std::result::Result<(),
             extra.name
         ));
     }
-    Ok(())
+    Ok(legacy)
 }
 
 /// Whether an existing column has one of the layout's own types (`INT UNSIGNED`,

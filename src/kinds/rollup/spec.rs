@@ -14,7 +14,7 @@
 
 use serde::Deserialize;
 
-use crate::rules::spec::{check_ident, Mode, TableName};
+use crate::rules::spec::{check_ident, default_coalesce, Mode, TableName};
 
 /// `[[rollup]]`: aggregate reads over a log answered from a rollup table.
 #[derive(Debug, Clone, Deserialize)]
@@ -40,13 +40,18 @@ pub struct RollupSpec {
     /// group (one viral track's current hour) does not serialize writers.
     #[serde(default = "default_slots")]
     pub slots: u32,
+    /// Concurrent autocommit inserts into the log may be merged into one
+    /// multi-row insert (group commit; default on).
+    #[serde(default = "default_coalesce")]
+    pub coalesce: bool,
     /// `on` (default) or `shadow`.
     #[serde(default)]
     pub mode: Mode,
 }
 
 /// Bucket width of a rollup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// (Ordered from finer to coarser.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Bucket {
     /// Hours of the time column's value.
@@ -61,6 +66,14 @@ impl Bucket {
         match self {
             Bucket::Hour => "HOUR",
             Bucket::Day => "DAY",
+        }
+    }
+
+    /// The bucket's width in seconds (buckets of UTC, for TIMESTAMP logs).
+    pub fn seconds(self) -> u32 {
+        match self {
+            Bucket::Hour => 3600,
+            Bucket::Day => 86_400,
         }
     }
 

@@ -74,8 +74,19 @@ pub(crate) fn group_exprs(rule: &CheckedRollup, row: &str) -> Vec<String> {
     out
 }
 
-/// The start of the bucket holding `time` (`NULL_BUCKET` when it is NULL).
+/// The start of the bucket holding `time` (`NULL_BUCKET` when it is NULL). A
+/// TIMESTAMP's bucket is of its UTC value, whatever the writer's time zone
+/// (`UNIX_TIMESTAMP` of the stored instant); its zero value (non-strict modes) is
+/// kept apart from every real instant in bucket `NULL_BUCKET` (without the NULL
+/// bit), before every range's first bucket.
 pub(crate) fn bucket_expr(rule: &CheckedRollup, time: &str) -> String {
+    if rule.utc {
+        let width = rule.spec.bucket.seconds();
+        return format!(
+            "CAST(IF(IFNULL(UNIX_TIMESTAMP({time}), 0) = 0, '{NULL_BUCKET}', \
+             '1970-01-01 00:00:00' + INTERVAL (UNIX_TIMESTAMP({time}) DIV {width} * {width}) SECOND) AS DATETIME)"
+        );
+    }
     format!(
         "CAST(IFNULL(DATE_FORMAT({time}, '{}'), '{NULL_BUCKET}') AS DATETIME)",
         rule.spec.bucket.format()

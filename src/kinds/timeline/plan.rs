@@ -1,0 +1,562 @@
+//! The timeline planner (pull): the friends-timeline read answered from each
+//! followee's newest messages instead of all of them.
+//!
+//! The read, in its usual spellings (`JOIN … ON` or a comma join with the condition
+//! in `WHERE`; any column list):
+//!
+//! ```sql
+//! SELECT message.* FROM message JOIN follower ON message.user_id = follower.follower_id
+//!  WHERE follower.user_id = ? [AND message.id < ?] ORDER BY message.id DESC LIMIT n [OFFSET k]
+//! ```
+//!
+//! reads every message of every followee and sorts them. Its answer is the `n + k`
+//! newest join rows; the newest message of each of the `n + k` followees with the
+//! newest messages are `n + k` join rows, so every row of the answer has an id at
+//! least the `(n + k)`-th largest of the followees' newest ids. The rewrite adds
+//! that bound:
+//!
+//! ```sql
+//! SELECT <as written> FROM (SELECT COALESCE((SELECT hs_x.hs_mx FROM (
+//!     SELECT (SELECT MAX(hs_m.id) FROM message AS hs_m
+//!              WHERE hs_m.user_id = hs_f.follower_id [AND hs_m.id < ?]) AS hs_mx
+//!       FROM follower AS hs_f WHERE hs_f.user_id = ?
+//!      ORDER BY hs_mx DESC LIMIT 1 OFFSET n + k - 1) AS hs_x), 0) AS hs_t) AS hs_t,
+//!   <the FROM as written> WHERE (<the WHERE as written>) AND message.id >= hs_t.hs_t
+//!  ORDER BY message.id DESC LIMIT n [OFFSET k]
+//! ```
+//!
+//! The one-row derived table is read while the server optimises the statement, so
+//! the bound is a constant for the `(author, id)` index: about `followees` index
+//! dives and `n + k` rows per followee at most, in one round trip (measured in
+//! `docs/design.md`). Fewer than `n + k` followees with messages: the bound is 0.
+
+use sqlparser::ast::{
+    BinaryOperator, Expr, JoinConstraint, JoinOperator, LimitClause, ObjectName, OrderByKind,
+    Query, SelectFlavor, SelectItem, SetExpr, Statement, TableFactor, TableWithJoins,
+};
+
+use super::spec::TimelineSpec;
+use crate::kinds::logical::LogicalTable;
+use crate::rewrite::shape::{conjuncts, eq, last_ident};
+use crate::rewrite::{parse_statements, Plan, PlanContext, Rule, TableName};
+use crate::rules::spec::quote;
+use crate::wire::resultset::ColumnDef;
+
+/// `AUTO_INCREMENT` in a column definition's flags.
+const AUTO_INCREMENT_FLAG: u16 = 0x0200;
+
+/// Rows of a page (`n + k`) above which the read is not rewritten (its bound would
+/// read as many rows per followee as the plain read).
+const MAX_PAGE_END: i64 = 10_000;
+
+/// A `[[timeline]]` rule in pull mode, ready to plan statements.
+pub struct TimelineRule {
+    name: String,
+    /// The message table, with its author column as key (metadata: its id).
+    messages: LogicalTable,
+    /// The follow table, with its reader and author columns as key.
+    follows: LogicalTable,
+    /// Both tables, for the pre-filter.
+    tables: Vec<TableName>,
+    author: String,
+    reader: String,
+    followed: String,
+    shadow: bool,
+}
+
+impl TimelineRule {
+    /// Builds the rule from a validated spec.
+    pub fn new(spec: &TimelineSpec) -> Result<Self, String> {
+        spec.validate()?;
+        let messages = TableName::parse(&spec.messages)?;
+        let follows = TableName::parse(&spec.follows)?;
+        Ok(TimelineRule {
+            name: spec.name.clone(),
+            messages: LogicalTable::new(messages.clone(), vec![spec.message_author.clone()]),
+            follows: LogicalTable::new(
+                follows.clone(),
+                vec![spec.follow_reader.clone(), spec.follow_author.clone()],
+            ),
+            tables: vec![messages, follows],
+            author: spec.message_author.clone(),
+            reader: spec.follow_reader.clone(),
+            followed: spec.follow_author.clone(),
+            shadow: spec.shadow,
+        })
+    }
+
+    /// Whether the top SELECT of `q` reads both tables (a timeline read this rule
+    /// exists for, served or not).
+    fn reads_both(&self, q: &Query, ctx: &PlanContext<'_>) -> bool {
+        let SetExpr::Select(sel) = q.body.as_ref() else {
+            return false;
+        };
+        let names: Vec<&ObjectName> = sel
+            .from
+            .iter()
+            .flat_map(|t| std::iter::once(&t.relation).chain(t.joins.iter().map(|j| &j.relation)))
+            .filter_map(|f| match f {
+                TableFactor::Table { name, .. } => Some(name),
+                _ => None,
+            })
+            .collect();
+        names.iter().any(|n| self.messages.named_by(n, ctx))
+            && names.iter().any(|n| self.follows.named_by(n, ctx))
+    }
+
+    fn plan_read(&self, q: &Query, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+        let Some(shape) = Shape::of(self, q, ctx)? else {
+            return Ok(self.reads_both(q, ctx).then(Plan::fallback));
+        };
+        let sql = shape.sql(self, q);
+        let statements = parse_statements(&sql)
+            .map_err(|e| format!("internal error: the timeline read does not parse ({e})"))?;
+        Ok(Some(Plan {
+            statements,
+            ..Default::default()
+        }))
+    }
+}
+
+/// A FROM item that is a plain table: its name and the name it is read under.
+fn plain_table(f: &TableFactor) -> Option<(&ObjectName, String)> {
+    let TableFactor::Table {
+        name,
+        alias,
+        args: None,
+        with_hints,
+        version: None,
+        with_ordinality: false,
+        partitions,
+        json_path: None,
+        sample: None,
+        index_hints,
+    } = f
+    else {
+        return None;
+    };
+    if !with_hints.is_empty() || !partitions.is_empty() || !index_hints.is_empty() {
+        return None;
+    }
+    let alias = match alias {
+        Some(a) if a.columns.is_empty() => a.name.value.clone(),
+        Some(_) => return None,
+        None => last_ident(name),
+    };
+    Some((name, alias))
+}
+
+/// A timeline read taken apart.
+struct Shape<'q> {
+    /// The message table's and the follow table's names as written, and the
+    /// names they are read under.
+    messages: (&'q ObjectName, String),
+    follows: (&'q ObjectName, String),
+    /// The messages' AUTO_INCREMENT column.
+    id: String,
+    /// The reader's value (`follows.reader = v`).
+    reader_value: &'q Expr,
+    /// The keyset bound (`messages.id < v` or `<= v`): operator and value.
+    before: Option<(&'static str, &'q Expr)>,
+    /// `n + k`: the last row of the page.
+    page_end: i64,
+    /// `SELECT *` is written: expanded in FROM order (the derived table the
+    /// rewrite adds must not show).
+    star_order: Vec<String>,
+}
+
+impl<'q> Shape<'q> {
+    fn of(
+        rule: &TimelineRule,
+        q: &'q Query,
+        ctx: &PlanContext<'_>,
+    ) -> Result<Option<Shape<'q>>, String> {
+        let plain = q.with.is_none()
+            && q.fetch.is_none()
+            && q.locks.is_empty()
+            && q.for_clause.is_none()
+            && q.settings.is_none()
+            && q.format_clause.is_none()
+            && q.pipe_operators.is_empty();
+        let SetExpr::Select(sel) = q.body.as_ref() else {
+            return Ok(None);
+        };
+        let simple = sel.optimizer_hints.is_empty()
+            && sel.distinct.is_none()
+            && sel.select_modifiers.is_none()
+            && sel.top.is_none()
+            && sel.exclude.is_none()
+            && sel.into.is_none()
+            && sel.lateral_views.is_empty()
+            && sel.prewhere.is_none()
+            && sel.connect_by.is_empty()
+            && sel.cluster_by.is_empty()
+            && sel.distribute_by.is_empty()
+            && sel.sort_by.is_empty()
+            && sel.having.is_none()
+            && sel.named_window.is_empty()
+            && sel.qualify.is_none()
+            && sel.value_table_mode.is_none()
+            && sel.flavor == SelectFlavor::Standard
+            && matches!(&sel.group_by, sqlparser::ast::GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
+        if !plain || !simple {
+            return Ok(None);
+        }
+        // FROM: `m JOIN f ON cond` (either order) or `m, f`.
+        let mut items: Vec<&TableFactor> = Vec::new();
+        let mut join_on: Option<&Expr> = None;
+        match sel.from.as_slice() {
+            [TableWithJoins { relation, joins }] => {
+                let [j] = joins.as_slice() else {
+                    return Ok(None);
+                };
+                let on = match &j.join_operator {
+                    JoinOperator::Join(JoinConstraint::On(e))
+                    | JoinOperator::Inner(JoinConstraint::On(e)) => e,
+                    _ => return Ok(None),
+                };
+                if j.global {
+                    return Ok(None);
+                }
+                items.extend([relation, &j.relation]);
+                join_on = Some(on);
+            }
+            [a, b] if a.joins.is_empty() && b.joins.is_empty() => {
+                items.extend([&a.relation, &b.relation]);
+            }
+            _ => return Ok(None),
+        }
+        let (Some(first), Some(second)) = (plain_table(items[0]), plain_table(items[1])) else {
+            return Ok(None);
+        };
+        let (messages, follows) =
+            if rule.messages.named_by(first.0, ctx) && rule.follows.named_by(second.0, ctx) {
+                (first.clone(), second.clone())
+            } else if rule.follows.named_by(first.0, ctx) && rule.messages.named_by(second.0, ctx) {
+                (second.clone(), first.clone())
+            } else {
+                return Ok(None);
+            };
+        if eq(&messages.1, &follows.1) {
+            return Ok(None);
+        }
+        let star_order = vec![first.1.clone(), second.1.clone()];
+        // The columns: `*`, `t.*` or column references of the two tables.
+        for item in &sel.projection {
+            let ok = match item {
+                SelectItem::Wildcard(o) | SelectItem::QualifiedWildcard(_, o) => {
+                    o.opt_ilike.is_none()
+                        && o.opt_exclude.is_none()
+                        && o.opt_except.is_none()
+                        && o.opt_replace.is_none()
+                        && o.opt_rename.is_none()
+                }
+                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                    matches!(e, Expr::Identifier(_) | Expr::CompoundIdentifier(_))
+                }
+                _ => false,
+            };
+            if !ok {
+                return Ok(None);
+            }
+        }
+        let meta = rule.messages.columns(ctx)?;
+        let Some(id) = id_column(&meta) else {
+            return Ok(None);
+        };
+        let col_of = |e: &Expr, table: &str, column: &str| -> bool {
+            matches!(e, Expr::CompoundIdentifier(p) if p.len() == 2
+                && eq(&p[0].value, table) && eq(&p[1].value, column))
+        };
+        // The join condition and the WHERE conjuncts.
+        let mut terms: Vec<&Expr> = Vec::new();
+        if let Some(on) = join_on {
+            conjuncts(on, &mut terms);
+            if terms.len() != 1 {
+                return Ok(None);
+            }
+        }
+        let Some(selection) = &sel.selection else {
+            return Ok(None);
+        };
+        conjuncts(selection, &mut terms);
+        let (m, f) = (&messages.1, &follows.1);
+        let mut joined = false;
+        let mut reader_value = None;
+        let mut before = None;
+        for t in terms {
+            let Expr::BinaryOp { left, op, right } = t else {
+                return Ok(None);
+            };
+            let (l, r) = (left.as_ref(), right.as_ref());
+            match op {
+                BinaryOperator::Eq
+                    if (col_of(l, m, &rule.author) && col_of(r, f, &rule.followed))
+                        || (col_of(r, m, &rule.author) && col_of(l, f, &rule.followed)) =>
+                {
+                    joined = true;
+                }
+                BinaryOperator::Eq if col_of(l, f, &rule.reader) && ctx.slot(r).is_some() => {
+                    reader_value = Some(r);
+                }
+                BinaryOperator::Eq if col_of(r, f, &rule.reader) && ctx.slot(l).is_some() => {
+                    reader_value = Some(l);
+                }
+                BinaryOperator::Lt if col_of(l, m, &id) && ctx.slot(r).is_some() => {
+                    before = Some(("<", r));
+                }
+                BinaryOperator::LtEq if col_of(l, m, &id) && ctx.slot(r).is_some() => {
+                    before = Some(("<=", r));
+                }
+                _ => return Ok(None),
+            }
+        }
+        let Some(reader_value) = reader_value else {
+            return Ok(None);
+        };
+        if !joined {
+            return Ok(None);
+        }
+        // ORDER BY m.id DESC, LIMIT n [OFFSET k] with literal numbers.
+        let Some(order) = &q.order_by else {
+            return Ok(None);
+        };
+        let OrderByKind::Expressions(exprs) = &order.kind else {
+            return Ok(None);
+        };
+        let [o] = exprs.as_slice() else {
+            return Ok(None);
+        };
+        let desc = matches!(o.options.sort, Some(sqlparser::ast::OrderBySort::Desc))
+            && o.options.nulls_first.is_none();
+        if !desc || o.with_fill.is_some() || !col_of(&o.expr, m, &id) || order.interpolate.is_some()
+        {
+            return Ok(None);
+        }
+        let number = |e: &Expr| ctx.literal(e).and_then(|l| l.as_i64());
+        let (limit, offset) = match &q.limit_clause {
+            Some(LimitClause::LimitOffset {
+                limit: Some(limit),
+                offset,
+                limit_by,
+            }) if limit_by.is_empty() => (number(limit), offset.as_ref().map(|o| number(&o.value))),
+            Some(LimitClause::OffsetCommaLimit { offset, limit }) => {
+                (number(limit), Some(number(offset)))
+            }
+            _ => return Ok(None),
+        };
+        let (Some(limit), Some(offset)) = (limit, offset.unwrap_or(Some(0))) else {
+            return Ok(None);
+        };
+        let page_end = limit.saturating_add(offset);
+        if limit < 1 || offset < 0 || page_end > MAX_PAGE_END {
+            return Ok(None);
+        }
+        Ok(Some(Shape {
+            messages: (messages.0, messages.1.clone()),
+            follows: (follows.0, follows.1.clone()),
+            id,
+            reader_value,
+            before,
+            page_end,
+            star_order: if sel
+                .projection
+                .iter()
+                .any(|i| matches!(i, SelectItem::Wildcard(_)))
+            {
+                star_order
+            } else {
+                Vec::new()
+            },
+        }))
+    }
+
+    /// The rewritten read.
+    fn sql(&self, rule: &TimelineRule, q: &Query) -> String {
+        let SetExpr::Select(sel) = q.body.as_ref() else {
+            return String::new();
+        };
+        let id = quote(&self.id);
+        let before = self
+            .before
+            .map(|(op, v)| format!(" AND `hs_m`.{id} {op} {v}"))
+            .unwrap_or_default();
+        let bound = format!(
+            "(SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT MAX(`hs_m`.{id}) FROM {} AS `hs_m` \
+             WHERE `hs_m`.{} = `hs_f`.{}{before}) AS `hs_mx` FROM {} AS `hs_f` WHERE `hs_f`.{} = {} \
+             ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {}) AS `hs_x`), 0) AS `hs_t`) AS `hs_t`",
+            self.messages.0,
+            quote(&rule.author),
+            quote(&rule.followed),
+            self.follows.0,
+            quote(&rule.reader),
+            self.reader_value,
+            self.page_end - 1
+        );
+        let projection: Vec<String> = sel
+            .projection
+            .iter()
+            .flat_map(|i| match i {
+                SelectItem::Wildcard(_) => self
+                    .star_order
+                    .iter()
+                    .map(|t| format!("{}.*", quote(t)))
+                    .collect::<Vec<_>>(),
+                other => vec![other.to_string()],
+            })
+            .collect();
+        let from: Vec<String> = sel.from.iter().map(ToString::to_string).collect();
+        let mut sql = format!(
+            "SELECT {} FROM {bound}, {}",
+            projection.join(", "),
+            from.join(", ")
+        );
+        if let Some(w) = &sel.selection {
+            sql.push_str(&format!(
+                " WHERE ({w}) AND {}.{id} >= `hs_t`.`hs_t`",
+                quote(&self.messages.1)
+            ));
+        }
+        if let Some(o) = &q.order_by {
+            sql.push_str(&format!(" {o}"));
+        }
+        if let Some(l) = &q.limit_clause {
+            sql.push_str(&format!(" {l}"));
+        }
+        sql
+    }
+}
+
+/// The AUTO_INCREMENT column of the message table.
+fn id_column(meta: &[ColumnDef]) -> Option<String> {
+    meta.iter()
+        .find(|d| d.flags & AUTO_INCREMENT_FLAG != 0)
+        .map(|d| String::from_utf8_lossy(&d.org_name).into_owned())
+}
+
+impl Rule for TimelineRule {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn tables(&self) -> &[TableName] {
+        &self.tables
+    }
+
+    fn shadow(&self) -> bool {
+        self.shadow
+    }
+
+    fn metadata_query(&self, current_db: Option<&str>) -> Option<String> {
+        self.messages.metadata_query(current_db)
+    }
+
+    fn provide_metadata(&self, current_db: Option<&str>, columns: &[ColumnDef]) {
+        self.messages.provide_metadata(current_db, columns);
+    }
+
+    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+        match stmt {
+            Statement::Query(q) => self.plan_read(q, ctx),
+            _ => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::spec::TimelineSpec;
+    use super::TimelineRule;
+    use crate::rewrite::testutil::{
+        assert_fallbacks, assert_passthrough, assert_sql, col, rewrite,
+    };
+    use crate::rewrite::Engine;
+    use crate::wire::resultset::types;
+
+    fn engine() -> Engine {
+        let specs: Vec<TimelineSpec> = crate::kinds::entries(
+            "[[timeline]]\nname = \"friends\"\nmessages = \"message\"\nmessage_author = \"user_id\"\n\
+             follows = \"follower\"\nfollow_reader = \"user_id\"\nfollow_author = \"follower_id\"\nmode = \"pull\"\n",
+            "timeline",
+        )
+        .unwrap();
+        let e = Engine::new(vec![Arc::new(TimelineRule::new(&specs[0]).unwrap())], 100).unwrap();
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[
+                col("message", "id", types::LONG, 0x4223),
+                col("message", "user_id", types::LONG, 0x4029),
+                col("message", "body", 0xfd, 0x1001),
+            ],
+        );
+        e
+    }
+
+    fn bound(author_ref: &str, reader: &str, before: &str, offset: i64) -> String {
+        format!(
+            "(SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT MAX(`hs_m`.`id`) FROM {author_ref} AS `hs_m` \
+             WHERE `hs_m`.`user_id` = `hs_f`.`follower_id`{before}) AS `hs_mx` FROM follower AS `hs_f` \
+             WHERE `hs_f`.`user_id` = {reader} ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {offset}) AS `hs_x`), 0) AS `hs_t`) AS `hs_t`"
+        )
+    }
+
+    #[test]
+    fn join_on_reads_each_followees_newest() {
+        let e = engine();
+        let r = rewrite(
+            &e,
+            "SELECT message.* FROM message INNER JOIN follower ON message.user_id = follower.follower_id \
+             WHERE follower.user_id = 42 ORDER BY message.id DESC LIMIT 20",
+        );
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT message.* FROM {}, message INNER JOIN follower ON message.user_id = follower.follower_id \
+                 WHERE (follower.user_id = 42) AND `message`.`id` >= `hs_t`.`hs_t` ORDER BY message.id DESC LIMIT 20",
+                bound("message", "42", "", 19)
+            )],
+        );
+    }
+
+    #[test]
+    fn comma_join_star_keyset_and_offset() {
+        let e = engine();
+        let r = rewrite(
+            &e,
+            "SELECT * FROM message m, follower f WHERE f.user_id = 7 AND m.user_id = f.follower_id \
+             AND m.id < 1000 ORDER BY m.id DESC LIMIT 10 OFFSET 5",
+        );
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT `m`.*, `f`.* FROM {}, message m, follower f \
+                 WHERE (f.user_id = 7 AND m.user_id = f.follower_id AND m.id < 1000) AND `m`.`id` >= `hs_t`.`hs_t` \
+                 ORDER BY m.id DESC LIMIT 10 OFFSET 5",
+                bound("message", "7", " AND `hs_m`.`id` < 1000", 14)
+            )],
+        );
+    }
+
+    #[test]
+    fn other_shapes_fall_back_or_pass() {
+        let e = engine();
+        let fallbacks = [
+            // Another predicate on the messages, another order, no limit, an aggregate.
+            "SELECT m.* FROM message m JOIN follower f ON m.user_id = f.follower_id WHERE f.user_id = 1 AND m.body <> '' ORDER BY m.id DESC LIMIT 20",
+            "SELECT m.* FROM message m JOIN follower f ON m.user_id = f.follower_id WHERE f.user_id = 1 ORDER BY m.id LIMIT 20",
+            "SELECT m.* FROM message m JOIN follower f ON m.user_id = f.follower_id WHERE f.user_id = 1 ORDER BY m.id DESC",
+            "SELECT COUNT(*) FROM message m JOIN follower f ON m.user_id = f.follower_id WHERE f.user_id = 1",
+            "SELECT m.* FROM message m LEFT JOIN follower f ON m.user_id = f.follower_id WHERE f.user_id = 1 ORDER BY m.id DESC LIMIT 20",
+        ];
+        assert_fallbacks(&e, &fallbacks);
+        let passed = [
+            "SELECT * FROM message WHERE id = 1",
+            "INSERT INTO message (user_id, body) VALUES (1, 'x')",
+            "DELETE FROM follower WHERE user_id = 1",
+        ];
+        assert_passthrough(&e, &passed);
+    }
+}

@@ -217,6 +217,19 @@ fn inserts_that_would_be_unreachable_are_refused_and_the_column_is_filled() {
             ));
             assert_eq!(got.as_deref(), Some(want), "{tz}");
         }
+        // Prepared, the same.
+        p.query_drop("SET time_zone = '+05:30'").await.unwrap();
+        let k = key(20, t);
+        p.exec_drop(
+            "INSERT INTO Messages (UUID, Message) VALUES (?, ?)",
+            (k.as_str(), "{}"),
+        )
+        .await
+        .unwrap();
+        let got = env.backend_scalar(&format!(
+            "SELECT CAST(Inserted AS CHAR) FROM {{db}}.Messages WHERE UUID = '{k}'"
+        ));
+        assert_eq!(got.as_deref(), Some("2024-11-22"), "prepared");
         // A key without a time and no column: what the table answers (no default).
         let e = p
             .query_drop("INSERT INTO Messages (UUID, Message) VALUES ('plain', '{}')")

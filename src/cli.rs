@@ -267,6 +267,15 @@ pub struct ServeArgs {
     /// Name expected in the backend's certificate [default: the host of --backend].
     #[arg(long, env = "HEATSINK_BACKEND_TLS_SERVER_NAME")]
     pub backend_tls_server_name: Option<String>,
+    /// mysql://user:pw@host:port/db to run the rules' maintenance jobs with
+    /// (`heatsink maintain`: partition rotation, counter compaction) every
+    /// --maintain-interval; a named lock in the database lets one proxy of many
+    /// do each run [default: off].
+    #[arg(long, env = "HEATSINK_MAINTAIN_URL", hide_env_values = true)]
+    pub maintain_url: Option<Secret>,
+    /// Seconds between maintenance runs [default: 3600].
+    #[arg(long, env = "HEATSINK_MAINTAIN_INTERVAL")]
+    pub maintain_interval: Option<u64>,
 }
 
 impl ServeArgs {
@@ -307,6 +316,8 @@ impl ServeArgs {
             backend_tls_ca: self.backend_tls_ca,
             backend_tls_insecure: self.backend_tls_insecure.then_some(true),
             backend_tls_server_name: self.backend_tls_server_name,
+            maintain_url: self.maintain_url,
+            maintain_interval: self.maintain_interval,
         };
         Config::resolve(o, file)
     }

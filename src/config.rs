@@ -50,6 +50,9 @@ impl std::str::FromStr for Secret {
     }
 }
 
+/// Seconds between maintenance runs of `serve` by default (with `maintain_url`).
+pub const DEFAULT_MAINTAIN_INTERVAL: u64 = 3600;
+
 /// Smallest `max_client_packet` (the server's minimum `max_allowed_packet`).
 pub const MIN_CLIENT_PACKET: u64 = 1024;
 /// Largest `max_client_packet` (the server's maximum `max_allowed_packet`, 1 GiB).
@@ -140,6 +143,13 @@ pub struct Config {
     pub backend_tls_insecure: bool,
     /// Name the backend's certificate must carry; default: the host of `backend`.
     pub backend_tls_server_name: Option<String>,
+    /// `mysql://user:pw@host:port/db` the proxy runs the rules' maintenance jobs
+    /// with (`heatsink maintain`: partition rotation, counter compaction) every
+    /// `maintain_interval`; off when `None`. Each run holds the job's named lock in
+    /// the database, so of many proxies one does the work.
+    pub maintain_url: Option<Secret>,
+    /// Time between maintenance runs.
+    pub maintain_interval: Duration,
 }
 
 impl Default for Config {
@@ -167,6 +177,8 @@ impl Default for Config {
             log_literals: false,
             plan_cache_size: 10_000,
             max_client_packet: None,
+            maintain_url: None,
+            maintain_interval: Duration::from_secs(DEFAULT_MAINTAIN_INTERVAL),
             tls_cert: None,
             tls_key: None,
             tls_required: false,
@@ -211,6 +223,8 @@ pub struct FileConfig {
     pub backend_tls_ca: Option<PathBuf>,
     pub backend_tls_insecure: Option<bool>,
     pub backend_tls_server_name: Option<String>,
+    pub maintain_url: Option<Secret>,
+    pub maintain_interval: Option<u64>,
 }
 
 impl FileConfig {
@@ -270,6 +284,8 @@ pub struct Overrides {
     pub backend_tls_ca: Option<PathBuf>,
     pub backend_tls_insecure: Option<bool>,
     pub backend_tls_server_name: Option<String>,
+    pub maintain_url: Option<Secret>,
+    pub maintain_interval: Option<u64>,
 }
 
 impl Config {
@@ -358,6 +374,12 @@ impl Config {
                 .or(file.backend_tls_insecure)
                 .unwrap_or(d.backend_tls_insecure),
             backend_tls_server_name: cli.backend_tls_server_name.or(file.backend_tls_server_name),
+            maintain_url: cli.maintain_url.or(file.maintain_url),
+            maintain_interval: cli
+                .maintain_interval
+                .or(file.maintain_interval)
+                .map(secs)
+                .unwrap_or(d.maintain_interval),
         };
         c.validate()
     }
@@ -372,6 +394,9 @@ impl Config {
         };
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1");
+        }
+        if self.maintain_url.is_some() && self.maintain_interval.is_zero() {
+            return bad("maintain_interval must be at least 1 second");
         }
         if let Some(n) = self.max_client_packet {
             if !(MIN_CLIENT_PACKET..=MAX_CLIENT_PACKET).contains(&n) {

@@ -192,6 +192,13 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
     if let Some(l) = admin {
         tokio::spawn(admin::serve(l, Arc::clone(&shared), reloader));
     }
+    if let Some(url) = &config.maintain_url {
+        maintain::periodic(
+            config.rules.clone(),
+            url.0.clone(),
+            config.maintain_interval,
+        )?;
+    }
     let health = tokio::spawn(backends::health_loop(
         Arc::clone(&shared.backends),
         health_config,

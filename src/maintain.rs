@@ -129,6 +129,49 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
     ))
 }
 
+/// Runs every rule's maintenance jobs every `interval` (the first run after one
+/// interval), for `heatsink serve --maintain-url`: on a thread of its own with a
+/// single-threaded runtime (jobs hold one connection and are not `Send`), for the
+/// life of the process. The rules are read again for each run, so a reload applies.
+/// Each job holds its named lock, so of many proxies one does a run; the others log
+/// that it was skipped. Failures are logged and retried at the next run.
+pub fn periodic(
+    rules: std::path::PathBuf,
+    url: String,
+    interval: std::time::Duration,
+) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::with_cause(Source::Internal, "starting the maintenance runtime", e))?;
+    std::thread::Builder::new()
+        .name("heatsink-maintain".into())
+        .spawn(move || {
+            runtime.block_on(async {
+                loop {
+                    tokio::time::sleep(interval).await;
+                    let opts = MaintainOptions {
+                        rules: &rules,
+                        backend_url: &url,
+                        rule: None,
+                        job: None,
+                        batch: DEFAULT_BATCH,
+                    };
+                    let mut out = Vec::new();
+                    let result = run(&opts, &mut out).await;
+                    for line in String::from_utf8_lossy(&out).lines() {
+                        tracing::info!(target: "heatsink::maintain", "{line}");
+                    }
+                    if let Err(e) = result {
+                        tracing::warn!(target: "heatsink::maintain", error = %e, "maintenance run failed");
+                    }
+                }
+            });
+        })
+        .map_err(|e| Error::with_cause(Source::Internal, "starting the maintenance thread", e))?;
+    Ok(())
+}
+
 /// The lock of `job` on `spec`'s logical table: `heatsink:<job>:<db>.<table>`, so
 /// that proxies sharing a database share it, whatever they call the rule (a hash of
 /// that when it would exceed the server's 64 characters).

@@ -44,6 +44,7 @@ use crate::wire::resultset::ColumnDef;
 pub mod counter;
 pub mod inserts;
 pub mod logical;
+pub mod partition;
 pub mod ring;
 pub mod rollup;
 pub mod timeline;
@@ -53,6 +54,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &counter::Counter,
     &ring::Ring,
     &rollup::Rollup,
+    &partition::Partition,
     &timeline::Timeline,
 ];
 

@@ -67,7 +67,7 @@ pub fn migrate_apply(db: &str, toml: &str) -> String {
 // ---------------------------------------------------------------------------------------
 // Rule TOML
 
-/// One `[[counter]]`, `[[ring]]` or `[[rollup]]` rule, written as TOML by [`Rule::toml`] (one
+/// One `[[counter]]`, `[[ring]]`, `[[rollup]]` or `[[partition]]` rule, written as TOML by [`Rule::toml`] (one
 /// `key = value` line per setting, in the order they were first set).
 #[derive(Clone, Debug)]
 pub struct Rule {
@@ -120,6 +120,27 @@ impl Rule {
                 ("rollup_table", quoted(rollup_table)),
                 ("time", quoted(time)),
                 ("bucket", quoted(bucket)),
+            ],
+        }
+    }
+
+    /// A partition rule on `table` with the shape: key `UUID` carrying unix
+    /// seconds between dashes, partition column `Inserted`, retention 30 days, premake
+    /// 3, tolerance 1; change settings with [`Rule::set`].
+    pub fn partition(name: &str, table: &str) -> Rule {
+        Rule {
+            kind: "partition",
+            settings: vec![
+                ("name", quoted(name)),
+                ("table", quoted(table)),
+                ("key", quoted("UUID")),
+                ("key_time", quoted("unix")),
+                ("key_pattern", quoted("-([0-9]{10})-")),
+                ("column", quoted("Inserted")),
+                ("period", quoted("day")),
+                ("retention_days", "30".into()),
+                ("premake", "3".into()),
+                ("tolerance_days", "1".into()),
             ],
         }
     }

@@ -1,0 +1,119 @@
+//! The partition kind: a table partitioned by day whose lookups by an opaque key
+//! are pruned to the partitions of the time the key carries, and whose partitions
+//! rotate.
+//!
+//! - `spec.rs`: the `[[partition]]` section and its validation;
+//! - `keytime.rs`: the SQL that reads a key's time on the server;
+//! - `plan.rs`: the planner ([`PartitionRule`]): lookups by key get the partition
+//!   predicate, inserts that omit the partition column get it from the key;
+//! - `schema.rs`: the invariant trigger, the partitioning DDL `heatsink migrate`
+//!   prints, and what `check --backend-url` reports;
+//! - `rotate.rs`: the `rotate` job of `heatsink maintain` (premade partitions,
+//!   expired ones dropped).
+
+pub mod keytime;
+pub mod plan;
+pub mod rotate;
+pub mod schema;
+pub mod spec;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use mysql_async::Conn;
+
+pub use plan::PartitionRule;
+pub use spec::PartitionSpec;
+
+use crate::error::Result;
+use crate::kinds::logical::{assumed_column, Assumed};
+use crate::kinds::{Job, JobContext, JobReport, Kind, Migration, RuleSpec, SchemaError};
+use crate::rewrite::Rule;
+use crate::rules::spec::TableName;
+use crate::wire::resultset::{types, ColumnDef};
+
+/// The partition kind, as the registry lists it.
+pub struct Partition;
+
+impl Kind for Partition {
+    fn section(&self) -> &'static str {
+        "partition"
+    }
+
+    fn parse(&self, text: &str) -> std::result::Result<Vec<Arc<dyn RuleSpec>>, toml::de::Error> {
+        crate::kinds::specs_of::<PartitionSpec>(text, self.section())
+    }
+}
+
+/// The SQL reading of a spec's key time.
+pub(crate) fn key_time_sql(spec: &PartitionSpec) -> keytime::KeyTimeSql {
+    keytime::KeyTimeSql {
+        kind: spec.key_time,
+        pattern: spec.key_pattern.clone(),
+        epoch_ms: spec.snowflake_epoch_ms.unwrap_or(0),
+    }
+}
+
+/// The jobs of a partition rule.
+static JOBS: &[Job] = &[Job {
+    name: "rotate",
+    about: "create partitions `premake` days ahead and drop those wholly older than the retention",
+}];
+
+#[async_trait(?Send)]
+impl RuleSpec for PartitionSpec {
+    fn kind(&self) -> &'static str {
+        Partition.section()
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn physical_tables(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn rule(&self) -> std::result::Result<Arc<dyn Rule>, String> {
+        self.validate()?;
+        Ok(Arc::new(PartitionRule::new(self)?))
+    }
+
+    /// The key as a `VARCHAR(255)`, the partition column as a `DATE`.
+    fn assumed_columns(&self) -> Vec<ColumnDef> {
+        let Ok(table) = TableName::parse(&self.table) else {
+            return Vec::new();
+        };
+        let mut date = assumed_column(&table.name, &self.column, Assumed::Time);
+        date.column_type = types::DATE;
+        date.decimals = 0;
+        date.length = 10;
+        vec![assumed_column(&table.name, &self.key, Assumed::Key), date]
+    }
+
+    async fn schema(
+        &self,
+        conn: &mut Conn,
+        default_db: Option<&str>,
+    ) -> std::result::Result<Box<dyn Migration>, SchemaError> {
+        Ok(Box::new(schema::check(conn, self, default_db).await?))
+    }
+
+    fn jobs(&self) -> &'static [Job] {
+        JOBS
+    }
+
+    async fn run_job(&self, job: &str, ctx: &mut JobContext<'_>) -> Result<JobReport> {
+        match job {
+            "rotate" => rotate::run(self, ctx).await,
+            _ => Err(crate::error::Error::new(
+                crate::error::Source::Internal,
+                format!("rule {}: no job named '{job}'", self.name),
+            )),
+        }
+    }
+}

@@ -1,0 +1,387 @@
+//! The `rotate` job (`heatsink maintain --job rotate`): keeps a partition for each
+//! day up to `CURDATE() + premake`, a catch-all `MAXVALUE` partition at the end
+//! (so an insert beyond the last day never fails with 1526), and drops the
+//! partitions wholly older than `CURDATE() - retention_days`. Days count on the
+//! database server's clock.
+//!
+//! The DDL must not stall the application. An `ALTER TABLE` waits for every
+//! transaction that has the table open, and statements arriving meanwhile queue
+//! behind it; so each statement runs with `lock_wait_timeout = 1` (a statement of
+//! the application waits at most about a second behind it) and is retried with a
+//! growing pause when the lock was not granted. New days are split off the
+//! catch-all partition only while it is empty (then the split copies nothing);
+//! dropping a partition removes its rows without touching the others.
+
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+
+use super::schema::{partitions, Layout};
+use super::spec::PartitionSpec;
+use crate::error::{Error, OrErr, Result, Source};
+use crate::kinds::{JobContext, JobReport};
+use crate::schema::{emit, resolve_tables};
+
+/// Attempts of one DDL statement whose lock was not granted.
+pub const DDL_ATTEMPTS: u32 = 12;
+/// Pause after the first refused attempt; doubled after each, at most [`MAX_PAUSE`].
+pub const FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// Longest pause between attempts.
+pub const MAX_PAUSE: Duration = Duration::from_secs(4);
+/// Seconds a rotation statement waits for its table lock (`lock_wait_timeout`).
+pub const LOCK_WAIT_SECONDS: u32 = 0;
+
+/// A day as a count of days since 1970-01-01 (proleptic Gregorian).
+pub type Day = i64;
+
+/// Days since 1970-01-01 of a `YYYY-MM-DD` date (H. Hinnant's algorithm).
+pub fn parse_day(s: &str) -> Option<Day> {
+    let s = s.trim().trim_matches('\'');
+    let mut it = s.get(..10)?.split('-');
+    let y: i64 = it.next()?.parse().ok()?;
+    let m: i64 = it.next()?.parse().ok()?;
+    let d: i64 = it.next()?.parse().ok()?;
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    Some(era * 146_097 + doe - 719_468)
+}
+
+/// (year, month, day) of a [`Day`].
+pub fn civil(z: Day) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (
+        if m <= 2 {
+            yoe + era * 400 + 1
+        } else {
+            yoe + era * 400
+        },
+        m,
+        d,
+    )
+}
+
+/// `YYYY-MM-DD`.
+pub fn day_sql(z: Day) -> String {
+    let (y, m, d) = civil(z);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The name of the partition holding day `z`: `pYYYYMMDD`.
+pub fn partition_name(z: Day) -> String {
+    let (y, m, d) = civil(z);
+    format!("p{y:04}{m:02}{d:02}")
+}
+
+/// `PARTITION pYYYYMMDD VALUES LESS THAN ('YYYY-MM-DD')` for each day of `days`.
+pub fn day_partitions(days: std::ops::RangeInclusive<Day>) -> Vec<String> {
+    days.map(|z| {
+        format!(
+            "PARTITION {} VALUES LESS THAN ('{}')",
+            partition_name(z),
+            day_sql(z + 1)
+        )
+    })
+    .collect()
+}
+
+/// Days one rotation statement adds: the statement holds a lock that blocks the
+/// application's writes while it creates its partitions (about 50 ms each on this
+/// VM, more under load), so a table far behind is caught up in small steps.
+pub const DAYS_PER_DDL: usize = 3;
+
+/// The catch-all partition's definition.
+pub const CATCH_ALL: &str = "PARTITION pmax VALUES LESS THAN (MAXVALUE)";
+
+/// What the rotation must run on a table laid out as `layout` on day `today`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RotationPlan {
+    /// Partitions to drop (wholly older than the retention).
+    pub drop: Vec<String>,
+    /// The statements that add the missing days (and the catch-all), in order, at
+    /// most [`DAYS_PER_DDL`] days each.
+    pub add: Vec<String>,
+    /// Why days could not be added (the catch-all partition holds rows).
+    pub blocked: Option<String>,
+}
+
+/// The rotation of `layout` for `today` (`catch_all_empty`: the `MAXVALUE`
+/// partition holds no row).
+pub fn plan(
+    spec: &PartitionSpec,
+    table_sql: &str,
+    layout: &Layout,
+    today: Day,
+    catch_all_empty: bool,
+) -> RotationPlan {
+    let mut out = RotationPlan::default();
+    let keep_from = today - i64::from(spec.retention_days);
+    let want_last = today + i64::from(spec.premake);
+    // Days are added from the last partition's end, or from the first kept day
+    // when that is later (the first new partition then also holds the days
+    // before it, which are expired anyway).
+    let first_new = layout
+        .bounded
+        .last()
+        .map_or(today, |(_, upper)| *upper)
+        .max(keep_from);
+    let new = if first_new <= want_last {
+        day_partitions(first_new..=want_last)
+    } else {
+        Vec::new()
+    };
+    let last = layout.bounded.last().map(|(name, _)| name.clone());
+    for (name, upper) in &layout.bounded {
+        if *upper <= keep_from {
+            out.drop.push(name.clone());
+        }
+    }
+    match (&layout.catch_all, new.is_empty()) {
+        (Some(_), true) => {}
+        (Some(pmax), false) if catch_all_empty => {
+            let pmax = crate::rules::spec::quote(pmax);
+            for days in new.chunks(DAYS_PER_DDL) {
+                out.add.push(format!(
+                    "ALTER TABLE {table_sql} REORGANIZE PARTITION {pmax} INTO ({}, {})",
+                    days.join(", "),
+                    CATCH_ALL.replace("pmax", &pmax)
+                ));
+            }
+        }
+        (Some(pmax), false) => {
+            out.blocked = Some(format!(
+                "catch-all partition {pmax} holds rows, so days up to {} were not split off it (a split would copy them under a lock); move or delete those rows",
+                day_sql(want_last)
+            ));
+        }
+        (None, _) => {
+            let mut parts = new;
+            parts.push(CATCH_ALL.to_string());
+            for days in parts.chunks(DAYS_PER_DDL) {
+                out.add.push(format!(
+                    "ALTER TABLE {table_sql} ADD PARTITION ({})",
+                    days.join(", ")
+                ));
+            }
+        }
+    }
+    // A RANGE table keeps at least one bounded partition.
+    if out.add.is_empty() {
+        out.drop.retain(|n| Some(n) != last.as_ref());
+    }
+    out
+}
+
+/// Runs one DDL statement with a short lock wait, retried with growing pauses
+/// while its lock is not granted (1205) or the table changed under it.
+pub async fn run_ddl(conn: &mut Conn, rule: &str, sql: &str) -> Result<u32> {
+    let mut pause = FIRST_PAUSE;
+    let stmt = format!("SET STATEMENT lock_wait_timeout = {LOCK_WAIT_SECONDS} FOR {sql}");
+    for attempt in 1..=DDL_ATTEMPTS {
+        match conn.query_drop(&stmt).await {
+            Ok(()) => return Ok(attempt),
+            Err(mysql_async::Error::Server(e))
+                if (e.code == 1205 || e.code == 1213) && attempt < DDL_ATTEMPTS =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+            Err(e) => {
+                return Err(Error::with_cause(
+                    Source::Backend,
+                    format!("rule {rule}: executing `{sql}` (attempt {attempt})"),
+                    e,
+                ))
+            }
+        }
+    }
+    Err(Error::new(
+        Source::Backend,
+        format!("rule {rule}: `{sql}` did not get its lock"),
+    ))
+}
+
+/// One run of the job.
+pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobReport> {
+    let (table, _) = resolve_tables(&spec.table, &[], ctx.default_db)
+        .map_err(|e| Error::new(Source::Rules, format!("rule {}: {e:?}", spec.name)))?;
+    let layout = partitions(ctx.conn, &table, &spec.column).await?;
+    let Some(layout) = layout else {
+        return Ok(JobReport {
+            summary: "not rotated".into(),
+            failed: vec![format!(
+                "table {} is not partitioned by RANGE COLUMNS ({}); run heatsink migrate",
+                table.quoted(),
+                spec.column
+            )],
+        });
+    };
+    let today: Option<String> = ctx
+        .conn
+        .query_first("SELECT CAST(CURDATE() AS CHAR)")
+        .await
+        .or_err(Source::Backend, || "reading CURDATE()".to_string())?;
+    let today = today.as_deref().and_then(parse_day).ok_or_else(|| {
+        Error::new(
+            Source::Backend,
+            "CURDATE() did not answer a date".to_string(),
+        )
+    })?;
+    let catch_all_empty = match &layout.catch_all {
+        Some(p) => {
+            let sql = format!(
+                "SELECT 1 FROM {} PARTITION ({}) LIMIT 1",
+                table.quoted(),
+                crate::rules::spec::quote(p)
+            );
+            let row: Option<i64> = ctx
+                .conn
+                .query_first(&sql)
+                .await
+                .or_err(Source::Backend, || format!("reading partition {p}"))?;
+            row.is_none()
+        }
+        None => true,
+    };
+    let p = plan(spec, &table.quoted(), &layout, today, catch_all_empty);
+    let mut failed = Vec::new();
+    let mut added = 0;
+    let mut drop = p.drop.clone();
+    for add in &p.add {
+        emit(ctx.out, &format!("{add};"))?;
+        match run_ddl(ctx.conn, &spec.name, add).await {
+            Ok(_) => added += add.matches("VALUES LESS THAN ('").count(),
+            Err(e) => {
+                failed.push(e.to_string());
+                // Without the new partitions, the last bounded one stays.
+                let last = layout.bounded.last().map(|(n, _)| n.clone());
+                drop.retain(|n| Some(n) != last.as_ref());
+                break;
+            }
+        }
+    }
+    if let Some(b) = p.blocked {
+        failed.push(b);
+    }
+    let mut dropped = 0;
+    if !drop.is_empty() {
+        let quoted: Vec<String> = p
+            .drop
+            .iter()
+            .map(|n| crate::rules::spec::quote(n))
+            .collect();
+        let sql = format!(
+            "ALTER TABLE {} DROP PARTITION {}",
+            table.quoted(),
+            quoted.join(", ")
+        );
+        emit(ctx.out, &format!("{sql};"))?;
+        let started = std::time::Instant::now();
+        match run_ddl(ctx.conn, &spec.name, &sql).await {
+            Ok(_) => {
+                dropped = drop.len();
+                emit(
+                    ctx.out,
+                    &format!("-- dropped in {:.3} s", started.elapsed().as_secs_f64()),
+                )?;
+            }
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    Ok(JobReport {
+        summary: format!(
+            "{added} partitions added, {dropped} dropped (today {}, kept from {} to {})",
+            day_sql(today),
+            day_sql(today - i64::from(spec.retention_days)),
+            day_sql(today + i64::from(spec.premake))
+        ),
+        failed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_round_trip() {
+        for s in [
+            "1970-01-01",
+            "2024-02-29",
+            "2024-03-01",
+            "2000-12-31",
+            "1999-01-01",
+        ] {
+            assert_eq!(day_sql(parse_day(s).unwrap()), s);
+        }
+        assert_eq!(parse_day("1970-01-02"), Some(1));
+        assert_eq!(
+            partition_name(parse_day("2024-11-24").unwrap()),
+            "p20241124"
+        );
+    }
+
+    fn spec() -> PartitionSpec {
+        let mut v: Vec<PartitionSpec> = crate::kinds::entries(
+            "[[partition]]\nname = \"m\"\ntable = \"Messages\"\nkey = \"UUID\"\nkey_time = \"unix\"\n\
+             column = \"Inserted\"\nretention_days = 3\npremake = 2\n",
+            "partition",
+        )
+        .unwrap();
+        v.remove(0)
+    }
+
+    #[test]
+    fn rotation_drops_expired_days_and_splits_the_catch_all() {
+        let d = |s: &str| parse_day(s).unwrap();
+        let layout = Layout {
+            bounded: (0..6)
+                .map(|i| (partition_name(d("2024-11-20") + i), d("2024-11-21") + i))
+                .collect(),
+            catch_all: Some("pmax".into()),
+        };
+        // Bounded days 11-20 … 11-25; today 11-25, retention 3, premake 2.
+        let p = plan(&spec(), "`Messages`", &layout, d("2024-11-25"), true);
+        assert_eq!(p.drop, ["p20241120", "p20241121"]);
+        assert_eq!(
+            p.add,
+            ["ALTER TABLE `Messages` REORGANIZE PARTITION `pmax` INTO (\
+              PARTITION p20241126 VALUES LESS THAN ('2024-11-27'), \
+              PARTITION p20241127 VALUES LESS THAN ('2024-11-28'), \
+              PARTITION `pmax` VALUES LESS THAN (MAXVALUE))"]
+        );
+        let busy = plan(&spec(), "`Messages`", &layout, d("2024-11-25"), false);
+        assert!(busy.add.is_empty() && busy.blocked.is_some());
+        // Far behind: the first new partition starts at the first kept day, and
+        // every old one goes.
+        let late = plan(&spec(), "`Messages`", &layout, d("2024-12-25"), true);
+        assert_eq!(late.drop.len(), 6);
+        // 2024-12-22 … 2024-12-27 in two steps of three days.
+        assert_eq!(late.add.len(), 2);
+        assert!(late.add[0].contains("INTO (PARTITION p20241222 VALUES LESS THAN ('2024-12-23'), "));
+        let none = Layout {
+            catch_all: None,
+            ..layout
+        };
+        let p = plan(&spec(), "`Messages`", &none, d("2024-11-24"), true);
+        assert_eq!(
+            p.add,
+            ["ALTER TABLE `Messages` ADD PARTITION (PARTITION p20241126 VALUES LESS THAN ('2024-11-27'), \
+              PARTITION pmax VALUES LESS THAN (MAXVALUE))"]
+        );
+    }
+}

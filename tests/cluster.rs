@@ -845,3 +845,140 @@ fn a_desynced_node_takes_no_new_connections() {
     });
     drop(proxy);
 }
+
+/// `YYYY-MM-DD` of day `d` after the epoch.
+fn epoch_day(d: i64) -> String {
+    heatsink::kinds::partition::rotate::day_sql(d)
+}
+
+/// The partition and timeline kinds through one heatsink per node: keyed inserts
+/// through every node get their partition column from the key, lookups by key
+/// through every node answer as the table does on that node, one `heatsink
+/// maintain` per node rotates the partitions once (the cluster-wide lease), and
+/// pulled timelines through every node equal the plain query.
+#[test]
+fn partition_and_timeline_through_one_proxy_per_node() {
+    let _serial = cluster_lock();
+    let cluster = galera();
+    let db = "cl_part";
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    let today = now.div_euclid(86_400);
+    let parts: Vec<String> = (-2..=1)
+        .map(|d| {
+            format!(
+                "PARTITION p{} VALUES LESS THAN ('{}')",
+                epoch_day(today + d).replace('-', ""),
+                epoch_day(today + d + 1)
+            )
+        })
+        .collect();
+    cluster.any_synced().exec(&format!(
+        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db} CHARACTER SET utf8mb4; USE {db};
+         CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL,
+           Message JSON NOT NULL, Inserted DATE NOT NULL,
+           PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted))
+           PARTITION BY RANGE COLUMNS (Inserted) ({}, PARTITION pmax VALUES LESS THAN (MAXVALUE));
+         CREATE TABLE follower (user_id INT UNSIGNED NOT NULL, follower_id INT UNSIGNED NOT NULL,
+           PRIMARY KEY (user_id, follower_id), KEY (follower_id));
+         CREATE TABLE message (id INT UNSIGNED AUTO_INCREMENT PRIMARY KEY, user_id INT UNSIGNED NOT NULL,
+           body VARCHAR(255) NOT NULL, KEY user_id_id (user_id, id));
+         INSERT INTO follower SELECT 1 + seq DIV 10, 1 + (seq * 7) % 50 FROM seq_0_to_499;",
+        parts.join(", ")
+    ));
+    let rules = format!(
+        "{}\n{}",
+        Rule::partition("messages_by_day", "Messages").toml(),
+        Rule::timeline("friends").toml()
+    );
+    let rules = rules_dir("rules.toml", &rules);
+    migrate_on(cluster.node(0), rules.path(), db);
+    let proxies = proxy_per_node(rules.path());
+    let urls: Vec<String> = proxies.iter().map(|p| p.url(db)).collect();
+    let key = |n: usize| format!("{n:010x}-{}-{:010x}", now - (n as i64 % 3) * 3_600, n);
+    run(Duration::from_secs(120), async {
+        // Keyed inserts and posts through every node.
+        for (i, url) in urls.iter().enumerate() {
+            let mut c = connect(url).await;
+            c.query_drop("SET time_zone = '+00:00'").await.expect("tz");
+            for n in (i * 40)..(i * 40 + 40) {
+                c.query_drop(format!(
+                    "INSERT INTO Messages (UUID, Message) VALUES ('{}', '{{\"n\": {n}}}')",
+                    key(n)
+                ))
+                .await
+                .expect("keyed insert");
+                c.query_drop(format!(
+                    "INSERT INTO message (user_id, body) VALUES ({}, 'post {n}')",
+                    1 + n % 50
+                ))
+                .await
+                .expect("post");
+            }
+        }
+        for (node, url) in cluster.nodes().iter().zip(&urls) {
+            let mut through = connect(url).await;
+            let mut direct = connect(&node.url(db)).await;
+            for c in [&mut through, &mut direct] {
+                c.query_drop("SET SESSION wsrep_sync_wait = 15, time_zone = '+00:00'")
+                    .await
+                    .expect("sync");
+            }
+            for n in (0..120).step_by(7) {
+                let sql = format!(
+                    "SELECT ID, Message, Inserted FROM Messages WHERE UUID = '{}'",
+                    key(n)
+                );
+                let a: Vec<(i64, String, String)> = through.query(&sql).await.expect("lookup");
+                let b: Vec<(i64, String, String)> = direct.query(&sql).await.expect("lookup");
+                assert_eq!(a, b, "node {}: {sql}", node.index() + 1);
+                assert_eq!(a.len(), 1, "node {}: {sql}", node.index() + 1);
+            }
+            for reader in [1, 7, 23, 50] {
+                let sql = format!(
+                    "SELECT message.* FROM message INNER JOIN follower ON message.user_id = follower.follower_id \
+                     WHERE follower.user_id = {reader} ORDER BY message.id DESC LIMIT 10"
+                );
+                let a: Vec<(u32, u32, String)> = through.query(&sql).await.expect("timeline");
+                let b: Vec<(u32, u32, String)> = direct.query(&sql).await.expect("timeline");
+                assert_eq!(a, b, "node {}: reader {reader}", node.index() + 1);
+            }
+        }
+    });
+    // Rotation from every node at once: the partitions premade once, none twice.
+    let handles: Vec<_> = cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            let url = node.url(db);
+            let dir = rules.path().to_path_buf();
+            std::thread::spawn(move || {
+                Cli::new(["maintain", "--rules"])
+                    .arg(dir)
+                    .arg("--backend-url")
+                    .arg(url)
+                    .run()
+            })
+        })
+        .collect();
+    for h in handles {
+        let (code, out, err) = h.join().expect("maintain thread");
+        assert_eq!(code, 0, "maintain:\n{out}\n{err}");
+    }
+    let names = cluster.node(1).query_strings(&format!(
+        "SELECT PARTITION_NAME FROM information_schema.PARTITIONS \
+         WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = 'Messages' ORDER BY PARTITION_ORDINAL_POSITION"
+    ));
+    let names: Vec<String> = names.into_iter().filter_map(|r| r[0].clone()).collect();
+    let mut unique = names.clone();
+    unique.dedup();
+    assert_eq!(unique, names, "partitions: {names:?}");
+    let future = format!("p{}", epoch_day(today + 3).replace('-', ""));
+    assert!(names.contains(&future), "premade {future}: {names:?}");
+    let rows = cluster
+        .node(2)
+        .query_strings(&format!("SELECT COUNT(*) FROM {db}.Messages"));
+    assert_eq!(rows[0][0].as_deref(), Some("120"));
+}

@@ -500,7 +500,6 @@ pub(crate) fn table_options(logical: &Table) -> String {
     options
 }
 
-/// Whether the server has `INSERT … RETURNING` (MariaDB ≥ 10.5).
 /// Whether the server is a Galera node (`wsrep_on = ON`): `GET_LOCK` and
 /// `LOCK TABLES` then hold only on that node, and rows written through several nodes
 /// at once fail certification.
@@ -512,6 +511,7 @@ pub(crate) async fn on_galera(conn: &mut Conn) -> Result<bool> {
     Ok(row.is_some_and(|(_, v)| v.eq_ignore_ascii_case("ON")))
 }
 
+/// Whether the server has `INSERT … RETURNING` (MariaDB ≥ 10.5).
 pub(crate) async fn has_returning(conn: &mut Conn) -> Result<bool> {
     let version: Option<String> = conn
         .query_first("SELECT VERSION()")

@@ -53,3 +53,21 @@ INSERT IGNORE INTO follower SELECT 1 + seq DIV 20, 1 + (seq * 37) % 100 FROM seq
 INSERT INTO message (user_id, body)
   SELECT 1 + seq % 100, CONCAT('message ', seq) FROM seq_1_to_20000
   WHERE NOT EXISTS (SELECT 1 FROM message);
+
+-- [[partition]] (rules/partitions.toml): rows looked up by a key that carries its
+-- creation time (unix seconds between dashes). `heatsink migrate --apply`
+-- partitions the table by day and installs the triggers that keep `Inserted` within
+-- a day of the key's date.
+CREATE TABLE IF NOT EXISTS Messages (
+  ID BIGINT AUTO_INCREMENT,
+  UUID VARCHAR(40) NOT NULL,
+  Message JSON NOT NULL,
+  Inserted DATE NOT NULL,
+  PRIMARY KEY (ID, Inserted),
+  UNIQUE KEY (UUID, Inserted)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+INSERT INTO Messages (UUID, Message, Inserted)
+  SELECT CONCAT(LPAD(HEX(seq), 10, '0'), '-', UNIX_TIMESTAMP(NOW() - INTERVAL seq HOUR), '-', LPAD(HEX(seq * 7919), 10, '0')),
+         JSON_OBJECT('n', seq), DATE(NOW() - INTERVAL seq HOUR)
+  FROM seq_1_to_500
+  WHERE NOT EXISTS (SELECT 1 FROM Messages);

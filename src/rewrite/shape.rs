@@ -161,6 +161,37 @@ pub fn last_ident(name: &ObjectName) -> String {
         .unwrap_or_default()
 }
 
+/// A FROM item that is a plain table (no hints, partitions, index hints, table
+/// function or sample): its name as written and the name it is read under (its
+/// alias, else its last name part). `None` for anything else, and for an alias with
+/// column names.
+pub fn plain_table(f: &sqlparser::ast::TableFactor) -> Option<(&ObjectName, String)> {
+    let sqlparser::ast::TableFactor::Table {
+        name,
+        alias,
+        args: None,
+        with_hints,
+        version: None,
+        with_ordinality: false,
+        partitions,
+        json_path: None,
+        sample: None,
+        index_hints,
+    } = f
+    else {
+        return None;
+    };
+    if !with_hints.is_empty() || !partitions.is_empty() || !index_hints.is_empty() {
+        return None;
+    }
+    let alias = match alias {
+        Some(a) if a.columns.is_empty() => a.name.value.clone(),
+        Some(_) => return None,
+        None => last_ident(name),
+    };
+    Some((name, alias))
+}
+
 /// The column an expression names (`c`, `t.c`, `db.t.c`), if it is a column.
 pub fn column_name(e: &Expr) -> Option<String> {
     match e {

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use sqlparser::ast::{
     BinaryOperator, DuplicateTreatment, Expr, FunctionArg, FunctionArgExpr, FunctionArguments,
     GroupByExpr, LimitClause, ObjectName, OrderByKind, Query, Select, SelectFlavor, SelectItem,
-    SetExpr, TableFactor, TableWithJoins,
+    SetExpr, TableWithJoins,
 };
 
 use super::plan::{RollupRule, Tier};
@@ -1264,33 +1264,8 @@ fn source<'q>(
     if !joins.is_empty() {
         return None;
     }
-    let TableFactor::Table {
-        name,
-        alias,
-        args: None,
-        with_hints,
-        version: None,
-        with_ordinality: false,
-        partitions,
-        json_path: None,
-        sample: None,
-        index_hints,
-    } = relation
-    else {
-        return None;
-    };
-    if !with_hints.is_empty() || !partitions.is_empty() || !index_hints.is_empty() {
-        return None;
-    }
-    if !rule.logical.named_by(name, ctx) {
-        return None;
-    }
-    let alias = match alias {
-        Some(a) if a.columns.is_empty() => a.name.value.clone(),
-        Some(_) => return None,
-        None => crate::rewrite::shape::last_ident(name),
-    };
-    Some((name, alias))
+    let (name, alias) = crate::rewrite::shape::plain_table(relation)?;
+    rule.logical.named_by(name, ctx).then_some((name, alias))
 }
 
 /// The measure an aggregate reads: `COUNT(*)`, or `COUNT(col)` of a column the

@@ -37,7 +37,7 @@ use sqlparser::ast::{
 
 use super::spec::TimelineSpec;
 use crate::kinds::logical::LogicalTable;
-use crate::rewrite::shape::{conjuncts, eq, last_ident};
+use crate::rewrite::shape::{conjuncts, eq, plain_table};
 use crate::rewrite::{parse_statements, Plan, PlanContext, Rule, TableName};
 use crate::rules::spec::quote;
 use crate::wire::resultset::ColumnDef;
@@ -116,34 +116,6 @@ impl TimelineRule {
             ..Default::default()
         }))
     }
-}
-
-/// A FROM item that is a plain table: its name and the name it is read under.
-fn plain_table(f: &TableFactor) -> Option<(&ObjectName, String)> {
-    let TableFactor::Table {
-        name,
-        alias,
-        args: None,
-        with_hints,
-        version: None,
-        with_ordinality: false,
-        partitions,
-        json_path: None,
-        sample: None,
-        index_hints,
-    } = f
-    else {
-        return None;
-    };
-    if !with_hints.is_empty() || !partitions.is_empty() || !index_hints.is_empty() {
-        return None;
-    }
-    let alias = match alias {
-        Some(a) if a.columns.is_empty() => a.name.value.clone(),
-        Some(_) => return None,
-        None => last_ident(name),
-    };
-    Some((name, alias))
 }
 
 /// A timeline read taken apart.

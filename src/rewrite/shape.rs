@@ -161,6 +161,41 @@ pub fn last_ident(name: &ObjectName) -> String {
         .unwrap_or_default()
 }
 
+/// The top SELECT of a query without `WITH`, `FETCH`, locking, `FOR`, settings or
+/// pipe operators, and with nothing but a projection, FROM, WHERE and GROUP BY
+/// (no DISTINCT, HAVING, hints, windows, …); `None` for anything else. `ORDER BY`
+/// and `LIMIT` are the caller's to read.
+pub fn plain_select(q: &sqlparser::ast::Query) -> Option<&sqlparser::ast::Select> {
+    let plain = q.with.is_none()
+        && q.fetch.is_none()
+        && q.locks.is_empty()
+        && q.for_clause.is_none()
+        && q.settings.is_none()
+        && q.format_clause.is_none()
+        && q.pipe_operators.is_empty();
+    let sqlparser::ast::SetExpr::Select(sel) = q.body.as_ref() else {
+        return None;
+    };
+    let simple = sel.optimizer_hints.is_empty()
+        && sel.distinct.is_none()
+        && sel.select_modifiers.is_none()
+        && sel.top.is_none()
+        && sel.exclude.is_none()
+        && sel.into.is_none()
+        && sel.lateral_views.is_empty()
+        && sel.prewhere.is_none()
+        && sel.connect_by.is_empty()
+        && sel.cluster_by.is_empty()
+        && sel.distribute_by.is_empty()
+        && sel.sort_by.is_empty()
+        && sel.having.is_none()
+        && sel.named_window.is_empty()
+        && sel.qualify.is_none()
+        && sel.value_table_mode.is_none()
+        && sel.flavor == sqlparser::ast::SelectFlavor::Standard;
+    (plain && simple).then_some(sel.as_ref())
+}
+
 /// A FROM item that is a plain table (no hints, partitions, index hints, table
 /// function or sample): its name as written and the name it is read under (its
 /// alias, else its last name part). `None` for anything else, and for an alias with

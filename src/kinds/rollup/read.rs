@@ -38,8 +38,7 @@ use std::sync::Arc;
 
 use sqlparser::ast::{
     BinaryOperator, DuplicateTreatment, Expr, FunctionArg, FunctionArgExpr, FunctionArguments,
-    GroupByExpr, LimitClause, ObjectName, OrderByKind, Query, Select, SelectFlavor, SelectItem,
-    SetExpr, TableWithJoins,
+    GroupByExpr, LimitClause, ObjectName, OrderByKind, Query, SelectItem, SetExpr, TableWithJoins,
 };
 
 use super::plan::{RollupRule, Tier};
@@ -177,19 +176,7 @@ struct Shape<'q> {
 impl<'q> Shape<'q> {
     /// Takes `q` apart, or `None` when it has any other shape.
     fn of(rule: &RollupRule, q: &'q Query, ctx: &PlanContext<'_>) -> Option<Shape<'q>> {
-        let plain = q.with.is_none()
-            && q.fetch.is_none()
-            && q.locks.is_empty()
-            && q.for_clause.is_none()
-            && q.settings.is_none()
-            && q.format_clause.is_none()
-            && q.pipe_operators.is_empty();
-        let SetExpr::Select(sel) = q.body.as_ref() else {
-            return None;
-        };
-        if !plain || !plain_select(sel) {
-            return None;
-        }
+        let sel = crate::rewrite::shape::plain_select(q)?;
         let (table, alias) = source(rule, &sel.from, ctx)?;
         let mut shape = Shape {
             table,
@@ -1228,27 +1215,6 @@ fn sum_def(col: &ColumnDef, mode: PlanMode) -> Option<ColumnDef> {
 /// Names the rewrite uses itself.
 fn reserved(name: &str) -> bool {
     name.starts_with("hs_")
-}
-
-/// A SELECT with nothing but a projection, one FROM item, WHERE and GROUP BY.
-fn plain_select(sel: &Select) -> bool {
-    sel.optimizer_hints.is_empty()
-        && sel.distinct.is_none()
-        && sel.select_modifiers.is_none()
-        && sel.top.is_none()
-        && sel.exclude.is_none()
-        && sel.into.is_none()
-        && sel.lateral_views.is_empty()
-        && sel.prewhere.is_none()
-        && sel.connect_by.is_empty()
-        && sel.cluster_by.is_empty()
-        && sel.distribute_by.is_empty()
-        && sel.sort_by.is_empty()
-        && sel.having.is_none()
-        && sel.named_window.is_empty()
-        && sel.qualify.is_none()
-        && sel.value_table_mode.is_none()
-        && sel.flavor == SelectFlavor::Standard
 }
 
 /// The log as the only FROM item: its name as written and the alias it is read

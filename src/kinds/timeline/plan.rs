@@ -32,7 +32,7 @@
 
 use sqlparser::ast::{
     BinaryOperator, Expr, JoinConstraint, JoinOperator, LimitClause, ObjectName, OrderByKind,
-    Query, SelectFlavor, SelectItem, SetExpr, Statement, TableFactor, TableWithJoins,
+    Query, SelectItem, SetExpr, Statement, TableFactor, TableWithJoins,
 };
 
 use super::spec::TimelineSpec;
@@ -143,35 +143,11 @@ impl<'q> Shape<'q> {
         q: &'q Query,
         ctx: &PlanContext<'_>,
     ) -> Result<Option<Shape<'q>>, String> {
-        let plain = q.with.is_none()
-            && q.fetch.is_none()
-            && q.locks.is_empty()
-            && q.for_clause.is_none()
-            && q.settings.is_none()
-            && q.format_clause.is_none()
-            && q.pipe_operators.is_empty();
-        let SetExpr::Select(sel) = q.body.as_ref() else {
+        let Some(sel) = crate::rewrite::shape::plain_select(q) else {
             return Ok(None);
         };
-        let simple = sel.optimizer_hints.is_empty()
-            && sel.distinct.is_none()
-            && sel.select_modifiers.is_none()
-            && sel.top.is_none()
-            && sel.exclude.is_none()
-            && sel.into.is_none()
-            && sel.lateral_views.is_empty()
-            && sel.prewhere.is_none()
-            && sel.connect_by.is_empty()
-            && sel.cluster_by.is_empty()
-            && sel.distribute_by.is_empty()
-            && sel.sort_by.is_empty()
-            && sel.having.is_none()
-            && sel.named_window.is_empty()
-            && sel.qualify.is_none()
-            && sel.value_table_mode.is_none()
-            && sel.flavor == SelectFlavor::Standard
-            && matches!(&sel.group_by, sqlparser::ast::GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty());
-        if !plain || !simple {
+        if !matches!(&sel.group_by, sqlparser::ast::GroupByExpr::Expressions(e, m) if e.is_empty() && m.is_empty())
+        {
             return Ok(None);
         }
         // FROM: `m JOIN f ON cond` (either order) or `m, f`.

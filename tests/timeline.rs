@@ -81,8 +81,9 @@ const SHAPES: &[(&str, bool)] = &[
     ("SELECT * FROM message JOIN follower ON message.user_id = follower.follower_id WHERE follower.user_id = {r} ORDER BY message.id DESC LIMIT 3, 4", false),
 ];
 
-/// Every shape, text and prepared, for many readers, walking keyset pages, with
-/// posts, follows, unfollows and deletes between reads: the same rows in the same
+/// Every shape, text and prepared, for many readers (numbers and quoted strings),
+/// walking keyset pages, under changing character sets and sql_modes, with posts,
+/// follows, unfollows and deletes between reads: the same rows in the same
 /// order and the same column definitions as the read against the plain tables.
 #[test]
 fn timelines_match_the_plain_query() {
@@ -101,6 +102,18 @@ fn timelines_match_the_plain_query() {
             let (shape, bounded) = SHAPES[(round % SHAPES.len() as u64) as usize];
             let prepared = round % 2 == 1;
             let mut bound: Option<u64> = bounded.then_some(u64::MAX >> 33);
+            // The session's reading of the statement changes now and then: character
+            // sets and the sql_mode flags the lexer follows.
+            if round % 8 == 0 {
+                let mode = [
+                    "SET NAMES latin1",
+                    "SET sql_mode = 'ANSI_QUOTES,NO_BACKSLASH_ESCAPES'",
+                    "SET NAMES utf8mb4, sql_mode = 'PIPES_AS_CONCAT,STRICT_ALL_TABLES'",
+                    "SET sql_mode = DEFAULT",
+                ][(round / 8 % 4) as usize];
+                p.query_drop(mode).await.expect("mode through heatsink");
+                d.query_drop(mode).await.expect("mode direct");
+            }
             for _page in 0..if bounded { 3 } else { 1 } {
                 let (a, b) = if prepared {
                     let sql = shape.replace("{r}", "?").replace("{b}", "?");
@@ -114,7 +127,16 @@ fn timelines_match_the_plain_query() {
                     )
                 } else {
                     let sql = shape
-                        .replace("{r}", &reader.to_string())
+                        // A quoted reader now and then: the column compares it
+                        // as a number, as the rewrite's bound does.
+                        .replace(
+                            "{r}",
+                            &if round % 3 == 0 {
+                                format!("'{reader}'")
+                            } else {
+                                reader.to_string()
+                            },
+                        )
                         .replace("{b}", &bound.unwrap_or(0).to_string());
                     (run_text(&mut p, &sql).await, run_text(&mut d, &sql).await)
                 };

@@ -329,7 +329,7 @@ impl Engine {
         else {
             return Decision::Passthrough;
         };
-        if let Some(d) = self.refuse_named(sql, &tokens, lexing, ctx.prepared, rules[0], &table) {
+        if let Some(d) = self.refuse_named(sql, &tokens, lexing, ctx.prepared, &rules, &table) {
             return d;
         }
         for &ri in &rules {
@@ -375,9 +375,10 @@ impl Engine {
         tokens: &[Token],
         lexing: Lexing,
         prepared: bool,
-        rule: usize,
+        rules: &[usize],
         table: &str,
     ) -> Option<Decision> {
+        let rule = rules.first().copied().unwrap_or_default();
         if let Some(flag) = lexing.refused_mode {
             return Some(Decision::Reject(Rejection {
                 rule: self.names[rule].clone(),
@@ -392,6 +393,10 @@ impl Engine {
             return Some(Decision::Passthrough);
         }
         if let Some(what) = misread_modifier(sql, tokens) {
+            if !rules.iter().any(|&r| self.rules[r].plans_updates()) {
+                // No rule would change it: the server reads it as written.
+                return Some(Decision::Passthrough);
+            }
             return Some(Decision::Reject(Rejection {
                 rule: self.names[rule].clone(),
                 reason: format!(

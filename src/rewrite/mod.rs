@@ -925,6 +925,14 @@ pub trait Rule: Send + Sync {
         false
     }
 
+    /// Whether [`Rule::plan`] may change `UPDATE` and `DELETE` statements. A rule
+    /// that leaves them as they are (`false`: triggers keep its tables) lets the
+    /// ones it cannot parse (`UPDATE IGNORE …`) pass through instead of refusing
+    /// them.
+    fn plans_updates(&self) -> bool {
+        true
+    }
+
     /// Whether other rules may be about the same table, and in which order the
     /// engine asks them: `Some(rank)` for rules that share (lower ranks first — the
     /// smallest rollup of a log before larger ones; the first plan wins), `None`

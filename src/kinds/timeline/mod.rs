@@ -2,13 +2,12 @@
 //! follows, newest first) served without reading every followee's every message.
 //!
 //! - `spec.rs`: the `[[timeline]]` section and its validation;
-//! - `plan.rs`: the planner ([`TimelineRule`]), pull mode: the read bounded by the
-//!   followees' newest ids, in one statement;
-//! - `schema.rs`: what `check --backend-url` verifies (the `(author, id)` index pull
-//!   needs).
-//!
-//! Push and hybrid modes (a per-reader mailbox kept by fan-out on write) are not
-//! built: such rules are refused when the rule file is read.
+//! - `plan.rs`: the planner ([`TimelineRule`]): the read bounded below by the
+//!   `(n + k)`-th newest id of the reader's mailbox (push, hybrid) or of the
+//!   followees' newest ids (pull), in one statement;
+//! - `schema.rs`: the mailbox, its triggers and backfill (`migrate`), what `check
+//!   --backend-url` verifies (the `(author, id)` index, the mailbox and its
+//!   triggers), and the `trim` job that bounds the mailbox.
 
 pub mod plan;
 pub mod schema;
@@ -22,11 +21,18 @@ use mysql_async::Conn;
 pub use plan::TimelineRule;
 pub use spec::TimelineSpec;
 
+use crate::error::Result;
 use crate::kinds::logical::{assumed_column, Assumed};
-use crate::kinds::{Kind, Migration, RuleSpec, SchemaError};
+use crate::kinds::{Job, JobContext, JobReport, Kind, Migration, RuleSpec, SchemaError};
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;
 use crate::wire::resultset::ColumnDef;
+
+/// Push and hybrid: each reader's mailbox cut to its `mailbox_size` newest entries.
+const TRIM: Job = Job {
+    name: "trim",
+    about: "cut each reader's timeline mailbox to its mailbox_size newest entries",
+};
 
 /// The timeline kind, as the registry lists it.
 pub struct Timeline;
@@ -56,7 +62,7 @@ impl RuleSpec for TimelineSpec {
     }
 
     fn physical_tables(&self) -> Vec<String> {
-        Vec::new()
+        self.mailbox.iter().cloned().collect()
     }
 
     fn rule(&self) -> std::result::Result<Arc<dyn Rule>, String> {
@@ -82,5 +88,22 @@ impl RuleSpec for TimelineSpec {
         default_db: Option<&str>,
     ) -> std::result::Result<Box<dyn Migration>, SchemaError> {
         Ok(Box::new(schema::check(conn, self, default_db).await?))
+    }
+
+    fn jobs(&self) -> &'static [Job] {
+        match self.mode {
+            spec::Serve::Pull => &[],
+            _ => &[TRIM],
+        }
+    }
+
+    async fn run_job(&self, job: &str, ctx: &mut JobContext<'_>) -> Result<JobReport> {
+        if job != TRIM.name {
+            return Err(crate::error::Error::new(
+                crate::error::Source::Internal,
+                format!("rule {}: no job named '{job}'", self.name),
+            ));
+        }
+        schema::trim(self, ctx).await
     }
 }

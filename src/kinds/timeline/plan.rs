@@ -29,13 +29,36 @@
 //! the bound is a constant for the `(author, id)` index: about `followees` index
 //! dives and `n + k` rows per followee at most, in one round trip (measured in
 //! `docs/design.md`). Fewer than `n + k` followees with messages: the bound is 0.
+//!
+//! ## Push and hybrid: the bound from the mailbox
+//!
+//! The mailbox holds, per reader, ids of messages on their timeline (kept by
+//! triggers, see `schema.rs`): never an id that is not on it, though it may lack
+//! some (a hybrid's high-fanout authors, entries trimmed to `mailbox_size`, messages
+//! older than the backfill). The `(n + k)`-th largest id of a subset of the timeline
+//! is at most the timeline's own, so it is a bound as good as pull's and usually
+//! much tighter (exact when the mailbox holds the whole page):
+//!
+//! ```sql
+//! … COALESCE((SELECT hs_b.hs_message FROM mailbox AS hs_b WHERE hs_b.hs_reader = ?
+//!               [AND hs_b.hs_message < ?] ORDER BY hs_b.hs_message DESC
+//!               LIMIT 1 OFFSET n + k - 1),
+//!            <pull's bound>, 0) …
+//! ```
+//!
+//! `COALESCE` evaluates its arguments in order and stops at the first that is not
+//! NULL: pull's bound is computed only when the mailbox holds fewer than `n + k`
+//! entries below the page (a new reader, an old page). The answer always comes
+//! from the message and follow tables themselves, so the mailbox can make a read
+//! slower but never change it.
 
 use sqlparser::ast::{
     BinaryOperator, Expr, JoinConstraint, JoinOperator, LimitClause, ObjectName, OrderByKind,
     Query, SelectItem, SetExpr, Statement, TableFactor, TableWithJoins,
 };
 
-use super::spec::TimelineSpec;
+use super::schema::{MAILBOX_MESSAGE, MAILBOX_READER};
+use super::spec::{Serve, TimelineSpec};
 use crate::kinds::logical::LogicalTable;
 use crate::rewrite::shape::{conjuncts, eq, plain_table};
 use crate::rewrite::{parse_statements, Plan, PlanContext, Rule, TableName};
@@ -61,6 +84,9 @@ pub struct TimelineRule {
     author: String,
     reader: String,
     followed: String,
+    /// Push and hybrid: the mailbox table.
+    mailbox: Option<TableName>,
+    mode: Serve,
     shadow: bool,
 }
 
@@ -81,6 +107,8 @@ impl TimelineRule {
             author: spec.message_author.clone(),
             reader: spec.follow_reader.clone(),
             followed: spec.follow_author.clone(),
+            mailbox: spec.mailbox_table(),
+            mode: spec.mode,
             shadow: spec.shadow,
         })
     }
@@ -329,8 +357,23 @@ impl<'q> Shape<'q> {
             .before
             .map(|(op, v)| format!(" AND `hs_m`.{id} {op} {v}"))
             .unwrap_or_default();
+        let message = quote(MAILBOX_MESSAGE);
+        let mailbox = match &rule.mailbox {
+            Some(mb) => format!(
+                "(SELECT `hs_b`.{message} FROM {} AS `hs_b` WHERE `hs_b`.{} = {}{} \
+                 ORDER BY `hs_b`.{message} DESC LIMIT 1 OFFSET {}), ",
+                rule.messages.physical_sql(mb, self.messages.0),
+                quote(MAILBOX_READER),
+                self.reader_value,
+                self.before
+                    .map(|(op, v)| format!(" AND `hs_b`.{message} {op} {v}"))
+                    .unwrap_or_default(),
+                self.page_end - 1,
+            ),
+            None => String::new(),
+        };
         let bound = format!(
-            "(SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT MAX(`hs_m`.{id}) FROM {} AS `hs_m` \
+            "(SELECT COALESCE({mailbox}(SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT MAX(`hs_m`.{id}) FROM {} AS `hs_m` \
              WHERE `hs_m`.{} = `hs_f`.{}{before}) AS `hs_mx` FROM {} AS `hs_f` WHERE `hs_f`.{} = {} \
              ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {}) AS `hs_x`), 0) AS `hs_t`) AS `hs_t`",
             self.messages.0,
@@ -395,6 +438,11 @@ impl Rule for TimelineRule {
         self.shadow
     }
 
+    /// Writes pass through: the mailbox's triggers keep it.
+    fn plans_updates(&self) -> bool {
+        false
+    }
+
     fn metadata_query(&self, current_db: Option<&str>) -> Option<String> {
         self.messages.metadata_query(current_db)
     }
@@ -406,6 +454,12 @@ impl Rule for TimelineRule {
     fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
         match stmt {
             Statement::Query(q) => self.plan_read(q, ctx),
+            Statement::Truncate(_) if self.mailbox.is_some() => Err(format!(
+                "TRUNCATE fires no trigger, so timeline rule {} ({}) would keep mailbox entries of the removed rows; use DELETE, or empty {} first on the database directly",
+                self.name,
+                self.mode.name(),
+                self.mailbox.as_ref().map(TableName::quoted).unwrap_or_default()
+            )),
             _ => Ok(None),
         }
     }
@@ -424,9 +478,13 @@ mod tests {
     use crate::wire::resultset::types;
 
     fn engine() -> Engine {
+        engine_in("mode = \"pull\"")
+    }
+
+    fn engine_in(mode: &str) -> Engine {
         let specs: Vec<TimelineSpec> = crate::kinds::entries(
-            "[[timeline]]\nname = \"friends\"\nmessages = \"message\"\nmessage_author = \"user_id\"\n\
-             follows = \"follower\"\nfollow_reader = \"user_id\"\nfollow_author = \"follower_id\"\nmode = \"pull\"\n",
+            &format!("[[timeline]]\nname = \"friends\"\nmessages = \"message\"\nmessage_author = \"user_id\"\n\
+             follows = \"follower\"\nfollow_reader = \"user_id\"\nfollow_author = \"follower_id\"\n{mode}\n"),
             "timeline",
         )
         .unwrap();
@@ -489,6 +547,31 @@ mod tests {
     }
 
     #[test]
+    fn push_and_hybrid_take_the_bound_from_the_mailbox_first() {
+        for mode in ["push", "hybrid"] {
+            let e = engine_in(&format!("mode = \"{mode}\"\nmailbox = \"inbox\""));
+            let r = rewrite(
+                &e,
+                "SELECT m.* FROM shop.message m JOIN follower f ON m.user_id = f.follower_id \
+                 WHERE f.user_id = 9 AND m.id < 500 ORDER BY m.id DESC LIMIT 20",
+            );
+            let pull = bound("shop.message", "9", " AND `hs_m`.`id` < 500", 19);
+            let mailbox = "(SELECT `hs_b`.`hs_message` FROM shop.`inbox` AS `hs_b` WHERE `hs_b`.`hs_reader` = 9 \
+                 AND `hs_b`.`hs_message` < 500 ORDER BY `hs_b`.`hs_message` DESC LIMIT 1 OFFSET 19), ";
+            let both = pull.replacen("COALESCE(", &format!("COALESCE({mailbox}"), 1);
+            assert_sql(
+                &r,
+                &[&format!(
+                    "SELECT m.* FROM {both}, shop.message m JOIN follower f ON m.user_id = f.follower_id \
+                     WHERE (f.user_id = 9 AND m.id < 500) AND `m`.`id` >= `hs_t`.`hs_t` ORDER BY m.id DESC LIMIT 20"
+                )],
+            );
+            let err = crate::rewrite::testutil::reject(&e, "TRUNCATE TABLE follower");
+            assert!(err.contains("fires no trigger"), "{err}");
+        }
+    }
+
+    #[test]
     fn other_shapes_fall_back_or_pass() {
         let e = engine();
         let fallbacks = [
@@ -504,6 +587,8 @@ mod tests {
             "SELECT * FROM message WHERE id = 1",
             "INSERT INTO message (user_id, body) VALUES (1, 'x')",
             "DELETE FROM follower WHERE user_id = 1",
+            "UPDATE IGNORE follower SET follower_id = 2 WHERE user_id = 1",
+            "DELETE LOW_PRIORITY FROM message WHERE id = 3",
         ];
         assert_passthrough(&e, &passed);
     }

@@ -1,6 +1,57 @@
-//! What `heatsink migrate` and `check --backend-url` do for a timeline rule in pull
-//! mode: nothing to create; the pull read needs an index on the messages that
-//! starts with (author, id), which is checked.
+//! What `heatsink migrate` and `check --backend-url` do for a timeline rule.
+//!
+//! Every mode reads the messages through an index that starts with (author, id),
+//! which is checked. Push and hybrid also keep a mailbox.
+//!
+//! ## The mailbox (the contract with `plan.rs`)
+//!
+//! ```sql
+//! CREATE TABLE mailbox (
+//!   `hs_reader` <the follow table's reader type> NOT NULL,
+//!   `hs_message` <the message id's type> NOT NULL,
+//!   `hs_author` <the message author's type> NOT NULL,
+//!   PRIMARY KEY (hs_reader, hs_message),
+//!   KEY hs_message (hs_message),            -- a message deleted
+//!   KEY hs_reader_author (hs_reader, hs_author)  -- an author unfollowed
+//! ) ENGINE=InnoDB
+//! ```
+//!
+//! Its one invariant: every entry `(r, id, a)` is a message `id` by author `a` that
+//! reader `r` follows — never an entry more than the timeline holds. It may hold
+//! fewer (the reads only take a bound from it, see `plan.rs`). Six `AFTER` triggers,
+//! named after the mailbox, keep it in the writer's transaction, for writes through
+//! heatsink and straight to the database alike:
+//!
+//! - `<mailbox>_hs_msg_ins`: a new message is copied to its author's followers with
+//!   one `INSERT … SELECT` (hybrid: only when the author has at most `fanout_limit`
+//!   followers, counted then);
+//! - `<mailbox>_hs_msg_del`: a deleted message leaves every mailbox;
+//! - `<mailbox>_hs_msg_upd`: a message whose id or author changed: both;
+//! - `<mailbox>_hs_fol_ins`: a follow copies the author's `mailbox_size` newest
+//!   messages into the reader's mailbox;
+//! - `<mailbox>_hs_fol_del`: an unfollow removes the author's entries from the
+//!   reader's mailbox;
+//! - `<mailbox>_hs_fol_upd`: a follow row whose reader or author changed: both.
+//!
+//! Races keep the invariant because every read of another table in a trigger is a
+//! locking read (`LOCK IN SHARE MODE`), and every removal finds its entries in the
+//! mailbox alone: a message insert and an unfollow of its author meet on the follow
+//! row; a follow and a message delete on the message row. `TRUNCATE` fires no
+//! trigger: through heatsink it is refused, and done on the database directly the
+//! mailbox must be emptied with it.
+//!
+//! ## Backfill (`migrate --apply`, the mailbox empty, the tables not)
+//!
+//! After the triggers exist, each reader's mailbox gets its timeline's
+//! `mailbox_size` newest messages, one reader per `INSERT IGNORE … SELECT` (the
+//! pull read, so each costs about followees + `mailbox_size` rows). Its reads lock
+//! what they copy, so a concurrent unfollow or delete either waits for it or is
+//! seen by it; an entry a trigger already wrote is skipped.
+//!
+//! ## Size
+//!
+//! The `trim` job of `heatsink maintain` cuts each reader's mailbox to its
+//! `mailbox_size` newest entries; reads of older pages take pull's bound.
 
 use std::io::Write;
 
@@ -8,22 +59,106 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
-use super::spec::TimelineSpec;
+use super::spec::{Serve, TimelineSpec};
 use crate::check::Severity;
-use crate::error::Result;
-use crate::kinds::{Migration, SchemaError};
-use crate::rules::spec::TableName;
-use crate::schema::{emit, inspect_base_table, resolve_tables, schema_err, text};
+use crate::error::{Error, Result, Source};
+use crate::kinds::{JobContext, JobReport, Migration, SchemaError};
+use crate::rules::spec::{quote, TableName};
+use crate::schema::{
+    emit, existing_trigger, inspect_base_table, inspect_table, normalize, resolve_tables, run_sql,
+    schema_err, suffixed_name, table_has_rows, text, Column, Table,
+};
+
+/// The mailbox's reader column.
+pub const MAILBOX_READER: &str = "hs_reader";
+/// The mailbox's message id column.
+pub const MAILBOX_MESSAGE: &str = "hs_message";
+/// The mailbox's author column.
+pub const MAILBOX_AUTHOR: &str = "hs_author";
+
+/// Readers per listing of the backfill and the trim job.
+const READERS_PER_BATCH: usize = 1000;
+
+/// A write event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    Insert,
+    Update,
+    Delete,
+}
+
+impl Event {
+    fn sql(self) -> &'static str {
+        match self {
+            Event::Insert => "INSERT",
+            Event::Update => "UPDATE",
+            Event::Delete => "DELETE",
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Event::Insert => "_ins",
+            Event::Update => "_upd",
+            Event::Delete => "_del",
+        }
+    }
+}
+
+/// The state of one trigger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TriggerState {
+    Missing,
+    Fits,
+    Differs,
+}
+
+#[derive(Debug, Clone)]
+struct Trigger {
+    name: TableName,
+    create: String,
+    state: TriggerState,
+}
+
+/// A piece of a trigger body for a row (`NEW` or `OLD`).
+type Piece = fn(&Names, &str) -> String;
+
+/// Names and columns the triggers and the backfill are written with.
+#[derive(Debug, Clone)]
+struct Names {
+    messages: TableName,
+    follows: TableName,
+    mailbox: TableName,
+    id: String,
+    author: String,
+    reader: String,
+    followed: String,
+    mode: Serve,
+    fanout_limit: u32,
+    mailbox_size: u32,
+}
+
+/// The push or hybrid part of a checked rule.
+struct Mailbox {
+    names: Names,
+    /// `CREATE TABLE` when the mailbox is missing.
+    create_table: Option<String>,
+    triggers: Vec<Trigger>,
+    /// The mailbox is empty and the follow table is not.
+    backfill_due: bool,
+}
 
 /// A timeline rule checked against the database.
 pub(crate) struct CheckedTimeline {
     name: String,
+    mode: Serve,
     messages: TableName,
     /// The message table's AUTO_INCREMENT column.
     id: String,
     /// An index of the messages starting with (author, id), by name.
     index: Option<String>,
     author: String,
+    mailbox: Option<Mailbox>,
 }
 
 /// Checks one timeline rule against the database.
@@ -34,42 +169,339 @@ pub(crate) async fn check(
 ) -> std::result::Result<CheckedTimeline, SchemaError> {
     let refuse = SchemaError::Refused;
     spec.validate().map_err(refuse)?;
-    let (messages, follows) = resolve_tables(&spec.messages, &[&spec.follows], default_db)?;
+    let mut physical = vec![spec.follows.as_str()];
+    if let Some(m) = &spec.mailbox {
+        physical.push(m);
+    }
+    let (messages, others) = resolve_tables(&spec.messages, &physical, default_db)?;
     let table = inspect_base_table(conn, &messages).await?;
-    let id = table
+    let id_col = table
         .columns
         .iter()
         .find(|c| c.extra.contains("auto_increment"))
-        .map(|c| c.name.clone())
+        .cloned()
         .ok_or_else(|| {
             refuse(format!(
                 "{} has no AUTO_INCREMENT column, which orders a timeline",
                 messages.quoted()
             ))
         })?;
-    if table.column(&spec.message_author).is_none() {
-        return Err(refuse(format!(
+    let author_col = table.column(&spec.message_author).cloned().ok_or_else(|| {
+        refuse(format!(
             "message_author `{}` is not a column of {}",
             spec.message_author,
             messages.quoted()
-        )));
-    }
-    for f in &follows {
-        let t = inspect_base_table(conn, f).await?;
-        for c in [&spec.follow_reader, &spec.follow_author] {
-            if t.column(c).is_none() {
-                return Err(refuse(format!("`{c}` is not a column of {}", f.quoted())));
-            }
+        ))
+    })?;
+    let follows = others[0].clone();
+    let follow_table = inspect_base_table(conn, &follows).await?;
+    for c in [&spec.follow_reader, &spec.follow_author] {
+        if follow_table.column(c).is_none() {
+            return Err(refuse(format!(
+                "`{c}` is not a column of {}",
+                follows.quoted()
+            )));
         }
     }
-    let index = author_id_index(conn, &messages, &spec.message_author, &id).await?;
+    let index = author_id_index(conn, &messages, &spec.message_author, &id_col.name).await?;
+    let mailbox = match others.get(1) {
+        None => None,
+        Some(mb) => {
+            let names = Names {
+                messages: messages.clone(),
+                follows: follows.clone(),
+                mailbox: mb.clone(),
+                id: id_col.name.clone(),
+                author: author_col.name.clone(),
+                reader: spec.follow_reader.clone(),
+                followed: spec.follow_author.clone(),
+                mode: spec.mode,
+                fanout_limit: spec.fanout_limit,
+                mailbox_size: spec.mailbox_size,
+            };
+            let reader_col = follow_table
+                .column(&spec.follow_reader)
+                .ok_or_else(|| refuse("no reader column".into()))?;
+            Some(check_mailbox(conn, names, reader_col, &id_col, &author_col, &table).await?)
+        }
+    };
     Ok(CheckedTimeline {
         name: spec.name.clone(),
+        mode: spec.mode,
         messages,
-        id,
+        id: id_col.name,
         index,
         author: spec.message_author.clone(),
+        mailbox,
     })
+}
+
+async fn check_mailbox(
+    conn: &mut Conn,
+    names: Names,
+    reader: &Column,
+    id: &Column,
+    author: &Column,
+    messages: &Table,
+) -> std::result::Result<Mailbox, SchemaError> {
+    let refuse = SchemaError::Refused;
+    let existing = inspect_table(conn, &names.mailbox).await?;
+    let wanted = [
+        (MAILBOX_READER, reader),
+        (MAILBOX_MESSAGE, id),
+        (MAILBOX_AUTHOR, author),
+    ];
+    let create_table = match &existing {
+        None => Some(create_table_sql(&names, &wanted, messages)),
+        Some(t) => {
+            for (name, col) in wanted {
+                match t.column(name) {
+                    Some(c) if c.same_type(col) => {}
+                    _ => {
+                        return Err(refuse(format!(
+                            "{} exists but its column `{name}` is missing or not {} like the column it copies; drop it and run migrate again",
+                            names.mailbox.quoted(),
+                            col.type_sql()
+                        )))
+                    }
+                }
+            }
+            let pk_fits = t.primary.as_ref().is_some_and(|p| {
+                p.len() == 2
+                    && p[0].eq_ignore_ascii_case(MAILBOX_READER)
+                    && p[1].eq_ignore_ascii_case(MAILBOX_MESSAGE)
+            });
+            if !pk_fits {
+                return Err(refuse(format!(
+                    "{} exists but its primary key is not ({MAILBOX_READER}, {MAILBOX_MESSAGE}); drop it and run migrate again",
+                    names.mailbox.quoted()
+                )));
+            }
+            None
+        }
+    };
+    let triggers = plan_triggers(conn, &names).await?;
+    let has_rows = match existing {
+        Some(_) => table_has_rows(conn, &names.mailbox).await?,
+        None => false,
+    };
+    if has_rows && triggers.iter().any(|t| t.state == TriggerState::Missing) {
+        return Err(refuse(format!(
+            "{} holds entries but its triggers are missing, so it may hold messages a reader no longer sees; empty it (TRUNCATE) and run migrate again",
+            names.mailbox.quoted()
+        )));
+    }
+    let backfill_due = !has_rows
+        && table_has_rows(conn, &names.follows).await?
+        && table_has_rows(conn, &names.messages).await?;
+    Ok(Mailbox {
+        names,
+        create_table,
+        triggers,
+        backfill_due,
+    })
+}
+
+fn create_table_sql(names: &Names, cols: &[(&str, &Column)], messages: &Table) -> String {
+    let columns: Vec<String> = cols
+        .iter()
+        .map(|(name, c)| {
+            // The copied type without AUTO_INCREMENT or defaults: NOT NULL.
+            format!("  {} {} NOT NULL", quote(name), c.type_sql())
+        })
+        .collect();
+    format!(
+        "CREATE TABLE {} (\n{},\n  PRIMARY KEY ({}, {}),\n  KEY {} ({}),\n  KEY `hs_reader_author` ({}, {})\n) ENGINE=InnoDB{}",
+        names.mailbox.quoted(),
+        columns.join(",\n"),
+        quote(MAILBOX_READER),
+        quote(MAILBOX_MESSAGE),
+        quote(MAILBOX_MESSAGE),
+        quote(MAILBOX_MESSAGE),
+        quote(MAILBOX_READER),
+        quote(MAILBOX_AUTHOR),
+        messages
+            .charset
+            .as_ref()
+            .map(|c| format!(" DEFAULT CHARSET={c}"))
+            .unwrap_or_default()
+    )
+}
+
+impl Names {
+    fn mb_cols(&self) -> String {
+        format!(
+            "({}, {}, {})",
+            quote(MAILBOX_READER),
+            quote(MAILBOX_MESSAGE),
+            quote(MAILBOX_AUTHOR)
+        )
+    }
+
+    /// Copies message `row` (`NEW`) to its author's followers.
+    fn fan_out(&self, row: &str) -> String {
+        let (id, author) = (quote(&self.id), quote(&self.author));
+        let (reader, followed) = (quote(&self.reader), quote(&self.followed));
+        let copy = format!(
+            "INSERT IGNORE INTO {} {} SELECT `hs_f`.{reader}, {row}.{id}, {row}.{author} \
+             FROM {} AS `hs_f` WHERE `hs_f`.{followed} = {row}.{author} AND `hs_f`.{reader} IS NOT NULL \
+             LOCK IN SHARE MODE;",
+            self.mailbox.quoted(),
+            self.mb_cols(),
+            self.follows.quoted()
+        );
+        match self.mode {
+            Serve::Hybrid => format!(
+                "IF (SELECT COUNT(*) FROM (SELECT 1 FROM {} WHERE {followed} = {row}.{author} LIMIT {}) AS `hs_n`) <= {} THEN {copy} END IF;",
+                self.follows.quoted(),
+                u64::from(self.fanout_limit) + 1,
+                self.fanout_limit
+            ),
+            _ => copy,
+        }
+    }
+
+    /// Removes message `row` (`OLD`) from every mailbox.
+    fn unpost(&self, row: &str) -> String {
+        format!(
+            "DELETE FROM {} WHERE {} = {row}.{};",
+            self.mailbox.quoted(),
+            quote(MAILBOX_MESSAGE),
+            quote(&self.id)
+        )
+    }
+
+    /// Copies the followed author's newest messages into the reader's mailbox
+    /// (follow row `row`).
+    fn follow(&self, row: &str) -> String {
+        let (id, author) = (quote(&self.id), quote(&self.author));
+        let (reader, followed) = (quote(&self.reader), quote(&self.followed));
+        format!(
+            "INSERT IGNORE INTO {} {} SELECT {row}.{reader}, `hs_m`.{id}, `hs_m`.{author} \
+             FROM {} AS `hs_m` WHERE `hs_m`.{author} = {row}.{followed} AND {row}.{reader} IS NOT NULL \
+             ORDER BY `hs_m`.{id} DESC LIMIT {} LOCK IN SHARE MODE;",
+            self.mailbox.quoted(),
+            self.mb_cols(),
+            self.messages.quoted(),
+            self.mailbox_size
+        )
+    }
+
+    /// Removes the followed author's messages from the reader's mailbox.
+    fn unfollow(&self, row: &str) -> String {
+        format!(
+            "DELETE FROM {} WHERE {} = {row}.{} AND {} = {row}.{};",
+            self.mailbox.quoted(),
+            quote(MAILBOX_READER),
+            quote(&self.reader),
+            quote(MAILBOX_AUTHOR),
+            quote(&self.followed)
+        )
+    }
+
+    fn trigger_body(&self, on_messages: bool, event: Event) -> String {
+        let (id_or_reader, author_or_followed) = if on_messages {
+            (quote(&self.id), quote(&self.author))
+        } else {
+            (quote(&self.reader), quote(&self.followed))
+        };
+        let (remove, add): (Piece, Piece) = if on_messages {
+            (Names::unpost, Names::fan_out)
+        } else {
+            (Names::unfollow, Names::follow)
+        };
+        let body = match event {
+            Event::Insert => add(self, "NEW"),
+            Event::Delete => remove(self, "OLD"),
+            Event::Update => format!(
+                "IF NOT (OLD.{id_or_reader} <=> NEW.{id_or_reader} AND OLD.{author_or_followed} <=> NEW.{author_or_followed}) THEN {} {} END IF;",
+                remove(self, "OLD"),
+                add(self, "NEW")
+            ),
+        };
+        format!("BEGIN {body} END")
+    }
+
+    fn trigger_name(&self, on_messages: bool, event: Event) -> TableName {
+        let which = if on_messages { "_hs_msg" } else { "_hs_fol" };
+        TableName {
+            db: self.mailbox.db.clone(),
+            name: suffixed_name(&self.mailbox.name, &format!("{which}{}", event.suffix())),
+        }
+    }
+
+    /// One reader's timeline, newest `mailbox_size` messages, into their mailbox
+    /// (`?` is the reader).
+    fn backfill_sql(&self) -> String {
+        let (id, author) = (quote(&self.id), quote(&self.author));
+        let (reader, followed) = (quote(&self.reader), quote(&self.followed));
+        let (m, f) = (self.messages.quoted(), self.follows.quoted());
+        let size = self.mailbox_size;
+        format!(
+            "INSERT IGNORE INTO {mb} {cols} SELECT `hs_f`.{reader}, `hs_m`.{id}, `hs_m`.{author} \
+             FROM (SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT MAX(`hs_m2`.{id}) FROM {m} AS `hs_m2` \
+             WHERE `hs_m2`.{author} = `hs_f2`.{followed}) AS `hs_mx` FROM {f} AS `hs_f2` WHERE `hs_f2`.{reader} = ? \
+             ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {}) AS `hs_x`), 0) AS `hs_t`) AS `hs_t`, \
+             {f} AS `hs_f` JOIN {m} AS `hs_m` ON `hs_m`.{author} = `hs_f`.{followed} \
+             WHERE `hs_f`.{reader} = ? AND `hs_m`.{id} >= `hs_t`.`hs_t` ORDER BY `hs_m`.{id} DESC LIMIT {size}",
+            size - 1,
+            mb = self.mailbox.quoted(),
+            cols = self.mb_cols(),
+        )
+    }
+}
+
+/// The six triggers and their state; refused when a trigger of one of their names
+/// is something else.
+async fn plan_triggers(
+    conn: &mut Conn,
+    names: &Names,
+) -> std::result::Result<Vec<Trigger>, SchemaError> {
+    let mut out = Vec::new();
+    for on_messages in [true, false] {
+        let table = if on_messages {
+            &names.messages
+        } else {
+            &names.follows
+        };
+        for event in [Event::Insert, Event::Update, Event::Delete] {
+            let name = names.trigger_name(on_messages, event);
+            let body = names.trigger_body(on_messages, event);
+            let create = format!(
+                "CREATE TRIGGER {} AFTER {} ON {} FOR EACH ROW {body}",
+                name.quoted(),
+                event.sql(),
+                table.quoted()
+            );
+            let state = match existing_trigger(conn, &name).await? {
+                None => TriggerState::Missing,
+                Some(t) => {
+                    let fits = t.table.eq_ignore_ascii_case(&table.name)
+                        && t.timing.eq_ignore_ascii_case("AFTER")
+                        && t.event.eq_ignore_ascii_case(event.sql());
+                    if !fits {
+                        return Err(SchemaError::Refused(format!(
+                            "trigger {} exists but is not `AFTER {} ON {}`; drop it or rename the mailbox",
+                            name.quoted(),
+                            event.sql(),
+                            table.quoted()
+                        )));
+                    }
+                    if normalize(&t.body) == normalize(&body) {
+                        TriggerState::Fits
+                    } else {
+                        TriggerState::Differs
+                    }
+                }
+            };
+            out.push(Trigger {
+                name,
+                create,
+                state,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The name of an index of `t` whose first two columns are `author` and `id`.
@@ -97,42 +529,377 @@ async fn author_id_index(
     }))
 }
 
+/// Readers after `after` in the follow table, in order, at most `n`.
+async fn readers_after(
+    conn: &mut Conn,
+    table: &TableName,
+    column: &str,
+    after: Option<&mysql_async::Value>,
+    n: usize,
+) -> Result<Vec<mysql_async::Value>> {
+    let col = quote(column);
+    let (sql, params) = match after {
+        None => (
+            format!(
+                "SELECT DISTINCT {col} FROM {} WHERE {col} IS NOT NULL ORDER BY {col} LIMIT {n}",
+                table.quoted()
+            ),
+            Vec::new(),
+        ),
+        Some(v) => (
+            format!(
+                "SELECT DISTINCT {col} FROM {} WHERE {col} > ? ORDER BY {col} LIMIT {n}",
+                table.quoted()
+            ),
+            vec![v.clone()],
+        ),
+    };
+    let rows: Vec<Row> = conn
+        .exec(sql, params)
+        .await
+        .map_err(|e| schema_err(format!("listing the readers of {}", table.quoted()), e))?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|mut r| r.take::<mysql_async::Value, usize>(0))
+        .collect())
+}
+
 impl CheckedTimeline {
     fn missing_index(&self) -> String {
         format!(
-            "{} has no index starting with ({}, {}): every pulled timeline would read each followee's messages in full (add one: ALTER TABLE {} ADD KEY ({}, {}))",
+            "{} has no index starting with ({}, {}): every timeline read would read each followee's messages in full (add one: ALTER TABLE {} ADD KEY ({}, {}))",
             self.messages.quoted(),
             self.author,
             self.id,
             self.messages.quoted(),
-            crate::rules::spec::quote(&self.author),
-            crate::rules::spec::quote(&self.id)
+            quote(&self.author),
+            quote(&self.id)
         )
+    }
+}
+
+impl Mailbox {
+    fn problems(&self) -> Vec<(Severity, String)> {
+        let mut out = Vec::new();
+        let mb = self.names.mailbox.quoted();
+        if self.create_table.is_some() {
+            out.push((
+                Severity::Error,
+                format!("mailbox {mb} does not exist (`heatsink migrate` creates it)"),
+            ));
+        }
+        for t in &self.triggers {
+            match t.state {
+                TriggerState::Missing => out.push((
+                    Severity::Error,
+                    format!(
+                        "trigger {} is missing, so writes would not reach mailbox {mb} (`heatsink migrate` creates it)",
+                        t.name.quoted()
+                    ),
+                )),
+                TriggerState::Differs => out.push((
+                    Severity::Warning,
+                    format!(
+                        "trigger {} differs from the rule's; mailbox {mb} may not be kept (drop it and run `heatsink migrate` to replace it)",
+                        t.name.quoted()
+                    ),
+                )),
+                TriggerState::Fits => {}
+            }
+        }
+        if self.backfill_due {
+            out.push((
+                Severity::Warning,
+                format!("mailbox {mb} is empty: reads take pull's bound until `heatsink migrate --apply` backfills it"),
+            ));
+        }
+        out
+    }
+
+    async fn run(
+        &self,
+        conn: &mut Conn,
+        rule: &str,
+        apply: bool,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        let mb = self.names.mailbox.quoted();
+        match &self.create_table {
+            Some(sql) => {
+                emit(out, &format!("{sql};"))?;
+                if apply {
+                    run_sql(conn, rule, sql).await?;
+                    emit(out, "-- applied: created the mailbox")?;
+                }
+            }
+            None => emit(out, &format!("-- mailbox {mb} exists and matches the rule"))?,
+        }
+        let missing: Vec<&Trigger> = self
+            .triggers
+            .iter()
+            .filter(|t| t.state == TriggerState::Missing)
+            .collect();
+        for t in self
+            .triggers
+            .iter()
+            .filter(|t| t.state != TriggerState::Missing)
+        {
+            let differs = if t.state == TriggerState::Differs {
+                " but differs from the rule's; left as it is (drop it and run migrate again to replace it)"
+            } else {
+                ""
+            };
+            emit(
+                out,
+                &format!("-- trigger {} exists{differs}", t.name.quoted()),
+            )?;
+        }
+        if !missing.is_empty() {
+            emit(out, "DELIMITER ;;")?;
+            for t in &missing {
+                emit(out, &format!("{};;", t.create))?;
+            }
+            emit(out, "DELIMITER ;")?;
+            if apply {
+                for t in &missing {
+                    run_sql(conn, rule, &t.create).await?;
+                    emit(
+                        out,
+                        &format!("-- applied: created trigger {}", t.name.quoted()),
+                    )?;
+                }
+            }
+        }
+        if self.backfill_due {
+            emit(
+                out,
+                &format!(
+                    "-- backfill: for each reader ? of {}, its {} newest timeline messages:",
+                    self.names.follows.quoted(),
+                    self.names.mailbox_size
+                ),
+            )?;
+            emit(out, &format!("--   {};", self.names.backfill_sql()))?;
+            if apply {
+                let n = self.backfill(conn, rule).await?;
+                emit(
+                    out,
+                    &format!("-- applied: backfilled the mailboxes of {n} readers"),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills each reader's mailbox; returns the number of readers.
+    async fn backfill(&self, conn: &mut Conn, rule: &str) -> Result<u64> {
+        run_sql(
+            conn,
+            rule,
+            "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        )
+        .await?;
+        let sql = self.names.backfill_sql();
+        let mut after: Option<mysql_async::Value> = None;
+        let mut done = 0u64;
+        loop {
+            let readers = readers_after(
+                conn,
+                &self.names.follows,
+                &self.names.reader,
+                after.as_ref(),
+                READERS_PER_BATCH,
+            )
+            .await?;
+            let Some(last) = readers.last().cloned() else {
+                break;
+            };
+            for r in readers {
+                conn.exec_drop(sql.as_str(), (r.clone(), r))
+                    .await
+                    .map_err(|e| {
+                        Error::with_cause(
+                            Source::Backend,
+                            format!("rule {rule}: backfilling {}", self.names.mailbox.quoted()),
+                            e,
+                        )
+                    })?;
+                done += 1;
+            }
+            after = Some(last);
+        }
+        Ok(done)
     }
 }
 
 #[async_trait(?Send)]
 impl Migration for CheckedTimeline {
     async fn problems(&self, _conn: &mut Conn) -> Result<Vec<(Severity, String)>> {
-        Ok(match &self.index {
-            Some(_) => Vec::new(),
-            None => vec![(Severity::Error, self.missing_index())],
-        })
+        let mut out = Vec::new();
+        if self.index.is_none() {
+            out.push((Severity::Error, self.missing_index()));
+        }
+        if let Some(mb) = &self.mailbox {
+            out.extend(mb.problems());
+        }
+        Ok(out)
     }
 
-    async fn run(&self, _conn: &mut Conn, _apply: bool, out: &mut dyn Write) -> Result<()> {
+    async fn run(&self, conn: &mut Conn, apply: bool, out: &mut dyn Write) -> Result<()> {
+        let what = match &self.mailbox {
+            None => ": nothing to create",
+            Some(_) => "",
+        };
         emit(
             out,
             &format!(
-                "-- rule {}: timeline (pull) over {}: nothing to create",
+                "-- rule {}: timeline ({}) over {}{what}",
                 self.name,
+                self.mode.name(),
                 self.messages.quoted()
             ),
         )?;
         match &self.index {
-            Some(i) => emit(out, &format!("-- index `{i}` serves the pull reads"))?,
+            Some(i) => emit(out, &format!("-- index `{i}` serves the timeline reads"))?,
             None => emit(out, &format!("-- warning: {}", self.missing_index()))?,
         }
+        if let Some(mb) = &self.mailbox {
+            mb.run(conn, &self.name, apply, out).await?;
+        }
         emit(out, "")
+    }
+}
+
+/// The `trim` job: each reader's mailbox cut to its `mailbox_size` newest entries.
+pub(crate) async fn trim(spec: &TimelineSpec, ctx: &mut JobContext<'_>) -> Result<JobReport> {
+    let Some(mailbox) = &spec.mailbox else {
+        return Ok(JobReport {
+            summary: "pull mode: no mailbox".into(),
+            failed: Vec::new(),
+        });
+    };
+    let mb = match resolve_tables(&spec.messages, &[mailbox], ctx.default_db) {
+        Ok((_, t)) if !t.is_empty() => t[0].clone(),
+        Ok(_) => return Err(Error::new(Source::Internal, "no mailbox table")),
+        Err(SchemaError::Refused(r)) => return Err(Error::new(Source::Rules, r)),
+        Err(SchemaError::Failed(e)) => return Err(e),
+    };
+    let size = u64::from(spec.mailbox_size);
+    let (reader, message) = (quote(MAILBOX_READER), quote(MAILBOX_MESSAGE));
+    let over = format!(
+        "SELECT {reader} FROM {} WHERE {reader} > ? GROUP BY {reader} HAVING COUNT(*) > {size} ORDER BY {reader} LIMIT {}",
+        mb.quoted(),
+        ctx.batch.max(1)
+    );
+    let first = format!(
+        "SELECT {reader} FROM {} GROUP BY {reader} HAVING COUNT(*) > {size} ORDER BY {reader} LIMIT {}",
+        mb.quoted(),
+        ctx.batch.max(1)
+    );
+    let kth = format!(
+        "SELECT {message} FROM {} WHERE {reader} = ? ORDER BY {message} DESC LIMIT 1 OFFSET {}",
+        mb.quoted(),
+        size - 1
+    );
+    let cut = format!(
+        "DELETE FROM {} WHERE {reader} = ? AND {message} < ?",
+        mb.quoted()
+    );
+    let backend = |what: &str, e| {
+        Error::with_cause(
+            Source::Backend,
+            format!("rule {}: {what} {}", spec.name, mb.quoted()),
+            e,
+        )
+    };
+    let (mut readers, mut removed) = (0u64, 0u64);
+    let mut after: Option<mysql_async::Value> = None;
+    loop {
+        let rows: Vec<Row> = match &after {
+            None => ctx.conn.exec(first.as_str(), ()).await,
+            Some(v) => ctx.conn.exec(over.as_str(), (v.clone(),)).await,
+        }
+        .map_err(|e| backend("listing the readers of", e))?;
+        let list: Vec<mysql_async::Value> = rows
+            .into_iter()
+            .filter_map(|mut r| r.take::<mysql_async::Value, usize>(0))
+            .collect();
+        let Some(last) = list.last().cloned() else {
+            break;
+        };
+        for r in list {
+            let k: Option<mysql_async::Value> = ctx
+                .conn
+                .exec_first(kth.as_str(), (r.clone(),))
+                .await
+                .map_err(|e| backend("reading", e))?;
+            if let Some(k) = k {
+                ctx.conn
+                    .exec_drop(cut.as_str(), (r, k))
+                    .await
+                    .map_err(|e| backend("trimming", e))?;
+                removed += ctx.conn.affected_rows();
+                readers += 1;
+            }
+        }
+        after = Some(last);
+    }
+    Ok(JobReport {
+        summary: format!(
+            "{readers} mailboxes trimmed to {size} entries, {removed} entries removed"
+        ),
+        failed: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(mode: Serve) -> Names {
+        let t = |n: &str| TableName {
+            db: Some("shop".into()),
+            name: n.into(),
+        };
+        Names {
+            messages: t("message"),
+            follows: t("follower"),
+            mailbox: t("mailbox"),
+            id: "id".into(),
+            author: "user_id".into(),
+            reader: "user_id".into(),
+            followed: "follower_id".into(),
+            mode,
+            fanout_limit: 1000,
+            mailbox_size: 200,
+        }
+    }
+
+    #[test]
+    fn trigger_bodies_parse_as_sql() {
+        // Each body is a compound statement; its statements must parse.
+        for mode in [Serve::Push, Serve::Hybrid] {
+            let n = names(mode);
+            for on_messages in [true, false] {
+                for event in [Event::Insert, Event::Update, Event::Delete] {
+                    let body = n.trigger_body(on_messages, event);
+                    assert!(
+                        body.starts_with("BEGIN ") && body.ends_with(" END"),
+                        "{body}"
+                    );
+                    let name = n.trigger_name(on_messages, event);
+                    assert!(name.name.starts_with("mailbox_hs_"), "{}", name.name);
+                }
+            }
+            let fan = n.fan_out("NEW");
+            assert_eq!(
+                fan.contains("IF (SELECT COUNT(*)"),
+                mode == Serve::Hybrid,
+                "{fan}"
+            );
+            assert!(fan.contains("LOCK IN SHARE MODE"), "{fan}");
+        }
+        let backfill = names(Serve::Push).backfill_sql();
+        crate::rewrite::parse_statements(&backfill.replace('?', "1")).expect(&backfill);
     }
 }

@@ -8,7 +8,10 @@
 //! follows = "follower"
 //! follow_reader = "user_id"
 //! follow_author = "follower_id"
-//! mode = "pull"
+//! mode = "pull"               # "pull", "push" or "hybrid"
+//! mailbox = "mailbox"          # push and hybrid: per-reader message ids
+//! fanout_limit = 1000          # hybrid: authors with more followers are not fanned out
+//! mailbox_size = 1000          # push and hybrid: entries kept per reader
 //! ```
 
 use serde::Deserialize;
@@ -52,6 +55,10 @@ pub struct TimelineSpec {
     /// Hybrid: authors with more followers are merged at read time.
     #[serde(default = "default_fanout_limit")]
     pub fanout_limit: u32,
+    /// Push and hybrid: mailbox entries kept per reader (a follow copies this many
+    /// of the author's newest messages; `heatsink maintain` trims to it).
+    #[serde(default = "default_mailbox_size")]
+    pub mailbox_size: u32,
     /// Shadow mode (`mode` names the serving strategy here): statements pass
     /// through, would-be rewrites are counted.
     #[serde(default)]
@@ -61,6 +68,13 @@ pub struct TimelineSpec {
 fn default_fanout_limit() -> u32 {
     1000
 }
+
+fn default_mailbox_size() -> u32 {
+    1000
+}
+
+/// Largest `fanout_limit` and `mailbox_size`.
+const MAX_LIMIT: u32 = 1_000_000;
 
 impl TimelineSpec {
     /// Everything that can be checked without a database.
@@ -81,12 +95,50 @@ impl TimelineSpec {
         if self.follow_reader.eq_ignore_ascii_case(&self.follow_author) {
             return Err("follow_reader and follow_author must be different columns".into());
         }
-        match self.mode {
-            Serve::Pull => Ok(()),
-            Serve::Push | Serve::Hybrid => Err(format!(
-                "mode = \"{}\" is not available in this version (the mailbox and its fan-out are not built); use mode = \"pull\"",
-                if self.mode == Serve::Push { "push" } else { "hybrid" }
+        for (key, v) in [
+            ("fanout_limit", self.fanout_limit),
+            ("mailbox_size", self.mailbox_size),
+        ] {
+            if v == 0 || v > MAX_LIMIT {
+                return Err(format!("{key} must be between 1 and {MAX_LIMIT}"));
+            }
+        }
+        match (&self.mode, &self.mailbox) {
+            (Serve::Pull, None) => Ok(()),
+            (Serve::Pull, Some(_)) => {
+                Err("mailbox is only for mode = \"push\" or \"hybrid\"".into())
+            }
+            (_, None) => Err(format!(
+                "mode = \"{}\" needs a mailbox table (mailbox = \"…\")",
+                self.mode.name()
             )),
+            (_, Some(m)) => {
+                let mailbox = TableName::parse(m).map_err(|e| format!("mailbox: {e}"))?;
+                for (key, t) in [("messages", &messages), ("follows", &follows)] {
+                    if mailbox.name.eq_ignore_ascii_case(&t.name) && mailbox.db == t.db {
+                        return Err(format!("mailbox must be another table than {key}"));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The mailbox table (push and hybrid).
+    pub fn mailbox_table(&self) -> Option<TableName> {
+        self.mailbox
+            .as_deref()
+            .and_then(|m| TableName::parse(m).ok())
+    }
+}
+
+impl Serve {
+    /// As the rule file writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Serve::Pull => "pull",
+            Serve::Push => "push",
+            Serve::Hybrid => "hybrid",
         }
     }
 }
@@ -108,12 +160,21 @@ mod tests {
     }
 
     #[test]
-    fn pull_is_accepted_push_and_hybrid_refused() {
+    fn modes_and_their_mailbox() {
         assert_eq!(spec("mode = \"pull\"").unwrap().mode, Serve::Pull);
         for mode in ["push", "hybrid"] {
-            let e = spec(&format!("mode = \"{mode}\"\nmailbox = \"mailbox\"")).unwrap_err();
-            assert!(e.contains("not available"), "{e}");
+            let s = spec(&format!("mode = \"{mode}\"\nmailbox = \"mailbox\"")).unwrap();
+            assert_eq!(s.mode.name(), mode);
+            assert_eq!(s.mailbox_table().unwrap().name, "mailbox");
+            assert_eq!((s.fanout_limit, s.mailbox_size), (1000, 1000));
+            let e = spec(&format!("mode = \"{mode}\"")).unwrap_err();
+            assert!(e.contains("needs a mailbox"), "{e}");
+            let e = spec(&format!("mode = \"{mode}\"\nmailbox = \"follower\"")).unwrap_err();
+            assert!(e.contains("another table"), "{e}");
         }
+        assert!(spec("mode = \"pull\"\nmailbox = \"m\"").is_err());
+        assert!(spec("mode = \"hybrid\"\nmailbox = \"m\"\nfanout_limit = 0").is_err());
+        assert!(spec("mode = \"push\"\nmailbox = \"m\"\nmailbox_size = 0").is_err());
         assert!(spec("").is_err(), "mode is required");
         assert!(spec("mode = \"pull\"\nfollow_author = \"user_id\"").is_err());
     }

@@ -17,18 +17,23 @@
 //!
 //! ```sql
 //! SELECT <as written> FROM (SELECT COALESCE((SELECT hs_x.hs_mx FROM (
-//!     SELECT (SELECT MAX(hs_m.id) FROM message AS hs_m
-//!              WHERE hs_m.user_id = hs_f.follower_id [AND hs_m.id < ?]) AS hs_mx
+//!     SELECT (SELECT hs_m.id FROM message AS hs_m
+//!              WHERE hs_m.user_id = hs_f.follower_id [AND hs_m.id < ?]
+//!              ORDER BY hs_m.id DESC LIMIT 1) AS hs_mx
 //!       FROM follower AS hs_f WHERE hs_f.user_id = ?
 //!      ORDER BY hs_mx DESC LIMIT 1 OFFSET n + k - 1) AS hs_x), 0) AS hs_t) AS hs_t,
-//!   <the FROM as written> WHERE (<the WHERE as written>) AND message.id >= hs_t.hs_t
+//!   follower STRAIGHT_JOIN message [ON <the join condition>]
+//!  WHERE (<the WHERE as written>) AND message.id >= hs_t.hs_t
 //!  ORDER BY message.id DESC LIMIT n [OFFSET k]
 //! ```
 //!
 //! The one-row derived table is read while the server optimises the statement, so
-//! the bound is a constant for the `(author, id)` index: about `followees` index
-//! dives and `n + k` rows per followee at most, in one round trip (measured in
-//! `docs/design.md`). Fewer than `n + k` followees with messages: the bound is 0.
+//! the bound is a constant for the `(author, id)` index: one index dive per followee
+//! for the bound (`ORDER BY id DESC LIMIT 1`, not `MAX(id)`: a correlated `MAX`
+//! reads every message of the followee) and the rows from the bound up per followee,
+//! in one round trip. `STRAIGHT_JOIN` keeps the follows first: left to itself
+//! MariaDB may scan every message above the bound by primary key instead (measured
+//! in `docs/design.md`). Fewer than `n + k` followees with messages: the bound is 0.
 //!
 //! ## Push and hybrid: the bound from the mailbox
 //!
@@ -152,6 +157,10 @@ struct Shape<'q> {
     /// names they are read under.
     messages: (&'q ObjectName, String),
     follows: (&'q ObjectName, String),
+    /// The message table's and the follow table's `FROM` items as written.
+    factors: (&'q TableFactor, &'q TableFactor),
+    /// The join condition of `JOIN … ON` (`None`: a comma join).
+    join_on: Option<&'q Expr>,
     /// The messages' AUTO_INCREMENT column.
     id: String,
     /// The reader's value (`follows.reader = v`).
@@ -205,11 +214,11 @@ impl<'q> Shape<'q> {
         let (Some(first), Some(second)) = (plain_table(items[0]), plain_table(items[1])) else {
             return Ok(None);
         };
-        let (messages, follows) =
+        let (messages, follows, factors) =
             if rule.messages.named_by(first.0, ctx) && rule.follows.named_by(second.0, ctx) {
-                (first.clone(), second.clone())
+                (first.clone(), second.clone(), (items[0], items[1]))
             } else if rule.follows.named_by(first.0, ctx) && rule.messages.named_by(second.0, ctx) {
-                (second.clone(), first.clone())
+                (second.clone(), first.clone(), (items[1], items[0]))
             } else {
                 return Ok(None);
             };
@@ -331,6 +340,8 @@ impl<'q> Shape<'q> {
         Ok(Some(Shape {
             messages: (messages.0, messages.1.clone()),
             follows: (follows.0, follows.1.clone()),
+            factors,
+            join_on,
             id,
             reader_value,
             before,
@@ -373,8 +384,8 @@ impl<'q> Shape<'q> {
             None => String::new(),
         };
         let bound = format!(
-            "(SELECT COALESCE({mailbox}(SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT MAX(`hs_m`.{id}) FROM {} AS `hs_m` \
-             WHERE `hs_m`.{} = `hs_f`.{}{before}) AS `hs_mx` FROM {} AS `hs_f` WHERE `hs_f`.{} = {} \
+            "(SELECT COALESCE({mailbox}(SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT `hs_m`.{id} FROM {} AS `hs_m` \
+             WHERE `hs_m`.{} = `hs_f`.{}{before} ORDER BY `hs_m`.{id} DESC LIMIT 1) AS `hs_mx` FROM {} AS `hs_f` WHERE `hs_f`.{} = {} \
              ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {}) AS `hs_x`), 0) AS `hs_t`) AS `hs_t`",
             self.messages.0,
             quote(&rule.author),
@@ -396,11 +407,18 @@ impl<'q> Shape<'q> {
                 other => vec![other.to_string()],
             })
             .collect();
-        let from: Vec<String> = sel.from.iter().map(ToString::to_string).collect();
+        // The follows first, each followee's messages read through the (author, id)
+        // index from the bound up; left to itself the optimiser may scan every
+        // message above the bound instead.
+        let on = self
+            .join_on
+            .map(|e| format!(" ON {e}"))
+            .unwrap_or_default();
         let mut sql = format!(
-            "SELECT {} FROM {bound}, {}",
+            "SELECT {} FROM {bound}, {} STRAIGHT_JOIN {}{on}",
             projection.join(", "),
-            from.join(", ")
+            self.factors.1,
+            self.factors.0
         );
         if let Some(w) = &sel.selection {
             sql.push_str(&format!(
@@ -503,8 +521,8 @@ mod tests {
 
     fn bound(author_ref: &str, reader: &str, before: &str, offset: i64) -> String {
         format!(
-            "(SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT MAX(`hs_m`.`id`) FROM {author_ref} AS `hs_m` \
-             WHERE `hs_m`.`user_id` = `hs_f`.`follower_id`{before}) AS `hs_mx` FROM follower AS `hs_f` \
+            "(SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT `hs_m`.`id` FROM {author_ref} AS `hs_m` \
+             WHERE `hs_m`.`user_id` = `hs_f`.`follower_id`{before} ORDER BY `hs_m`.`id` DESC LIMIT 1) AS `hs_mx` FROM follower AS `hs_f` \
              WHERE `hs_f`.`user_id` = {reader} ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {offset}) AS `hs_x`), 0) AS `hs_t`) AS `hs_t`"
         )
     }
@@ -520,7 +538,7 @@ mod tests {
         assert_sql(
             &r,
             &[&format!(
-                "SELECT message.* FROM {}, message INNER JOIN follower ON message.user_id = follower.follower_id \
+                "SELECT message.* FROM {}, follower STRAIGHT_JOIN message ON message.user_id = follower.follower_id \
                  WHERE (follower.user_id = 42) AND `message`.`id` >= `hs_t`.`hs_t` ORDER BY message.id DESC LIMIT 20",
                 bound("message", "42", "", 19)
             )],
@@ -538,7 +556,7 @@ mod tests {
         assert_sql(
             &r,
             &[&format!(
-                "SELECT `m`.*, `f`.* FROM {}, message m, follower f \
+                "SELECT `m`.*, `f`.* FROM {}, follower f STRAIGHT_JOIN message m \
                  WHERE (f.user_id = 7 AND m.user_id = f.follower_id AND m.id < 1000) AND `m`.`id` >= `hs_t`.`hs_t` \
                  ORDER BY m.id DESC LIMIT 10 OFFSET 5",
                 bound("message", "7", " AND `hs_m`.`id` < 1000", 14)
@@ -562,7 +580,7 @@ mod tests {
             assert_sql(
                 &r,
                 &[&format!(
-                    "SELECT m.* FROM {both}, shop.message m JOIN follower f ON m.user_id = f.follower_id \
+                    "SELECT m.* FROM {both}, follower f STRAIGHT_JOIN shop.message m ON m.user_id = f.follower_id \
                      WHERE (f.user_id = 9 AND m.id < 500) AND `m`.`id` >= `hs_t`.`hs_t` ORDER BY m.id DESC LIMIT 20"
                 )],
             );

@@ -439,10 +439,10 @@ impl Names {
         let size = self.mailbox_size;
         format!(
             "INSERT IGNORE INTO {mb} {cols} SELECT `hs_f`.{reader}, `hs_m`.{id}, `hs_m`.{author} \
-             FROM (SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT MAX(`hs_m2`.{id}) FROM {m} AS `hs_m2` \
-             WHERE `hs_m2`.{author} = `hs_f2`.{followed}) AS `hs_mx` FROM {f} AS `hs_f2` WHERE `hs_f2`.{reader} = ? \
+             FROM (SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT `hs_m2`.{id} FROM {m} AS `hs_m2` \
+             WHERE `hs_m2`.{author} = `hs_f2`.{followed} ORDER BY `hs_m2`.{id} DESC LIMIT 1) AS `hs_mx` FROM {f} AS `hs_f2` WHERE `hs_f2`.{reader} = ? \
              ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {}) AS `hs_x`), 0) AS `hs_t`) AS `hs_t`, \
-             {f} AS `hs_f` JOIN {m} AS `hs_m` ON `hs_m`.{author} = `hs_f`.{followed} \
+             {f} AS `hs_f` STRAIGHT_JOIN {m} AS `hs_m` ON `hs_m`.{author} = `hs_f`.{followed} \
              WHERE `hs_f`.{reader} = ? AND `hs_m`.{id} >= `hs_t`.`hs_t` ORDER BY `hs_m`.{id} DESC LIMIT {size}",
             size - 1,
             mb = self.mailbox.quoted(),

@@ -104,6 +104,7 @@ unmigrate() {
   mariadb_root "$2" -e "TRUNCATE TABLE mailbox_$1" 2>/dev/null || true
 }
 mb_size() {
+  mariadb_root "$1" -e "ANALYZE TABLE ${2//\'/}" >/dev/null 2>&1 || true
   mariadb_root -N -e "SELECT IFNULL(ROUND(SUM(DATA_LENGTH + INDEX_LENGTH) / 1048576, 1), 0) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '$1' AND TABLE_NAME IN ($2)"
 }
 

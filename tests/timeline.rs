@@ -27,7 +27,8 @@ const USERS: u64 = 400;
 const PLAN_FLAGS: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0200 | 0x4000 | 0x8000;
 
 /// A heavy-tailed graph: authors 1–4 are followed by most users, the rest at random
-/// (readers follow 0 to ~80 authors); messages mostly by the popular authors.
+/// (readers follow 0 to ~80 authors, and every 97th nearly all 400); messages mostly
+/// by the popular authors.
 fn data(g: &mut Prng) -> String {
     let mut follows = Vec::new();
     for reader in 1..=USERS {
@@ -37,6 +38,8 @@ fn data(g: &mut Prng) -> String {
             }
         }
         let n = match g.next_u64() % 10 {
+            // A few readers follow nearly everyone.
+            _ if reader % 97 == 0 => 4 * USERS,
             0 => 0,
             1..=7 => g.next_u64() % 20,
             _ => 20 + g.next_u64() % 60,

@@ -383,18 +383,22 @@ impl<'q> Shape<'q> {
             ),
             None => String::new(),
         };
-        let bound = format!(
-            "(SELECT COALESCE({mailbox}(SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT `hs_m`.{id} FROM {} AS `hs_m` \
-             WHERE `hs_m`.{} = `hs_f`.{}{before} ORDER BY `hs_m`.{id} DESC LIMIT 1) AS `hs_mx` FROM {} AS `hs_f` WHERE `hs_f`.{} = {} \
-             ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {}) AS `hs_x`), 0) AS `hs_t`) AS `hs_t`",
-            self.messages.0,
-            quote(&rule.author),
-            quote(&rule.followed),
-            self.follows.0,
-            quote(&rule.reader),
-            self.reader_value,
-            self.page_end - 1
+        let (m, author) = (&self.messages.0, quote(&rule.author));
+        let (f, followed, reader) = (&self.follows.0, quote(&rule.followed), quote(&rule.reader));
+        let (r, last) = (self.reader_value, self.page_end - 1);
+        // The (n + k)-th newest of the followees' newest ids …
+        let pull = format!(
+            "(SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT `hs_m`.{id} FROM {m} AS `hs_m` \
+             WHERE `hs_m`.{author} = `hs_f`.{followed}{before} ORDER BY `hs_m`.{id} DESC LIMIT 1) AS `hs_mx` \
+             FROM {f} AS `hs_f` WHERE `hs_f`.{reader} = {r} ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {last}) AS `hs_x`)"
         );
+        // … or, with fewer followees than that, the largest of their (n + k)-th newest.
+        let deep = format!(
+            "(SELECT MAX(`hs_y`.`hs_k`) FROM (SELECT (SELECT `hs_m`.{id} FROM {m} AS `hs_m` \
+             WHERE `hs_m`.{author} = `hs_f`.{followed}{before} ORDER BY `hs_m`.{id} DESC LIMIT 1 OFFSET {last}) AS `hs_k` \
+             FROM {f} AS `hs_f` WHERE `hs_f`.{reader} = {r}) AS `hs_y`)"
+        );
+        let bound = format!("(SELECT COALESCE({mailbox}{pull}, {deep}, 0) AS `hs_t`) AS `hs_t`");
         let projection: Vec<String> = sel
             .projection
             .iter()
@@ -410,10 +414,7 @@ impl<'q> Shape<'q> {
         // The follows first, each followee's messages read through the (author, id)
         // index from the bound up; left to itself the optimiser may scan every
         // message above the bound instead.
-        let on = self
-            .join_on
-            .map(|e| format!(" ON {e}"))
-            .unwrap_or_default();
+        let on = self.join_on.map(|e| format!(" ON {e}")).unwrap_or_default();
         let mut sql = format!(
             "SELECT {} FROM {bound}, {} STRAIGHT_JOIN {}{on}",
             projection.join(", "),
@@ -523,7 +524,10 @@ mod tests {
         format!(
             "(SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT `hs_m`.`id` FROM {author_ref} AS `hs_m` \
              WHERE `hs_m`.`user_id` = `hs_f`.`follower_id`{before} ORDER BY `hs_m`.`id` DESC LIMIT 1) AS `hs_mx` FROM follower AS `hs_f` \
-             WHERE `hs_f`.`user_id` = {reader} ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {offset}) AS `hs_x`), 0) AS `hs_t`) AS `hs_t`"
+             WHERE `hs_f`.`user_id` = {reader} ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {offset}) AS `hs_x`), \
+             (SELECT MAX(`hs_y`.`hs_k`) FROM (SELECT (SELECT `hs_m`.`id` FROM {author_ref} AS `hs_m` \
+             WHERE `hs_m`.`user_id` = `hs_f`.`follower_id`{before} ORDER BY `hs_m`.`id` DESC LIMIT 1 OFFSET {offset}) AS `hs_k` \
+             FROM follower AS `hs_f` WHERE `hs_f`.`user_id` = {reader}) AS `hs_y`), 0) AS `hs_t`) AS `hs_t`"
         )
     }
 

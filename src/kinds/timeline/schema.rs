@@ -437,14 +437,19 @@ impl Names {
         let (reader, followed) = (quote(&self.reader), quote(&self.followed));
         let (m, f) = (self.messages.quoted(), self.follows.quoted());
         let size = self.mailbox_size;
+        let last = size - 1;
+        // The bound of a read of `mailbox_size` rows (see plan.rs): the followees'
+        // newest ids, else the largest of their `mailbox_size`-th newest.
         format!(
             "INSERT IGNORE INTO {mb} {cols} SELECT `hs_f`.{reader}, `hs_m`.{id}, `hs_m`.{author} \
              FROM (SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT `hs_m2`.{id} FROM {m} AS `hs_m2` \
              WHERE `hs_m2`.{author} = `hs_f2`.{followed} ORDER BY `hs_m2`.{id} DESC LIMIT 1) AS `hs_mx` FROM {f} AS `hs_f2` WHERE `hs_f2`.{reader} = ? \
-             ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {}) AS `hs_x`), 0) AS `hs_t`) AS `hs_t`, \
+             ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {last}) AS `hs_x`), \
+             (SELECT MAX(`hs_y`.`hs_k`) FROM (SELECT (SELECT `hs_m2`.{id} FROM {m} AS `hs_m2` \
+             WHERE `hs_m2`.{author} = `hs_f2`.{followed} ORDER BY `hs_m2`.{id} DESC LIMIT 1 OFFSET {last}) AS `hs_k` \
+             FROM {f} AS `hs_f2` WHERE `hs_f2`.{reader} = ?) AS `hs_y`), 0) AS `hs_t`) AS `hs_t`, \
              {f} AS `hs_f` STRAIGHT_JOIN {m} AS `hs_m` ON `hs_m`.{author} = `hs_f`.{followed} \
              WHERE `hs_f`.{reader} = ? AND `hs_m`.{id} >= `hs_t`.`hs_t` ORDER BY `hs_m`.{id} DESC LIMIT {size}",
-            size - 1,
             mb = self.mailbox.quoted(),
             cols = self.mb_cols(),
         )
@@ -715,7 +720,7 @@ impl Mailbox {
                 break;
             };
             for r in readers {
-                conn.exec_drop(sql.as_str(), (r.clone(), r))
+                conn.exec_drop(sql.as_str(), (r.clone(), r.clone(), r))
                     .await
                     .map_err(|e| {
                         Error::with_cause(

@@ -355,6 +355,88 @@ pub(crate) async fn existing_trigger(
     }))
 }
 
+/// The state of a trigger a rule keeps its tables with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TriggerState {
+    /// Missing: create it.
+    Missing,
+    /// Exists with the expected body.
+    Fits,
+    /// Exists on the right table and event, with another body: left alone.
+    Differs,
+}
+
+/// One `AFTER` trigger a rule keeps its tables with.
+#[derive(Debug, Clone)]
+pub(crate) struct NeededTrigger {
+    pub name: TableName,
+    /// The `CREATE TRIGGER` statement.
+    pub create: String,
+    pub state: TriggerState,
+}
+
+/// Trigger `name`, which must be `AFTER <event> ON <on>` with `body` (created by
+/// `create`), as it is in the database. Refused when a trigger of that name is
+/// something else (`rename`: what to rename instead, "the mailbox").
+pub(crate) async fn needed_trigger(
+    conn: &mut Conn,
+    name: TableName,
+    (on, event): (&TableName, &str),
+    body: &str,
+    create: String,
+    rename: &str,
+) -> std::result::Result<NeededTrigger, crate::kinds::SchemaError> {
+    let state = match existing_trigger(conn, &name).await? {
+        None => TriggerState::Missing,
+        Some(t) => {
+            let fits = t.table.eq_ignore_ascii_case(&on.name)
+                && t.timing.eq_ignore_ascii_case("AFTER")
+                && t.event.eq_ignore_ascii_case(event);
+            if !fits {
+                return Err(crate::kinds::SchemaError::Refused(format!(
+                    "trigger {} exists but is not `AFTER {event} ON {}`; drop it or rename {rename}",
+                    name.quoted(),
+                    on.quoted()
+                )));
+            }
+            if normalize(&t.body) == normalize(body) {
+                TriggerState::Fits
+            } else {
+                TriggerState::Differs
+            }
+        }
+    };
+    Ok(NeededTrigger {
+        name,
+        create,
+        state,
+    })
+}
+
+/// Prints a line for each of `triggers` that exists (with a note when its body
+/// differs) and returns the `CREATE TRIGGER` statements of the missing ones.
+pub(crate) fn existing_and_missing<'a>(
+    triggers: &'a [NeededTrigger],
+    out: &mut dyn Write,
+) -> Result<Vec<&'a str>> {
+    for t in triggers.iter().filter(|t| t.state != TriggerState::Missing) {
+        let differs = if t.state == TriggerState::Differs {
+            " but differs from the rule's; left as it is (drop it and run migrate again to replace it)"
+        } else {
+            ""
+        };
+        emit(
+            out,
+            &format!("-- trigger {} exists{differs}", t.name.quoted()),
+        )?;
+    }
+    Ok(triggers
+        .iter()
+        .filter(|t| t.state == TriggerState::Missing)
+        .map(|t| t.create.as_str())
+        .collect())
+}
+
 /// What to do about `name`, a trigger of a ring rule that must be `<timing> INSERT
 /// ON <table>` (`on`) with `body`: create it with `create` when it is missing; keep
 /// one that exists (with a note when its body differs). `Err(reason)` when a trigger

@@ -11,7 +11,9 @@ use crate::check::Severity;
 use crate::error::{Error, Result, Source};
 use crate::kinds::Migration;
 use crate::rules::spec::quote;
-use crate::schema::{emit, run_sql, schema_err, table_has_rows, text, values};
+use crate::schema::{
+    emit, existing_and_missing, run_sql, schema_err, table_has_rows, text, values,
+};
 
 use super::schema::{counted, summed, CheckedRollup, TriggerState};
 use super::spec::Measure;
@@ -99,27 +101,7 @@ impl Migration for CheckedRollup {
                 ),
             )?,
         }
-        let missing: Vec<&str> = self
-            .triggers
-            .iter()
-            .filter(|t| t.state == TriggerState::Missing)
-            .map(|t| t.create.as_str())
-            .collect();
-        for t in self
-            .triggers
-            .iter()
-            .filter(|t| t.state != TriggerState::Missing)
-        {
-            let differs = if t.state == TriggerState::Differs {
-                " but differs from the rule's; left as it is (drop it and run migrate again to replace it)"
-            } else {
-                ""
-            };
-            emit(
-                out,
-                &format!("-- trigger {} exists{differs}", t.name.quoted()),
-            )?;
-        }
+        let missing = existing_and_missing(&self.triggers, out)?;
         if missing.is_empty() && !self.backfill_due {
             return emit(out, "");
         }

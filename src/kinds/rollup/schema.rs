@@ -84,8 +84,8 @@ use mysql_async::Conn;
 use crate::kinds::SchemaError;
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
-    existing_trigger, inspect_base_table, inspect_table, integer_max, normalize, resolve_tables,
-    suffixed_name, table_has_rows, table_options, Column, Table, MAX_IDENT,
+    inspect_base_table, inspect_table, integer_max, needed_trigger, resolve_tables, suffixed_name,
+    table_has_rows, table_options, Column, Table, MAX_IDENT,
 };
 
 use super::spec::{Measure, RollupSpec};
@@ -112,24 +112,8 @@ pub(crate) struct Measured {
     pub scale: u32,
 }
 
-/// The state of one of the three triggers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum TriggerState {
-    /// Missing: create it.
-    Missing,
-    /// Exists with the expected body.
-    Fits,
-    /// Exists on the right table and event, with another body: left alone.
-    Differs,
-}
-
 /// One of the three triggers on the log.
-#[derive(Debug, Clone)]
-pub(crate) struct Trigger {
-    pub name: TableName,
-    pub create: String,
-    pub state: TriggerState,
-}
+pub(crate) use crate::schema::{NeededTrigger as Trigger, TriggerState};
 
 /// A rollup rule checked against the database.
 pub(crate) struct CheckedRollup {
@@ -602,32 +586,17 @@ async fn plan_triggers(conn: &mut Conn, rule: &CheckedRollup) -> SchemaResult<Ve
         };
         let body = super::triggers::body(rule, event, galera);
         let create = super::triggers::create_sql(rule, &name, event, &body);
-        let state = match existing_trigger(conn, &name).await? {
-            None => TriggerState::Missing,
-            Some(t) => {
-                let fits = t.table.eq_ignore_ascii_case(&rule.log.name)
-                    && t.timing.eq_ignore_ascii_case("AFTER")
-                    && t.event.eq_ignore_ascii_case(event.sql());
-                if !fits {
-                    return Err(SchemaError::Refused(format!(
-                        "trigger {} exists but is not `AFTER {} ON {}`; drop it or rename the rollup table",
-                        name.quoted(),
-                        event.sql(),
-                        rule.log.quoted()
-                    )));
-                }
-                if normalize(&t.body) == normalize(&body) {
-                    TriggerState::Fits
-                } else {
-                    TriggerState::Differs
-                }
-            }
-        };
-        out.push(Trigger {
-            name,
-            create,
-            state,
-        });
+        out.push(
+            needed_trigger(
+                conn,
+                name,
+                (&rule.log, event.sql()),
+                &body,
+                create,
+                "the rollup table",
+            )
+            .await?,
+        );
     }
     Ok(out)
 }

@@ -65,8 +65,9 @@ use crate::error::{Error, Result, Source};
 use crate::kinds::{JobContext, JobReport, Migration, SchemaError};
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
-    emit, existing_trigger, inspect_base_table, inspect_table, normalize, resolve_tables, run_sql,
-    schema_err, suffixed_name, table_has_rows, text, Column, Table,
+    emit, existing_and_missing, inspect_base_table, inspect_table, needed_trigger, resolve_tables,
+    run_sql, schema_err, suffixed_name, table_has_rows, text, Column, NeededTrigger, Table,
+    TriggerState,
 };
 
 /// The mailbox's reader column.
@@ -105,21 +106,6 @@ impl Event {
     }
 }
 
-/// The state of one trigger.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum TriggerState {
-    Missing,
-    Fits,
-    Differs,
-}
-
-#[derive(Debug, Clone)]
-struct Trigger {
-    name: TableName,
-    create: String,
-    state: TriggerState,
-}
-
 /// A piece of a trigger body for a row (`NEW` or `OLD`).
 type Piece = fn(&Names, &str) -> String;
 
@@ -143,7 +129,7 @@ struct Mailbox {
     names: Names,
     /// `CREATE TABLE` when the mailbox is missing.
     create_table: Option<String>,
-    triggers: Vec<Trigger>,
+    triggers: Vec<NeededTrigger>,
     /// The mailbox is empty and the follow table is not.
     backfill_due: bool,
 }
@@ -461,7 +447,7 @@ impl Names {
 async fn plan_triggers(
     conn: &mut Conn,
     names: &Names,
-) -> std::result::Result<Vec<Trigger>, SchemaError> {
+) -> std::result::Result<Vec<NeededTrigger>, SchemaError> {
     let mut out = Vec::new();
     for on_messages in [true, false] {
         let table = if on_messages {
@@ -478,32 +464,17 @@ async fn plan_triggers(
                 event.sql(),
                 table.quoted()
             );
-            let state = match existing_trigger(conn, &name).await? {
-                None => TriggerState::Missing,
-                Some(t) => {
-                    let fits = t.table.eq_ignore_ascii_case(&table.name)
-                        && t.timing.eq_ignore_ascii_case("AFTER")
-                        && t.event.eq_ignore_ascii_case(event.sql());
-                    if !fits {
-                        return Err(SchemaError::Refused(format!(
-                            "trigger {} exists but is not `AFTER {} ON {}`; drop it or rename the mailbox",
-                            name.quoted(),
-                            event.sql(),
-                            table.quoted()
-                        )));
-                    }
-                    if normalize(&t.body) == normalize(&body) {
-                        TriggerState::Fits
-                    } else {
-                        TriggerState::Differs
-                    }
-                }
-            };
-            out.push(Trigger {
-                name,
-                create,
-                state,
-            });
+            out.push(
+                needed_trigger(
+                    conn,
+                    name,
+                    (table, event.sql()),
+                    &body,
+                    create,
+                    "the mailbox",
+                )
+                .await?,
+            );
         }
     }
     Ok(out)
@@ -639,40 +610,21 @@ impl Mailbox {
             }
             None => emit(out, &format!("-- mailbox {mb} exists and matches the rule"))?,
         }
-        let missing: Vec<&Trigger> = self
-            .triggers
-            .iter()
-            .filter(|t| t.state == TriggerState::Missing)
-            .collect();
-        for t in self
-            .triggers
-            .iter()
-            .filter(|t| t.state != TriggerState::Missing)
-        {
-            let differs = if t.state == TriggerState::Differs {
-                " but differs from the rule's; left as it is (drop it and run migrate again to replace it)"
-            } else {
-                ""
-            };
-            emit(
-                out,
-                &format!("-- trigger {} exists{differs}", t.name.quoted()),
-            )?;
-        }
+        let missing = existing_and_missing(&self.triggers, out)?;
         if !missing.is_empty() {
             emit(out, "DELIMITER ;;")?;
             for t in &missing {
-                emit(out, &format!("{};;", t.create))?;
+                emit(out, &format!("{t};;"))?;
             }
             emit(out, "DELIMITER ;")?;
             if apply {
                 for t in &missing {
-                    run_sql(conn, rule, &t.create).await?;
-                    emit(
-                        out,
-                        &format!("-- applied: created trigger {}", t.name.quoted()),
-                    )?;
+                    run_sql(conn, rule, t).await?;
                 }
+                emit(
+                    out,
+                    &format!("-- applied: created {} triggers", missing.len()),
+                )?;
             }
         }
         if self.backfill_due {

@@ -335,6 +335,7 @@ async fn rotate(conn: &mut Conn, db: &str) -> heatsink::kinds::JobReport {
         default_db: Some(db),
         batch: 1000,
         out: &mut out,
+        apply: true,
     };
     heatsink::kinds::partition::rotate::run(&spec(), &mut ctx)
         .await
@@ -660,6 +661,80 @@ fn every_key_encoding_prunes() {
             );
         });
     }
+}
+
+/// The partitions of `db`.Messages, in order.
+fn partition_names(db: &str) -> Vec<String> {
+    mariadb()
+        .query_strings(&format!(
+            "SELECT PARTITION_NAME FROM information_schema.PARTITIONS \
+             WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = 'Messages' ORDER BY PARTITION_ORDINAL_POSITION"
+        ))
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+        .collect()
+}
+
+/// `heatsink maintain` without `--apply` prints the rotation's DDL and changes no
+/// partition; with `--apply` it runs it.
+#[test]
+fn maintain_prints_the_rotation_and_applies_it_only_with_apply() {
+    let db = "part_dry";
+    fresh_db(db, &rotation_ddl());
+    let rules = rules_dir("p.toml", &rule());
+    migrate_ok(rules.path(), db, true);
+    let url = mariadb().url(db);
+    let dir = rules.path().to_str().unwrap();
+    let before = partition_names(db);
+    assert_eq!(before, ["p20250101", "pmax"]);
+    // The server's clock is today: the 30 kept days, today and 3 days ahead to add
+    // (3 a statement), 2025-01-01 expired.
+    let last = scalar("SELECT CAST(CURDATE() + INTERVAL 3 DAY AS CHAR)").unwrap();
+    let last = format!("p{}", last.replace('-', ""));
+    for args in [
+        vec!["maintain", "--rules", dir, "--backend-url", &url],
+        vec![
+            "maintain",
+            "--job",
+            "rotate",
+            "--rules",
+            dir,
+            "--backend-url",
+            &url,
+        ],
+    ] {
+        let (code, out, err) = heatsink(&args);
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.contains("-- dry run"), "{out}");
+        assert!(
+            out.contains(
+                "ALTER TABLE `part_dry`.`Messages` REORGANIZE PARTITION `pmax` INTO (PARTITION "
+            ) && out.contains(&format!("PARTITION {last} VALUES LESS THAN"))
+                && out.contains("ALTER TABLE `part_dry`.`Messages` DROP PARTITION `p20250101`;")
+                && out.matches("REORGANIZE PARTITION").count() == 12
+                && out.contains(
+                    "rule messages_by_day: dry run: 34 partitions would be added, 1 dropped"
+                ),
+            "{out}"
+        );
+        assert_eq!(partition_names(db), before);
+    }
+    let (code, out, err) =
+        heatsink(&["maintain", "--rules", dir, "--backend-url", &url, "--apply"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("34 partitions added, 1 dropped"), "{out}");
+    let after = partition_names(db);
+    assert_eq!(after.len(), 35, "{after:?}");
+    assert_eq!(after[33], last);
+    assert!(!after.contains(&"p20250101".to_string()));
+    // Nothing left to do: the dry run prints no statement.
+    let (code, out, _) = heatsink(&["maintain", "--rules", dir, "--backend-url", &url]);
+    assert_eq!(code, 0);
+    assert!(!out.contains("ALTER TABLE"), "{out}");
+    assert!(
+        out.contains("dry run: 0 partitions would be added, 0 dropped"),
+        "{out}"
+    );
 }
 
 /// `heatsink serve --maintain-url` runs the rotation itself, every interval; two

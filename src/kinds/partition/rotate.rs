@@ -258,7 +258,43 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
         None => true,
     };
     let p = plan(spec, &table.quoted(), &layout, today, catch_all_empty);
+    let drop_sql = |names: &[String]| {
+        (!names.is_empty()).then(|| {
+            let quoted: Vec<String> = names.iter().map(|n| crate::rules::spec::quote(n)).collect();
+            format!(
+                "ALTER TABLE {} DROP PARTITION {}",
+                table.quoted(),
+                quoted.join(", ")
+            )
+        })
+    };
+    let window = format!(
+        "today {}, kept from {} to {}",
+        day_sql(today),
+        day_sql(today - i64::from(spec.retention_days)),
+        day_sql(today + i64::from(spec.premake))
+    );
     let mut failed = Vec::new();
+    if let Some(b) = &p.blocked {
+        failed.push(b.clone());
+    }
+    if !ctx.apply {
+        for sql in p.add.iter().chain(drop_sql(&p.drop).iter()) {
+            emit(ctx.out, &format!("{sql};"))?;
+        }
+        let added: usize = p
+            .add
+            .iter()
+            .map(|a| a.matches("VALUES LESS THAN ('").count())
+            .sum();
+        return Ok(JobReport {
+            summary: format!(
+                "dry run: {added} partitions would be added, {} dropped ({window})",
+                p.drop.len()
+            ),
+            failed,
+        });
+    }
     let mut added = 0;
     let mut drop = p.drop.clone();
     for add in &p.add {
@@ -274,21 +310,8 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
             }
         }
     }
-    if let Some(b) = p.blocked {
-        failed.push(b);
-    }
     let mut dropped = 0;
-    if !drop.is_empty() {
-        let quoted: Vec<String> = p
-            .drop
-            .iter()
-            .map(|n| crate::rules::spec::quote(n))
-            .collect();
-        let sql = format!(
-            "ALTER TABLE {} DROP PARTITION {}",
-            table.quoted(),
-            quoted.join(", ")
-        );
+    if let Some(sql) = drop_sql(&drop) {
         emit(ctx.out, &format!("{sql};"))?;
         let started = std::time::Instant::now();
         match run_ddl(ctx.conn, &spec.name, &sql).await {
@@ -303,12 +326,7 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
         }
     }
     Ok(JobReport {
-        summary: format!(
-            "{added} partitions added, {dropped} dropped (today {}, kept from {} to {})",
-            day_sql(today),
-            day_sql(today - i64::from(spec.retention_days)),
-            day_sql(today + i64::from(spec.premake))
-        ),
+        summary: format!("{added} partitions added, {dropped} dropped ({window})"),
         failed,
     })
 }

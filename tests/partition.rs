@@ -780,3 +780,378 @@ fn serve_rotates_partitions_periodically() {
     let logs = format!("{}{}", proxies[0].log_text(), proxies[1].log_text());
     assert!(logs.contains("partitions added"), "{logs}");
 }
+
+/// The partition rule `name` on `Messages` with `period` and these settings
+/// replaced (`retention_days`, `premake`, …).
+fn period_rule(name: &str, period: &str, settings: &[(&str, &str)]) -> String {
+    let mut text = Rule::partition(name, "Messages")
+        .toml()
+        .replace("period = \"day\"", &format!("period = \"{period}\""));
+    for (k, v) in settings {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{k} = ")))
+            .map(str::to_string);
+        if let Some(line) = line {
+            text = text.replace(&line, &format!("{k} = {v}"));
+        }
+    }
+    text
+}
+
+/// A partition spec parsed from `toml`.
+fn spec_of(toml: &str) -> heatsink::kinds::partition::PartitionSpec {
+    heatsink::kinds::entries::<heatsink::kinds::partition::PartitionSpec>(toml, "partition")
+        .unwrap()
+        .remove(0)
+}
+
+/// Runs the rotate job of `spec` once on `conn`.
+async fn rotate_spec(
+    conn: &mut Conn,
+    db: &str,
+    spec: &heatsink::kinds::partition::PartitionSpec,
+) -> heatsink::kinds::JobReport {
+    let mut out = Vec::new();
+    let mut ctx = heatsink::kinds::JobContext {
+        conn,
+        default_db: Some(db),
+        batch: 1000,
+        out: &mut out,
+        apply: true,
+    };
+    heatsink::kinds::partition::rotate::run(spec, &mut ctx)
+        .await
+        .unwrap()
+}
+
+/// `YYYY-MM-DD HH:MM:SS` of a unix time in UTC.
+fn utc_time(t: i64) -> String {
+    format!(
+        "{} {:02}:{:02}:{:02}",
+        utc_date(t),
+        t.rem_euclid(86_400) / 3600,
+        t.rem_euclid(3600) / 60,
+        t.rem_euclid(60)
+    )
+}
+
+/// `Messages` with a DATETIME column partitioned by hour over 2024-11-20 …
+/// 2024-11-23 (96 hours), plus `pmax`.
+fn hourly_ddl(rows: &str) -> String {
+    let parts: Vec<String> = (0..96)
+        .map(|h| {
+            let t = DAY0 + h * 3600;
+            format!(
+                "PARTITION p{}{:02} VALUES LESS THAN ('{}')",
+                utc_date(t).replace('-', ""),
+                h % 24,
+                utc_time(t + 3600)
+            )
+        })
+        .collect();
+    format!(
+        "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
+           Message JSON NOT NULL, Inserted DATETIME NOT NULL, \
+           PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) \
+           PARTITION BY RANGE COLUMNS (Inserted) ({}, PARTITION pmax VALUES LESS THAN (MAXVALUE)); \
+         INSERT INTO Messages (UUID, Message, Inserted) VALUES {rows};",
+        parts.join(", ")
+    )
+}
+
+/// `Messages` partitioned by month from 2024-06 to 2025-05, plus `pmax`.
+fn monthly_ddl(rows: &str) -> String {
+    let parts: Vec<String> = (0..12)
+        .map(|i| {
+            let (y, m) = (2024 + (5 + i) / 12, (5 + i) % 12 + 1);
+            let (ny, nm) = (2024 + (6 + i) / 12, (6 + i) % 12 + 1);
+            format!("PARTITION p{y}{m:02} VALUES LESS THAN ('{ny}-{nm:02}-01')")
+        })
+        .collect();
+    format!(
+        "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
+           Message JSON NOT NULL, Inserted DATE NOT NULL, \
+           PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) \
+           PARTITION BY RANGE COLUMNS (Inserted) ({}, PARTITION pmax VALUES LESS THAN (MAXVALUE)); \
+         INSERT INTO Messages (UUID, Message, Inserted) VALUES {rows};",
+        parts.join(", ")
+    )
+}
+
+/// Every lookup of `keys` through the proxy answers what the table answers
+/// directly (text and prepared, in several time zones), reading at most `most`
+/// partitions where the table read directly reads `all`.
+async fn lookups_match(env: &Env, keys: &[String], most: usize, all: usize) {
+    let mut p = env.proxied().await;
+    let mut d = env.direct().await;
+    let by_key = |k: &str| {
+        format!("SELECT ID, Message, CAST(Inserted AS CHAR) FROM Messages WHERE UUID = '{k}'")
+    };
+    for tz in ["'+00:00'", "'+05:30'", "'-08:00'"] {
+        for c in [&mut p, &mut d] {
+            c.query_drop(format!("SET time_zone = {tz}")).await.unwrap();
+        }
+        for k in keys {
+            let want: Vec<(u64, String, String)> = d.query(by_key(k)).await.unwrap();
+            assert_eq!(want.len(), 1, "{tz} {k}");
+            let got: Vec<(u64, String, String)> = p.query(by_key(k)).await.unwrap();
+            assert_eq!(got, want, "{tz} {k}");
+            let got: Vec<(u64, String, String)> = p
+                .exec(
+                    "SELECT ID, Message, CAST(Inserted AS CHAR) FROM Messages WHERE UUID = ?",
+                    (k.as_str(),),
+                )
+                .await
+                .unwrap();
+            assert_eq!(got, want, "{tz} {k} prepared");
+            assert_eq!(explain_text(&mut d, &by_key(k)).await, all, "{tz} {k}");
+            if k.contains('-') && k != "no-time-here" {
+                let n = explain_text(&mut p, &by_key(k)).await;
+                assert!((1..=most).contains(&n), "{tz} {k}: {n} partitions read");
+                let n = explain_prepared(&mut p, "SELECT Message FROM Messages WHERE UUID = ?", k)
+                    .await;
+                assert!(
+                    (1..=most).contains(&n),
+                    "{tz} {k} prepared: {n} partitions read"
+                );
+            }
+        }
+        let list: Vec<String> = keys.iter().map(|k| format!("'{k}'")).collect();
+        let sql = format!(
+            "SELECT ID FROM Messages WHERE UUID IN ({}) ORDER BY ID",
+            list.join(", ")
+        );
+        let want: Vec<u64> = d.query(&sql).await.unwrap();
+        let got: Vec<u64> = p.query(&sql).await.unwrap();
+        assert_eq!(got, want, "{tz} IN");
+    }
+}
+
+/// Hourly partitions: a lookup reads the key's hour ± 24 hours (at most 49 of 97
+/// partitions) and answers what the table answers; an insert more than a day from
+/// the key's hour is refused, one without the column gets the key's time.
+#[test]
+fn hourly_lookups_read_the_keys_hours() {
+    let t1 = DAY0 + 86_400 + 5 * 3600 + 600; // 2024-11-21 05:10 UTC
+    let t2 = DAY0 + 3 * 86_400 - 30; // 2024-11-22 23:59:30 UTC
+    let (k1, k2) = (key(1, t1), key(2, t2));
+    let rows = format!(
+        "('{k1}', '{{}}', '{}'), ('{k2}', '{{}}', '{}'), ('no-time-here', '{{}}', '2024-11-21 12:00:00')",
+        utc_time(t1),
+        utc_time(t2)
+    );
+    let env = Env::builder("part_hourly")
+        .schema(hourly_ddl(&rows))
+        .rule("p.toml", period_rule("messages_by_hour", "hour", &[]))
+        .migrate()
+        .start();
+    run(Duration::from_secs(120), async {
+        lookups_match(
+            &env,
+            &[k1.clone(), k2.clone(), "no-time-here".into()],
+            49,
+            97,
+        )
+        .await;
+        let mut p = env.proxied().await;
+        p.query_drop("SET time_zone = '+00:00'").await.unwrap();
+        // 25 hours after the key's hour: refused, naming the hours.
+        let bad = format!(
+            "INSERT INTO Messages (UUID, Message, Inserted) VALUES ('{}', '{{}}', '{}')",
+            key(3, t1),
+            utc_time(t1 + 25 * 3600)
+        );
+        let e = common::client::assert_refused_by(&mut p, &bad, "messages_by_hour").await;
+        assert!(e.message.contains("within 24 hour(s) of the hour"), "{e:?}");
+        let k = key(4, t1);
+        p.query_drop(format!(
+            "INSERT INTO Messages (UUID, Message) VALUES ('{k}', '{{}}')"
+        ))
+        .await
+        .unwrap();
+        let got = env.backend_scalar(&format!(
+            "SELECT CAST(Inserted AS CHAR) FROM {{db}}.Messages WHERE UUID = '{k}'"
+        ));
+        assert_eq!(got, Some(utc_time(t1)));
+        let n = explain_text(
+            &mut p,
+            &format!("SELECT Message FROM Messages WHERE UUID = '{k}'"),
+        )
+        .await;
+        assert!((1..=49).contains(&n), "{n}");
+    });
+}
+
+/// Monthly partitions: a lookup reads the months of the key's date ± a day (one,
+/// or two at a month's edge, of 13) and answers what the table answers.
+#[test]
+fn monthly_lookups_read_the_keys_months() {
+    let t1 = DAY0 + 11 * 86_400 - 600; // 2024-11-30 23:50 UTC
+    let t2 = 1_723_723_200; // 2024-08-15 12:00 UTC
+    let (k1, k2) = (key(1, t1), key(2, t2));
+    let rows = format!(
+        "('{k1}', '{{}}', '{}'), ('{k2}', '{{}}', '{}'), ('no-time-here', '{{}}', '2025-02-11')",
+        utc_date(t1),
+        utc_date(t2)
+    );
+    let env = Env::builder("part_monthly")
+        .schema(monthly_ddl(&rows))
+        .rule(
+            "p.toml",
+            period_rule("messages_by_month", "month", &[("retention_days", "400")]),
+        )
+        .migrate()
+        .start();
+    run(Duration::from_secs(120), async {
+        lookups_match(
+            &env,
+            &[k1.clone(), k2.clone(), "no-time-here".into()],
+            2,
+            13,
+        )
+        .await;
+        let mut p = env.proxied().await;
+        p.query_drop("SET time_zone = '+00:00'").await.unwrap();
+        let n = explain_text(
+            &mut p,
+            &format!("SELECT Message FROM Messages WHERE UUID = '{k2}'"),
+        )
+        .await;
+        assert_eq!(n, 1, "mid-month");
+    });
+}
+
+/// The rotate job of hourly and monthly rules: partitions `premake` periods ahead,
+/// those wholly older than `retention_days` days dropped, named by their period.
+#[test]
+fn hourly_and_monthly_rotation() {
+    let hourly = spec_of(&period_rule(
+        "by_hour",
+        "hour",
+        &[("retention_days", "2"), ("premake", "3")],
+    ));
+    let monthly = spec_of(&period_rule(
+        "by_month",
+        "month",
+        &[("retention_days", "60"), ("premake", "2")],
+    ));
+    let names = |db: &str| partition_names(db);
+    let hour_db = "part_rot_hour";
+    fresh_db(
+        hour_db,
+        "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
+           Message JSON NOT NULL, Inserted DATETIME NOT NULL, \
+           PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) \
+           PARTITION BY RANGE COLUMNS (Inserted) (PARTITION p2025010100 VALUES LESS THAN ('2025-01-01 01:00:00'), \
+           PARTITION pmax VALUES LESS THAN (MAXVALUE));",
+    );
+    let month_db = "part_rot_month";
+    fresh_db(
+        month_db,
+        "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
+           Message JSON NOT NULL, Inserted DATE NOT NULL, \
+           PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) \
+           PARTITION BY RANGE COLUMNS (Inserted) (PARTITION p202501 VALUES LESS THAN ('2025-02-01'), \
+           PARTITION pmax VALUES LESS THAN (MAXVALUE));",
+    );
+    run(Duration::from_secs(120), async {
+        let mut c = connect(&mariadb().url(hour_db)).await;
+        // 2025-01-01 10:00:30: hours up to 13:00 added, none expired.
+        at(&mut c, ROT0 + 10 * 3600 + 30).await;
+        let r = rotate_spec(&mut c, hour_db, &hourly).await;
+        assert!(r.failed.is_empty(), "{r:?}");
+        let want: Vec<String> = (0..14)
+            .map(|h| format!("p20250101{h:02}"))
+            .chain(["pmax".to_string()])
+            .collect();
+        assert_eq!(names(hour_db), want, "{}", r.summary);
+        let bound = scalar(&format!(
+            "SELECT PARTITION_DESCRIPTION FROM information_schema.PARTITIONS \
+             WHERE TABLE_SCHEMA = '{hour_db}' AND PARTITION_NAME = 'p2025010113'"
+        ));
+        assert_eq!(bound.as_deref(), Some("'2025-01-01 14:00:00'"));
+        // 2025-01-03 11:10: kept from 2025-01-01 11:00; hours up to 01-03 14:00.
+        at(&mut c, ROT0 + 2 * 86_400 + 11 * 3600 + 600).await;
+        let r = rotate_spec(&mut c, hour_db, &hourly).await;
+        assert!(r.failed.is_empty(), "{r:?}");
+        let got = names(hour_db);
+        assert_eq!(got.len(), 3 + 49 + 1, "{got:?}");
+        assert_eq!(got[0], "p2025010111");
+        assert_eq!(got[got.len() - 2], "p2025010314");
+        let _ = c.disconnect().await;
+
+        let mut c = connect(&mariadb().url(month_db)).await;
+        at(&mut c, ROT0 + 14 * 86_400 + 8 * 3600).await; // 2025-01-15 08:00
+        let r = rotate_spec(&mut c, month_db, &monthly).await;
+        assert!(r.failed.is_empty(), "{r:?}");
+        assert_eq!(names(month_db), ["p202501", "p202502", "p202503", "pmax"]);
+        // 2025-05-20: kept from 2025-03-21, months up to July.
+        at(&mut c, ROT0 + 139 * 86_400 + 8 * 3600).await;
+        let r = rotate_spec(&mut c, month_db, &monthly).await;
+        assert!(r.failed.is_empty(), "{r:?}");
+        assert_eq!(
+            names(month_db),
+            ["p202503", "p202504", "p202505", "p202506", "p202507", "pmax"],
+            "{}",
+            r.summary
+        );
+        let _ = c.disconnect().await;
+    });
+}
+
+/// `migrate` partitions a table by hour (from its first hour, to the current one +
+/// premake) or by month, and refuses an hourly rule on a DATE column.
+#[test]
+fn migrate_partitions_by_hour_and_by_month() {
+    let db = "part_mig_periods";
+    fresh_db(
+        db,
+        "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT PRIMARY KEY, UUID VARCHAR(40) NOT NULL, \
+           Message JSON NOT NULL, Inserted DATETIME NOT NULL, UNIQUE KEY u (UUID));
+         INSERT INTO Messages (UUID, Message, Inserted) VALUES ('a', '{}', NOW() - INTERVAL 5 HOUR);",
+    );
+    let first = scalar(&format!(
+        "SELECT DATE_FORMAT(MIN(Inserted), 'p%Y%m%d%H') FROM {db}.Messages"
+    ))
+    .unwrap();
+    let hourly = rules_dir("p.toml", &period_rule("by_hour", "hour", &[]));
+    let printed = migrate_ok(hourly.path(), db, false);
+    assert!(
+        printed.contains(&format!(
+            "PARTITION BY RANGE COLUMNS (`Inserted`) (PARTITION {first} VALUES LESS THAN ('"
+        )),
+        "{printed}"
+    );
+    migrate_ok(hourly.path(), db, true);
+    let n = partition_count(db);
+    // Five hours back, the current one, three ahead, the catch-all (one more if
+    // the hour turned in between).
+    assert!((10..=11).contains(&n), "{n} partitions");
+
+    let monthly = rules_dir("p.toml", &period_rule("by_month", "month", &[]));
+    let db = "part_mig_month";
+    fresh_db(
+        db,
+        "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT PRIMARY KEY, UUID VARCHAR(40) NOT NULL, \
+           Message JSON NOT NULL, Inserted DATE NOT NULL, UNIQUE KEY u (UUID));
+         INSERT INTO Messages (UUID, Message, Inserted) VALUES ('a', '{}', CURDATE() - INTERVAL 2 MONTH);",
+    );
+    let first = scalar(&format!(
+        "SELECT CONCAT(DATE_FORMAT(MIN(Inserted), 'p%Y%m'), ' VALUES LESS THAN (''', \
+                DATE_FORMAT(MIN(Inserted) + INTERVAL 1 MONTH, '%Y-%m-01'), ''')') FROM {db}.Messages"
+    ))
+    .unwrap();
+    let printed = migrate_ok(monthly.path(), db, false);
+    assert!(
+        printed.contains(&format!("(PARTITION {first}, ")),
+        "{printed}"
+    );
+    migrate_ok(monthly.path(), db, true);
+    // Two months back, the current one, three ahead, the catch-all.
+    assert_eq!(partition_count(db), 7);
+    // An hourly rule needs a DATETIME column.
+    let (code, out, err) = common::cli::migrate(hourly.path(), db, false);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("needs a DATETIME column"), "{err}");
+}

@@ -1,11 +1,12 @@
 //! The partition rule's schema work: the table's partitioning (`migrate` prints the
-//! DDL that partitions an existing table, and runs it with `--apply` for tables up
+//! DDL that partitions an existing table by hour, day or month, and runs it with `--apply` for tables up
 //! to [`APPLY_MAX_ROWS`] rows), the triggers that keep every row reachable by pruned
 //! lookups, and what `check --backend-url` reports.
 //!
 //! ## The invariant and its triggers
 //!
-//! A pruned lookup reads only the partitions of the key's date ± `tolerance_days`,
+//! A pruned lookup reads only the partitions of the key's date ± `tolerance_days`
+//! (hourly partitions: the key's hour ± `24 × tolerance_days` hours),
 //! so a row whose partition column lies outside that range would be unreachable.
 //! Two triggers, `<table>_hs_pins` (`BEFORE INSERT`) and `<table>_hs_pupd`
 //! (`BEFORE UPDATE`, when the key or the column changes), refuse such a row with
@@ -21,8 +22,9 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
-use super::rotate::{day_partitions, parse_day, CATCH_ALL};
-use super::spec::PartitionSpec;
+use super::period::{parse_stamp, Stamp};
+use super::rotate::CATCH_ALL;
+use super::spec::{PartitionSpec, Period};
 use crate::check::Severity;
 use crate::error::{OrErr, Result, Source};
 use crate::kinds::{Migration, SchemaError};
@@ -39,9 +41,9 @@ pub const APPLY_MAX_ROWS: u64 = 1_000_000;
 /// How a table is partitioned by its partition column.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
-    /// The partitions with an upper bound: name and the day of that (exclusive)
-    /// bound, in order.
-    pub bounded: Vec<(String, super::rotate::Day)>,
+    /// The partitions with an upper bound: name and that (exclusive) bound, in
+    /// order.
+    pub bounded: Vec<(String, Stamp)>,
     /// The `MAXVALUE` partition's name, when there is one.
     pub catch_all: Option<String>,
 }
@@ -84,16 +86,16 @@ pub async fn partitions(conn: &mut Conn, t: &TableName, column: &str) -> Result<
         if desc.eq_ignore_ascii_case("MAXVALUE") {
             layout.catch_all = Some(name);
         } else {
-            let day = parse_day(&desc).ok_or_else(|| {
+            let end = parse_stamp(&desc).ok_or_else(|| {
                 crate::error::Error::new(
                     Source::Backend,
                     format!(
-                        "partition {name} of {} ends at {desc}, not at a day",
+                        "partition {name} of {} ends at {desc}, not at a date or time",
                         t.quoted()
                     ),
                 )
             })?;
-            layout.bounded.push((name, day));
+            layout.bounded.push((name, end));
         }
     }
     Ok((!rows.is_empty()).then_some(layout))
@@ -104,9 +106,14 @@ pub fn triggers(spec: &PartitionSpec, t: &TableName) -> Vec<(TableName, &'static
     let kt = super::key_time_sql(spec);
     let key = |row: &str| format!("{row}.{}", quote(&spec.key));
     let col = |row: &str| format!("{row}.{}", quote(&spec.column));
+    let within = if spec.period == Period::Hour {
+        format!("{} hour(s) of the hour", 24 * spec.tolerance_days)
+    } else {
+        format!("{} day(s) of the date", spec.tolerance_days)
+    };
     let msg = format!(
-        "heatsink rule ''{}'': {} must lie within {} day(s) of the date the time in {} gives (in the session time zone), else lookups by {} would not find the row",
-        spec.name, spec.column, spec.tolerance_days, spec.key, spec.key
+        "heatsink rule ''{}'': {} must lie within {within} the time in {} gives (in the session time zone), else lookups by {} would not find the row",
+        spec.name, spec.column, spec.key, spec.key
     );
     let check = |row: &str| {
         format!(
@@ -205,6 +212,12 @@ pub async fn check(
             col.name, col.column_type
         )));
     }
+    if spec.period == Period::Hour && col.data_type != "datetime" {
+        return Err(refuse(format!(
+            "column `{}` is {}; period = \"hour\" needs a DATETIME column",
+            col.name, col.column_type
+        )));
+    }
     let layout = partitions(conn, &table, &spec.column)
         .await
         .map_err(|e| refuse(e.to_string()))?;
@@ -264,13 +277,14 @@ impl PartitionMigration {
         Ok(n.unwrap_or(0))
     }
 
-    /// The DDL that partitions the (unpartitioned) table by day, from its first
-    /// day to today + premake: every unique key extended with the column, and an
+    /// The DDL that partitions the (unpartitioned) table by the rule's period,
+    /// from its first period (for hours: at most `retention_days` back) to the
+    /// current one + premake: every unique key extended with the column, and an
     /// invisible AUTO_INCREMENT primary key where the primary key is the key alone.
     async fn partitioning(&self, conn: &mut Conn) -> Result<(String, u64)> {
-        let (first, today, rows): (Option<String>, Option<String>, Option<u64>) = conn
+        let (first, now, rows): (Option<String>, Option<String>, Option<u64>) = conn
             .query_first(format!(
-                "SELECT CAST(DATE(MIN({c})) AS CHAR), CAST(CURDATE() AS CHAR), COUNT(*) FROM {t}",
+                "SELECT CAST(MIN({c}) AS CHAR), CAST(NOW() AS CHAR), COUNT(*) FROM {t}",
                 c = quote(&self.spec.column),
                 t = self.table.quoted()
             ))
@@ -279,12 +293,18 @@ impl PartitionMigration {
                 format!("reading {}", self.table.quoted())
             })?
             .unwrap_or((None, None, None));
-        let today = today.as_deref().and_then(parse_day).unwrap_or(0);
-        let first = first
+        let period = self.spec.period;
+        let now = now.as_deref().and_then(parse_stamp).unwrap_or(0);
+        let mut first = first
             .as_deref()
-            .and_then(parse_day)
-            .unwrap_or(today)
-            .min(today);
+            .and_then(parse_stamp)
+            .unwrap_or(now)
+            .min(now);
+        if period == Period::Hour {
+            // Hours older than the retention would be dropped at the next
+            // rotation: the first partition holds them all.
+            first = first.max(super::rotate::keep_from(&self.spec, now));
+        }
         let mut alter = Vec::new();
         let col = &self.spec.column;
         let has_ai = self
@@ -325,7 +345,7 @@ impl PartitionMigration {
                 ));
             }
         }
-        let mut parts = day_partitions(first..=today + i64::from(self.spec.premake));
+        let mut parts = period.partitions(first, period.add(now, i64::from(self.spec.premake)));
         parts.push(CATCH_ALL.to_string());
         let mut sql = format!("ALTER TABLE {}", self.table.quoted());
         if !alter.is_empty() {
@@ -419,7 +439,11 @@ impl Migration for PartitionMigration {
         } else {
             emit(
                 out,
-                &format!("-- {} is partitioned by day", self.table.quoted()),
+                &format!(
+                    "-- {} is partitioned by RANGE COLUMNS ({})",
+                    self.table.quoted(),
+                    quote(&self.spec.column)
+                ),
             )?;
         }
         for (_, sql) in &self.create {

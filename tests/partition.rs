@@ -1155,3 +1155,53 @@ fn migrate_partitions_by_hour_and_by_month() {
     assert_ne!(code, 0, "{out}");
     assert!(err.contains("needs a DATETIME column"), "{err}");
 }
+
+/// Above the rule's `migrate_max_rows`, `migrate --apply` does not alter the table:
+/// it prints the `pt-online-schema-change` command instead (and still creates the
+/// triggers); at or below it the table is partitioned in place.
+#[test]
+fn migrate_prints_an_online_change_above_migrate_max_rows() {
+    let db = "part_mig_max";
+    let ddl = "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT PRIMARY KEY, UUID VARCHAR(40) NOT NULL, \
+           Message JSON NOT NULL, Inserted DATE NOT NULL, UNIQUE KEY u (UUID));
+         INSERT INTO Messages (UUID, Message, Inserted) VALUES
+           ('a', '{}', CURDATE()), ('b', '{}', CURDATE()), ('c', '{}', CURDATE()), ('d', '{}', CURDATE());";
+    fresh_db(db, ddl);
+    let small = rules_dir(
+        "p.toml",
+        &format!(
+            "{}migrate_max_rows = 3\n",
+            Rule::partition("m", "Messages").toml()
+        ),
+    );
+    for apply in [false, true] {
+        let printed = migrate_ok(small.path(), db, apply);
+        assert!(
+            printed.contains("holds 4 rows (more than migrate_max_rows = 3)")
+                && printed.contains("-- pt-online-schema-change --alter \"DROP PRIMARY KEY, ADD PRIMARY KEY (ID, Inserted)")
+                && printed.contains("--preserve-triggers D=part_mig_max,t=Messages --execute")
+                && !printed.contains("\nALTER TABLE"),
+            "{printed}"
+        );
+        assert_eq!(partition_count(db), 1, "apply {apply}: not partitioned");
+    }
+    // The triggers were created all the same.
+    let triggers = scalar(&format!(
+        "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = '{db}'"
+    ));
+    assert_eq!(triggers.as_deref(), Some("2"));
+    let enough = rules_dir(
+        "p.toml",
+        &format!(
+            "{}migrate_max_rows = 4\n",
+            Rule::partition("m", "Messages").toml()
+        ),
+    );
+    let printed = migrate_ok(enough.path(), db, true);
+    assert!(!printed.contains("pt-online-schema-change"), "{printed}");
+    assert!(partition_count(db) > 3);
+    assert_eq!(
+        scalar(&format!("SELECT COUNT(*) FROM {db}.Messages")).as_deref(),
+        Some("4")
+    );
+}

@@ -1,6 +1,6 @@
 //! The partition rule's schema work: the table's partitioning (`migrate` prints the
 //! DDL that partitions an existing table by hour, day or month, and runs it with `--apply` for tables up
-//! to [`APPLY_MAX_ROWS`] rows), the triggers that keep every row reachable by pruned
+//! to the rule's `migrate_max_rows` rows), the triggers that keep every row reachable by pruned
 //! lookups, and what `check --backend-url` reports.
 //!
 //! ## The invariant and its triggers
@@ -33,10 +33,6 @@ use crate::schema::{
     emit, existing_trigger, inspect_base_table, normalize, resolve_tables, run_sql, suffixed_name,
     text, Table,
 };
-
-/// Largest table `migrate --apply` partitions in place (an `ALTER TABLE` that copies
-/// the table); above it, `migrate` prints the online schema change to run instead.
-pub const APPLY_MAX_ROWS: u64 = 1_000_000;
 
 /// How a table is partitioned by its partition column.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -413,9 +409,10 @@ impl Migration for PartitionMigration {
         }
         if self.layout.is_none() {
             let (sql, rows) = self.partitioning(conn).await?;
-            if rows > APPLY_MAX_ROWS {
+            let max = self.spec.migrate_max_rows;
+            if rows > max {
                 emit(out, &format!(
-                    "-- {} holds {rows} rows (more than {APPLY_MAX_ROWS}): not partitioned in place; run online:",
+                    "-- {} holds {rows} rows (more than migrate_max_rows = {max}): not partitioned in place; run online:",
                     self.table.quoted()
                 ))?;
                 let alter = sql
@@ -424,7 +421,7 @@ impl Migration for PartitionMigration {
                 emit(
                     out,
                     &format!(
-                        "-- pt-online-schema-change --alter \"{}\" D={},t={} --execute",
+                        "-- pt-online-schema-change --alter \"{}\" --preserve-triggers D={},t={} --execute",
                         alter.replace('`', ""),
                         self.table.db.as_deref().unwrap_or_default(),
                         self.table.name

@@ -13,6 +13,7 @@
 //! retention_days = 30            # partitions wholly older than this many days are dropped
 //! premake = 3                    # future partitions (periods) kept ready
 //! tolerance_days = 1             # how far `column` may lie from the key's time
+//! migrate_max_rows = 1000000     # larger tables: migrate prints an online schema change
 //! ```
 
 use serde::Deserialize;
@@ -56,6 +57,11 @@ pub struct PartitionSpec {
     /// `on` (default) or `shadow`.
     #[serde(default)]
     pub mode: Mode,
+    /// Largest table `migrate --apply` partitions in place with an `ALTER TABLE`
+    /// (which copies the table and blocks its writes meanwhile); a larger one gets
+    /// the `pt-online-schema-change` command to run instead.
+    #[serde(default = "default_migrate_max_rows")]
+    pub migrate_max_rows: u64,
 }
 
 /// How a key carries its creation time.
@@ -94,6 +100,13 @@ fn default_premake() -> u32 {
 
 fn default_tolerance() -> u32 {
     1
+}
+
+/// `migrate_max_rows` when the rule does not say.
+pub const DEFAULT_MIGRATE_MAX_ROWS: u64 = 1_000_000;
+
+fn default_migrate_max_rows() -> u64 {
+    DEFAULT_MIGRATE_MAX_ROWS
 }
 
 /// Largest `tolerance_days` accepted: a lookup reads `1 + 2 × tolerance` partitions.
@@ -220,6 +233,8 @@ mod tests {
         assert_eq!(spec("period = \"hour\"\n").unwrap().period, Period::Hour);
         assert_eq!(spec("period = \"month\"\n").unwrap().period, Period::Month);
         assert_eq!((s.premake, s.tolerance_days), (3, 1));
+        assert_eq!(s.migrate_max_rows, 1_000_000);
+        assert_eq!(spec("migrate_max_rows = 0\n").unwrap().migrate_max_rows, 0);
         assert_eq!(s.key_time, KeyTime::Unix);
     }
 

@@ -1205,3 +1205,78 @@ fn migrate_prints_an_online_change_above_migrate_max_rows() {
         Some("4")
     );
 }
+
+/// The partitions an `EXPLAIN PARTITIONS` answer lists (its `partitions` column,
+/// every row).
+async fn explain_partitions(conn: &mut Conn, sql: &str, param: Option<&str>) -> usize {
+    let rows: Vec<mysql_async::Row> = match param {
+        None => conn.query(sql).await.unwrap(),
+        Some(k) => conn.exec(sql, (k,)).await.unwrap(),
+    };
+    rows.iter()
+        .map(|r| {
+            let i = r
+                .columns_ref()
+                .iter()
+                .position(|c| c.name_str() == "partitions")
+                .expect("a partitions column");
+            match r.as_ref(i) {
+                Some(mysql_async::Value::Bytes(b)) => String::from_utf8_lossy(b).split(',').count(),
+                _ => 0,
+            }
+        })
+        .sum()
+}
+
+/// `EXPLAIN PARTITIONS` and `EXPLAIN EXTENDED` through heatsink explain the
+/// pruned statement (at most `1 + 2 × tolerance_days` partitions, text and
+/// prepared); sent directly, they show every partition.
+#[test]
+fn explain_partitions_through_heatsink_shows_the_pruned_set() {
+    let t = DAY0 + 4 * 86_400 + 3600;
+    let k = key(1, t);
+    let rows = format!("('{k}', '{{}}', '{}')", utc_date(t));
+    let env = Env::builder("part_explain_p")
+        .schema(messages_ddl(&rows))
+        .rule("p.toml", rule())
+        .migrate()
+        .start();
+    run(Duration::from_secs(60), async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        for c in [&mut p, &mut d] {
+            c.query_drop("SET time_zone = '+00:00'").await.unwrap();
+        }
+        let lookup = format!("SELECT Message FROM Messages WHERE UUID = '{k}'");
+        for head in [
+            "EXPLAIN PARTITIONS",
+            "explain partitions",
+            "DESCRIBE PARTITIONS",
+        ] {
+            let sql = format!("{head} {lookup}");
+            assert_eq!(explain_partitions(&mut d, &sql, None).await, 17, "{sql}");
+            let n = explain_partitions(&mut p, &sql, None).await;
+            assert!((1..=3).contains(&n), "{sql}: {n} partitions");
+        }
+        let prepared = "EXPLAIN PARTITIONS SELECT Message FROM Messages WHERE UUID = ?";
+        assert_eq!(explain_partitions(&mut d, prepared, Some(&k)).await, 17);
+        let n = explain_partitions(&mut p, prepared, Some(&k)).await;
+        assert!((1..=3).contains(&n), "prepared: {n} partitions");
+        // EXTENDED: the note with the query as optimized shows the added range.
+        let sql = format!("EXPLAIN EXTENDED {lookup}");
+        for (c, pruned) in [(&mut p, true), (&mut d, false)] {
+            let plan: Vec<mysql_async::Row> = c.query(&sql).await.unwrap();
+            assert_eq!(plan.len(), 1);
+            let notes: Vec<(String, u32, String)> = c.query("SHOW WARNINGS").await.unwrap();
+            let note = notes
+                .iter()
+                .find(|(_, code, _)| *code == 1003)
+                .map(|(_, _, m)| m.clone())
+                .unwrap_or_default();
+            assert_eq!(note.contains("`Inserted`"), pruned, "{note}");
+        }
+        // The statement itself still answers the same.
+        let got: Vec<String> = p.query(&lookup).await.unwrap();
+        assert_eq!(got.len(), 1);
+    });
+}

@@ -660,6 +660,47 @@ mod tests {
     }
 
     #[test]
+    fn explain_partitions_and_extended_explain_the_rewrite() {
+        let e = engine();
+        let lookup = "SELECT * FROM Messages WHERE UUID = 'x'";
+        let plain = rewrite(&e, &format!("EXPLAIN {lookup}"));
+        let want = crate::rewrite::parse_statements(&String::from_utf8_lossy(&plain.statements[0]))
+            .unwrap();
+        for head in ["EXPLAIN", "explain", "DESCRIBE", "DESC"] {
+            for word in ["PARTITIONS", "EXTENDED", "partitions"] {
+                let sql = format!("{head} {word} {lookup}");
+                let r = rewrite(&e, &sql);
+                let printed = String::from_utf8_lossy(&r.statements[0]).into_owned();
+                let mut parts = printed.splitn(3, ' ');
+                let (h, w, rest) = (parts.next(), parts.next(), parts.next());
+                assert!(
+                    h.is_some_and(|h| h.eq_ignore_ascii_case(head)) && w == Some(word),
+                    "{sql}: {printed}"
+                );
+                let rest = rest.unwrap_or_default();
+                assert_eq!(
+                    crate::rewrite::parse_statements(&format!("EXPLAIN {rest}")).unwrap(),
+                    want,
+                    "{sql}"
+                );
+            }
+        }
+        // Not a lookup by key, another table, the table itself: as without the word.
+        for sql in [
+            "EXPLAIN PARTITIONS SELECT * FROM Messages WHERE ID = 5",
+            "EXPLAIN PARTITIONS SELECT * FROM Other WHERE UUID = 'x'",
+            "DESC EXTENDED Messages",
+            "EXPLAIN EXTENDED",
+        ] {
+            assert!(
+                matches!(decide(&e, sql), Decision::Passthrough),
+                "{sql}: {:?}",
+                decide(&e, sql)
+            );
+        }
+    }
+
+    #[test]
     fn a_table_that_does_not_fit_the_rule_passes_statements_through() {
         let spec: Vec<PartitionSpec> = crate::kinds::entries(RULE, "partition").unwrap();
         let e = Engine::new(vec![Arc::new(PartitionRule::new(&spec[0]).unwrap())], 100).unwrap();

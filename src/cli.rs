@@ -275,7 +275,7 @@ pub struct ServeArgs {
     #[arg(long, env = "HEATSINK_BACKEND_TLS_SERVER_NAME")]
     pub backend_tls_server_name: Option<String>,
     /// mysql://user:pw@host:port/db to run the rules' maintenance jobs with
-    /// (`heatsink maintain`: partition rotation, counter compaction) every
+    /// (`heatsink maintain --apply`: partition rotation, counter compaction) every
     /// --maintain-interval; a named lock in the database lets one proxy of many
     /// do each run [default: off].
     #[arg(long, env = "HEATSINK_MAINTAIN_URL", hide_env_values = true)]

@@ -373,7 +373,7 @@ impl Migration for PartitionMigration {
             Some(l) if l.catch_all.is_none() => out.push((
                 Severity::Warning,
                 format!(
-                    "table {} has no MAXVALUE partition: a row beyond its last day fails with 1526 (heatsink maintain --job rotate adds one)",
+                    "table {} has no MAXVALUE partition: a row beyond its last partition fails with 1526 (heatsink maintain --job rotate --apply adds one)",
                     self.table.quoted()
                 ),
             )),

@@ -9,9 +9,16 @@
 //! (hourly partitions: the key's hour ± `24 × tolerance_days` hours),
 //! so a row whose partition column lies outside that range would be unreachable.
 //! Two triggers, `<table>_hs_pins` (`BEFORE INSERT`) and `<table>_hs_pupd`
-//! (`BEFORE UPDATE`, when the key or the column changes), refuse such a row with
+//! (`AFTER UPDATE`, when the key or the column changed), refuse such a row with
 //! error 1105 (SQLSTATE HY000) naming the rule, whoever writes it (through heatsink
-//! or not); the statement then writes nothing. A key whose time cannot be read is
+//! or not); the statement then writes nothing (InnoDB rolls back the statement an
+//! `AFTER` trigger fails). The update trigger is not a `BEFORE UPDATE` one: on
+//! MariaDB 10.11 a partitioned table with a `BEFORE UPDATE` trigger lost rows to
+//! `UPDATE`s — after a prepared statement of the session was pruned to no
+//! partition, every later `UPDATE` of the session matched no row (the same
+//! statements without the trigger, or with an `AFTER UPDATE` one, matched;
+//! `tests/partition.rs`). `migrate` replaces a `BEFORE UPDATE` trigger of that
+//! name left by an earlier version. A key whose time cannot be read is
 //! stored with any value (its lookups are not pruned); a NULL in the column with
 //! such a key is left to the column's own constraint. Dates are taken in the
 //! writer's session time zone, as lookups take them in theirs.
@@ -138,9 +145,9 @@ pub fn triggers(spec: &PartitionSpec, t: &TableName) -> Vec<(TableName, &'static
         ),
         (
             upd.clone(),
-            "BEFORE UPDATE",
+            "AFTER UPDATE",
             format!(
-                "CREATE TRIGGER {} BEFORE UPDATE ON {} FOR EACH ROW BEGIN IF NOT ({} <=> {} AND {} <=> {}) THEN {} END IF; END",
+                "CREATE TRIGGER {} AFTER UPDATE ON {} FOR EACH ROW BEGIN IF NOT ({} <=> {} AND {} <=> {}) THEN {} END IF; END",
                 upd.quoted(),
                 t.quoted(),
                 key("NEW"),
@@ -165,6 +172,9 @@ pub struct PartitionMigration {
     layout: Option<Layout>,
     /// Triggers to create (name, CREATE statement).
     create: Vec<(TableName, String)>,
+    /// Triggers of an earlier version to drop before those are created (the
+    /// `BEFORE UPDATE` one, see the module documentation).
+    replace: Vec<TableName>,
     /// Notes for the DBA.
     notes: Vec<String>,
 }
@@ -218,10 +228,20 @@ pub async fn check(
         .await
         .map_err(|e| refuse(e.to_string()))?;
     let mut create = Vec::new();
+    let mut replace = Vec::new();
     let mut notes = Vec::new();
     for (name, what, sql) in triggers(spec, &table) {
         match existing_trigger(conn, &name).await? {
             None => create.push((name, sql)),
+            Some(t)
+                if what == "AFTER UPDATE"
+                    && t.table.eq_ignore_ascii_case(&table.name)
+                    && t.timing.eq_ignore_ascii_case("BEFORE")
+                    && t.event.eq_ignore_ascii_case("UPDATE") =>
+            {
+                replace.push(name.clone());
+                create.push((name, sql));
+            }
             Some(t) => {
                 let fits = t.table.eq_ignore_ascii_case(&table.name)
                     && what.eq_ignore_ascii_case(&format!("{} {}", t.timing, t.event));
@@ -248,6 +268,7 @@ pub async fn check(
         desc,
         layout,
         create,
+        replace,
         notes,
     })
 }
@@ -380,10 +401,12 @@ impl Migration for PartitionMigration {
             Some(_) => {}
         }
         for (name, _) in &self.create {
-            out.push((
-                Severity::Error,
-                format!("trigger {} is missing", name.quoted()),
-            ));
+            let what = if self.replace.contains(name) {
+                "is a BEFORE UPDATE trigger, with which MariaDB 10.11 lets UPDATEs miss rows; run heatsink migrate to replace it"
+            } else {
+                "is missing"
+            };
+            out.push((Severity::Error, format!("trigger {} {what}", name.quoted())));
         }
         let strays = self.strays(conn).await?;
         if strays > 0 {
@@ -442,6 +465,17 @@ impl Migration for PartitionMigration {
                     quote(&self.spec.column)
                 ),
             )?;
+        }
+        for name in &self.replace {
+            let sql = format!("DROP TRIGGER IF EXISTS {}", name.quoted());
+            emit(
+                out,
+                &format!("-- {} is a BEFORE UPDATE trigger: replaced", name.quoted()),
+            )?;
+            emit(out, &format!("{sql};"))?;
+            if apply {
+                run_sql(conn, &self.spec.name, &sql).await?;
+            }
         }
         for (_, sql) in &self.create {
             emit(out, &format!("{sql};"))?;

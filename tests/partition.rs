@@ -915,6 +915,10 @@ async fn lookups_match(env: &Env, keys: &[String], most: usize, all: usize) {
                     (1..=most).contains(&n),
                     "{tz} {k} prepared: {n} partitions read"
                 );
+                let sql = format!("EXPLAIN PARTITIONS {}", by_key(k));
+                assert_eq!(explain_partitions(&mut d, &sql, None).await, all);
+                let n = explain_partitions(&mut p, &sql, None).await;
+                assert!((1..=most).contains(&n), "{tz} {k} EXPLAIN PARTITIONS: {n}");
             }
         }
         let list: Vec<String> = keys.iter().map(|k| format!("'{k}'")).collect();

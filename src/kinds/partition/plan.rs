@@ -701,6 +701,64 @@ mod tests {
     }
 
     #[test]
+    fn hourly_rules_prune_to_the_keys_hour() {
+        let text = RULE.replace(
+            "retention_days = 30",
+            "period = \"hour\"\nretention_days = 30",
+        );
+        let spec: Vec<PartitionSpec> = crate::kinds::entries(&text, "partition").unwrap();
+        let e = Engine::new(vec![Arc::new(PartitionRule::new(&spec[0]).unwrap())], 100).unwrap();
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[
+                col("Messages", "UUID", 0xfd, 0x1001),
+                col("Messages", "Inserted", types::DATETIME, 0x1081),
+            ],
+        );
+        let kt = super::super::key_time_sql(&spec[0]);
+        assert!(kt.hourly);
+        let r = rewrite(&e, &format!("SELECT * FROM Messages WHERE UUID = {K}"));
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT * FROM Messages WHERE (UUID = {K}) AND {}",
+                kt.range(K, "`Messages`.`Inserted`", 1, true)
+            )],
+        );
+        let printed = String::from_utf8_lossy(&r.statements[0]).into_owned();
+        assert!(printed.contains("INTERVAL 24 HOUR"), "{printed}");
+        // A DATE column (which migrate refuses for hours): the day range, which
+        // the hour range implies.
+        e.provide_metadata(
+            0,
+            Some("other"),
+            &[
+                col("Messages", "UUID", 0xfd, 0x1001),
+                col("Messages", "Inserted", types::DATE, 0x1081),
+            ],
+        );
+        let d = e.decide(
+            format!("SELECT * FROM Messages WHERE UUID = {K}").as_bytes(),
+            &StatementContext {
+                current_db: Some("other"),
+                lexing: Some(crate::rewrite::Lexing::STANDARD),
+                ..Default::default()
+            },
+        );
+        let Decision::Rewrite(r) = d else {
+            panic!("{d:?}")
+        };
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT * FROM Messages WHERE (UUID = {K}) AND {}",
+                kt.range(K, "`Messages`.`Inserted`", 1, false)
+            )],
+        );
+    }
+
+    #[test]
     fn a_table_that_does_not_fit_the_rule_passes_statements_through() {
         let spec: Vec<PartitionSpec> = crate::kinds::entries(RULE, "partition").unwrap();
         let e = Engine::new(vec![Arc::new(PartitionRule::new(&spec[0]).unwrap())], 100).unwrap();

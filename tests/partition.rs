@@ -1132,6 +1132,29 @@ fn migrate_partitions_by_hour_and_by_month() {
     // Five hours back, the current one, three ahead, the catch-all (one more if
     // the hour turned in between).
     assert!((10..=11).contains(&n), "{n} partitions");
+    // A rule by day on the hourly table: check says the partitions are not days.
+    let daily = rules_dir("p.toml", &period_rule("by_hour", "day", &[]));
+    let url = mariadb().url(db);
+    let (_, out, err) = heatsink(&[
+        "check",
+        "--rules",
+        daily.path().to_str().unwrap(),
+        "--backend-url",
+        &url,
+    ]);
+    assert!(
+        format!("{out}{err}")
+            .contains("partitions of `part_mig_periods`.`Messages` are not one day wide"),
+        "{out}{err}"
+    );
+    let (code, out, err) = heatsink(&[
+        "check",
+        "--rules",
+        hourly.path().to_str().unwrap(),
+        "--backend-url",
+        &url,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
 
     let monthly = rules_dir("p.toml", &period_rule("by_month", "month", &[]));
     let db = "part_mig_month";

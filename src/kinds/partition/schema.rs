@@ -400,6 +400,27 @@ impl Migration for PartitionMigration {
             )),
             Some(_) => {}
         }
+        if let Some(l) = &self.layout {
+            let period = self.spec.period;
+            // A partition whose bounds are not one period apart (the first has no
+            // lower bound and is not counted).
+            let other = l
+                .bounded
+                .windows(2)
+                .filter(|w| period.floor(w[0].1) != w[0].1 || period.add(w[0].1, 1) != w[1].1)
+                .count();
+            if other > 0 {
+                out.push((
+                    Severity::Warning,
+                    format!(
+                        "{other} partitions of {} are not one {} wide (the rule's period): lookups read whole partitions, and rotation adds {}s after the last one",
+                        self.table.quoted(),
+                        period.word(),
+                        period.word()
+                    ),
+                ));
+            }
+        }
         for (name, _) in &self.create {
             let what = if self.replace.contains(name) {
                 "is a BEFORE UPDATE trigger, with which MariaDB 10.11 lets UPDATEs miss rows; run heatsink migrate to replace it"

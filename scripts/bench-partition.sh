@@ -186,7 +186,7 @@ windows drop 5 &
 wpid=$!
 sleep 1
 t2=$(date +%s.%N)
-"$HEATSINK_BIN" maintain --rules "$rules" --backend-url "$(url "$MARIADB_PORT")" --job rotate >"$sqldir/rotate.log" 2>&1 ||
+"$HEATSINK_BIN" maintain --rules "$rules" --backend-url "$(url "$MARIADB_PORT")" --job rotate --apply >"$sqldir/rotate.log" 2>&1 ||
   { cat "$sqldir/rotate.log" >&2; hs_die "maintain --job rotate failed"; }
 t3=$(date +%s.%N)
 wait "$wpid"

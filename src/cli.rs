@@ -38,17 +38,21 @@ pub enum Command {
     /// unique key, existing tables and triggers fit) and prints the DDL. Nothing
     /// changes without --apply; with it the statements run, idempotently.
     Migrate(MigrateArgs),
-    /// Run the rules' maintenance jobs once (counter: compact).
+    /// Run the rules' maintenance jobs once (counter: compact; partition: rotate).
     ///
-    /// Every job of every rule, or only --job / --rule. Each run holds a named lock on
-    /// the database, so the same job started from several places runs once at a time;
-    /// schedule it (cron, a sidecar loop) next to every proxy.
+    /// Every job of every rule, or only --job / --rule. Without --apply this is a dry
+    /// run: each job prints the statements it would run and what they would do, and
+    /// nothing changes. With --apply each run holds a named lock on the database, so
+    /// the same job started from several places runs once at a time; schedule it
+    /// (cron, a sidecar loop) next to every proxy.
     Maintain(MaintainArgs),
-    /// Fold counter slot deltas back into the base values, online.
+    /// Fold counter slot deltas back into the base values, online
+    /// (`maintain --job compact --apply`: it executes at once).
     ///
     /// One short transaction per key: lock its slot rows, add their sums to the logical
     /// row (creating it if missing), delete them. Reads through the proxy stay exact
-    /// while it runs; deadlocks are retried.
+    /// while it runs; deadlocks are retried. `heatsink maintain --job compact` without
+    /// --apply shows what it would do.
     Compact(CompactArgs),
     /// Validate rule files before deploying them, then run their [[test]] cases.
     ///
@@ -124,7 +128,7 @@ pub struct MigrateArgs {
     /// Execute the statements instead of only printing them.
     #[arg(long)]
     pub apply: bool,
-    /// Only the counter rule with this name.
+    /// Only the rule with this name.
     #[arg(long)]
     pub rule: Option<String>,
 }
@@ -141,9 +145,12 @@ pub struct MaintainArgs {
     /// Only the rule with this name.
     #[arg(long)]
     pub rule: Option<String>,
-    /// Only this job (e.g. compact).
+    /// Only this job (e.g. compact, rotate).
     #[arg(long)]
     pub job: Option<String>,
+    /// Execute the jobs instead of only printing what they would do.
+    #[arg(long)]
+    pub apply: bool,
     /// Keys or rows per batch, for jobs that work in batches.
     #[arg(long, default_value_t = crate::maintain::DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub batch: usize,
@@ -268,7 +275,7 @@ pub struct ServeArgs {
     #[arg(long, env = "HEATSINK_BACKEND_TLS_SERVER_NAME")]
     pub backend_tls_server_name: Option<String>,
     /// mysql://user:pw@host:port/db to run the rules' maintenance jobs with
-    /// (`heatsink maintain`: partition rotation, counter compaction) every
+    /// (`heatsink maintain --apply`: partition rotation, counter compaction) every
     /// --maintain-interval; a named lock in the database lets one proxy of many
     /// do each run [default: off].
     #[arg(long, env = "HEATSINK_MAINTAIN_URL", hide_env_values = true)]

@@ -107,6 +107,7 @@ pub fn run(cli: cli::Cli) -> Result<()> {
                 rule: args.rule.as_deref(),
                 job: Some("compact"),
                 batch: args.batch,
+                apply: true,
             };
             maintenance_runtime()?.block_on(maintain::run(&opts, &mut std::io::stdout().lock()))
         }
@@ -117,6 +118,7 @@ pub fn run(cli: cli::Cli) -> Result<()> {
                 rule: args.rule.as_deref(),
                 job: args.job.as_deref(),
                 batch: args.batch,
+                apply: args.apply,
             };
             maintenance_runtime()?.block_on(maintain::run(&opts, &mut std::io::stdout().lock()))
         }

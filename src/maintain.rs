@@ -5,7 +5,13 @@
 //! one named by `--job`. A job run holds a named lock on the database
 //! (`GET_LOCK('heatsink:<job>:<db>.<table>', 0)`): when several proxies' sidecars or cron
 //! entries start the same job, one runs it and the others skip it, so scheduling
-//! it everywhere is safe. `heatsink compact` is `maintain --job compact`.
+//! it everywhere is safe. `heatsink compact` is `maintain --job compact --apply`.
+//!
+//! Without `--apply` the run is a dry run: each job reads what it needs and prints
+//! the statements it would run (the rotation's `ALTER TABLE`s, the compaction's
+//! per-key transaction and how many keys and slot rows it would fold), and nothing
+//! changes — no lock or lease is taken either. `serve --maintain-url` runs the jobs
+//! with apply.
 //!
 //! On a Galera cluster `GET_LOCK` is local to the node it runs on, so two runs
 //! through two nodes would both take it. There (`wsrep_on = ON`) the lock is a lease
@@ -44,9 +50,12 @@ pub struct MaintainOptions<'a> {
     pub job: Option<&'a str>,
     /// Keys or rows per batch, for jobs that work in batches.
     pub batch: usize,
+    /// Execute the jobs; `false`: a dry run that prints what they would do.
+    pub apply: bool,
 }
 
-/// Runs the selected jobs once and prints one summary line per rule and job. Fails
+/// Runs the selected jobs once (or, without `apply`, prints what they would do)
+/// and prints one summary line per rule and job. Fails
 /// when a rule does not fit its tables or an item of a job failed (the other items
 /// are still done).
 pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> {
@@ -73,6 +82,32 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
     let mut conn = connect(opts.backend_url).await?;
     let default_db = default_db(opts.backend_url)?;
     let mut failed = Vec::new();
+    if !opts.apply {
+        emit(
+            out,
+            "-- dry run: the statements below are not executed; run with --apply to execute them",
+        )?;
+        for (spec, job) in work {
+            emit(out, &format!("-- rule {}: {job}", spec.name()))?;
+            let mut ctx = JobContext {
+                conn: &mut conn,
+                default_db: default_db.as_deref(),
+                batch: opts.batch.max(1),
+                out: &mut *out,
+                apply: false,
+            };
+            let report = spec.run_job(job, &mut ctx).await?;
+            emit(out, &format!("rule {}: {}", spec.name(), report.summary))?;
+            failed.extend(
+                report
+                    .failed
+                    .into_iter()
+                    .map(|f| format!("rule {}: {f}", spec.name())),
+            );
+        }
+        let _ = conn.disconnect().await;
+        return finish(failed);
+    }
     let lease = match default_db.as_deref() {
         Some(db) if crate::schema::on_galera(&mut conn).await? => {
             Some(Lease::create(&mut conn, db).await?)
@@ -100,6 +135,7 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
             default_db: default_db.as_deref(),
             batch: opts.batch.max(1),
             out: &mut *out,
+            apply: true,
         };
         let report = spec.run_job(job, &mut ctx).await;
         match &lease {
@@ -116,6 +152,11 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
         );
     }
     let _ = conn.disconnect().await;
+    finish(failed)
+}
+
+/// The run's outcome: an error listing the items that failed, if any did.
+fn finish(failed: Vec<String>) -> Result<()> {
     if failed.is_empty() {
         return Ok(());
     }
@@ -156,6 +197,7 @@ pub fn periodic(
                         rule: None,
                         job: None,
                         batch: DEFAULT_BATCH,
+                        apply: true,
                     };
                     let mut out = Vec::new();
                     let result = run(&opts, &mut out).await;

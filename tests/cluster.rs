@@ -452,7 +452,7 @@ fn maintenance_lock_holds_across_nodes() {
     let rules = rules_dir("counter.toml", &Rule::counter("page_hits", "hits").toml());
     migrate_on(cluster.node(0), rules.path(), db);
     let maintain = |node: usize| {
-        Cli::new(["maintain", "--job", "compact", "--rules"])
+        Cli::new(["maintain", "--apply", "--job", "compact", "--rules"])
             .arg(rules.path())
             .arg("--backend-url")
             .arg(cluster.node(node).url(db))
@@ -955,7 +955,7 @@ fn partition_and_timeline_through_one_proxy_per_node() {
             let url = node.url(db);
             let dir = rules.path().to_path_buf();
             std::thread::spawn(move || {
-                Cli::new(["maintain", "--rules"])
+                Cli::new(["maintain", "--apply", "--rules"])
                     .arg(dir)
                     .arg("--backend-url")
                     .arg(url)

@@ -6,7 +6,9 @@
 //! heatsink on a day-partitioned table with the rule, and directly on the same
 //! table without it. Every answer must be the reference's; an insert whose
 //! `Inserted` lies outside the key's date ± 1 day is refused through heatsink
-//! (and not run on the reference).
+//! (and not run on the reference). The same on an hourly-partitioned table with a
+//! DATETIME column (`period = "hour"`): rows carry their key's time, and an
+//! insert more than 24 hours from the key's hour is refused.
 
 mod common;
 
@@ -33,7 +35,23 @@ const ZONES: &[&str] = &["'+00:00'", "'+05:30'", "'-08:00'", "'+09:00'"];
 
 #[test]
 fn lookups_by_key_match_the_unruled_table() {
-    common::differential::run_bounded(&Partition, SEED, STATEMENTS, ROUNDS);
+    common::differential::run_bounded(&Partition { hourly: false }, SEED, STATEMENTS, ROUNDS);
+}
+
+#[test]
+fn hourly_lookups_by_key_match_the_unruled_table() {
+    common::differential::run_bounded(&Partition { hourly: true }, SEED + 7, STATEMENTS, ROUNDS);
+}
+
+/// `YYYY-MM-DD HH:MM:SS` of a unix time in UTC.
+fn utc_time(t: i64) -> String {
+    format!(
+        "{} {:02}:{:02}:{:02}",
+        utc_date(t),
+        t.rem_euclid(86_400) / 3600,
+        t.rem_euclid(3600) / 60,
+        t.rem_euclid(60)
+    )
 }
 
 /// `YYYY-MM-DD` of a unix time in UTC.
@@ -59,6 +77,10 @@ fn utc_date(t: i64) -> String {
 struct Key {
     text: String,
     date: String,
+    /// The time its row carries (for the hourly table).
+    time: String,
+    /// That time, unix seconds.
+    t: i64,
     /// The key's time can be read (its date is enforced).
     readable: bool,
 }
@@ -79,25 +101,34 @@ fn keys() -> Vec<Key> {
             };
             let t = DAY0 + day * 86_400 + into_day;
             let date = utc_date(t);
+            let time = utc_time(t);
             match i % 12 {
                 0 => Key {
                     text: format!("bad-key-{a:x}"),
                     date,
+                    time: time.clone(),
+                    t,
                     readable: false,
                 },
                 1 => Key {
                     text: format!("{a:010x}-{}-{b:010x}", t % 1_000_000_000),
                     date,
+                    time: time.clone(),
+                    t,
                     readable: false,
                 },
                 2 => Key {
                     text: format!("{a:010x}-9999999999-{b:010x}"),
                     date,
+                    time: time.clone(),
+                    t,
                     readable: false,
                 },
                 _ => Key {
                     text: format!("{a:010x}-{t}-{b:010x}"),
                     date,
+                    time,
+                    t,
                     readable: true,
                 },
             }
@@ -105,33 +136,67 @@ fn keys() -> Vec<Key> {
         .collect()
 }
 
-struct Partition;
+/// The partition rule on a day-partitioned table, or (`hourly`) on an
+/// hour-partitioned one.
+struct Partition {
+    hourly: bool,
+}
+
+impl Partition {
+    /// What a row of `k` carries in `Inserted`.
+    fn stamp(&self, k: &Key) -> String {
+        if self.hourly {
+            k.time.clone()
+        } else {
+            k.date.clone()
+        }
+    }
+}
 
 impl Kind for Partition {
     fn name(&self) -> &'static str {
-        "part"
+        if self.hourly {
+            "parth"
+        } else {
+            "part"
+        }
     }
 
     fn schema(&self) -> String {
-        let parts: Vec<String> = (-2..DAYS + 4)
-            .map(|d| {
-                let day = utc_date(DAY0 + d * 86_400);
-                let next = utc_date(DAY0 + (d + 1) * 86_400);
-                format!(
-                    "PARTITION p{} VALUES LESS THAN ('{next}')",
-                    day.replace('-', "")
-                )
-            })
-            .collect();
+        let parts: Vec<String> = if self.hourly {
+            (-24..(DAYS + 4) * 24)
+                .map(|h| {
+                    let t = DAY0 + h * 3600;
+                    format!(
+                        "PARTITION p{}{:02} VALUES LESS THAN ('{}')",
+                        utc_date(t).replace('-', ""),
+                        h.rem_euclid(24),
+                        utc_time(t + 3600)
+                    )
+                })
+                .collect()
+        } else {
+            (-2..DAYS + 4)
+                .map(|d| {
+                    let day = utc_date(DAY0 + d * 86_400);
+                    let next = utc_date(DAY0 + (d + 1) * 86_400);
+                    format!(
+                        "PARTITION p{} VALUES LESS THAN ('{next}')",
+                        day.replace('-', "")
+                    )
+                })
+                .collect()
+        };
         let rows: Vec<String> = keys()
             .iter()
             .take(STORED)
             .enumerate()
-            .map(|(i, k)| format!("('{}', '{{\"n\": {i}}}', '{}')", k.text, k.date))
+            .map(|(i, k)| format!("('{}', '{{\"n\": {i}}}', '{}')", k.text, self.stamp(k)))
             .collect();
+        let column = if self.hourly { "DATETIME" } else { "DATE" };
         format!(
             "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
-               Message JSON NOT NULL, Inserted DATE NOT NULL, \
+               Message JSON NOT NULL, Inserted {column} NOT NULL, \
                PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) DEFAULT CHARSET=utf8mb4 \
                PARTITION BY RANGE COLUMNS (Inserted) ({}, PARTITION pmax VALUES LESS THAN (MAXVALUE));
              INSERT INTO Messages (UUID, Message, Inserted) VALUES {};
@@ -143,7 +208,12 @@ impl Kind for Partition {
     }
 
     fn rule_toml(&self) -> String {
-        common::fixture::Rule::partition("messages_by_day", "Messages").toml()
+        let rule = common::fixture::Rule::partition("messages_by_day", "Messages").toml();
+        if self.hourly {
+            rule.replace("period = \"day\"", "period = \"hour\"")
+        } else {
+            rule
+        }
     }
 
     fn state_query(&self) -> String {
@@ -159,7 +229,7 @@ impl Kind for Partition {
                 s.sql(format!("SET time_zone = {tz}"));
                 s.text_only = true;
             }
-            3..=10 => insert(g, &mut s, &pool),
+            3..=10 => insert(g, &mut s, &pool, self),
             11..=16 => update(g, &mut s, &pool),
             17..=19 => delete(g, &mut s, &pool),
             _ => read(g, &mut s, &pool),
@@ -173,15 +243,23 @@ fn key_lit(g: &mut Gen, pool: &[Key]) -> Lit {
     g.string_lit(k.as_bytes())
 }
 
-fn insert(g: &mut Gen, s: &mut Stmt, pool: &[Key]) {
+fn insert(g: &mut Gen, s: &mut Stmt, pool: &[Key], kind: &Partition) {
     s.write = true;
     let k = g.pick(pool).clone();
-    // Mostly the key's own date; now and then three days off (refused through
-    // heatsink when the key's time can be read).
+    // Mostly the key's own date (time); now and then three days off (refused
+    // through heatsink when the key's time can be read).
     let date = if g.chance(85) || !k.readable {
-        k.date.clone()
+        kind.stamp(&k)
     } else {
-        utc_date(DAY0 + 3 * 86_400 + (g.below(DAYS as usize) as i64) * 86_400)
+        if kind.hourly {
+            // Three to five days from the key's time: outside its hour ± 24 hours
+            // in every session's zone. (A time within a day of the key's in the
+            // writer's zone may lie outside it in a reader's: rules/README.md.)
+            let off = 3 * 86_400 + 3600 * g.below(48) as i64;
+            utc_time(if g.chance(50) { k.t + off } else { k.t - off })
+        } else {
+            utc_date(DAY0 + 3 * 86_400 + (g.below(DAYS as usize) as i64) * 86_400)
+        }
     };
     let n = g.range(0, 1000);
     s.sql(format!("{} INTO ", g.kw("INSERT")));

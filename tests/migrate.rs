@@ -428,6 +428,70 @@ fn compact_global_counter() {
     );
 }
 
+/// `heatsink maintain` without `--apply` is a dry run: it prints the compaction's
+/// statements and what it would fold, and the slot rows and the base stay as they
+/// were; `--apply` folds them, and `heatsink compact` (its alias) applies at once.
+#[test]
+fn maintain_is_a_dry_run_without_apply() {
+    let db = "hs_maintain_dry";
+    let (_d, rules) = global_counter(db, "(0, 3), (7, 4), (9, -1)");
+    let rules = rules.to_str().unwrap();
+    let url = mariadb().url(db);
+    let slots = || scalar(&format!("SELECT COUNT(*) FROM {db}.total_slots"));
+    let base = || scalar(&format!("SELECT n FROM {db}.total"));
+    for args in [
+        vec!["maintain", "--rules", rules, "--backend-url", &url],
+        vec![
+            "maintain",
+            "--job",
+            "compact",
+            "--rules",
+            rules,
+            "--backend-url",
+            &url,
+        ],
+    ] {
+        let (code, out, err) = heatsink(&args);
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.contains("-- dry run"), "{out}");
+        assert!(
+            out.contains("rule global: dry run: 1 keys would be compacted, 3 slot rows removed"),
+            "{out}"
+        );
+        assert!(
+            out.contains("START TRANSACTION;")
+                && out.contains("FROM `hs_maintain_dry`.`total_slots`")
+                && out.contains("FOR UPDATE;")
+                && out.contains("COMMIT;"),
+            "{out}"
+        );
+        assert_eq!(slots().as_deref(), Some("3"));
+        assert_eq!(base().as_deref(), Some("5"));
+    }
+    let (code, out, err) = heatsink(&[
+        "maintain",
+        "--rules",
+        rules,
+        "--backend-url",
+        &url,
+        "--apply",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("rule global: 1 keys compacted, 3 slot rows removed"),
+        "{out}"
+    );
+    assert_eq!(slots().as_deref(), Some("0"));
+    assert_eq!(base().as_deref(), Some("11"));
+    // Nothing left: the dry run says so.
+    let (code, out, _) = heatsink(&["maintain", "--rules", rules, "--backend-url", &url]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("dry run: 0 keys would be compacted, 0 slot rows removed"),
+        "{out}"
+    );
+}
+
 /// `heatsink maintain` runs every job of every rule under a lock named after the
 /// job and the table: while another connection holds it (another proxy's sidecar, a
 /// cron entry) the job is skipped, and it runs once the lock is free.
@@ -451,7 +515,14 @@ fn maintain_skips_a_job_another_holds_then_runs_it() {
         assert_eq!(got, Some(1));
         c
     });
-    let maintain = ["maintain", "--rules", rules, "--backend-url", &url];
+    let maintain = [
+        "maintain",
+        "--rules",
+        rules,
+        "--backend-url",
+        &url,
+        "--apply",
+    ];
     let (code, out, err) = heatsink(&maintain);
     assert_eq!(code, 0, "{err}");
     assert!(

@@ -23,7 +23,9 @@
 //!   and applies.
 //! - [`RuleSpec::jobs`] lists periodic maintenance (compaction, rotation) that
 //!   `heatsink maintain` runs; each run holds a database-wide named lock, so that
-//!   of many proxies or cron entries one does the work at a time.
+//!   of many proxies or cron entries one does the work at a time. Without
+//!   `--apply` ([`JobContext::apply`] false) a job only reads: it prints the
+//!   statements it would run and what they would do, and changes nothing.
 //!
 //! Adding a kind: a new folder, one line in [`KINDS`], its tests, and its section in
 //! `rules/README.md` (see `docs/adding-a-kind.md`).
@@ -183,7 +185,9 @@ pub trait RuleSpec: Send + Sync + fmt::Debug {
         &[]
     }
 
-    /// Runs one of [`RuleSpec::jobs`] once. The driver holds the job's lock.
+    /// Runs one of [`RuleSpec::jobs`] once. The driver holds the job's lock. When
+    /// [`JobContext::apply`] is false the job changes nothing: it reads what it
+    /// needs, prints the statements it would run and reports what they would do.
     async fn run_job(&self, job: &str, ctx: &mut JobContext<'_>) -> Result<JobReport> {
         let _ = ctx;
         Err(crate::error::Error::new(
@@ -240,6 +244,9 @@ pub struct JobContext<'a> {
     pub batch: usize,
     /// Where progress lines go.
     pub out: &'a mut dyn Write,
+    /// Execute the job. `false` (`heatsink maintain` without `--apply`): a dry run
+    /// that prints the statements the job would run and changes nothing.
+    pub apply: bool,
 }
 
 /// What one run of a job did.

@@ -325,6 +325,31 @@ impl Engine {
             Ok(t) => t,
             Err(e) => return reject_mention(format!("cannot be read ({e})")),
         };
+        if let Some(word) = explain_modifier(sql, &tokens) {
+            // `EXPLAIN PARTITIONS | EXTENDED <statement>`, which the parser does not
+            // read: planned without the word, which goes back into the rewrite.
+            let mut bare = Vec::with_capacity(sql.len());
+            bare.extend_from_slice(&sql[..word.start]);
+            bare.extend_from_slice(&sql[word.end..]);
+            let tokens = match sqltok::lex(&bare, lexing.mode) {
+                Ok(t) => t,
+                Err(e) => return reject_mention(format!("cannot be read ({e})")),
+            };
+            let d = self.decide_lexed(&bare, tokens, ctx, hits, lexing);
+            return with_explain_modifier(d, &sql[word.start..word.end]);
+        }
+        self.decide_lexed(sql, tokens, ctx, hits, lexing)
+    }
+
+    /// The part of [`Engine::decide_named`] after the statement was lexed.
+    fn decide_lexed(
+        &self,
+        sql: &[u8],
+        tokens: Vec<Token>,
+        ctx: &StatementContext<'_>,
+        hits: &[usize],
+        lexing: Lexing,
+    ) -> Decision {
         let Some((rules, table, qualifiers)) = self.named_rules(sql, &tokens, hits, ctx.current_db)
         else {
             return Decision::Passthrough;
@@ -823,6 +848,64 @@ impl Engine {
             st,
             &format!("holds {n} statements; send statements that touch it one at a time"),
         )
+    }
+}
+
+/// The `PARTITIONS` or `EXTENDED` word of `EXPLAIN PARTITIONS <statement>` /
+/// `EXPLAIN EXTENDED <statement>` (also after `DESCRIBE` or `DESC`), which
+/// sqlparser does not read; MariaDB shows the same plan with or without it.
+fn explain_modifier(sql: &[u8], tokens: &[Token]) -> Option<Token> {
+    let word = |t: &Token, words: &[&[u8]]| {
+        t.kind == TokenKind::Word
+            && words
+                .iter()
+                .any(|w| w.eq_ignore_ascii_case(&sql[t.start..t.end]))
+    };
+    let (first, second) = (tokens.first()?, tokens.get(1)?);
+    (word(first, &[b"EXPLAIN", b"DESCRIBE", b"DESC"])
+        && word(second, &[b"PARTITIONS", b"EXTENDED"])
+        && tokens.len() > 2)
+        .then_some(*second)
+}
+
+/// The decision for `EXPLAIN <modifier> <statement>`, from the one made for
+/// `EXPLAIN <statement>`: the modifier goes back after the leading `EXPLAIN` of
+/// each rewritten statement that has one. A rewrite without an `EXPLAIN` would
+/// not explain what was asked, so it is refused.
+fn with_explain_modifier(d: Decision, modifier: &[u8]) -> Decision {
+    let Decision::Rewrite(mut r) = d else {
+        return d;
+    };
+    let mut found = false;
+    for stmt in &mut r.statements {
+        let lead = stmt.iter().take_while(|b| b.is_ascii_whitespace()).count();
+        let len = stmt[lead..]
+            .iter()
+            .take_while(|b| b.is_ascii_alphabetic())
+            .count();
+        let head = &stmt[lead..lead + len];
+        if [&b"EXPLAIN"[..], b"DESCRIBE", b"DESC"]
+            .iter()
+            .any(|w| w.eq_ignore_ascii_case(head))
+        {
+            let at = lead + len;
+            let mut word = Vec::with_capacity(modifier.len() + 1);
+            word.push(b' ');
+            word.extend_from_slice(modifier);
+            stmt.splice(at..at, word);
+            found = true;
+        }
+    }
+    if found {
+        Decision::Rewrite(r)
+    } else {
+        Decision::Reject(Rejection {
+            rule: r.rule,
+            reason: format!(
+                "the rewrite of the statement has no EXPLAIN to show {}",
+                String::from_utf8_lossy(modifier).to_ascii_uppercase()
+            ),
+        })
     }
 }
 

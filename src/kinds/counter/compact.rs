@@ -22,6 +22,10 @@
 //!
 //! Keys are visited once, in primary-key order, `--batch` at a time, so keys that keep
 //! getting incremented do not keep the command busy forever.
+//!
+//! A dry run (`heatsink maintain` without `--apply`) counts the keys and slot rows
+//! that would be folded and prints the per-key transaction; it locks and changes
+//! nothing.
 
 use std::time::Duration;
 
@@ -72,6 +76,9 @@ pub(crate) async fn job(spec: &CounterSpec, ctx: &mut JobContext<'_>) -> Result<
             failed: Vec::new(),
         });
     }
+    if !ctx.apply {
+        return dry_run(ctx, &rule).await;
+    }
     let stats = compact_rule(ctx.conn, &rule, ctx.batch.max(1)).await?;
     let summary = format!(
         "{} keys compacted, {} slot rows removed{}",
@@ -86,6 +93,50 @@ pub(crate) async fn job(spec: &CounterSpec, ctx: &mut JobContext<'_>) -> Result<
     Ok(JobReport {
         summary,
         failed: stats.failed,
+    })
+}
+
+/// The dry run: how many keys and slot rows a compaction would fold now, and the
+/// transaction it would run for each key (`?` for the key and the sums).
+async fn dry_run(ctx: &mut JobContext<'_>, rule: &CheckedRule) -> Result<JobReport> {
+    let slot = rule.slot.quoted();
+    let keys = if rule.key.is_empty() {
+        "LEAST(COUNT(*), 1)".to_string()
+    } else {
+        let cols: Vec<String> = rule.key.iter().map(|k| quote(k)).collect();
+        format!("COUNT(DISTINCT {})", cols.join(", "))
+    };
+    let counted: Option<(u64, u64)> = ctx
+        .conn
+        .query_first(format!("SELECT {keys}, COUNT(*) FROM {slot}"))
+        .await
+        .map_err(|e| {
+            Error::with_cause(
+                Source::Backend,
+                format!("rule {}: counting the rows of {slot}", rule.spec.name),
+                e,
+            )
+        })?;
+    let (keys, rows) = counted.unwrap_or((0, 0));
+    let sql = Sql::new(rule);
+    crate::schema::emit(
+        ctx.out,
+        &format!("-- {keys} keys with {rows} slot rows; each key in its own transaction:"),
+    )?;
+    for line in [
+        "START TRANSACTION".to_string(),
+        sql.select.clone(),
+        sql.update.clone(),
+        format!("-- when the base row is missing: {}", sql.insert),
+        format!("{}?, …)", sql.delete_prefix),
+        "COMMIT".to_string(),
+    ] {
+        let end = if line.starts_with("--") { "" } else { ";" };
+        crate::schema::emit(ctx.out, &format!("{line}{end}"))?;
+    }
+    Ok(JobReport {
+        summary: format!("dry run: {keys} keys would be compacted, {rows} slot rows removed"),
+        failed: Vec::new(),
     })
 }
 

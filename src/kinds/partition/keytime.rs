@@ -27,6 +27,9 @@ pub struct KeyTimeSql {
     pub pattern: Option<String>,
     /// Snowflake epoch, unix milliseconds.
     pub epoch_ms: u64,
+    /// Hourly partitions: [`KeyTimeSql::range`] of a DATETIME column is the key's
+    /// hour ± `24 × tolerance` hours rather than its date ± `tolerance` days.
+    pub hourly: bool,
 }
 
 impl KeyTimeSql {
@@ -96,11 +99,29 @@ impl KeyTimeSql {
         format!("FROM_UNIXTIME({})", self.seconds(key))
     }
 
+    /// The start of the key's hour in the session's time zone (a DATETIME).
+    pub fn hour(&self, key: &str) -> String {
+        format!(
+            "CAST(DATE_FORMAT({}, '%Y-%m-%d %H:00:00') AS DATETIME)",
+            self.datetime(key)
+        )
+    }
+
     /// The condition that a row with key `key` and `col` may exist: `col` within the
-    /// key's date ± `tolerance` days, or every value when the key's time cannot be
-    /// read. `datetime`: `col` is a DATETIME (the last day's end is included).
+    /// key's date ± `tolerance` days (for [`KeyTimeSql::hourly`] rules and a
+    /// DATETIME column: within the key's hour ± `24 × tolerance` hours), or every
+    /// value when the key's time cannot be read. `datetime`: `col` is a DATETIME
+    /// (the last day's or hour's end is included).
     pub fn range(&self, key: &str, col: &str, tolerance: u32, datetime: bool) -> String {
         let ok = self.readable(key);
+        if self.hourly && datetime {
+            let h = self.hour(key);
+            let hours = 24 * u64::from(tolerance);
+            let last_micro = (hours + 1) * 3_600_000_000 - 1;
+            return format!(
+                "{col} BETWEEN IF({ok}, {h} - INTERVAL {hours} HOUR, '1000-01-01 00:00:00') AND IF({ok}, {h} + INTERVAL {last_micro} MICROSECOND, '9999-12-31 23:59:59.999999')"
+            );
+        }
         let d = self.date(key);
         let (hi, top) = if datetime {
             (
@@ -133,11 +154,17 @@ mod tests {
                 kind,
                 pattern: Some("-([0-9]{10})-".into()),
                 epoch_ms: 1,
+                hourly: kind == KeyTime::Unix,
             };
-            let r = k.range("?1", "`m`.`Inserted`", 1, false);
+            let r = k.range("?1", "`m`.`Inserted`", 1, true);
             crate::rewrite::parse_statements(&format!("SELECT 1 FROM t WHERE {r}"))
                 .unwrap_or_else(|e| panic!("{kind:?}: {e}: {r}"));
             assert!(r.contains("(?:-([0-9]{10})-))?.*$'"), "{r}");
+            assert_eq!(
+                r.contains("INTERVAL 24 HOUR") && r.contains("INTERVAL 89999999999 MICROSECOND"),
+                k.hourly,
+                "{r}"
+            );
         }
     }
 }

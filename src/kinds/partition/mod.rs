@@ -1,9 +1,10 @@
-//! The partition kind: a table partitioned by day whose lookups by an opaque key
+//! The partition kind: a table partitioned by hour, day or month whose lookups by an opaque key
 //! are pruned to the partitions of the time the key carries, and whose partitions
 //! rotate.
 //!
 //! - `spec.rs`: the `[[partition]]` section and its validation;
 //! - `keytime.rs`: the SQL that reads a key's time on the server;
+//! - `period.rs`: hours, days and months: partition names and bounds;
 //! - `plan.rs`: the planner ([`PartitionRule`]): lookups by key get the partition
 //!   predicate, inserts that omit the partition column get it from the key;
 //! - `schema.rs`: the invariant trigger, the partitioning DDL `heatsink migrate`
@@ -12,6 +13,7 @@
 //!   expired ones dropped).
 
 pub mod keytime;
+pub mod period;
 pub mod plan;
 pub mod rotate;
 pub mod schema;
@@ -51,13 +53,15 @@ pub(crate) fn key_time_sql(spec: &PartitionSpec) -> keytime::KeyTimeSql {
         kind: spec.key_time,
         pattern: spec.key_pattern.clone(),
         epoch_ms: spec.snowflake_epoch_ms.unwrap_or(0),
+        hourly: spec.period == spec::Period::Hour,
     }
 }
 
 /// The jobs of a partition rule.
 static JOBS: &[Job] = &[Job {
     name: "rotate",
-    about: "create partitions `premake` days ahead and drop those wholly older than the retention",
+    about:
+        "create partitions `premake` periods ahead and drop those wholly older than the retention",
 }];
 
 #[async_trait(?Send)]

@@ -660,6 +660,105 @@ mod tests {
     }
 
     #[test]
+    fn explain_partitions_and_extended_explain_the_rewrite() {
+        let e = engine();
+        let lookup = "SELECT * FROM Messages WHERE UUID = 'x'";
+        let plain = rewrite(&e, &format!("EXPLAIN {lookup}"));
+        let want = crate::rewrite::parse_statements(&String::from_utf8_lossy(&plain.statements[0]))
+            .unwrap();
+        for head in ["EXPLAIN", "explain", "DESCRIBE", "DESC"] {
+            for word in ["PARTITIONS", "EXTENDED", "partitions"] {
+                let sql = format!("{head} {word} {lookup}");
+                let r = rewrite(&e, &sql);
+                let printed = String::from_utf8_lossy(&r.statements[0]).into_owned();
+                let mut parts = printed.splitn(3, ' ');
+                let (h, w, rest) = (parts.next(), parts.next(), parts.next());
+                assert!(
+                    h.is_some_and(|h| h.eq_ignore_ascii_case(head)) && w == Some(word),
+                    "{sql}: {printed}"
+                );
+                let rest = rest.unwrap_or_default();
+                assert_eq!(
+                    crate::rewrite::parse_statements(&format!("EXPLAIN {rest}")).unwrap(),
+                    want,
+                    "{sql}"
+                );
+            }
+        }
+        // Not a lookup by key, another table, the table itself: as without the word.
+        for sql in [
+            "EXPLAIN PARTITIONS SELECT * FROM Messages WHERE ID = 5",
+            "EXPLAIN PARTITIONS SELECT * FROM Other WHERE UUID = 'x'",
+            "DESC EXTENDED Messages",
+            "EXPLAIN EXTENDED",
+        ] {
+            assert!(
+                matches!(decide(&e, sql), Decision::Passthrough),
+                "{sql}: {:?}",
+                decide(&e, sql)
+            );
+        }
+    }
+
+    #[test]
+    fn hourly_rules_prune_to_the_keys_hour() {
+        let text = RULE.replace(
+            "retention_days = 30",
+            "period = \"hour\"\nretention_days = 30",
+        );
+        let spec: Vec<PartitionSpec> = crate::kinds::entries(&text, "partition").unwrap();
+        let e = Engine::new(vec![Arc::new(PartitionRule::new(&spec[0]).unwrap())], 100).unwrap();
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[
+                col("Messages", "UUID", 0xfd, 0x1001),
+                col("Messages", "Inserted", types::DATETIME, 0x1081),
+            ],
+        );
+        let kt = super::super::key_time_sql(&spec[0]);
+        assert!(kt.hourly);
+        let r = rewrite(&e, &format!("SELECT * FROM Messages WHERE UUID = {K}"));
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT * FROM Messages WHERE (UUID = {K}) AND {}",
+                kt.range(K, "`Messages`.`Inserted`", 1, true)
+            )],
+        );
+        let printed = String::from_utf8_lossy(&r.statements[0]).into_owned();
+        assert!(printed.contains("INTERVAL 24 HOUR"), "{printed}");
+        // A DATE column (which migrate refuses for hours): the day range, which
+        // the hour range implies.
+        e.provide_metadata(
+            0,
+            Some("other"),
+            &[
+                col("Messages", "UUID", 0xfd, 0x1001),
+                col("Messages", "Inserted", types::DATE, 0x1081),
+            ],
+        );
+        let d = e.decide(
+            format!("SELECT * FROM Messages WHERE UUID = {K}").as_bytes(),
+            &StatementContext {
+                current_db: Some("other"),
+                lexing: Some(crate::rewrite::Lexing::STANDARD),
+                ..Default::default()
+            },
+        );
+        let Decision::Rewrite(r) = d else {
+            panic!("{d:?}")
+        };
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT * FROM Messages WHERE (UUID = {K}) AND {}",
+                kt.range(K, "`Messages`.`Inserted`", 1, false)
+            )],
+        );
+    }
+
+    #[test]
     fn a_table_that_does_not_fit_the_rule_passes_statements_through() {
         let spec: Vec<PartitionSpec> = crate::kinds::entries(RULE, "partition").unwrap();
         let e = Engine::new(vec![Arc::new(PartitionRule::new(&spec[0]).unwrap())], 100).unwrap();

@@ -1,8 +1,9 @@
 //! The `rotate` job (`heatsink maintain --job rotate`): keeps a partition for each
-//! day up to `CURDATE() + premake`, a catch-all `MAXVALUE` partition at the end
-//! (so an insert beyond the last day never fails with 1526), and drops the
-//! partitions wholly older than `CURDATE() - retention_days`. Days count on the
-//! database server's clock.
+//! period (hour, day or month) up to `premake` periods after the current one, a
+//! catch-all `MAXVALUE` partition at the end (so an insert beyond the last period
+//! never fails with 1526), and drops the partitions wholly older than
+//! `retention_days` days before the current hour (`period = "hour"`) or day.
+//! Time is the database server's clock (`NOW()`).
 //!
 //! The DDL must not stall the application. An `ALTER TABLE` waits for every
 //! transaction that has the table open, and statements arriving meanwhile queue
@@ -11,14 +12,18 @@
 //! growing pause when the lock was not granted. New days are split off the
 //! catch-all partition only while it is empty (then the split copies nothing);
 //! dropping a partition removes its rows without touching the others.
+//!
+//! Without `--apply` ([`JobContext::apply`] false) the job prints the statements
+//! it would run and changes nothing.
 
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
+use super::period::{parse_stamp, stamp_sql, Stamp, DAY_SECS, HOUR_SECS};
 use super::schema::{partitions, Layout};
-use super::spec::PartitionSpec;
+use super::spec::{PartitionSpec, Period};
 use crate::error::{Error, OrErr, Result, Source};
 use crate::kinds::{JobContext, JobReport};
 use crate::schema::{emit, resolve_tables};
@@ -81,66 +86,60 @@ pub fn day_sql(z: Day) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-/// The name of the partition holding day `z`: `pYYYYMMDD`.
-pub fn partition_name(z: Day) -> String {
-    let (y, m, d) = civil(z);
-    format!("p{y:04}{m:02}{d:02}")
-}
-
-/// `PARTITION pYYYYMMDD VALUES LESS THAN ('YYYY-MM-DD')` for each day of `days`.
-pub fn day_partitions(days: std::ops::RangeInclusive<Day>) -> Vec<String> {
-    days.map(|z| {
-        format!(
-            "PARTITION {} VALUES LESS THAN ('{}')",
-            partition_name(z),
-            day_sql(z + 1)
-        )
-    })
-    .collect()
-}
-
-/// Days one rotation statement adds: the statement holds a lock that blocks the
-/// application's writes while it creates its partitions (about 50 ms each on this
-/// VM, more under load), so a table far behind is caught up in small steps.
-pub const DAYS_PER_DDL: usize = 3;
+/// Partitions one rotation statement adds: the statement holds a lock that blocks
+/// the application's writes while it creates its partitions (about 50 ms each on
+/// this VM, more under load), so a table far behind is caught up in small steps.
+pub const PARTITIONS_PER_DDL: usize = 3;
 
 /// The catch-all partition's definition.
 pub const CATCH_ALL: &str = "PARTITION pmax VALUES LESS THAN (MAXVALUE)";
 
-/// What the rotation must run on a table laid out as `layout` on day `today`.
+/// The first time a rule keeps at `now`: `retention_days` days before the current
+/// hour (hourly partitions) or day.
+pub fn keep_from(spec: &PartitionSpec, now: Stamp) -> Stamp {
+    let unit = if spec.period == Period::Hour {
+        HOUR_SECS
+    } else {
+        DAY_SECS
+    };
+    now - now.rem_euclid(unit) - i64::from(spec.retention_days) * DAY_SECS
+}
+
+/// What the rotation must run on a table laid out as `layout` at `now`.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct RotationPlan {
     /// Partitions to drop (wholly older than the retention).
     pub drop: Vec<String>,
-    /// The statements that add the missing days (and the catch-all), in order, at
-    /// most [`DAYS_PER_DDL`] days each.
+    /// The statements that add the missing periods (and the catch-all), in order,
+    /// at most [`PARTITIONS_PER_DDL`] partitions each.
     pub add: Vec<String>,
     /// Why days could not be added (the catch-all partition holds rows).
     pub blocked: Option<String>,
 }
 
-/// The rotation of `layout` for `today` (`catch_all_empty`: the `MAXVALUE`
+/// The rotation of `layout` at `now` (`catch_all_empty`: the `MAXVALUE`
 /// partition holds no row).
 pub fn plan(
     spec: &PartitionSpec,
     table_sql: &str,
     layout: &Layout,
-    today: Day,
+    now: Stamp,
     catch_all_empty: bool,
 ) -> RotationPlan {
     let mut out = RotationPlan::default();
-    let keep_from = today - i64::from(spec.retention_days);
-    let want_last = today + i64::from(spec.premake);
-    // Days are added from the last partition's end, or from the first kept day
-    // when that is later (the first new partition then also holds the days
-    // before it, which are expired anyway).
+    let period = spec.period;
+    let keep_from = keep_from(spec, now);
+    let want_last = period.add(now, i64::from(spec.premake));
+    // Periods are added from the last partition's end, or from the first kept
+    // time when that is later (the first new partition then also holds the
+    // times before it, which are expired anyway).
     let first_new = layout
         .bounded
         .last()
-        .map_or(today, |(_, upper)| *upper)
+        .map_or(period.floor(now), |(_, upper)| *upper)
         .max(keep_from);
-    let new = if first_new <= want_last {
-        day_partitions(first_new..=want_last)
+    let new = if period.floor(first_new) <= want_last {
+        period.partitions(first_new, want_last)
     } else {
         Vec::new()
     };
@@ -154,27 +153,28 @@ pub fn plan(
         (Some(_), true) => {}
         (Some(pmax), false) if catch_all_empty => {
             let pmax = crate::rules::spec::quote(pmax);
-            for days in new.chunks(DAYS_PER_DDL) {
+            for parts in new.chunks(PARTITIONS_PER_DDL) {
                 out.add.push(format!(
                     "ALTER TABLE {table_sql} REORGANIZE PARTITION {pmax} INTO ({}, {})",
-                    days.join(", "),
+                    parts.join(", "),
                     CATCH_ALL.replace("pmax", &pmax)
                 ));
             }
         }
         (Some(pmax), false) => {
             out.blocked = Some(format!(
-                "catch-all partition {pmax} holds rows, so days up to {} were not split off it (a split would copy them under a lock); move or delete those rows",
-                day_sql(want_last)
+                "catch-all partition {pmax} holds rows, so {}s up to {} were not split off it (a split would copy them under a lock); move or delete those rows",
+                period.word(),
+                stamp_sql(want_last)
             ));
         }
         (None, _) => {
             let mut parts = new;
             parts.push(CATCH_ALL.to_string());
-            for days in parts.chunks(DAYS_PER_DDL) {
+            for chunk in parts.chunks(PARTITIONS_PER_DDL) {
                 out.add.push(format!(
                     "ALTER TABLE {table_sql} ADD PARTITION ({})",
-                    days.join(", ")
+                    chunk.join(", ")
                 ));
             }
         }
@@ -230,17 +230,15 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
             )],
         });
     };
-    let today: Option<String> = ctx
+    let now: Option<String> = ctx
         .conn
-        .query_first("SELECT CAST(CURDATE() AS CHAR)")
+        .query_first("SELECT CAST(NOW() AS CHAR)")
         .await
-        .or_err(Source::Backend, || "reading CURDATE()".to_string())?;
-    let today = today.as_deref().and_then(parse_day).ok_or_else(|| {
-        Error::new(
-            Source::Backend,
-            "CURDATE() did not answer a date".to_string(),
-        )
-    })?;
+        .or_err(Source::Backend, || "reading NOW()".to_string())?;
+    let now = now
+        .as_deref()
+        .and_then(parse_stamp)
+        .ok_or_else(|| Error::new(Source::Backend, "NOW() did not answer a time".to_string()))?;
     let catch_all_empty = match &layout.catch_all {
         Some(p) => {
             let sql = format!(
@@ -257,8 +255,55 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
         }
         None => true,
     };
-    let p = plan(spec, &table.quoted(), &layout, today, catch_all_empty);
+    let p = plan(spec, &table.quoted(), &layout, now, catch_all_empty);
+    let drop_sql = |names: &[String]| {
+        (!names.is_empty()).then(|| {
+            let quoted: Vec<String> = names.iter().map(|n| crate::rules::spec::quote(n)).collect();
+            format!(
+                "ALTER TABLE {} DROP PARTITION {}",
+                table.quoted(),
+                quoted.join(", ")
+            )
+        })
+    };
+    let window = if spec.period == Period::Day {
+        let today = now.div_euclid(DAY_SECS);
+        format!(
+            "today {}, kept from {} to {}",
+            day_sql(today),
+            day_sql(today - i64::from(spec.retention_days)),
+            day_sql(today + i64::from(spec.premake))
+        )
+    } else {
+        format!(
+            "now {}, kept from {} to the {} of {}",
+            stamp_sql(now),
+            stamp_sql(keep_from(spec, now)),
+            spec.period.word(),
+            stamp_sql(spec.period.add(now, i64::from(spec.premake)))
+        )
+    };
     let mut failed = Vec::new();
+    if let Some(b) = &p.blocked {
+        failed.push(b.clone());
+    }
+    if !ctx.apply {
+        for sql in p.add.iter().chain(drop_sql(&p.drop).iter()) {
+            emit(ctx.out, &format!("{sql};"))?;
+        }
+        let added: usize = p
+            .add
+            .iter()
+            .map(|a| a.matches("VALUES LESS THAN ('").count())
+            .sum();
+        return Ok(JobReport {
+            summary: format!(
+                "dry run: {added} partitions would be added, {} dropped ({window})",
+                p.drop.len()
+            ),
+            failed,
+        });
+    }
     let mut added = 0;
     let mut drop = p.drop.clone();
     for add in &p.add {
@@ -274,21 +319,8 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
             }
         }
     }
-    if let Some(b) = p.blocked {
-        failed.push(b);
-    }
     let mut dropped = 0;
-    if !drop.is_empty() {
-        let quoted: Vec<String> = p
-            .drop
-            .iter()
-            .map(|n| crate::rules::spec::quote(n))
-            .collect();
-        let sql = format!(
-            "ALTER TABLE {} DROP PARTITION {}",
-            table.quoted(),
-            quoted.join(", ")
-        );
+    if let Some(sql) = drop_sql(&drop) {
         emit(ctx.out, &format!("{sql};"))?;
         let started = std::time::Instant::now();
         match run_ddl(ctx.conn, &spec.name, &sql).await {
@@ -303,12 +335,7 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
         }
     }
     Ok(JobReport {
-        summary: format!(
-            "{added} partitions added, {dropped} dropped (today {}, kept from {} to {})",
-            day_sql(today),
-            day_sql(today - i64::from(spec.retention_days)),
-            day_sql(today + i64::from(spec.premake))
-        ),
+        summary: format!("{added} partitions added, {dropped} dropped ({window})"),
         failed,
     })
 }
@@ -329,10 +356,6 @@ mod tests {
             assert_eq!(day_sql(parse_day(s).unwrap()), s);
         }
         assert_eq!(parse_day("1970-01-02"), Some(1));
-        assert_eq!(
-            partition_name(parse_day("2024-11-24").unwrap()),
-            "p20241124"
-        );
     }
 
     fn spec() -> PartitionSpec {
@@ -347,10 +370,15 @@ mod tests {
 
     #[test]
     fn rotation_drops_expired_days_and_splits_the_catch_all() {
-        let d = |s: &str| parse_day(s).unwrap();
+        let d = |s: &str| parse_day(s).unwrap() * DAY_SECS;
         let layout = Layout {
             bounded: (0..6)
-                .map(|i| (partition_name(d("2024-11-20") + i), d("2024-11-21") + i))
+                .map(|i| {
+                    (
+                        Period::Day.name(d("2024-11-20") + i * DAY_SECS),
+                        d("2024-11-21") + i * DAY_SECS,
+                    )
+                })
                 .collect(),
             catch_all: Some("pmax".into()),
         };
@@ -383,5 +411,86 @@ mod tests {
             ["ALTER TABLE `Messages` ADD PARTITION (PARTITION p20241126 VALUES LESS THAN ('2024-11-27'), \
               PARTITION pmax VALUES LESS THAN (MAXVALUE))"]
         );
+    }
+
+    fn spec_with(period: &str, retention: u32, premake: u32) -> PartitionSpec {
+        let mut v: Vec<PartitionSpec> = crate::kinds::entries(
+            &format!(
+                "[[partition]]\nname = \"m\"\ntable = \"Messages\"\nkey = \"UUID\"\nkey_time = \"unix\"\n\
+                 column = \"Inserted\"\nperiod = \"{period}\"\nretention_days = {retention}\npremake = {premake}\n"
+            ),
+            "partition",
+        )
+        .unwrap();
+        v.remove(0)
+    }
+
+    #[test]
+    fn hours_and_months_rotate_by_their_period() {
+        let t = |s: &str| parse_stamp(s).unwrap();
+        let hours = spec_with("hour", 2, 3);
+        let layout = Layout {
+            bounded: vec![("p2025010100".into(), t("2025-01-01 01:00:00"))],
+            catch_all: Some("pmax".into()),
+        };
+        let p = plan(&hours, "`M`", &layout, t("2025-01-01 10:00:30"), true);
+        assert!(p.drop.is_empty());
+        let added: Vec<&str> = p
+            .add
+            .iter()
+            .flat_map(|a| a.split("PARTITION ").skip(2))
+            .filter(|x| !x.starts_with("`pmax`"))
+            .collect();
+        assert_eq!(added.len(), 13, "{:?}", p.add);
+        assert_eq!(
+            added[0],
+            "p2025010101 VALUES LESS THAN ('2025-01-01 02:00:00'), "
+        );
+        assert!(added[12].starts_with("p2025010113 VALUES LESS THAN ('2025-01-01 14:00:00')"));
+        // Two days later: everything older than 2 days before the current hour goes.
+        let later = Layout {
+            bounded: (0..14)
+                .map(|h| {
+                    let start = t("2025-01-01 00:00:00") + h * HOUR_SECS;
+                    (Period::Hour.name(start), start + HOUR_SECS)
+                })
+                .collect(),
+            catch_all: Some("pmax".into()),
+        };
+        let p = plan(&hours, "`M`", &later, t("2025-01-03 11:10:00"), true);
+        // Kept from 2025-01-01 11:00: the partitions ending at 11:00 or before go.
+        assert_eq!(p.drop.len(), 11);
+        assert_eq!(p.drop.last().map(String::as_str), Some("p2025010110"));
+        assert!(p.add[0]
+            .contains("INTO (PARTITION p2025010114 VALUES LESS THAN ('2025-01-01 15:00:00')"));
+
+        let months = spec_with("month", 60, 2);
+        let layout = Layout {
+            bounded: vec![("p202501".into(), t("2025-02-01"))],
+            catch_all: Some("pmax".into()),
+        };
+        let p = plan(&months, "`M`", &layout, t("2025-01-15 08:00:00"), true);
+        assert!(p.drop.is_empty());
+        assert_eq!(
+            p.add,
+            ["ALTER TABLE `M` REORGANIZE PARTITION `pmax` INTO (\
+              PARTITION p202502 VALUES LESS THAN ('2025-03-01'), \
+              PARTITION p202503 VALUES LESS THAN ('2025-04-01'), \
+              PARTITION `pmax` VALUES LESS THAN (MAXVALUE))"]
+        );
+        let layout = Layout {
+            bounded: vec![
+                ("p202501".into(), t("2025-02-01")),
+                ("p202502".into(), t("2025-03-01")),
+                ("p202503".into(), t("2025-04-01")),
+            ],
+            catch_all: Some("pmax".into()),
+        };
+        // Kept from 2025-03-21: January and February go, March stays.
+        let p = plan(&months, "`M`", &layout, t("2025-05-20 08:00:00"), true);
+        assert_eq!(p.drop, ["p202501", "p202502"]);
+        assert_eq!(p.add.len(), 2);
+        assert!(p.add[0].contains("INTO (PARTITION p202504 VALUES LESS THAN ('2025-05-01'), "));
+        assert!(p.add[1].contains("INTO (PARTITION p202507 VALUES LESS THAN ('2025-08-01'), "));
     }
 }

@@ -1,16 +1,24 @@
 //! The partition rule's schema work: the table's partitioning (`migrate` prints the
-//! DDL that partitions an existing table, and runs it with `--apply` for tables up
-//! to [`APPLY_MAX_ROWS`] rows), the triggers that keep every row reachable by pruned
+//! DDL that partitions an existing table by hour, day or month, and runs it with `--apply` for tables up
+//! to the rule's `migrate_max_rows` rows), the triggers that keep every row reachable by pruned
 //! lookups, and what `check --backend-url` reports.
 //!
 //! ## The invariant and its triggers
 //!
-//! A pruned lookup reads only the partitions of the key's date ± `tolerance_days`,
+//! A pruned lookup reads only the partitions of the key's date ± `tolerance_days`
+//! (hourly partitions: the key's hour ± `24 × tolerance_days` hours),
 //! so a row whose partition column lies outside that range would be unreachable.
 //! Two triggers, `<table>_hs_pins` (`BEFORE INSERT`) and `<table>_hs_pupd`
-//! (`BEFORE UPDATE`, when the key or the column changes), refuse such a row with
+//! (`AFTER UPDATE`, when the key or the column changed), refuse such a row with
 //! error 1105 (SQLSTATE HY000) naming the rule, whoever writes it (through heatsink
-//! or not); the statement then writes nothing. A key whose time cannot be read is
+//! or not); the statement then writes nothing (InnoDB rolls back the statement an
+//! `AFTER` trigger fails). The update trigger is not a `BEFORE UPDATE` one: on
+//! MariaDB 10.11 a partitioned table with a `BEFORE UPDATE` trigger lost rows to
+//! `UPDATE`s — after a prepared statement of the session was pruned to no
+//! partition, every later `UPDATE` of the session matched no row (the same
+//! statements without the trigger, or with an `AFTER UPDATE` one, matched;
+//! `tests/partition.rs`). `migrate` replaces a `BEFORE UPDATE` trigger of that
+//! name left by an earlier version. A key whose time cannot be read is
 //! stored with any value (its lookups are not pruned); a NULL in the column with
 //! such a key is left to the column's own constraint. Dates are taken in the
 //! writer's session time zone, as lookups take them in theirs.
@@ -21,8 +29,9 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
-use super::rotate::{day_partitions, parse_day, CATCH_ALL};
-use super::spec::PartitionSpec;
+use super::period::{parse_stamp, Stamp};
+use super::rotate::CATCH_ALL;
+use super::spec::{PartitionSpec, Period};
 use crate::check::Severity;
 use crate::error::{OrErr, Result, Source};
 use crate::kinds::{Migration, SchemaError};
@@ -32,16 +41,12 @@ use crate::schema::{
     text, Table,
 };
 
-/// Largest table `migrate --apply` partitions in place (an `ALTER TABLE` that copies
-/// the table); above it, `migrate` prints the online schema change to run instead.
-pub const APPLY_MAX_ROWS: u64 = 1_000_000;
-
 /// How a table is partitioned by its partition column.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
-    /// The partitions with an upper bound: name and the day of that (exclusive)
-    /// bound, in order.
-    pub bounded: Vec<(String, super::rotate::Day)>,
+    /// The partitions with an upper bound: name and that (exclusive) bound, in
+    /// order.
+    pub bounded: Vec<(String, Stamp)>,
     /// The `MAXVALUE` partition's name, when there is one.
     pub catch_all: Option<String>,
 }
@@ -84,16 +89,16 @@ pub async fn partitions(conn: &mut Conn, t: &TableName, column: &str) -> Result<
         if desc.eq_ignore_ascii_case("MAXVALUE") {
             layout.catch_all = Some(name);
         } else {
-            let day = parse_day(&desc).ok_or_else(|| {
+            let end = parse_stamp(&desc).ok_or_else(|| {
                 crate::error::Error::new(
                     Source::Backend,
                     format!(
-                        "partition {name} of {} ends at {desc}, not at a day",
+                        "partition {name} of {} ends at {desc}, not at a date or time",
                         t.quoted()
                     ),
                 )
             })?;
-            layout.bounded.push((name, day));
+            layout.bounded.push((name, end));
         }
     }
     Ok((!rows.is_empty()).then_some(layout))
@@ -104,9 +109,14 @@ pub fn triggers(spec: &PartitionSpec, t: &TableName) -> Vec<(TableName, &'static
     let kt = super::key_time_sql(spec);
     let key = |row: &str| format!("{row}.{}", quote(&spec.key));
     let col = |row: &str| format!("{row}.{}", quote(&spec.column));
+    let within = if spec.period == Period::Hour {
+        format!("{} hour(s) of the hour", 24 * spec.tolerance_days)
+    } else {
+        format!("{} day(s) of the date", spec.tolerance_days)
+    };
     let msg = format!(
-        "heatsink rule ''{}'': {} must lie within {} day(s) of the date the time in {} gives (in the session time zone), else lookups by {} would not find the row",
-        spec.name, spec.column, spec.tolerance_days, spec.key, spec.key
+        "heatsink rule ''{}'': {} must lie within {within} the time in {} gives (in the session time zone), else lookups by {} would not find the row",
+        spec.name, spec.column, spec.key, spec.key
     );
     let check = |row: &str| {
         format!(
@@ -135,9 +145,9 @@ pub fn triggers(spec: &PartitionSpec, t: &TableName) -> Vec<(TableName, &'static
         ),
         (
             upd.clone(),
-            "BEFORE UPDATE",
+            "AFTER UPDATE",
             format!(
-                "CREATE TRIGGER {} BEFORE UPDATE ON {} FOR EACH ROW BEGIN IF NOT ({} <=> {} AND {} <=> {}) THEN {} END IF; END",
+                "CREATE TRIGGER {} AFTER UPDATE ON {} FOR EACH ROW BEGIN IF NOT ({} <=> {} AND {} <=> {}) THEN {} END IF; END",
                 upd.quoted(),
                 t.quoted(),
                 key("NEW"),
@@ -162,6 +172,9 @@ pub struct PartitionMigration {
     layout: Option<Layout>,
     /// Triggers to create (name, CREATE statement).
     create: Vec<(TableName, String)>,
+    /// Triggers of an earlier version to drop before those are created (the
+    /// `BEFORE UPDATE` one, see the module documentation).
+    replace: Vec<TableName>,
     /// Notes for the DBA.
     notes: Vec<String>,
 }
@@ -205,14 +218,30 @@ pub async fn check(
             col.name, col.column_type
         )));
     }
+    if spec.period == Period::Hour && col.data_type != "datetime" {
+        return Err(refuse(format!(
+            "column `{}` is {}; period = \"hour\" needs a DATETIME column",
+            col.name, col.column_type
+        )));
+    }
     let layout = partitions(conn, &table, &spec.column)
         .await
         .map_err(|e| refuse(e.to_string()))?;
     let mut create = Vec::new();
+    let mut replace = Vec::new();
     let mut notes = Vec::new();
     for (name, what, sql) in triggers(spec, &table) {
         match existing_trigger(conn, &name).await? {
             None => create.push((name, sql)),
+            Some(t)
+                if what == "AFTER UPDATE"
+                    && t.table.eq_ignore_ascii_case(&table.name)
+                    && t.timing.eq_ignore_ascii_case("BEFORE")
+                    && t.event.eq_ignore_ascii_case("UPDATE") =>
+            {
+                replace.push(name.clone());
+                create.push((name, sql));
+            }
             Some(t) => {
                 let fits = t.table.eq_ignore_ascii_case(&table.name)
                     && what.eq_ignore_ascii_case(&format!("{} {}", t.timing, t.event));
@@ -239,6 +268,7 @@ pub async fn check(
         desc,
         layout,
         create,
+        replace,
         notes,
     })
 }
@@ -264,13 +294,14 @@ impl PartitionMigration {
         Ok(n.unwrap_or(0))
     }
 
-    /// The DDL that partitions the (unpartitioned) table by day, from its first
-    /// day to today + premake: every unique key extended with the column, and an
+    /// The DDL that partitions the (unpartitioned) table by the rule's period,
+    /// from its first period (for hours: at most `retention_days` back) to the
+    /// current one + premake: every unique key extended with the column, and an
     /// invisible AUTO_INCREMENT primary key where the primary key is the key alone.
     async fn partitioning(&self, conn: &mut Conn) -> Result<(String, u64)> {
-        let (first, today, rows): (Option<String>, Option<String>, Option<u64>) = conn
+        let (first, now, rows): (Option<String>, Option<String>, Option<u64>) = conn
             .query_first(format!(
-                "SELECT CAST(DATE(MIN({c})) AS CHAR), CAST(CURDATE() AS CHAR), COUNT(*) FROM {t}",
+                "SELECT CAST(MIN({c}) AS CHAR), CAST(NOW() AS CHAR), COUNT(*) FROM {t}",
                 c = quote(&self.spec.column),
                 t = self.table.quoted()
             ))
@@ -279,12 +310,18 @@ impl PartitionMigration {
                 format!("reading {}", self.table.quoted())
             })?
             .unwrap_or((None, None, None));
-        let today = today.as_deref().and_then(parse_day).unwrap_or(0);
-        let first = first
+        let period = self.spec.period;
+        let now = now.as_deref().and_then(parse_stamp).unwrap_or(0);
+        let mut first = first
             .as_deref()
-            .and_then(parse_day)
-            .unwrap_or(today)
-            .min(today);
+            .and_then(parse_stamp)
+            .unwrap_or(now)
+            .min(now);
+        if period == Period::Hour {
+            // Hours older than the retention would be dropped at the next
+            // rotation: the first partition holds them all.
+            first = first.max(super::rotate::keep_from(&self.spec, now));
+        }
         let mut alter = Vec::new();
         let col = &self.spec.column;
         let has_ai = self
@@ -325,7 +362,7 @@ impl PartitionMigration {
                 ));
             }
         }
-        let mut parts = day_partitions(first..=today + i64::from(self.spec.premake));
+        let mut parts = period.partitions(first, period.add(now, i64::from(self.spec.premake)));
         parts.push(CATCH_ALL.to_string());
         let mut sql = format!("ALTER TABLE {}", self.table.quoted());
         if !alter.is_empty() {
@@ -357,17 +394,40 @@ impl Migration for PartitionMigration {
             Some(l) if l.catch_all.is_none() => out.push((
                 Severity::Warning,
                 format!(
-                    "table {} has no MAXVALUE partition: a row beyond its last day fails with 1526 (heatsink maintain --job rotate adds one)",
+                    "table {} has no MAXVALUE partition: a row beyond its last partition fails with 1526 (heatsink maintain --job rotate --apply adds one)",
                     self.table.quoted()
                 ),
             )),
             Some(_) => {}
         }
+        if let Some(l) = &self.layout {
+            let period = self.spec.period;
+            // A partition whose bounds are not one period apart (the first has no
+            // lower bound and is not counted).
+            let other = l
+                .bounded
+                .windows(2)
+                .filter(|w| period.floor(w[0].1) != w[0].1 || period.add(w[0].1, 1) != w[1].1)
+                .count();
+            if other > 0 {
+                out.push((
+                    Severity::Warning,
+                    format!(
+                        "{other} partitions of {} are not one {} wide (the rule's period): lookups read whole partitions, and rotation adds {}s after the last one",
+                        self.table.quoted(),
+                        period.word(),
+                        period.word()
+                    ),
+                ));
+            }
+        }
         for (name, _) in &self.create {
-            out.push((
-                Severity::Error,
-                format!("trigger {} is missing", name.quoted()),
-            ));
+            let what = if self.replace.contains(name) {
+                "is a BEFORE UPDATE trigger, with which MariaDB 10.11 lets UPDATEs miss rows; run heatsink migrate to replace it"
+            } else {
+                "is missing"
+            };
+            out.push((Severity::Error, format!("trigger {} {what}", name.quoted())));
         }
         let strays = self.strays(conn).await?;
         if strays > 0 {
@@ -393,9 +453,10 @@ impl Migration for PartitionMigration {
         }
         if self.layout.is_none() {
             let (sql, rows) = self.partitioning(conn).await?;
-            if rows > APPLY_MAX_ROWS {
+            let max = self.spec.migrate_max_rows;
+            if rows > max {
                 emit(out, &format!(
-                    "-- {} holds {rows} rows (more than {APPLY_MAX_ROWS}): not partitioned in place; run online:",
+                    "-- {} holds {rows} rows (more than migrate_max_rows = {max}): not partitioned in place; run online:",
                     self.table.quoted()
                 ))?;
                 let alter = sql
@@ -404,7 +465,7 @@ impl Migration for PartitionMigration {
                 emit(
                     out,
                     &format!(
-                        "-- pt-online-schema-change --alter \"{}\" D={},t={} --execute",
+                        "-- pt-online-schema-change --alter \"{}\" --preserve-triggers D={},t={} --execute",
                         alter.replace('`', ""),
                         self.table.db.as_deref().unwrap_or_default(),
                         self.table.name
@@ -419,8 +480,23 @@ impl Migration for PartitionMigration {
         } else {
             emit(
                 out,
-                &format!("-- {} is partitioned by day", self.table.quoted()),
+                &format!(
+                    "-- {} is partitioned by RANGE COLUMNS ({})",
+                    self.table.quoted(),
+                    quote(&self.spec.column)
+                ),
             )?;
+        }
+        for name in &self.replace {
+            let sql = format!("DROP TRIGGER IF EXISTS {}", name.quoted());
+            emit(
+                out,
+                &format!("-- {} is a BEFORE UPDATE trigger: replaced", name.quoted()),
+            )?;
+            emit(out, &format!("{sql};"))?;
+            if apply {
+                run_sql(conn, &self.spec.name, &sql).await?;
+            }
         }
         for (_, sql) in &self.create {
             emit(out, &format!("{sql};"))?;

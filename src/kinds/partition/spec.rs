@@ -9,10 +9,11 @@
 //! key_pattern = "-([0-9]{10})-"  # optional regex; group 1 holds the time
 //! snowflake_epoch_ms = 1288834974657   # only for "snowflake"
 //! column = "Inserted"            # DATE or DATETIME column the table is partitioned by
-//! period = "day"
-//! retention_days = 30            # partitions wholly older than this are dropped
-//! premake = 3                    # future partitions kept ready
-//! tolerance_days = 1             # how far `column` may lie from the key's date
+//! period = "day"                 # or "hour" (a DATETIME column), "month"
+//! retention_days = 30            # partitions wholly older than this many days are dropped
+//! premake = 3                    # future partitions (periods) kept ready
+//! tolerance_days = 1             # how far `column` may lie from the key's time
+//! migrate_max_rows = 1000000     # larger tables: migrate prints an online schema change
 //! ```
 
 use serde::Deserialize;
@@ -20,7 +21,7 @@ use serde::Deserialize;
 use crate::rules::spec::{check_ident, Mode, TableName};
 
 /// `[[partition]]`: lookups by a key that carries its creation time, pruned to the
-/// partitions of that time; daily partitions rotated.
+/// partitions of that time; hourly, daily or monthly partitions rotated.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PartitionSpec {
@@ -46,15 +47,21 @@ pub struct PartitionSpec {
     pub period: Period,
     /// Partitions wholly older than this many days (before `CURDATE()`) are dropped.
     pub retention_days: u32,
-    /// Future partitions kept ready.
+    /// Future partitions kept ready: periods after the current one.
     #[serde(default = "default_premake")]
     pub premake: u32,
-    /// How many days `column` may lie from the key's date.
+    /// How many days `column` may lie from the key's date (for hourly partitions:
+    /// `24 × tolerance_days` hours from the key's hour).
     #[serde(default = "default_tolerance")]
     pub tolerance_days: u32,
     /// `on` (default) or `shadow`.
     #[serde(default)]
     pub mode: Mode,
+    /// Largest table `migrate --apply` partitions in place with an `ALTER TABLE`
+    /// (which copies the table and blocks its writes meanwhile); a larger one gets
+    /// the `pt-online-schema-change` command to run instead.
+    #[serde(default = "default_migrate_max_rows")]
+    pub migrate_max_rows: u64,
 }
 
 /// How a key carries its creation time.
@@ -80,9 +87,10 @@ pub enum Period {
     /// One partition per day.
     #[default]
     Day,
-    /// One partition per hour (not built).
+    /// One partition per hour (a DATETIME column); lookups read the key's hour ±
+    /// `24 × tolerance_days` hours.
     Hour,
-    /// One partition per month (not built).
+    /// One partition per month; lookups read the key's date ± `tolerance_days`.
     Month,
 }
 
@@ -94,12 +102,21 @@ fn default_tolerance() -> u32 {
     1
 }
 
+/// `migrate_max_rows` when the rule does not say.
+pub const DEFAULT_MIGRATE_MAX_ROWS: u64 = 1_000_000;
+
+fn default_migrate_max_rows() -> u64 {
+    DEFAULT_MIGRATE_MAX_ROWS
+}
+
 /// Largest `tolerance_days` accepted: a lookup reads `1 + 2 × tolerance` partitions.
 pub const MAX_TOLERANCE_DAYS: u32 = 30;
 /// Largest `premake` accepted.
 pub const MAX_PREMAKE: u32 = 366;
 /// Longest `key_pattern` accepted.
 pub const MAX_PATTERN: usize = 200;
+/// Most partitions a MariaDB table may have.
+pub const MAX_PARTITIONS: u64 = 8192;
 
 impl PartitionSpec {
     /// Checks the values that do not need the database; returns the reason on failure.
@@ -110,9 +127,6 @@ impl PartitionSpec {
         check_ident(&self.column).map_err(|e| format!("column: {e}"))?;
         if self.key.eq_ignore_ascii_case(&self.column) {
             return Err("key and column must be different columns".into());
-        }
-        if self.period != Period::Day {
-            return Err("period: only \"day\" is supported".into());
         }
         if self.retention_days == 0 {
             return Err("retention_days must be at least 1".into());
@@ -131,6 +145,13 @@ impl PartitionSpec {
         }
         if self.retention_days <= self.tolerance_days {
             return Err("retention_days must exceed tolerance_days".into());
+        }
+        let kept = self.period.kept(self.retention_days, self.premake);
+        if kept > MAX_PARTITIONS {
+            return Err(format!(
+                "retention_days and premake keep {kept} {} partitions, more than a table may have ({MAX_PARTITIONS})",
+                self.period.word()
+            ));
         }
         match (self.key_time, self.snowflake_epoch_ms) {
             (KeyTime::Snowflake, None) => {
@@ -209,7 +230,11 @@ mod tests {
     fn parses_with_defaults() {
         let s = spec("key_pattern = \"-([0-9]{10})-\"\n").unwrap();
         assert_eq!(s.period, Period::Day);
+        assert_eq!(spec("period = \"hour\"\n").unwrap().period, Period::Hour);
+        assert_eq!(spec("period = \"month\"\n").unwrap().period, Period::Month);
         assert_eq!((s.premake, s.tolerance_days), (3, 1));
+        assert_eq!(s.migrate_max_rows, 1_000_000);
+        assert_eq!(spec("migrate_max_rows = 0\n").unwrap().migrate_max_rows, 0);
         assert_eq!(s.key_time, KeyTime::Unix);
     }
 
@@ -218,7 +243,6 @@ mod tests {
         for (extra, want) in [
             ("premake = 0\n", "premake"),
             ("tolerance_days = 31\n", "tolerance_days"),
-            ("period = \"hour\"\n", "period"),
             ("period = \"week\"\n", "week"),
             ("key_pattern = \"-(\\\\d{10})-\"\n", "key_pattern"),
             ("key_pattern = \"-[0-9]{10}-\"\n", "group"),
@@ -242,5 +266,12 @@ mod tests {
         s.column = "Inserted".into();
         s.retention_days = 1;
         assert!(s.validate().unwrap_err().contains("exceed"));
+        s.period = Period::Hour;
+        s.retention_days = 400;
+        assert!(
+            s.validate().unwrap_err().contains("8192"),
+            "{:?}",
+            s.validate()
+        );
     }
 }

@@ -419,6 +419,24 @@ fn mailboxes_stay_exact_under_concurrent_writers() {
             "trim",
         ]);
         assert_eq!(code, 0, "{out}{err}");
+        assert!(out.contains("dry run"), "{out}");
+        let before = env.backend_scalar("SELECT COUNT(*) FROM {db}.mailbox");
+        let (code, out, err) = common::cli::heatsink(&[
+            "maintain",
+            "--rules",
+            env.rules_path().to_str().unwrap(),
+            "--backend-url",
+            &common::mariadb().url(&env.db),
+            "--job",
+            "trim",
+            "--apply",
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+        assert_ne!(
+            before,
+            env.backend_scalar("SELECT COUNT(*) FROM {db}.mailbox"),
+            "{out}"
+        );
         let most = env.backend_scalar(
             "SELECT MAX(n) FROM (SELECT COUNT(*) n FROM {db}.mailbox GROUP BY hs_reader) x",
         );

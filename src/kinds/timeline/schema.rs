@@ -744,12 +744,12 @@ pub(crate) async fn trim(spec: &TimelineSpec, ctx: &mut JobContext<'_>) -> Resul
     let size = u64::from(spec.mailbox_size);
     let (reader, message) = (quote(MAILBOX_READER), quote(MAILBOX_MESSAGE));
     let over = format!(
-        "SELECT {reader} FROM {} WHERE {reader} > ? GROUP BY {reader} HAVING COUNT(*) > {size} ORDER BY {reader} LIMIT {}",
+        "SELECT {reader}, COUNT(*) FROM {} WHERE {reader} > ? GROUP BY {reader} HAVING COUNT(*) > {size} ORDER BY {reader} LIMIT {}",
         mb.quoted(),
         ctx.batch.max(1)
     );
     let first = format!(
-        "SELECT {reader} FROM {} GROUP BY {reader} HAVING COUNT(*) > {size} ORDER BY {reader} LIMIT {}",
+        "SELECT {reader}, COUNT(*) FROM {} GROUP BY {reader} HAVING COUNT(*) > {size} ORDER BY {reader} LIMIT {}",
         mb.quoted(),
         ctx.batch.max(1)
     );
@@ -777,14 +777,20 @@ pub(crate) async fn trim(spec: &TimelineSpec, ctx: &mut JobContext<'_>) -> Resul
             Some(v) => ctx.conn.exec(over.as_str(), (v.clone(),)).await,
         }
         .map_err(|e| backend("listing the readers of", e))?;
-        let list: Vec<mysql_async::Value> = rows
+        let list: Vec<(mysql_async::Value, u64)> = rows
             .into_iter()
-            .filter_map(|mut r| r.take::<mysql_async::Value, usize>(0))
+            .filter_map(|mut r| Some((r.take::<mysql_async::Value, usize>(0)?, r.take(1)?)))
             .collect();
-        let Some(last) = list.last().cloned() else {
+        let Some(last) = list.last().map(|(r, _)| r.clone()) else {
             break;
         };
-        for r in list {
+        for (r, n) in list {
+            if !ctx.apply {
+                // A dry run: what the cut would remove.
+                readers += 1;
+                removed += n.saturating_sub(size);
+                continue;
+            }
             let k: Option<mysql_async::Value> = ctx
                 .conn
                 .exec_first(kth.as_str(), (r.clone(),))
@@ -800,6 +806,18 @@ pub(crate) async fn trim(spec: &TimelineSpec, ctx: &mut JobContext<'_>) -> Resul
             }
         }
         after = Some(last);
+    }
+    if !ctx.apply {
+        emit(
+            ctx.out,
+            &format!("-- for each reader ? with more than {size} entries: {kth}; then {cut} with the id read"),
+        )?;
+        return Ok(JobReport {
+            summary: format!(
+                "dry run: {readers} mailboxes hold more than {size} entries; trimming would remove {removed}"
+            ),
+            failed: Vec::new(),
+        });
     }
     Ok(JobReport {
         summary: format!(

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Lookups by a key that carries its time, on a day-partitioned table, in one run
 # against one private MariaDB (session time zone UTC):
-#   1. `Messages` (the issue's table) with DAYS daily partitions (default 92: today
+#   1. `Messages` (the issue's table) with BACK + 4 daily partitions (BACK default 88: today
 #      - 88 … today + 3) and a catch-all, ROWS rows (default 3000000) spread evenly
-#      over the 89 days up to today; each key is `<10 hex>-<unix seconds>-<10 hex>`
+#      over the BACK + 1 days up to today; each key is `<10 hex>-<unix seconds>-<10 hex>`
 #      and `Inserted` its date. Filled with INSERT … SELECT FROM seq_1_to_N.
 #   2. the [[partition]] rule (`heatsink migrate --apply`: the insert triggers).
 #   3. lookups by key of KEYS existing keys (default 5000, random order) at CONNS
@@ -16,7 +16,7 @@
 #                   straight to MariaDB
 #      text protocol (each lookup a different statement text, as an application
 #      that inlines its keys sends them).
-#   4. expiring one day (≈ ROWS / 89 rows) while CONNS connections look keys up
+#   4. expiring one day (≈ ROWS / (BACK + 1) rows) while CONNS connections look keys up
 #      through heatsink (retention_days = 87, so the first day is expired): DELETE
 #      of the oldest kept day's rows, then `heatsink maintain --job rotate` dropping
 #      the expired day's partition; the time of each and the lookups' p99 during
@@ -36,7 +36,7 @@ LOADGEN=${LOADGEN:-$TARGET_DIR/release/examples/loadgen}
 export HEATSINK_BIN
 MARIADB_EXTRA_ARGS=${MARIADB_EXTRA_ARGS:---innodb-buffer-pool-size=2G --default-time-zone=+00:00}
 export MARIADB_EXTRA_ARGS
-BACK=88   # days of data before today
+BACK=${BACK:-88}   # days of data before today
 AHEAD=3   # premade days
 
 [[ ${SKIP_BUILD:-0} == 1 ]] || cargo build --release --quiet --bin heatsink --example loadgen
@@ -217,7 +217,7 @@ with open(out, "w") as f:
     f.write(f"""# Partition rule: lookups by key, expiring a day
 
 `scripts/bench-partition.sh`, MariaDB {version}, this 2-core VM, one run. `Messages` as in the
-issue: {rows} rows in {nparts} partitions (one per day, today − 88 … today + 3, and a
+issue: {rows} rows in {nparts} partitions (one per day, today − {int(nparts) - 5} … today + 3, and a
 catch-all), keys `<hex>-<unix seconds>-<hex>`, filled in {fill_s} s. Lookups of random
 existing keys (`SELECT Message FROM Messages WHERE UUID = '…'`) at {conns} connections,
 {dur} s per leg, {rounds} rounds with the legs interleaved, medians. A lookup through

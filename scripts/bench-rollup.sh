@@ -211,6 +211,7 @@ for slots in $SLOTS; do
   HS_RULES_DIR=$rules heatsink_start "$MARIADB_PORT" --metrics "127.0.0.1:$METRICS_PORT"
 
   if ((first)); then
+    load_reads=$(cut -d' ' -f1-3 /proc/loadavg)
     # Reads: each statement directly and through heatsink, answers compared.
     for days in 7 30; do
       q="SELECT track_id, country, COUNT(*) AS total FROM plays WHERE track_id = $HOT AND created_at BETWEEN NOW() - INTERVAL $days DAY AND NOW() GROUP BY track_id, country"
@@ -230,11 +231,20 @@ for slots in $SLOTS; do
         hs_log "read ${days}d $leg: p50 $(jget "$json" p50_us) us, $(jget "$json" ops) runs, errors $(jget "$json" errors)"
       done
     done
+    # The floor of any read: a trivial statement, directly and through heatsink.
+    for leg in direct heatsink; do
+      port=$MARIADB_PORT
+      [[ $leg == heatsink ]] && port=$HEATSINK_PORT
+      json=$(loadgen "$(url "$port" logs)" "floor_$leg" -c 1 -d "$READ_DURATION" --sql "SELECT 1")
+      printf '%s\t%s\t%s\t%s\t%s\n' 0 "$leg" yes 0 "$json" >>"$reads"
+      hs_log "floor (SELECT 1) $leg: p50 $(jget "$json" p50_us) us"
+    done
     # Were the reads answered from the rollups (rewritten), or sent to the log (fallback)?
     stats=$(curl -s "http://127.0.0.1:$METRICS_PORT/metrics" 2>/dev/null |
       grep -E '^heatsink_rule_statements_total.*outcome="(rewritten|fallback|error)"' || true)
   fi
 
+  load_inserts=$(cut -d' ' -f1-3 /proc/loadavg)
   # Inserts, legs interleaved and rotated per round.
   for ((round = 1; round <= ROUNDS; round++)); do
     legs=(bare bare_hs rollup_hs rollup_hs1 rollup)
@@ -256,10 +266,11 @@ for slots in $SLOTS; do
 done
 
 python3 - "$results" "$reads" "$checks" "$migrations" "$OUT" "$DURATION" "$ROUNDS" "$MARIADB_VERSION" \
-  "$log_rows" "$hot_rows" "$fill_s" "$CONNS" "$READ_DURATION" "$MARIADB_EXTRA_ARGS" "$stats" <<'PY'
+  "$log_rows" "$hot_rows" "$fill_s" "$CONNS" "$READ_DURATION" "$MARIADB_EXTRA_ARGS" "$stats" \
+  "$load_reads" "$load_inserts" <<'PY'
 import json, statistics, sys, datetime, os, subprocess
 (res_p, reads_p, checks_p, mig_p, out, duration, rounds, version, log_rows, hot_rows, fill_s,
- conns, read_d, extra, stats) = sys.argv[1:16]
+ conns, read_d, extra, stats, load_reads, load_inserts) = sys.argv[1:18]
 rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 load = open("/proc/loadavg").read().split()[:3]
 reads = {}
@@ -278,7 +289,8 @@ slot_settings = sorted({s for s, _ in ins}, key=[int(m[0]) for m in migs].index)
 lines = [
     "# Aggregate reads over an append-only log: heatsink's rollup rule",
     "",
-    f"- date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, heatsink {rev}; load average at the end {' '.join(load)}",
+    f"- date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, heatsink {rev}; load average before the reads {load_reads},"
+    f" before the (first) insert legs {load_inserts}, at the end {' '.join(load)}",
     f"- machine: {os.cpu_count()} cores; MariaDB {version} (`{extra}`); client, proxy and server share the machine",
     f"- log `plays` (the application's table: `KEY (track_id)`, `KEY (user_id)`, `KEY (created_at)`): {int(log_rows):,} rows"
     f" filled in {fill_s} s by `INSERT … SELECT … FROM seq_1_to_N`, in time order (ids grow with `created_at`), evenly over"
@@ -302,7 +314,11 @@ for days in (7, 30):
     d, h = reads[(days, "direct")], reads[(days, "heatsink")]
     lines.append(f"| {days} days | {d['rows_in']:,} | {d['same']} | {d['p50_us']:,.0f} | {h['p50_us']:,.0f} |"
                  f" **{d['p50_us'] / h['p50_us']:.1f}** | {d['ops']} | {h['ops']} |")
+fd, fh = reads[(0, "direct")], reads[(0, "heatsink")]
 lines += [
+    "",
+    f"The floor of any read, `SELECT 1` at 1 connection: p50 {fd['p50_us']:,.0f} µs directly,"
+    f" {fh['p50_us']:,.0f} µs through heatsink.",
     "",
     "Target: ≥ 100 × (direct / heatsink) for both windows.",
     "",

@@ -117,6 +117,11 @@ impl Rule for RollupRule {
         self.shadow
     }
 
+    /// Updates and deletes of the log pass through: the triggers keep the rollups.
+    fn plans_updates(&self) -> bool {
+        false
+    }
+
     fn sharing(&self) -> Option<u32> {
         Some(self.rank())
     }

@@ -324,11 +324,15 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
         emit(ctx.out, &format!("{sql};"))?;
         let started = std::time::Instant::now();
         match run_ddl(ctx.conn, &spec.name, &sql).await {
-            Ok(_) => {
+            Ok(attempts) => {
                 dropped = drop.len();
                 emit(
                     ctx.out,
-                    &format!("-- dropped in {:.3} s", started.elapsed().as_secs_f64()),
+                    &format!(
+                        "-- dropped in {:.3} s ({attempts} attempt{})",
+                        started.elapsed().as_secs_f64(),
+                        if attempts == 1 { "" } else { "s" }
+                    ),
                 )?;
             }
             Err(e) => failed.push(e.to_string()),

@@ -30,6 +30,23 @@ use crate::error::{Error, OrErr, Result, Source};
 use crate::kinds::{JobContext, RuleSpec};
 use crate::schema::{connect, default_db, emit};
 
+/// Prints a job's summary line and adds its failed items to `failed`.
+fn record(
+    out: &mut dyn Write,
+    spec: &dyn RuleSpec,
+    report: crate::kinds::JobReport,
+    failed: &mut Vec<String>,
+) -> Result<()> {
+    emit(out, &format!("rule {}: {}", spec.name(), report.summary))?;
+    failed.extend(
+        report
+            .failed
+            .into_iter()
+            .map(|f| format!("rule {}: {f}", spec.name())),
+    );
+    Ok(())
+}
+
 /// A cluster-wide lease (Galera) lapses this long after it was taken, so that a run
 /// that died does not block the job for ever.
 pub const LEASE_SECONDS: u32 = 3600;
@@ -97,13 +114,7 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
                 apply: false,
             };
             let report = spec.run_job(job, &mut ctx).await?;
-            emit(out, &format!("rule {}: {}", spec.name(), report.summary))?;
-            failed.extend(
-                report
-                    .failed
-                    .into_iter()
-                    .map(|f| format!("rule {}: {f}", spec.name())),
-            );
+            record(out, spec, report, &mut failed)?;
         }
         let _ = conn.disconnect().await;
         return finish(failed);
@@ -142,14 +153,7 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
             Some(l) => l.release(&mut conn, &lock).await?,
             None => release_lock(&mut conn, &lock).await?,
         }
-        let report = report?;
-        emit(out, &format!("rule {}: {}", spec.name(), report.summary))?;
-        failed.extend(
-            report
-                .failed
-                .into_iter()
-                .map(|f| format!("rule {}: {f}", spec.name())),
-        );
+        record(out, spec, report?, &mut failed)?;
     }
     let _ = conn.disconnect().await;
     finish(failed)

@@ -84,6 +84,9 @@ const SHAPES: &[(&str, bool)] = &[
     ("SELECT m.id, m.body AS text, f.follower_id FROM follower f JOIN message m ON f.follower_id = m.user_id WHERE {r} = f.user_id ORDER BY m.id DESC LIMIT 7", false),
     ("SELECT m.* FROM message AS m JOIN follower AS f ON m.user_id = f.follower_id WHERE f.user_id = {r} AND m.id < {b} ORDER BY m.id DESC LIMIT 15", true),
     ("SELECT * FROM message JOIN follower ON message.user_id = follower.follower_id WHERE follower.user_id = {r} ORDER BY message.id DESC LIMIT 3, 4", false),
+    // The page's size and offset as parameters when prepared.
+    ("SELECT m.* FROM message m JOIN follower f ON m.user_id = f.follower_id WHERE f.user_id = {r} AND m.id < {b} ORDER BY m.id DESC LIMIT {n}", true),
+    ("SELECT * FROM message m, follower f WHERE m.user_id = f.follower_id AND f.user_id = {r} ORDER BY m.id DESC LIMIT {n} OFFSET {k}", false),
 ];
 
 /// The rule in `mode` (push and hybrid with a small mailbox, so that pages beyond
@@ -166,12 +169,22 @@ fn timelines_match_the_plain_query(mode: &str, seed: u64) {
                 d.query_drop(mode).await.expect("mode direct");
             }
             for _page in 0..if bounded { 3 } else { 1 } {
+                let (n, k) = (1 + round % 25, round % 7);
                 let (a, b) = if prepared {
-                    let sql = shape.replace("{r}", "?").replace("{b}", "?");
-                    let mut params = vec![Value::from(reader)];
-                    if let Some(b) = bound {
-                        params.push(Value::from(b));
-                    }
+                    let mut marks: Vec<(usize, Value)> = [
+                        ("{r}", Some(reader)),
+                        ("{b}", bound),
+                        ("{n}", Some(n)),
+                        ("{k}", Some(k)),
+                    ]
+                    .into_iter()
+                    .filter_map(|(m, v)| Some((shape.find(m)?, Value::from(v?))))
+                    .collect();
+                    marks.sort_by_key(|(at, _)| *at);
+                    let params: Vec<Value> = marks.into_iter().map(|(_, v)| v).collect();
+                    let sql = ["{r}", "{b}", "{n}", "{k}"]
+                        .iter()
+                        .fold(shape.to_string(), |s, m| s.replace(m, "?"));
                     (
                         run_exec(&mut p, &sql, params.clone()).await,
                         run_exec(&mut d, &sql, params).await,
@@ -188,7 +201,9 @@ fn timelines_match_the_plain_query(mode: &str, seed: u64) {
                                 reader.to_string()
                             },
                         )
-                        .replace("{b}", &bound.unwrap_or(0).to_string());
+                        .replace("{b}", &bound.unwrap_or(0).to_string())
+                        .replace("{n}", &n.to_string())
+                        .replace("{k}", &k.to_string());
                     (run_text(&mut p, &sql).await, run_text(&mut d, &sql).await)
                 };
                 let (a, b) = (a.expect("through heatsink"), b.expect("direct"));
@@ -248,6 +263,14 @@ fn timelines_match_the_plain_query(mode: &str, seed: u64) {
     assert!(
         rewritten >= 120,
         "timeline reads rewritten: {rewritten}\n{m:?}"
+    );
+    // Every shape is served, `LIMIT ?` and `OFFSET ?` included.
+    assert_eq!(
+        m.get("heatsink_rule_statements_total{rule=\"friends\",outcome=\"fallback\"}")
+            .copied()
+            .unwrap_or(0),
+        0,
+        "{m:?}"
     );
 }
 

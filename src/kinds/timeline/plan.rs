@@ -151,6 +151,14 @@ impl TimelineRule {
     }
 }
 
+/// The page a read asks for.
+enum Page<'q> {
+    /// `n + k`, the last row of the page, known when planning.
+    Known(i64),
+    /// `LIMIT n [OFFSET k]` with parameters (prepared statements), as written.
+    Params(&'q Expr, Option<&'q Expr>),
+}
+
 /// A timeline read taken apart.
 struct Shape<'q> {
     /// The message table's and the follow table's names as written, and the
@@ -167,8 +175,8 @@ struct Shape<'q> {
     reader_value: &'q Expr,
     /// The keyset bound (`messages.id < v` or `<= v`): operator and value.
     before: Option<(&'static str, &'q Expr)>,
-    /// `n + k`: the last row of the page.
-    page_end: i64,
+    /// The page's `LIMIT n [OFFSET k]`.
+    page: Page<'q>,
     /// `SELECT *` is written: expanded in FROM order (the derived table the
     /// rewrite adds must not show).
     star_order: Vec<String>,
@@ -319,24 +327,35 @@ impl<'q> Shape<'q> {
             return Ok(None);
         }
         let number = |e: &Expr| ctx.literal(e).and_then(|l| l.as_i64());
-        let (limit, offset) = match &q.limit_clause {
+        let (limit, offset): (&Expr, Option<&Expr>) = match &q.limit_clause {
             Some(LimitClause::LimitOffset {
                 limit: Some(limit),
                 offset,
                 limit_by,
-            }) if limit_by.is_empty() => (number(limit), offset.as_ref().map(|o| number(&o.value))),
-            Some(LimitClause::OffsetCommaLimit { offset, limit }) => {
-                (number(limit), Some(number(offset)))
+            }) if limit_by.is_empty() => (limit, offset.as_ref().map(|o| &o.value)),
+            Some(LimitClause::OffsetCommaLimit { offset, limit }) => (limit, Some(offset)),
+            _ => return Ok(None),
+        };
+        let page = match (number(limit), offset.map(number)) {
+            (Some(limit), None | Some(Some(_))) => {
+                let offset = offset.and_then(number).unwrap_or(0);
+                let page_end = limit.saturating_add(offset);
+                if limit < 1 || offset < 0 || page_end > MAX_PAGE_END {
+                    return Ok(None);
+                }
+                Page::Known(page_end)
+            }
+            // `LIMIT ?` / `OFFSET ?` of a prepared statement: the values come with
+            // each execute.
+            _ if ctx.prepared
+                && std::iter::once(limit).chain(offset).all(|e| {
+                    number(e).is_some() || (ctx.slot(e).is_some() && ctx.literal(e).is_none())
+                }) =>
+            {
+                Page::Params(limit, offset)
             }
             _ => return Ok(None),
         };
-        let (Some(limit), Some(offset)) = (limit, offset.unwrap_or(Some(0))) else {
-            return Ok(None);
-        };
-        let page_end = limit.saturating_add(offset);
-        if limit < 1 || offset < 0 || page_end > MAX_PAGE_END {
-            return Ok(None);
-        }
         Ok(Some(Shape {
             messages: (messages.0, messages.1.clone()),
             follows: (follows.0, follows.1.clone()),
@@ -345,7 +364,7 @@ impl<'q> Shape<'q> {
             id,
             reader_value,
             before,
-            page_end,
+            page,
             star_order: if sel
                 .projection
                 .iter()
@@ -369,36 +388,76 @@ impl<'q> Shape<'q> {
             .map(|(op, v)| format!(" AND `hs_m`.{id} {op} {v}"))
             .unwrap_or_default();
         let message = quote(MAILBOX_MESSAGE);
-        let mailbox = match &rule.mailbox {
-            Some(mb) => format!(
-                "(SELECT `hs_b`.{message} FROM {} AS `hs_b` WHERE `hs_b`.{} = {}{} \
-                 ORDER BY `hs_b`.{message} DESC LIMIT 1 OFFSET {}), ",
+        let (m, author) = (&self.messages.0, quote(&rule.author));
+        let (f, followed, reader) = (&self.follows.0, quote(&rule.followed), quote(&rule.reader));
+        let r = self.reader_value;
+        let mailbox_from = |mb: &TableName| {
+            format!(
+                "FROM {} AS `hs_b` WHERE `hs_b`.{} = {r}{} ORDER BY `hs_b`.{message} DESC",
                 rule.messages.physical_sql(mb, self.messages.0),
                 quote(MAILBOX_READER),
-                self.reader_value,
                 self.before
                     .map(|(op, v)| format!(" AND `hs_b`.{message} {op} {v}"))
                     .unwrap_or_default(),
-                self.page_end - 1,
-            ),
-            None => String::new(),
+            )
         };
-        let (m, author) = (&self.messages.0, quote(&rule.author));
-        let (f, followed, reader) = (&self.follows.0, quote(&rule.followed), quote(&rule.reader));
-        let (r, last) = (self.reader_value, self.page_end - 1);
-        // The (n + k)-th newest of the followees' newest ids …
-        let pull = format!(
-            "(SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT `hs_m`.{id} FROM {m} AS `hs_m` \
-             WHERE `hs_m`.{author} = `hs_f`.{followed}{before} ORDER BY `hs_m`.{id} DESC LIMIT 1) AS `hs_mx` \
-             FROM {f} AS `hs_f` WHERE `hs_f`.{reader} = {r} ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {last}) AS `hs_x`)"
+        let newest = format!(
+            "(SELECT `hs_m`.{id} FROM {m} AS `hs_m` WHERE `hs_m`.{author} = `hs_f`.{followed}{before} \
+             ORDER BY `hs_m`.{id} DESC LIMIT 1) AS `hs_mx` FROM {f} AS `hs_f` WHERE `hs_f`.{reader} = {r} \
+             ORDER BY `hs_mx` DESC"
         );
-        // … or, with fewer followees than that, the largest of their (n + k)-th newest.
-        let deep = format!(
-            "(SELECT MAX(`hs_y`.`hs_k`) FROM (SELECT (SELECT `hs_m`.{id} FROM {m} AS `hs_m` \
-             WHERE `hs_m`.{author} = `hs_f`.{followed}{before} ORDER BY `hs_m`.{id} DESC LIMIT 1 OFFSET {last}) AS `hs_k` \
-             FROM {f} AS `hs_f` WHERE `hs_f`.{reader} = {r}) AS `hs_y`)"
-        );
-        let bound = format!("(SELECT COALESCE({mailbox}{pull}, {deep}, 0) AS `hs_t`) AS `hs_t`");
+        let bound = match self.page {
+            Page::Known(page_end) => {
+                let last = page_end - 1;
+                let mailbox = rule
+                    .mailbox
+                    .as_ref()
+                    .map(|mb| {
+                        format!(
+                            "(SELECT `hs_b`.{message} {} LIMIT 1 OFFSET {last}), ",
+                            mailbox_from(mb)
+                        )
+                    })
+                    .unwrap_or_default();
+                // The (n + k)-th newest of the followees' newest ids …
+                let pull =
+                    format!("(SELECT `hs_x`.`hs_mx` FROM (SELECT {newest} LIMIT 1 OFFSET {last}) AS `hs_x`)");
+                // … or, with fewer followees than that, the largest of their (n + k)-th
+                // newest.
+                let deep = format!(
+                    "(SELECT MAX(`hs_y`.`hs_k`) FROM (SELECT (SELECT `hs_m`.{id} FROM {m} AS `hs_m` \
+                     WHERE `hs_m`.{author} = `hs_f`.{followed}{before} ORDER BY `hs_m`.{id} DESC LIMIT 1 OFFSET {last}) AS `hs_k` \
+                     FROM {f} AS `hs_f` WHERE `hs_f`.{reader} = {r}) AS `hs_y`)"
+                );
+                format!("{mailbox}{pull}, {deep}")
+            }
+            // The values are not known here, and LIMIT takes no arithmetic: the
+            // (n + k)-th largest is the smallest of rows k + 1 … k + n, when there
+            // are n of them (NULLs, followees without messages, sort last and do not
+            // count).
+            Page::Params(n, k) => {
+                let page = match k {
+                    Some(k) => format!("LIMIT {n} OFFSET {k}"),
+                    None => format!("LIMIT {n}"),
+                };
+                let mailbox = rule
+                    .mailbox
+                    .as_ref()
+                    .map(|mb| {
+                        format!(
+                            "(SELECT MIN(`hs_z`.`hs_mx`) FROM (SELECT `hs_b`.{message} AS `hs_mx` {} {page}) AS `hs_z` \
+                             HAVING COUNT(`hs_z`.`hs_mx`) = {n}), ",
+                            mailbox_from(mb)
+                        )
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "{mailbox}(SELECT MIN(`hs_x`.`hs_mx`) FROM (SELECT {newest} {page}) AS `hs_x` \
+                     HAVING COUNT(`hs_x`.`hs_mx`) = {n})"
+                )
+            }
+        };
+        let bound = format!("(SELECT COALESCE({bound}, 0) AS `hs_t`) AS `hs_t`");
         let projection: Vec<String> = sel
             .projection
             .iter()
@@ -591,6 +650,43 @@ mod tests {
             let err = crate::rewrite::testutil::reject(&e, "TRUNCATE TABLE follower");
             assert!(err.contains("fires no trigger"), "{err}");
         }
+    }
+
+    #[test]
+    fn prepared_limit_and_offset_parameters() {
+        let e = engine_in("mode = \"push\"\nmailbox = \"inbox\"");
+        let d = e.decide(
+            b"SELECT m.* FROM message m JOIN follower f ON m.user_id = f.follower_id \
+              WHERE f.user_id = ? ORDER BY m.id DESC LIMIT ? OFFSET ?",
+            &crate::rewrite::StatementContext {
+                prepared: true,
+                in_transaction: false,
+                current_db: Some("shop"),
+                lexing: Some(crate::rewrite::Lexing::STANDARD),
+                share: None,
+            },
+        );
+        let crate::rewrite::Decision::Rewrite(r) = d else {
+            panic!("expected a rewrite, got {d:?}");
+        };
+        // The (n + k)-th largest as the smallest of rows k + 1 … k + n, when there
+        // are n of them; no arithmetic on the parameters.
+        let newest = "(SELECT `hs_m`.`id` FROM message AS `hs_m` WHERE `hs_m`.`user_id` = `hs_f`.`follower_id` \
+             ORDER BY `hs_m`.`id` DESC LIMIT 1) AS `hs_mx` FROM follower AS `hs_f` WHERE `hs_f`.`user_id` = ? \
+             ORDER BY `hs_mx` DESC";
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT m.* FROM (SELECT COALESCE(\
+                 (SELECT MIN(`hs_z`.`hs_mx`) FROM (SELECT `hs_b`.`hs_message` AS `hs_mx` FROM `inbox` AS `hs_b` \
+                 WHERE `hs_b`.`hs_reader` = ? ORDER BY `hs_b`.`hs_message` DESC LIMIT ? OFFSET ?) AS `hs_z` \
+                 HAVING COUNT(`hs_z`.`hs_mx`) = ?), \
+                 (SELECT MIN(`hs_x`.`hs_mx`) FROM (SELECT {newest} LIMIT ? OFFSET ?) AS `hs_x` \
+                 HAVING COUNT(`hs_x`.`hs_mx`) = ?), 0) AS `hs_t`) AS `hs_t`, \
+                 follower f STRAIGHT_JOIN message m ON m.user_id = f.follower_id \
+                 WHERE (f.user_id = ?) AND `m`.`id` >= `hs_t`.`hs_t` ORDER BY m.id DESC LIMIT ? OFFSET ?"
+            )],
+        );
     }
 
     #[test]

@@ -29,10 +29,19 @@ pub fn col(table: &str, name: &str, t: u8, flags: u16) -> ColumnDef {
 
 /// The engine's decision for a text statement in database `shop`.
 pub fn decide(e: &Engine, sql: &str) -> Decision {
+    decide_as(e, sql, false)
+}
+
+/// The engine's decision for a statement being prepared in database `shop`.
+pub fn decide_prepared(e: &Engine, sql: &str) -> Decision {
+    decide_as(e, sql, true)
+}
+
+fn decide_as(e: &Engine, sql: &str, prepared: bool) -> Decision {
     e.decide(
         sql.as_bytes(),
         &StatementContext {
-            prepared: false,
+            prepared,
             in_transaction: false,
             current_db: Some("shop"),
             lexing: Some(crate::rewrite::Lexing::STANDARD),

@@ -1309,15 +1309,9 @@ mod tests {
     #[test]
     fn prepared_statements_map_parameters() {
         let e = engine(&["slug"]);
-        let d = e.decide(
-            b"UPDATE hits SET cnt = cnt + ? WHERE slug = ?",
-            &StatementContext {
-                prepared: true,
-                in_transaction: false,
-                current_db: Some("shop"),
-                lexing: Some(crate::rewrite::Lexing::STANDARD),
-                share: None,
-            },
+        let d = crate::rewrite::testutil::decide_prepared(
+            &e,
+            "UPDATE hits SET cnt = cnt + ? WHERE slug = ?",
         );
         let Decision::Rewrite(r) = d else {
             panic!("{d:?}")

@@ -785,15 +785,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Prepared: the pieces keep `?`, and say where each parameter goes.
-        let r = match e.decide(
-            b"INSERT INTO log (visitor_uid, uid, last_update) VALUES (?, ?, NOW(6))",
-            &crate::rewrite::StatementContext {
-                prepared: true,
-                in_transaction: false,
-                current_db: Some("shop"),
-                lexing: Some(crate::rewrite::Lexing::STANDARD),
-                share: None,
-            },
+        let r = match crate::rewrite::testutil::decide_prepared(
+            &e,
+            "INSERT INTO log (visitor_uid, uid, last_update) VALUES (?, ?, NOW(6))",
         ) {
             Decision::Rewrite(r) => r,
             other => panic!("{other:?}"),

@@ -655,16 +655,10 @@ mod tests {
     #[test]
     fn prepared_limit_and_offset_parameters() {
         let e = engine_in("mode = \"push\"\nmailbox = \"inbox\"");
-        let d = e.decide(
-            b"SELECT m.* FROM message m JOIN follower f ON m.user_id = f.follower_id \
+        let d = crate::rewrite::testutil::decide_prepared(
+            &e,
+            "SELECT m.* FROM message m JOIN follower f ON m.user_id = f.follower_id \
               WHERE f.user_id = ? ORDER BY m.id DESC LIMIT ? OFFSET ?",
-            &crate::rewrite::StatementContext {
-                prepared: true,
-                in_transaction: false,
-                current_db: Some("shop"),
-                lexing: Some(crate::rewrite::Lexing::STANDARD),
-                share: None,
-            },
         );
         let crate::rewrite::Decision::Rewrite(r) = d else {
             panic!("expected a rewrite, got {d:?}");

@@ -432,29 +432,19 @@ fn mailboxes_stay_exact_under_concurrent_writers() {
             );
         });
         assert_eq!(env.backend_scalar(MAILBOX_EXTRAS).as_deref(), Some("0"));
-        let (code, out, err) = common::cli::heatsink(&[
-            "maintain",
-            "--rules",
-            env.rules_path().to_str().unwrap(),
-            "--backend-url",
-            &common::mariadb().url(&env.db),
-            "--job",
-            "trim",
-        ]);
-        assert_eq!(code, 0, "{out}{err}");
+        let trim = |apply: &[&str]| {
+            let (rules, url) = (env.rules_path(), common::mariadb().url(&env.db));
+            let mut args = vec!["maintain", "--job", "trim", "--backend-url", &url];
+            args.extend(["--rules", rules.to_str().unwrap()]);
+            args.extend(apply);
+            let (code, out, err) = common::cli::heatsink(&args);
+            assert_eq!(code, 0, "{out}{err}");
+            out
+        };
+        let out = trim(&[]);
         assert!(out.contains("dry run"), "{out}");
         let before = env.backend_scalar("SELECT COUNT(*) FROM {db}.mailbox");
-        let (code, out, err) = common::cli::heatsink(&[
-            "maintain",
-            "--rules",
-            env.rules_path().to_str().unwrap(),
-            "--backend-url",
-            &common::mariadb().url(&env.db),
-            "--job",
-            "trim",
-            "--apply",
-        ]);
-        assert_eq!(code, 0, "{out}{err}");
+        let out = trim(&["--apply"]);
         assert_ne!(
             before,
             env.backend_scalar("SELECT COUNT(*) FROM {db}.mailbox"),

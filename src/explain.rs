@@ -96,6 +96,10 @@ pub struct Explained {
     pub db: Option<String>,
     /// The acting rule planned with an assumed column list, not the table's own.
     pub assumed_columns: bool,
+    /// Text protocol: the query run first, and the statements run then with its
+    /// values as literals (`<value i>`), in place of `statements` (which run when
+    /// the values do not allow it). See `rewrite::Prelude`.
+    pub prelude: Option<(String, Vec<String>)>,
 }
 
 impl Explained {
@@ -110,6 +114,7 @@ impl Explained {
             transaction: None,
             db: db.map(str::to_string),
             assumed_columns: false,
+            prelude: None,
         }
     }
 
@@ -131,7 +136,17 @@ impl Explained {
                 ));
             }
             Outcome::Rewrite => {
-                s.push_str(&format!("  rewritten by rule '{rule}' into:\n"));
+                if let Some((query, then)) = &self.prelude {
+                    s.push_str(&format!(
+                        "  rewritten by rule '{rule}' in two steps (text protocol): first\n    {query}\n  then, with its values as literals:\n"
+                    ));
+                    for (i, st) in then.iter().enumerate() {
+                        s.push_str(&format!("    {}. {st}\n", i + 1));
+                    }
+                    s.push_str("  or, when its values do not allow it (and for prepared statements), in one step into:\n");
+                } else {
+                    s.push_str(&format!("  rewritten by rule '{rule}' into:\n"));
+                }
                 for (i, st) in self.statements.iter().enumerate() {
                     s.push_str(&format!("    {}. {st}\n", i + 1));
                 }
@@ -308,6 +323,24 @@ impl Planner {
                     .iter()
                     .map(|s| String::from_utf8_lossy(s).into_owned())
                     .collect();
+                e.prelude = rw.prelude.as_ref().map(|p| {
+                    let then = p
+                        .statements
+                        .iter()
+                        .map(|(text, holes)| {
+                            let mut out = String::new();
+                            let mut at = 0;
+                            for &(offset, i) in holes {
+                                out.push_str(&String::from_utf8_lossy(&text[at..offset]));
+                                out.push_str(&format!("<value {}>", i + 1));
+                                at = offset;
+                            }
+                            out.push_str(&String::from_utf8_lossy(&text[at..]));
+                            out
+                        })
+                        .collect();
+                    (String::from_utf8_lossy(&p.query).into_owned(), then)
+                });
                 e.reply = Some(reply_text(&rw.reply, rw.statements.len()));
                 let mut t = if rw.atomic && rw.statements.len() > 1 {
                     "the statements run in a transaction of their own (BEGIN … COMMIT) in autocommit mode; inside the client's transaction when one is open".to_string()

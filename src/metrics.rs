@@ -75,6 +75,18 @@ pub fn render(shared: &Shared) -> String {
             ("rejected", s.rejected.load(Relaxed)),
         ],
     );
+    write_labelled(
+        &mut out,
+        (
+            "heatsink_prelude_total",
+            "Two-step rewrites (a read whose bounds the server computes first) by the form that ran: with the computed values as literals, or declined to the one-step form.",
+        ),
+        "outcome",
+        &[
+            ("literal", s.prelude_literal.load(Relaxed)),
+            ("declined", s.prelude_declined.load(Relaxed)),
+        ],
+    );
     let table = shared.rules.load();
     write_rule_statements(&mut out, &table);
     write_labelled(

@@ -795,3 +795,94 @@ fn concurrent_inserts_merge_and_answer_each_client() {
     assert!(merged > 0, "no insert was merged");
     assert_exact(db, "merged inserts");
 }
+
+/// Reads of ranges ending at or after `NOW()` on a log written up to a few minutes
+/// ago (and a few rows stamped in the future), through heatsink and straight to
+/// MariaDB at the same fixed `NOW()`: the same rows. Through heatsink they take the
+/// two-step form (the bounds computed first, then the read with literal bounds,
+/// rounding the upper ones up past `NOW()`), counted in `heatsink_prelude_total`.
+#[test]
+fn reads_up_to_now_take_literal_bounds_and_match_the_log() {
+    let db = "rollup_now";
+    // ~3,000 plays over the last 12 days at ragged times, some exactly on an hour,
+    // a few after NOW(); the fixed NOW() below is the time of the insert.
+    let rows = "INSERT INTO plays (created_at, track_id, user_id, country) \
+        SELECT IF(seq % 97 = 0, NOW() + INTERVAL (seq % 50) MINUTE, \
+                  IF(seq % 61 = 0, DATE_FORMAT(NOW() - INTERVAL seq HOUR, '%Y-%m-%d %H:00:00'), \
+                     NOW() - INTERVAL (seq * 347) SECOND)), \
+               IF(seq % 11 = 0, NULL, 1 + seq % 3), IF(seq % 7 = 0, NULL, seq % 40), \
+               ELT(1 + seq % 4, 'US', 'DE', NULL, 'FR') FROM seq_1_to_3000;";
+    let env = Env::builder(db)
+        .schema(format!("{PLAYS} {rows}"))
+        .rule("rollup.toml", rules())
+        .migrate()
+        .metrics()
+        .start();
+    let now = env
+        .backend_scalar(&format!(
+            "SELECT UNIX_TIMESTAMP(MAX(created_at)) - 3000 FROM {db}.plays"
+        ))
+        .expect("a time");
+    let shapes = [
+        "SELECT track_id, COUNT(*) AS n FROM plays WHERE created_at BETWEEN NOW() - INTERVAL {m} MINUTE AND NOW() GROUP BY track_id",
+        "SELECT track_id, country, COUNT(*) AS n, COUNT(user_id) AS u, SUM(user_id) AS s FROM plays \
+         WHERE track_id IN (1, 2) AND created_at >= NOW() - INTERVAL {m} MINUTE GROUP BY track_id, country",
+        "SELECT COUNT(*) AS n FROM plays WHERE track_id = 1 AND created_at > NOW() - INTERVAL {m} MINUTE AND created_at < NOW()",
+        "SELECT track_id, COUNT(*) AS n FROM plays WHERE created_at BETWEEN NOW() - INTERVAL {m} MINUTE AND NOW() + INTERVAL 20 MINUTE GROUP BY track_id",
+        "SELECT DATE(created_at) AS d, COUNT(*) AS n FROM plays WHERE track_id = 2 AND created_at >= CURDATE() - INTERVAL {m} MINUTE GROUP BY d",
+        "SELECT country, COUNT(*) AS n FROM plays WHERE created_at < NOW() - INTERVAL {m} MINUTE GROUP BY country",
+    ];
+    let minutes = [
+        1,
+        17,
+        59,
+        61,
+        95,
+        300,
+        1439,
+        1441,
+        2 * 1440 + 7,
+        7 * 1440,
+        7 * 1440 + 613,
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut through = env.proxied().await;
+        let mut direct = env.direct().await;
+        for tz in ["'+00:00'", "'+05:30'", "'-09:45'"] {
+            for c in [&mut through, &mut direct] {
+                c.query_drop(format!("SET time_zone = {tz}, timestamp = {now}"))
+                    .await
+                    .unwrap();
+            }
+            for shape in shapes {
+                for m in minutes {
+                    let sql = shape.replace("{m}", &m.to_string());
+                    let via: Vec<mysql_async::Row> = through
+                        .query(&sql)
+                        .await
+                        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                    let log: Vec<mysql_async::Row> = direct.query(&sql).await.unwrap();
+                    let via: Vec<_> = via.into_iter().map(mysql_async::Row::unwrap).collect();
+                    let log: Vec<_> = log.into_iter().map(mysql_async::Row::unwrap).collect();
+                    assert_eq!(via, log, "{sql} at time zone {tz}");
+                }
+            }
+        }
+    });
+    let m = env.metrics();
+    let literal = m
+        .get("heatsink_prelude_total{outcome=\"literal\"}")
+        .copied()
+        .unwrap_or(0);
+    let declined = m
+        .get("heatsink_prelude_total{outcome=\"declined\"}")
+        .copied()
+        .unwrap_or(0);
+    let reads = (3 * shapes.len() * minutes.len()) as u64;
+    assert_eq!(literal + declined, reads, "{m:?}");
+    assert!(literal >= reads - 3 * minutes.len() as u64, "{m:?}");
+}

@@ -127,6 +127,7 @@ impl Session {
             aux_holes: Vec::new(),
             param_checks: Vec::new(),
             merge: Some(m.merger.clone()),
+            prelude: None,
         })
     }
 

@@ -60,6 +60,10 @@ pub struct Stats {
     pub coalesced_writes: AtomicU64,
     /// Items (of each rule kind) that were part of a merged write.
     pub coalesced_items: crate::metrics::MergedItems,
+    /// Two-step rewrites (see [`crate::rewrite::Prelude`]) that ran with literals.
+    pub prelude_literal: AtomicU64,
+    /// Two-step rewrites whose prelude row did not allow literals: the one-step form ran.
+    pub prelude_declined: AtomicU64,
     /// Backend responses that were ERR packets, and backend connections lost while a
     /// statement was in flight.
     pub backend_errors: AtomicU64,

@@ -11,6 +11,7 @@
 //!   in its place; executes are re-mapped parameter by parameter, without decoding
 //!   values.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use bytes::BytesMut;
 use super::response::{ResponseKind, ResponseParser};
 use super::session::{Diagnostics, Session};
 use crate::error::{Error, Result, Source};
-use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, Reply, Rewritten};
+use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, RenderedPrelude, Reply, Rewritten};
 use crate::wire::io::{frame_into, Logical, Packet};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary, Renames};
 use crate::wire::resultset::{
@@ -106,6 +107,33 @@ impl Collected {
 
     fn info(&self) -> Option<Vec<u8>> {
         packets::ok_info(&self.packets.first()?.payload)
+    }
+
+    /// The only row of a text result set that ended without warnings (its packet's
+    /// index), and each column's type; `None` for anything else.
+    fn quiet_row(&self, deprecate_eof: bool, extended: bool) -> Option<(usize, Vec<u8>)> {
+        if self.parser.errored {
+            return None;
+        }
+        let types: Vec<u8> = column_defs(&self.packets, extended)
+            .iter()
+            .map(|d| d.column_type)
+            .collect();
+        let rows = self.text_rows(deprecate_eof);
+        if rows.len() != 1 || types.is_empty() {
+            return None;
+        }
+        let last = self.packets.last()?;
+        if last.payload.first() != Some(&packets::EOF) {
+            return None;
+        }
+        let warnings = if deprecate_eof && last.payload.len() > 5 {
+            packets::parse_ok(&last.payload)?.warnings
+        } else {
+            let b = last.payload.get(1..3)?;
+            u16::from_le_bytes([b[0], b[1]])
+        };
+        (warnings == 0).then_some((rows.start, types))
     }
 
     /// Which packets of a result set are rows: those after the column count, the
@@ -418,7 +446,12 @@ impl Session {
         if let Some(column) = self.returning_column(rw) {
             return self.run_returning(rw, &column, cmd_seq).await;
         }
-        let n = rw.statements.len();
+        let with_literals = match &rw.prelude {
+            Some(p) => self.run_prelude(p).await?,
+            None => None,
+        };
+        let statements = with_literals.as_deref().unwrap_or(&rw.statements);
+        let n = statements.len();
         // A single statement whose response is relayed is streamed; one whose
         // errors may name a physical table (answered with the logical name) and
         // that answers OK or ERR is read whole instead.
@@ -427,11 +460,8 @@ impl Session {
             Reply::Last => self.rewrite_names.is_none(),
             _ => false,
         };
-        if n == 1 && stream {
-            let next = self
-                .backend
-                .write_packet(0, &query_payload(&rw.statements[0]))
-                .await?;
+        if let (1, true, Some(sql)) = (n, stream, statements.first()) {
+            let next = self.backend.write_packet(0, &query_payload(sql)).await?;
             let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
             return match &rw.reply {
                 Reply::Patched(p) => self.relay_patched(p, false, cmd_seq).await,
@@ -441,9 +471,31 @@ impl Session {
                     .map(|_| ()),
             };
         }
-        let commands: Vec<Vec<u8>> = rw.statements.iter().map(|sql| query_payload(sql)).collect();
+        let commands: Vec<Vec<u8>> = statements.iter().map(|sql| query_payload(sql)).collect();
         self.run_commands(&rw.rule, &commands, &rw.reply, rw.atomic, cmd_seq)
             .await
+    }
+
+    /// Runs a rewrite's prelude query and returns its statements with the computed
+    /// values written in, or `None` when the row does not allow them (the one-step
+    /// form runs instead). A failing or warning query changed nothing: it is a
+    /// `SELECT` of constants.
+    async fn run_prelude(&mut self, p: &RenderedPrelude) -> Result<Option<Vec<Vec<u8>>>> {
+        let c = self.run_collect(&p.query).await?;
+        let out = c
+            .quiet_row(self.deprecate_eof, self.extended_metadata)
+            .and_then(|(at, types)| {
+                let cells = text_cells(&c.packets.get(at)?.payload)?;
+                (cells.len() == types.len())
+                    .then(|| p.statements_for(&cells, &types))
+                    .flatten()
+            });
+        let stats = &self.shared.stats;
+        match out {
+            Some(_) => stats.prelude_literal.fetch_add(1, Ordering::Relaxed),
+            None => stats.prelude_declined.fetch_add(1, Ordering::Relaxed),
+        };
+        Ok(out)
     }
 
     /// Runs the commands of a rewrite — inside the proxy's own transaction when they

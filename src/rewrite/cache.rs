@@ -27,6 +27,27 @@ pub enum Segment {
     Dynamic(Dynamic),
 }
 
+/// The template of a [`crate::rewrite::Prelude`].
+#[derive(Clone, Debug)]
+pub struct PreludeTemplate {
+    /// The query.
+    pub query: Vec<Segment>,
+    /// How its row becomes literals.
+    pub values: Arc<dyn crate::rewrite::PreludeValues>,
+    /// The statements.
+    pub statements: Vec<Vec<Segment>>,
+}
+
+impl PartialEq for PreludeTemplate {
+    fn eq(&self, other: &Self) -> bool {
+        self.query == other.query
+            && *self.values == *other.values
+            && self.statements == other.statements
+    }
+}
+
+impl Eq for PreludeTemplate {}
+
 /// A rewrite with holes for the values of the statement being executed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Template {
@@ -42,6 +63,9 @@ pub struct Template {
     pub merge: Option<std::sync::Arc<dyn crate::rewrite::Merger>>,
     /// Checks of each execute's parameters (see [`crate::rewrite::Plan::param_checks`]).
     pub param_checks: Vec<(usize, crate::rewrite::ParamCheck)>,
+    /// The two-step form (see [`crate::rewrite::Prelude`]): the query, its values,
+    /// then the statements with holes for them.
+    pub prelude: Option<Box<PreludeTemplate>>,
 }
 
 impl Template {
@@ -106,6 +130,7 @@ impl Template {
             atomic: false,
             merge: None,
             param_checks: Vec::new(),
+            prelude: None,
         })
     }
 
@@ -124,18 +149,56 @@ impl Template {
         let mut statements = Vec::with_capacity(self.statements.len());
         for segs in &self.statements {
             let mut holes = Vec::new();
-            statements.push(render_segments(segs, sql, literals, &mut holes, share)?);
+            statements.push(render_segments(
+                segs, sql, literals, &mut holes, None, share,
+            )?);
             params.extend(holes.into_iter().map(|(_, j)| j));
         }
         let mut aux = Vec::with_capacity(self.aux.len());
         let mut aux_holes = Vec::new();
         for segs in &self.aux {
             let mut holes = Vec::new();
-            aux.push(render_segments(segs, sql, literals, &mut holes, share)?);
+            aux.push(render_segments(
+                segs, sql, literals, &mut holes, None, share,
+            )?);
             if prepared {
                 aux_holes.push(holes);
             }
         }
+        // A prepared statement's values arrive with each execute: it keeps the
+        // one-step form.
+        let prelude = match self.prelude.as_deref() {
+            Some(PreludeTemplate {
+                query,
+                values,
+                statements: then,
+            }) if !prepared => {
+                let mut holes = Vec::new();
+                let query = render_segments(query, sql, literals, &mut holes, None, share)?;
+                let mut statements = Vec::with_capacity(then.len());
+                for segs in then {
+                    let mut computed = Vec::new();
+                    let text = render_segments(
+                        segs,
+                        sql,
+                        literals,
+                        &mut holes,
+                        Some(&mut computed),
+                        share,
+                    )?;
+                    statements.push((text, computed));
+                }
+                if !holes.is_empty() {
+                    return Err("the rewrite's prelude holds a parameter".into());
+                }
+                Some(Arc::new(crate::rewrite::RenderedPrelude {
+                    query,
+                    values: values.clone(),
+                    statements,
+                }))
+            }
+            _ => None,
+        };
         Ok(Rewritten {
             rule: rule.clone(),
             statements,
@@ -150,18 +213,21 @@ impl Template {
             } else {
                 Vec::new()
             },
+            prelude,
         })
     }
 }
 
 /// Renders one templated text: literal bytes from `sql`, parameters as `?` (each one's
 /// byte offset in the text and original index appended to `holes`), dynamic values
-/// chosen now.
+/// chosen now, and holes for a prelude's values (byte offset and value index
+/// appended to `computed`, which only a prelude's statements have).
 fn render_segments(
     segs: &[Segment],
     sql: &[u8],
     literals: &[Token],
     holes: &mut Vec<(usize, usize)>,
+    mut computed: Option<&mut Vec<(usize, u16)>>,
     share: Option<crate::rewrite::NodeShare>,
 ) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(sql.len() + 64);
@@ -182,6 +248,10 @@ fn render_segments(
                 let v = crate::rewrite::NodeShare::pick_below(share, *n);
                 let _ = write!(out, "{v}");
             }
+            Segment::Dynamic(Dynamic::Computed(i)) => match computed.as_deref_mut() {
+                Some(c) => c.push((out.len(), *i)),
+                None => return Err("a prelude value outside the prelude's statements".into()),
+            },
         }
     }
     Ok(out)
@@ -291,6 +361,12 @@ impl Cached {
             Cached::Rewrite { template, .. } => template
                 .statements
                 .iter()
+                .chain(
+                    template
+                        .prelude
+                        .iter()
+                        .flat_map(|p| std::iter::once(&p.query).chain(&p.statements)),
+                )
                 .flatten()
                 .map(|s| match s {
                     Segment::Text(t) => t.len() + 16,

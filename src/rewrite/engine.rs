@@ -785,6 +785,31 @@ impl Engine {
                     }
                 };
                 template.aux = aux;
+                if let Some(p) = &plan.prelude {
+                    let print = |v: &[Statement]| -> Vec<String> {
+                        v.iter().map(ToString::to_string).collect()
+                    };
+                    let built = Template::build(&print(&p.query), slots, dynamics).and_then(|q| {
+                        let then = Template::build(&print(&p.statements), slots, dynamics)?;
+                        match q.statements.as_slice() {
+                            [one] if !then.statements.is_empty() => Ok(cache::PreludeTemplate {
+                                query: one.clone(),
+                                values: p.values.clone(),
+                                statements: then.statements,
+                            }),
+                            _ => Err("the prelude is not one query and its statements".to_string()),
+                        }
+                    });
+                    match built {
+                        Ok(p) => template.prelude = Some(Box::new(p)),
+                        Err(e) => {
+                            return Cached::Reject(Rejection {
+                                rule,
+                                reason: format!("internal error: {e}"),
+                            })
+                        }
+                    }
+                }
                 template.reply = plan.reply;
                 template.atomic = plan.atomic;
                 template.merge = plan.merge;

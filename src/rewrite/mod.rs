@@ -635,6 +635,55 @@ pub struct Rewritten {
     /// Only for prepared statements: the checks each execute's parameters must pass
     /// (see [`Plan::param_checks`]).
     pub param_checks: Vec<(usize, ParamCheck)>,
+    /// Text statements only: the two-step form of the rewrite (see [`Prelude`]).
+    pub prelude: Option<Arc<RenderedPrelude>>,
+}
+
+/// A text with holes for a prelude's literals: (byte offset, literal index), in order.
+pub type Holed = (Vec<u8>, Vec<(usize, u16)>);
+
+/// A [`Prelude`] rendered for one execution.
+#[derive(Debug, Clone)]
+pub struct RenderedPrelude {
+    /// The `SELECT` to run first.
+    pub query: Vec<u8>,
+    /// Its row's literals.
+    pub values: Arc<dyn PreludeValues>,
+    /// The statements to run then, with their holes.
+    pub statements: Vec<Holed>,
+}
+
+impl PartialEq for RenderedPrelude {
+    fn eq(&self, other: &Self) -> bool {
+        self.query == other.query
+            && *self.values == *other.values
+            && self.statements == other.statements
+    }
+}
+
+impl Eq for RenderedPrelude {}
+
+impl RenderedPrelude {
+    /// The statements with the row's literals in their holes, or `None` when the
+    /// row does not allow them. `row`: the text row's cells (`None` for NULL),
+    /// `types`: each column's MySQL type.
+    pub fn statements_for(&self, row: &[Option<&[u8]>], types: &[u8]) -> Option<Vec<Vec<u8>>> {
+        let values = self.values.literals(row, types)?;
+        self.statements
+            .iter()
+            .map(|(text, holes)| {
+                let mut out = Vec::with_capacity(text.len() + 32 * holes.len());
+                let mut at = 0;
+                for &(offset, i) in holes {
+                    out.extend_from_slice(text.get(at..offset)?);
+                    out.extend_from_slice(values.get(usize::from(i))?.as_bytes());
+                    at = offset;
+                }
+                out.extend_from_slice(text.get(at..)?);
+                Some(out)
+            })
+            .collect()
+    }
 }
 
 /// What a prepared statement's parameter value must be for its rewrite to keep the
@@ -864,7 +913,60 @@ pub struct Plan {
     /// answer exactly): it is forwarded unchanged and counted as the rule's
     /// fallback, so a DBA sees which statements miss. `statements` is empty.
     pub fallback: bool,
+    /// A cheaper form of `statements` that needs values only the server can
+    /// compute (see [`Prelude`]); text protocol only.
+    pub prelude: Option<Prelude>,
 }
+
+/// Two steps instead of one: a `SELECT` of constant expressions runs first, and
+/// the rule's [`PreludeValues`] turns its row into literals that are written into the
+/// statements that then run in place of [`Plan::statements`]. For reads whose
+/// constant expressions (`NOW() - INTERVAL 7 DAY` and what follows from it) cost the
+/// server more as expressions than as literals, or whose best shape depends on
+/// their values.
+///
+/// When the query fails or warns, or the values decline the row, [`Plan::statements`]
+/// run instead: both forms must mean the same. The query must not change anything;
+/// nothing else runs between it and the statements on the connection, so the
+/// session's time zone and clock settings are the same for both, and a statement
+/// that reads `NOW()` later than the query did answers as the same statement
+/// started at the query's moment would.
+#[derive(Clone, Debug)]
+pub struct Prelude {
+    /// The `SELECT` computing the row.
+    pub query: Vec<Statement>,
+    /// The literals the row gives the statements' [`PlanContext::computed`] markers.
+    pub values: Arc<dyn PreludeValues>,
+    /// The statements to run with the literals.
+    pub statements: Vec<Statement>,
+}
+
+impl PartialEq for Prelude {
+    fn eq(&self, other: &Self) -> bool {
+        self.query == other.query
+            && *self.values == *other.values
+            && self.statements == other.statements
+    }
+}
+
+/// How a rule turns its [`Prelude`] row into literals.
+pub trait PreludeValues: Send + Sync + fmt::Debug {
+    /// A name for logs and comparisons.
+    fn name(&self) -> &'static str;
+
+    /// The literal of each [`PlanContext::computed`] index, from the row (cells,
+    /// `None` for NULL, as text) and each column's MySQL type; `None` when the row
+    /// does not allow the literal form.
+    fn literals(&self, row: &[Option<&[u8]>], types: &[u8]) -> Option<Vec<String>>;
+}
+
+impl PartialEq for dyn PreludeValues {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for dyn PreludeValues {}
 
 impl Plan {
     /// A [`Plan::fallback`]: forward the statement unchanged, counted.
@@ -1004,6 +1106,8 @@ impl Literal<'_> {
 pub(crate) enum Dynamic {
     /// A uniformly random integer in `0..n` (`n` ≥ 1).
     RandomBelow(u32),
+    /// Literal `i` of the plan's [`Prelude`] row; only in [`Prelude::statements`].
+    Computed(u16),
 }
 
 /// What a rule may know while planning, and the functions to read values and to ask
@@ -1176,6 +1280,15 @@ impl<'a> PlanContext<'a> {
     pub fn random_below(&self, n: u32) -> Expr {
         let mut d = self.dynamics.borrow_mut();
         d.push(Dynamic::RandomBelow(n.max(1)));
+        let k = self.slots.len() + d.len();
+        Expr::Value(Value::Placeholder(format!("?{k}")).into())
+    }
+
+    /// An expression that renders as literal `i` of the plan's [`Prelude`] row (see
+    /// [`PreludeValues::literals`]). Only for [`Prelude::statements`].
+    pub fn computed(&self, i: u16) -> Expr {
+        let mut d = self.dynamics.borrow_mut();
+        d.push(Dynamic::Computed(i));
         let k = self.slots.len() + d.len();
         Expr::Value(Value::Placeholder(format!("?{k}")).into())
     }

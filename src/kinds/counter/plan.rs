@@ -264,6 +264,7 @@ impl CounterRule {
                 merge,
                 param_checks,
                 fallback: false,
+                prelude: None,
             }));
         }
         // Absolute set: the base takes the value, the slots are cleared.

@@ -227,6 +227,7 @@ impl RingRule {
             merge,
             param_checks,
             fallback: false,
+            prelude: None,
         }))
     }
 

@@ -12,6 +12,7 @@
 //! ([`crate::rewrite::Rule::sharing`]) and the smallest that can answer a read does.
 
 mod apply;
+mod bounds;
 pub mod merge;
 pub mod plan;
 mod read;

@@ -44,7 +44,7 @@ use sqlparser::ast::{
 use super::plan::{RollupRule, Tier};
 use super::spec::{Bucket, Measure};
 use crate::rewrite::shape::{column_name, conjuncts, eq, is_value};
-use crate::rewrite::{parse_statements, ColumnPatch, Plan, PlanContext, Reply, TableName};
+use crate::rewrite::{parse_statements, ColumnPatch, Plan, PlanContext, Prelude, Reply, TableName};
 use crate::rules::spec::quote;
 use crate::wire::resultset::{types, ColumnDef};
 
@@ -79,9 +79,22 @@ pub(super) fn plan_read(
     let Some(patch) = shape.patch(rule, &meta) else {
         return Ok(Some(Plan::fallback()));
     };
+    let prelude = match shape.prelude_sql(rule, &meta, ctx) {
+        Some((query, values, then)) => Some(Prelude {
+            query: parse_statements(&query).map_err(|e| {
+                format!("internal error: the rollup read's prelude does not parse ({e})")
+            })?,
+            values,
+            statements: parse_statements(&then).map_err(|e| {
+                format!("internal error: the rollup read with literal bounds does not parse ({e})")
+            })?,
+        }),
+        None => None,
+    };
     Ok(Some(Plan {
         statements,
         reply: Reply::Patched(Arc::new(patch)),
+        prelude,
         ..Default::default()
     }))
 }
@@ -518,10 +531,17 @@ impl<'q> Shape<'q> {
 
     /// The statement that answers the read.
     fn sql(&self, rule: &RollupRule) -> String {
+        let group: Vec<Group> = self.group.clone().unwrap_or_default();
+        let inner = self.inner_sql(rule, &group, &self.measured());
+        self.outer_sql(rule, &inner)
+    }
+
+    /// The statement around the grouping query `inner`: the output columns as
+    /// the client named them, in the order MariaDB would return them.
+    fn outer_sql(&self, rule: &RollupRule, inner: &str) -> String {
         let a = quote(&self.alias);
         let group: Vec<Group> = self.group.clone().unwrap_or_default();
         let dim = |d: usize| quote(&rule.logical.key()[d]);
-        let inner = self.inner_sql(rule, &group, &self.measured());
         let outer_items: Vec<String> = self
             .items
             .iter()
@@ -603,6 +623,45 @@ impl<'q> Shape<'q> {
 
     /// The grouping query over the rollup's and the log's rows.
     fn inner_sql(&self, rule: &RollupRule, group: &[Group], measured: &[(&str, bool)]) -> String {
+        let own = Source {
+            table: &rule.rollup_table,
+            dims: rule.logical.key(),
+        };
+        let bucket = format!("{}.`hs_bucket`", quote(&self.alias));
+        let range = self.within(&bucket, rule.bucket);
+        let mut parts = vec![self.bucket_part(rule, &own, group, measured, &range, None)];
+        if self.lower.is_some() || self.upper.is_some() {
+            // The edges: whole finer buckets from a finer rollup when one can answer,
+            // the rest from the log.
+            let mut edge = rule.bucket;
+            if let Some(tier) = self.tier(rule, group, measured) {
+                let fine = Source {
+                    table: &tier.table,
+                    dims: &tier.dims,
+                };
+                let mut range = self.within(&bucket, tier.bucket);
+                range.push(outside(
+                    &bucket,
+                    self.start(rule.bucket),
+                    self.end(rule.bucket),
+                ));
+                parts.push(self.bucket_part(rule, &fine, group, measured, &range, None));
+                edge = tier.bucket;
+            }
+            let a = quote(&self.alias);
+            let t = format!("{a}.{}", quote(&rule.time));
+            let edges = self.log_edges(&t, edge);
+            let selection = self
+                .selection
+                .map_or_else(String::new, |w| format!("({w}) AND "));
+            parts.push(self.log_part(rule, group, measured, &format!("{selection}{edges}"), None));
+        }
+        self.grouping_sql(rule, group, &parts)
+    }
+
+    /// The query grouping the rows of `parts` (a `UNION ALL` of rollup and log
+    /// rows) by the read's groups.
+    fn grouping_sql(&self, rule: &RollupRule, group: &[Group], parts: &[String]) -> String {
         let dim = |d: usize| quote(&rule.logical.key()[d]);
         let mut select: Vec<String> = Vec::new();
         let mut by: Vec<String> = Vec::new();
@@ -638,33 +697,6 @@ impl<'q> Shape<'q> {
             };
             select.push(format!("{value} AS {}", quote(alias)));
         }
-        let own = Source {
-            table: &rule.rollup_table,
-            dims: rule.logical.key(),
-        };
-        let bucket = format!("{}.`hs_bucket`", quote(&self.alias));
-        let range = self.within(&bucket, rule.bucket);
-        let mut parts = vec![self.bucket_part(rule, &own, group, measured, &range)];
-        if self.lower.is_some() || self.upper.is_some() {
-            // The edges: whole finer buckets from a finer rollup when one can answer,
-            // the rest from the log.
-            let mut edge = rule.bucket;
-            if let Some(tier) = self.tier(rule, group, measured) {
-                let fine = Source {
-                    table: &tier.table,
-                    dims: &tier.dims,
-                };
-                let mut range = self.within(&bucket, tier.bucket);
-                range.push(outside(
-                    &bucket,
-                    self.start(rule.bucket),
-                    self.end(rule.bucket),
-                ));
-                parts.push(self.bucket_part(rule, &fine, group, measured, &range));
-                edge = tier.bucket;
-            }
-            parts.push(self.log_part(rule, group, measured, edge));
-        }
         let mut sql = format!(
             "SELECT {} FROM ({}) AS `hs_u`",
             select.join(", "),
@@ -688,7 +720,12 @@ impl<'q> Shape<'q> {
         group: &[Group],
         measured: &[(&str, bool)],
         range: &[String],
+        sign: Option<&str>,
     ) -> String {
+        let signed = |v: String| match sign {
+            Some(s) => format!("({s}) * {v}"),
+            None => v,
+        };
         let a = quote(&self.alias);
         let bit = |d: usize| 1u64 << src.bit(&rule.logical.key()[d]);
         let mut cols: Vec<String> = group
@@ -706,13 +743,13 @@ impl<'q> Shape<'q> {
                 ),
             })
             .collect();
-        cols.push(format!("{a}.`hs_rows` AS `hs_rows`"));
+        cols.push(format!("{} AS `hs_rows`", signed(format!("{a}.`hs_rows`"))));
         for (c, sum) in measured {
             let name = quote(&format!("hs_count_{c}"));
-            cols.push(format!("{a}.{name} AS {name}"));
+            cols.push(format!("{} AS {name}", signed(format!("{a}.{name}"))));
             if *sum {
                 let name = quote(&format!("hs_sum_{c}"));
-                cols.push(format!("{a}.{name} AS {name}"));
+                cols.push(format!("{} AS {name}", signed(format!("{a}.{name}"))));
             }
         }
         let mut conds: Vec<String> = Vec::new();
@@ -741,12 +778,16 @@ impl<'q> Shape<'q> {
     }
 
     /// The ragged edges, from the log.
+    /// `cond`: its WHERE clause; `sign`: a signed read's weight of each row and
+    /// the scale of each summed column (its sums are then DECIMAL, so that an
+    /// unsigned column can be subtracted).
     fn log_part(
         &self,
         rule: &RollupRule,
         group: &[Group],
         measured: &[(&str, bool)],
-        edge: Bucket,
+        cond: &str,
+        sign: Option<(&str, &[ColumnDef])>,
     ) -> String {
         let a = quote(&self.alias);
         let t = format!("{a}.{}", quote(&rule.time));
@@ -760,30 +801,198 @@ impl<'q> Shape<'q> {
                 Group::Time => format!("{t} AS `hs_t`"),
             })
             .collect();
-        cols.push("1 AS `hs_rows`".to_string());
+        let weight = sign.map(|(s, _)| format!("({s})"));
+        cols.push(format!("{} AS `hs_rows`", weight.as_deref().unwrap_or("1")));
         for (c, sum) in measured {
-            cols.push(format!(
-                "({a}.{} IS NOT NULL) AS {}",
-                quote(c),
-                quote(&format!("hs_count_{c}"))
-            ));
+            let present = format!("({a}.{} IS NOT NULL)", quote(c));
+            let count = match &weight {
+                Some(w) => format!("{w} * {present}"),
+                None => present,
+            };
+            cols.push(format!("{count} AS {}", quote(&format!("hs_count_{c}"))));
             if *sum {
-                cols.push(format!(
-                    "{a}.{} AS {}",
-                    quote(c),
-                    quote(&format!("hs_sum_{c}"))
-                ));
+                let value = match sign {
+                    Some((s, meta)) => {
+                        let scale = meta
+                            .iter()
+                            .find(|d| eq(&String::from_utf8_lossy(&d.org_name), c))
+                            .map_or(0, |d| d.decimals);
+                        format!("({s}) * CAST({a}.{} AS DECIMAL(65,{scale}))", quote(c))
+                    }
+                    None => format!("{a}.{}", quote(c)),
+                };
+                cols.push(format!("{value} AS {}", quote(&format!("hs_sum_{c}"))));
             }
         }
-        let edges = self.log_edges(&t, edge);
-        let selection = self
-            .selection
-            .map_or_else(String::new, |w| format!("({w}) AND "));
         format!(
-            "SELECT {} FROM {} AS {a} WHERE {selection}{edges}",
+            "SELECT {} FROM {} AS {a} WHERE {cond}",
             cols.join(", "),
             self.table
         )
+    }
+
+    /// The two-step form of a read with a time range (see [`Prelude`]): the query
+    /// computing its bounds, and the read with those values as literals. `None` for
+    /// a TIMESTAMP log (its UTC buckets are compared through the session's time
+    /// zone) and for a read without a time range.
+    ///
+    /// With literal bounds the parts are signed instead of cut at the range's
+    /// edges. For any `Dl` on the rollup's bucket grid, `Hl` on the finer one's and
+    /// the range's lower bound `L`:
+    ///
+    /// `[t ≥ L] = [t ≥ Dl] + ([t ≥ Hl] − [t ≥ Dl]) + ([t ≥ L] − [t ≥ Hl])`
+    ///
+    /// and the same at the upper bound, so a row of the range is counted once
+    /// whichever boundaries are picked: by the rollup between the two `D`s, plus or
+    /// minus by the finer rollup between `Hl` and `Dl`, plus or minus by the log
+    /// between `L` and `Hl`. The prelude picks each boundary nearest to its bound
+    /// (the next one for an upper bound at or after `NOW()`, where the log has
+    /// nothing yet), so the log is read for at most half a finer bucket at each
+    /// edge (most often nothing after `NOW()`), where the one-step form reads
+    /// a whole one. Two equal boundaries cancel whatever their value; where a level
+    /// has no whole bucket between them, both are set to `L` so that nothing is read
+    /// twice.
+    fn prelude_sql(
+        &self,
+        rule: &RollupRule,
+        meta: &[ColumnDef],
+        ctx: &PlanContext<'_>,
+    ) -> Option<(String, Arc<super::bounds::Bounds>, String)> {
+        if self.utc || (self.lower.is_none() && self.upper.is_none()) {
+            return None;
+        }
+        let group: Vec<Group> = self.group.clone().unwrap_or_default();
+        let measured = self.measured();
+        let tier = self.tier(rule, &group, &measured);
+        // Coarsest first.
+        let mut levels = vec![rule.bucket];
+        levels.extend(tier.map(|t| t.bucket));
+        // The literals, in the order `Bounds` gives them: the bounds, then each
+        // level's boundaries.
+        let mut next = 0u16;
+        let mut mark = || {
+            let m = ctx.computed(next).to_string();
+            next += 1;
+            m
+        };
+        let lv = self.lower.as_ref().map(|_| mark());
+        let uv = self.upper.as_ref().map(|_| mark());
+        let bounds: Vec<(Option<String>, Option<String>)> = levels
+            .iter()
+            .map(|_| (lv.as_ref().map(|_| mark()), uv.as_ref().map(|_| mark())))
+            .collect();
+        let dt = |b: &Bound<'_>| format!("CAST(({}) AS DATETIME(6))", b.expr);
+        let mut cols: Vec<String> = [&self.lower, &self.upper]
+            .into_iter()
+            .flatten()
+            .map(dt)
+            .collect();
+        if self.upper.is_some() {
+            cols.push("NOW()".to_string());
+        }
+        let query = format!("SELECT {}", cols.join(", "));
+        let values = Arc::new(super::bounds::Bounds {
+            lower: self.lower.is_some(),
+            upper: self.upper.is_some(),
+            levels: levels.clone(),
+        });
+
+        let a = quote(&self.alias);
+        let bucket = format!("{a}.`hs_bucket`");
+        let t = format!("{a}.{}", quote(&rule.time));
+        let mut parts = Vec::new();
+        let (lower_strict, upper_strict) = (
+            self.lower.as_ref().is_some_and(|b| b.strict),
+            self.upper.as_ref().is_some_and(|b| b.strict),
+        );
+        // The rollup's own buckets: between the coarsest boundaries.
+        let (dl, du) = bounds.first()?;
+        let (range, sign) = match (dl, du) {
+            (Some(l), Some(u)) => (
+                format!("(({bucket} >= {l} AND {bucket} < {u}) OR ({bucket} >= {u} AND {bucket} < {l}))"),
+                Some(format!("({bucket} >= {l}) - ({bucket} >= {u})")),
+            ),
+            (Some(l), None) => (format!("{bucket} >= {l}"), None),
+            (None, Some(u)) => (format!("{bucket} < {u}"), None),
+            (None, None) => return None,
+        };
+        let own = Source {
+            table: &rule.rollup_table,
+            dims: rule.logical.key(),
+        };
+        parts.push(self.bucket_part(rule, &own, &group, &measured, &[range], sign.as_deref()));
+        // Between a level's boundaries and the next finer level's (or the bounds).
+        // The rows between a level's boundaries `c` and the finer ones `f`, and
+        // their weight; `fine_strict`: the finer lower one counts from `> f`, the
+        // finer upper one counts up to `< f` (a bound's strictness; boundaries are
+        // (false, true)).
+        let between = |col: &str,
+                       (cl, cu): (&Option<String>, &Option<String>),
+                       (fl, fu): (&Option<String>, &Option<String>),
+                       fine_strict: (bool, bool)|
+         -> (String, String) {
+            let mut conds = Vec::new();
+            let mut terms = Vec::new();
+            if let (Some(c), Some(f)) = (cl, fl) {
+                // [t ≥ f] − [t ≥ c] (or [t > f] at a strict lower bound).
+                let (ge, lt) = if fine_strict.0 {
+                    (">", "<=")
+                } else {
+                    (">=", "<")
+                };
+                conds.push(format!("({col} {ge} {f} AND {col} < {c})"));
+                conds.push(format!("({col} >= {c} AND {col} {lt} {f})"));
+                terms.push(format!("({col} {ge} {f}) - ({col} >= {c})"));
+            }
+            if let (Some(c), Some(f)) = (cu, fu) {
+                // [t ≥ c] − [t > f] (or [t ≥ f] at a strict upper bound).
+                let (gt, le) = if fine_strict.1 {
+                    (">=", "<")
+                } else {
+                    (">", "<=")
+                };
+                conds.push(format!("({col} >= {c} AND {col} {le} {f})"));
+                conds.push(format!("({col} {gt} {f} AND {col} < {c})"));
+                terms.push(format!("({col} >= {c}) - ({col} {gt} {f})"));
+            }
+            (format!("({})", conds.join(" OR ")), terms.join(" + "))
+        };
+        if let Some(tier) = tier {
+            let fine = Source {
+                table: &tier.table,
+                dims: &tier.dims,
+            };
+            let (c, f) = (&bounds[0], &bounds[1]);
+            // Boundaries, not bounds: [t ≥ Hl] below, [t ≥ Hu] above.
+            let (range, sign) = between(&bucket, (&c.0, &c.1), (&f.0, &f.1), (false, true));
+            parts.push(self.bucket_part(rule, &fine, &group, &measured, &[range], Some(&sign)));
+        }
+        let finest = bounds.last()?;
+        let (range, sign) = between(
+            &t,
+            (&finest.0, &finest.1),
+            (&lv, &uv),
+            (lower_strict, upper_strict),
+        );
+        let mut conds: Vec<String> = self
+            .filters
+            .iter()
+            .map(|f| match f {
+                Filter::Value { expr, .. } => expr.to_string(),
+                Filter::IsNull(d) => format!("{a}.{} IS NULL", quote(&rule.logical.key()[*d])),
+                Filter::NotNull(d) => format!("{a}.{} IS NOT NULL", quote(&rule.logical.key()[*d])),
+            })
+            .collect();
+        conds.push(range);
+        parts.push(self.log_part(
+            rule,
+            &group,
+            &measured,
+            &conds.join(" AND "),
+            Some((&sign, meta)),
+        ));
+        let then = self.outer_sql(rule, &self.grouping_sql(rule, &group, &parts));
+        Some((query, values, then))
     }
 
     /// The first bucket start inside the range's lower bound, as SQL.
@@ -1439,6 +1648,71 @@ mod tests {
 
     /// An hour rollup with the read's dimensions (in another order) gives the whole
     /// hours of the edges; the log only the partial hours.
+    /// Text reads with a time range also carry the two-step form: the bounds
+    /// computed first, then every part signed between literal boundaries.
+    #[test]
+    fn literal_bounds_sign_the_parts_between_boundaries() {
+        use crate::rewrite::testutil::{decide_prepared, parsed};
+        use crate::wire::resultset::types::DATETIME;
+        let e = engine_of(&format!(
+            "{DAY_RULE}[[rollup]]\nname = \"by_hour\"\ntable = \"plays\"\nrollup_table = \"plays_by_hour\"\n\
+             time = \"created_at\"\nbucket = \"hour\"\ndimensions = [\"track_id\", \"country\"]\n"
+        ));
+        let sql = "SELECT track_id, country, COUNT(*) AS total FROM plays p WHERE track_id = 7 \
+                   AND created_at BETWEEN NOW() - INTERVAL 7 DAY AND NOW() GROUP BY track_id, country";
+        let rw = rewrite(&e, sql);
+        let p = rw.prelude.as_deref().expect("a two-step form");
+        assert_eq!(
+            parsed(&[&p.query]),
+            parsed(&["SELECT CAST((NOW() - INTERVAL 7 DAY) AS DATETIME(6)), CAST((NOW()) AS DATETIME(6)), NOW()"])
+        );
+        let row: [Option<&[u8]>; 3] = [
+            Some(b"2026-11-19 18:24:13.000000"),
+            Some(b"2026-11-26 18:24:13.000000"),
+            Some(b"2026-11-26 18:24:13"),
+        ];
+        let got = p.statements_for(&row, &[DATETIME; 3]).expect("literals");
+        let ts = |v: &str| format!("TIMESTAMP'{v}.000000'");
+        let (l, u) = (ts("2026-11-19 18:24:13"), ts("2026-11-26 18:24:13"));
+        let (dl, du, hl, hu) = (
+            ts("2026-11-20 00:00:00"),
+            ts("2026-11-27 00:00:00"),
+            ts("2026-11-19 18:00:00"),
+            ts("2026-11-26 19:00:00"),
+        );
+        let b = "`p`.`hs_bucket`";
+        let t = "`p`.`created_at`";
+        let signed =
+            |w: &str| ROLLUP_COLS.replace("`p`.`hs_rows` AS", &format!("({w}) * `p`.`hs_rows` AS"));
+        let expected = format!(
+            "SELECT `p`.`track_id` AS `track_id`, `p`.`country` AS `country`, `p`.`total` FROM (\
+             SELECT `hs_u`.`track_id`, `hs_u`.`country`, CAST(COALESCE(SUM(`hs_u`.`hs_rows`), 0) AS SIGNED) AS `total` FROM (\
+             SELECT {} FROM `plays_by_day` AS `p` WHERE track_id = 7 AND (`p`.`hs_nulls` & 1) = 0 \
+             AND (({b} >= {dl} AND {b} < {du}) OR ({b} >= {du} AND {b} < {dl})) AND (`p`.`hs_nulls` & 2147483648) = 0 \
+             UNION ALL SELECT {} FROM `plays_by_hour` AS `p` WHERE track_id = 7 AND (`p`.`hs_nulls` & 1) = 0 \
+             AND (({b} >= {hl} AND {b} < {dl}) OR ({b} >= {dl} AND {b} < {hl}) \
+                  OR ({b} >= {du} AND {b} < {hu}) OR ({b} >= {hu} AND {b} < {du})) \
+             AND (`p`.`hs_nulls` & 2147483648) = 0 \
+             UNION ALL SELECT `p`.`track_id` AS `track_id`, `p`.`country` AS `country`, \
+             (({t} >= {l}) - ({t} >= {hl}) + ({t} >= {hu}) - ({t} > {u})) AS `hs_rows` FROM plays AS `p` \
+             WHERE track_id = 7 AND (({t} >= {l} AND {t} < {hl}) OR ({t} >= {hl} AND {t} < {l}) \
+                  OR ({t} >= {hu} AND {t} <= {u}) OR ({t} > {u} AND {t} < {hu}))) AS `hs_u` \
+             GROUP BY `hs_u`.`track_id`, `hs_u`.`country` HAVING SUM(`hs_u`.`hs_rows`) > 0) AS `p` \
+             ORDER BY `p`.`track_id`, `p`.`country`",
+            signed(&format!("({b} >= {dl}) - ({b} >= {du})")),
+            signed(&format!("({b} >= {hl}) - ({b} >= {dl}) + ({b} >= {du}) - ({b} >= {hu})")),
+        );
+        assert_eq!(parsed(&got), parsed(&[&expected]));
+        // A NULL bound, or another type, runs the one-step form.
+        let null: [Option<&[u8]>; 3] = [None, row[1], row[2]];
+        assert_eq!(p.statements_for(&null, &[DATETIME; 3]), None);
+        // Prepared statements keep the one-step form.
+        match decide_prepared(&e, sql) {
+            Decision::Rewrite(r) => assert!(r.prelude.is_none()),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn edges_from_a_finer_rollup() {
         let hour = |dims: &str, extra: &str| {

@@ -102,6 +102,14 @@ impl Kind for Rollup {
             };
             let time = if i % 37 == 0 {
                 "NULL".to_string()
+            } else if i % 4 == 0 {
+                // On the half-hour grid `time_text` draws from, where bounds fall.
+                format!(
+                    "'2024-03-{:02} {:02}:{}:00'",
+                    10 + g.next_u64() % 3,
+                    g.next_u64() % 24,
+                    ["00", "30"][(g.next_u64() % 2) as usize]
+                )
             } else {
                 format!(
                     "'2024-03-{:02} {:02}:{:02}:{:02}'",
@@ -212,10 +220,20 @@ fn country_lit(g: &mut Gen) -> Lit {
 }
 
 /// A time inside March 2024 (which ends with Europe/Berlin's change to summer time
-/// on the 31st), ragged to the second; sometimes in the night of 27 October 2024,
+/// on the 31st), ragged to the second or on a half-hour grid; sometimes in the night of 27 October 2024,
 /// when Berlin's clocks go back from 03:00 to 02:00 (local times between are
 /// ambiguous: a TIMESTAMP log's UTC buckets must still come out exact).
 fn time_text(g: &mut Gen) -> String {
+    // A quarter on a coarse grid, so that rows sit exactly on the bounds of ranges
+    // and on the boundaries a read is split at.
+    if g.chance(25) {
+        return format!(
+            "2024-03-{:02} {:02}:{}:00",
+            g.range(10, 12),
+            g.range(0, 23),
+            g.pick(&["00", "30"])
+        );
+    }
     if g.chance(6) {
         return format!(
             "2024-10-{:02} {:02}:{:02}:{:02}",

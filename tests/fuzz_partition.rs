@@ -56,19 +56,7 @@ fn utc_time(t: i64) -> String {
 
 /// `YYYY-MM-DD` of a unix time in UTC.
 fn utc_date(t: i64) -> String {
-    let z = t.div_euclid(86_400) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 {
-        yoe + era * 400 + 1
-    } else {
-        yoe + era * 400
-    };
+    let (y, m, d) = heatsink::kinds::calendar::civil(t.div_euclid(86_400));
     format!("{y:04}-{m:02}-{d:02}")
 }
 

@@ -43,6 +43,7 @@ use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::wire::resultset::ColumnDef;
 
+pub mod calendar;
 pub mod counter;
 pub mod inserts;
 pub mod logical;

@@ -518,15 +518,7 @@ fn returned_ids(pkts: &[crate::wire::io::Packet], deprecate_eof: bool) -> Option
     }
     let skip = 2 + usize::from(!deprecate_eof);
     let (last, rows) = pkts.get(skip..)?.split_last()?;
-    if last.payload.first() != Some(&packets::EOF) {
-        return None;
-    }
-    let warnings = if deprecate_eof && last.payload.len() > 5 {
-        packets::parse_ok(&last.payload)?.warnings
-    } else {
-        let b = last.payload.get(1..3)?;
-        u16::from_le_bytes([b[0], b[1]])
-    };
+    let warnings = packets::end_of_rows_warnings(&last.payload, deprecate_eof)?;
     let mut ids = Vec::with_capacity(rows.len());
     for r in rows {
         let (len, used) = lenenc_int(&r.payload)?;

@@ -123,16 +123,7 @@ impl Collected {
         if rows.len() != 1 || types.is_empty() {
             return None;
         }
-        let last = self.packets.last()?;
-        if last.payload.first() != Some(&packets::EOF) {
-            return None;
-        }
-        let warnings = if deprecate_eof && last.payload.len() > 5 {
-            packets::parse_ok(&last.payload)?.warnings
-        } else {
-            let b = last.payload.get(1..3)?;
-            u16::from_le_bytes([b[0], b[1]])
-        };
+        let warnings = packets::end_of_rows_warnings(&self.packets.last()?.payload, deprecate_eof)?;
         (warnings == 0).then_some((rows.start, types))
     }
 

@@ -53,6 +53,20 @@ pub struct OkSummary {
     pub warnings: u16,
 }
 
+/// The warning count of the packet that ends a result set: an EOF packet, or with
+/// CLIENT_DEPRECATE_EOF an OK packet with the EOF header. `None` for another packet.
+pub fn end_of_rows_warnings(last: &[u8], deprecate_eof: bool) -> Option<u16> {
+    if last.first() != Some(&EOF) {
+        return None;
+    }
+    if deprecate_eof && last.len() > 5 {
+        Some(parse_ok(last)?.warnings)
+    } else {
+        let b = last.get(1..3)?;
+        Some(u16::from_le_bytes([b[0], b[1]]))
+    }
+}
+
 /// Parses the leading fields of an OK packet (header 0x00 or 0xFE).
 pub fn parse_ok(payload: &[u8]) -> Option<OkSummary> {
     let mut pos = 1;

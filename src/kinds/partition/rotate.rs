@@ -37,10 +37,9 @@ pub const MAX_PAUSE: Duration = Duration::from_secs(4);
 /// Seconds a rotation statement waits for its table lock (`lock_wait_timeout`).
 pub const LOCK_WAIT_SECONDS: u32 = 0;
 
-/// A day as a count of days since 1970-01-01 (proleptic Gregorian).
-pub type Day = i64;
+pub use crate::kinds::calendar::{civil, Day};
 
-/// Days since 1970-01-01 of a `YYYY-MM-DD` date (H. Hinnant's algorithm).
+/// Days since 1970-01-01 of a `YYYY-MM-DD` date.
 pub fn parse_day(s: &str) -> Option<Day> {
     let s = s.trim().trim_matches('\'');
     let mut it = s.get(..10)?.split('-');
@@ -50,34 +49,7 @@ pub fn parse_day(s: &str) -> Option<Day> {
     if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
         return None;
     }
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    Some(era * 146_097 + doe - 719_468)
-}
-
-/// (year, month, day) of a [`Day`].
-pub fn civil(z: Day) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (
-        if m <= 2 {
-            yoe + era * 400 + 1
-        } else {
-            yoe + era * 400
-        },
-        m,
-        d,
-    )
+    Some(crate::kinds::calendar::days_from_civil(y, m, d))
 }
 
 /// `YYYY-MM-DD`.

@@ -921,11 +921,10 @@ impl<'q> Shape<'q> {
             dims: rule.logical.key(),
         };
         parts.push(self.bucket_part(rule, &own, &group, &measured, &[range], sign.as_deref()));
-        // Between a level's boundaries and the next finer level's (or the bounds).
-        // The rows between a level's boundaries `c` and the finer ones `f`, and
-        // their weight; `fine_strict`: the finer lower one counts from `> f`, the
-        // finer upper one counts up to `< f` (a bound's strictness; boundaries are
-        // (false, true)).
+        // The rows between a level's boundaries `c` and the finer level's (or the
+        // bounds) `f`, and their weight; `fine_strict`: the finer lower one counts
+        // from `> f`, the finer upper one up to `< f` (a bound's strictness;
+        // boundaries are (false, true)).
         let between = |col: &str,
                        (cl, cu): (&Option<String>, &Option<String>),
                        (fl, fu): (&Option<String>, &Option<String>),
@@ -957,12 +956,11 @@ impl<'q> Shape<'q> {
             }
             (format!("({})", conds.join(" OR ")), terms.join(" + "))
         };
-        if let Some(tier) = tier {
+        if let (Some(tier), [c, f]) = (tier, bounds.as_slice()) {
             let fine = Source {
                 table: &tier.table,
                 dims: &tier.dims,
             };
-            let (c, f) = (&bounds[0], &bounds[1]);
             // Boundaries, not bounds: [t ≥ Hl] below, [t ≥ Hu] above.
             let (range, sign) = between(&bucket, (&c.0, &c.1), (&f.0, &f.1), (false, true));
             parts.push(self.bucket_part(rule, &fine, &group, &measured, &[range], Some(&sign)));

@@ -13,6 +13,7 @@
 mod common;
 
 use common::differential::{Gen, Kind, Lit, Order, Stmt};
+use common::fixture::{utc_date, utc_time};
 
 /// Statements per round in the bounded run.
 const STATEMENTS: usize = 2000;
@@ -41,23 +42,6 @@ fn lookups_by_key_match_the_unruled_table() {
 #[test]
 fn hourly_lookups_by_key_match_the_unruled_table() {
     common::differential::run_bounded(&Partition { hourly: true }, SEED + 7, STATEMENTS, ROUNDS);
-}
-
-/// `YYYY-MM-DD HH:MM:SS` of a unix time in UTC.
-fn utc_time(t: i64) -> String {
-    format!(
-        "{} {:02}:{:02}:{:02}",
-        utc_date(t),
-        t.rem_euclid(86_400) / 3600,
-        t.rem_euclid(3600) / 60,
-        t.rem_euclid(60)
-    )
-}
-
-/// `YYYY-MM-DD` of a unix time in UTC.
-fn utc_date(t: i64) -> String {
-    let (y, m, d) = heatsink::kinds::calendar::civil(t.div_euclid(86_400));
-    format!("{y:04}-{m:02}-{d:02}")
 }
 
 /// A key of the pool and the date its row carries.

@@ -13,19 +13,13 @@ use std::time::{Duration, Instant};
 
 use common::cli::{heatsink, migrate_ok};
 use common::client::{connect, rules_dir, run};
-use common::fixture::{fresh_db, scalar, Env, Rule};
+use common::fixture::{fresh_db, scalar, utc_date, utc_time, Env, Rule};
 use common::mariadb;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
 /// 2024-11-20 00:00:00 UTC.
 const DAY0: i64 = 1_732_060_800;
-
-/// `YYYY-MM-DD` of a unix time in UTC.
-fn utc_date(t: i64) -> String {
-    let z = t.div_euclid(86_400);
-    heatsink::kinds::partition::rotate::day_sql(z)
-}
 
 /// A key carrying unix time `t` between dashes.
 fn key(tag: u32, t: i64) -> String {
@@ -44,9 +38,15 @@ fn messages_ddl(rows: &str) -> String {
             )
         })
         .collect();
+    partitioned_messages("DATE", &parts, rows)
+}
+
+/// `Messages` with an `Inserted` column of type `column_type`, partitioned by
+/// `parts` and `pmax`, holding `rows` (none when empty).
+fn partitioned_messages(column_type: &str, parts: &[String], rows: &str) -> String {
     let mut ddl = format!(
         "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
-           Message JSON NOT NULL, Inserted DATE NOT NULL, \
+           Message JSON NOT NULL, Inserted {column_type} NOT NULL, \
            PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) \
            PARTITION BY RANGE COLUMNS (Inserted) ({}, PARTITION pmax VALUES LESS THAN (MAXVALUE));",
         parts.join(", ")
@@ -113,11 +113,7 @@ fn lookups_read_only_the_keys_partitions() {
         utc_date(near_midnight),
         utc_date(DAY0 + 8 * 86_400)
     );
-    let env = Env::builder("part_explain")
-        .schema(messages_ddl(&rows))
-        .rule("p.toml", rule())
-        .migrate()
-        .start();
+    let env = migrated("part_explain", messages_ddl(&rows), rule());
     run(Duration::from_secs(60), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -169,11 +165,7 @@ fn lookups_read_only_the_keys_partitions() {
 
 #[test]
 fn inserts_that_would_be_unreachable_are_refused_and_the_column_is_filled() {
-    let env = Env::builder("part_insert")
-        .schema(messages_ddl(""))
-        .rule("p.toml", rule())
-        .migrate()
-        .start();
+    let env = migrated("part_insert", messages_ddl(""), rule());
     run(Duration::from_secs(60), async {
         let mut p = env.proxied().await;
         let t = DAY0 + 2 * 86_400 - 1800; // 2024-11-21 23:30 UTC
@@ -360,11 +352,7 @@ async fn at(conn: &mut Conn, t: i64) {
 
 #[test]
 fn rotation_over_forty_days_under_load() {
-    let env = Env::builder("part_rotate")
-        .schema(rotation_ddl())
-        .rule("p.toml", rule())
-        .migrate()
-        .start();
+    let env = migrated("part_rotate", rotation_ddl(), rule());
     let db = env.db.clone();
     run(Duration::from_secs(600), async {
         let mut rot = env.direct().await;
@@ -492,11 +480,7 @@ fn rotation_ddl_never_stalls_the_application() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(30u64);
-    let env = Env::builder("part_stall")
-        .schema(rotation_ddl())
-        .rule("p.toml", rule())
-        .migrate()
-        .start();
+    let env = migrated("part_stall", rotation_ddl(), rule());
     let db = env.db.clone();
     run(Duration::from_secs(300), async {
         // A transaction that has the table open for `hold` seconds.
@@ -632,13 +616,10 @@ fn every_key_encoding_prunes() {
             "[[partition]]\nname = \"by_{kind}\"\ntable = \"Messages\"\nkey = \"K\"\nkey_time = \"{kind}\"\n\
              column = \"Inserted\"\nretention_days = 30\n{extra}"
         );
-        let env = Env::builder(db)
-            .schema(format!(
-                "{ddl} INSERT INTO Messages (K, Message, Inserted) VALUES ({literal}, '{{}}', '2024-11-24');"
-            ))
-            .rule("p.toml", toml)
-            .migrate()
-            .start();
+        let schema = format!(
+            "{ddl} INSERT INTO Messages (K, Message, Inserted) VALUES ({literal}, '{{}}', '2024-11-24');"
+        );
+        let env = migrated(&db, schema, toml);
         run(Duration::from_secs(60), async {
             let mut p = env.proxied().await;
             p.query_drop("SET time_zone = '+00:00'").await.unwrap();
@@ -825,17 +806,6 @@ async fn rotate_spec(
         .unwrap()
 }
 
-/// `YYYY-MM-DD HH:MM:SS` of a unix time in UTC.
-fn utc_time(t: i64) -> String {
-    format!(
-        "{} {:02}:{:02}:{:02}",
-        utc_date(t),
-        t.rem_euclid(86_400) / 3600,
-        t.rem_euclid(3600) / 60,
-        t.rem_euclid(60)
-    )
-}
-
 /// `Messages` with a DATETIME column partitioned by hour over 2024-11-20 …
 /// 2024-11-23 (96 hours), plus `pmax`.
 fn hourly_ddl(rows: &str) -> String {
@@ -850,14 +820,7 @@ fn hourly_ddl(rows: &str) -> String {
             )
         })
         .collect();
-    format!(
-        "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
-           Message JSON NOT NULL, Inserted DATETIME NOT NULL, \
-           PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) \
-           PARTITION BY RANGE COLUMNS (Inserted) ({}, PARTITION pmax VALUES LESS THAN (MAXVALUE)); \
-         INSERT INTO Messages (UUID, Message, Inserted) VALUES {rows};",
-        parts.join(", ")
-    )
+    partitioned_messages("DATETIME", &parts, rows)
 }
 
 /// `Messages` partitioned by month from 2024-06 to 2025-05, plus `pmax`.
@@ -869,14 +832,7 @@ fn monthly_ddl(rows: &str) -> String {
             format!("PARTITION p{y}{m:02} VALUES LESS THAN ('{ny}-{nm:02}-01')")
         })
         .collect();
-    format!(
-        "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
-           Message JSON NOT NULL, Inserted DATE NOT NULL, \
-           PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) \
-           PARTITION BY RANGE COLUMNS (Inserted) ({}, PARTITION pmax VALUES LESS THAN (MAXVALUE)); \
-         INSERT INTO Messages (UUID, Message, Inserted) VALUES {rows};",
-        parts.join(", ")
-    )
+    partitioned_messages("DATE", &parts, rows)
 }
 
 /// Every lookup of `keys` through the proxy answers what the table answers
@@ -945,11 +901,11 @@ fn hourly_lookups_read_the_keys_hours() {
         utc_time(t1),
         utc_time(t2)
     );
-    let env = Env::builder("part_hourly")
-        .schema(hourly_ddl(&rows))
-        .rule("p.toml", period_rule("messages_by_hour", "hour", &[]))
-        .migrate()
-        .start();
+    let env = migrated(
+        "part_hourly",
+        hourly_ddl(&rows),
+        period_rule("messages_by_hour", "hour", &[]),
+    );
     run(Duration::from_secs(120), async {
         lookups_match(
             &env,
@@ -1261,13 +1217,8 @@ async fn explain_partitions(conn: &mut Conn, sql: &str, param: Option<&str>) -> 
 #[test]
 fn explain_partitions_through_heatsink_shows_the_pruned_set() {
     let t = DAY0 + 4 * 86_400 + 3600;
-    let k = key(1, t);
-    let rows = format!("('{k}', '{{}}', '{}')", utc_date(t));
-    let env = Env::builder("part_explain_p")
-        .schema(messages_ddl(&rows))
-        .rule("p.toml", rule())
-        .migrate()
-        .start();
+    let (k, rows) = one_message(t);
+    let env = migrated("part_explain_p", messages_ddl(&rows), rule());
     run(Duration::from_secs(60), async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;
@@ -1316,13 +1267,8 @@ fn explain_partitions_through_heatsink_shows_the_pruned_set() {
 #[test]
 fn updates_after_a_statement_pruned_to_no_partition_find_their_rows() {
     let t = DAY0 + 7 * 86_400 + 3600;
-    let k = key(1, t);
-    let rows = format!("('{k}', '{{}}', '{}')", utc_date(t));
-    let env = Env::builder("part_upd_trigger")
-        .schema(messages_ddl(&rows))
-        .rule("p.toml", rule())
-        .migrate()
-        .start();
+    let (k, rows) = one_message(t);
+    let env = migrated("part_upd_trigger", messages_ddl(&rows), rule());
     let db = env.db.clone();
     let timing = |db: &str| {
         scalar(&format!(
@@ -1407,4 +1353,21 @@ fn updates_after_a_statement_pruned_to_no_partition_find_their_rows() {
     assert_eq!(timing(&db).as_deref(), Some("AFTER"));
     let (code, out, err) = heatsink(&["check", "--rules", dir, "--backend-url", &url]);
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// The environment of one test: database `db` made by `ddl`, the partition rule
+/// `toml` migrated, the proxy started.
+fn migrated(db: &str, ddl: impl Into<String>, toml: impl Into<String>) -> Env {
+    Env::builder(db)
+        .schema(ddl)
+        .rule("p.toml", toml)
+        .migrate()
+        .start()
+}
+
+/// A key made at unix time `t` and the `Messages` row holding it.
+fn one_message(t: i64) -> (String, String) {
+    let k = key(1, t);
+    let rows = format!("('{k}', '{{}}', '{}')", utc_date(t));
+    (k, rows)
 }

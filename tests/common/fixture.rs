@@ -515,3 +515,20 @@ impl Env {
         assert!(ok, "kill -HUP {pid} failed");
     }
 }
+
+/// `YYYY-MM-DD` of a unix time in UTC.
+pub fn utc_date(t: i64) -> String {
+    let (y, m, d) = heatsink::kinds::calendar::civil(t.div_euclid(86_400));
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// `YYYY-MM-DD HH:MM:SS` of a unix time in UTC.
+pub fn utc_time(t: i64) -> String {
+    format!(
+        "{} {:02}:{:02}:{:02}",
+        utc_date(t),
+        t.rem_euclid(86_400) / 3600,
+        t.rem_euclid(3600) / 60,
+        t.rem_euclid(60)
+    )
+}

@@ -305,12 +305,11 @@ const ROT0: i64 = 1_735_689_600;
 
 /// `Messages` with one day partition (2025-01-01) and the catch-all.
 fn rotation_ddl() -> String {
-    "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
-       Message JSON NOT NULL, Inserted DATE NOT NULL, \
-       PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) \
-       PARTITION BY RANGE COLUMNS (Inserted) (PARTITION p20250101 VALUES LESS THAN ('2025-01-02'), \
-       PARTITION pmax VALUES LESS THAN (MAXVALUE));"
-        .into()
+    partitioned_messages(
+        "DATE",
+        &["PARTITION p20250101 VALUES LESS THAN ('2025-01-02')".into()],
+        "",
+    )
 }
 
 fn spec() -> heatsink::kinds::partition::PartitionSpec {
@@ -1000,20 +999,20 @@ fn hourly_and_monthly_rotation() {
     let hour_db = "part_rot_hour";
     fresh_db(
         hour_db,
-        "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
-           Message JSON NOT NULL, Inserted DATETIME NOT NULL, \
-           PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) \
-           PARTITION BY RANGE COLUMNS (Inserted) (PARTITION p2025010100 VALUES LESS THAN ('2025-01-01 01:00:00'), \
-           PARTITION pmax VALUES LESS THAN (MAXVALUE));",
+        &partitioned_messages(
+            "DATETIME",
+            &["PARTITION p2025010100 VALUES LESS THAN ('2025-01-01 01:00:00')".into()],
+            "",
+        ),
     );
     let month_db = "part_rot_month";
     fresh_db(
         month_db,
-        "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
-           Message JSON NOT NULL, Inserted DATE NOT NULL, \
-           PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) \
-           PARTITION BY RANGE COLUMNS (Inserted) (PARTITION p202501 VALUES LESS THAN ('2025-02-01'), \
-           PARTITION pmax VALUES LESS THAN (MAXVALUE));",
+        &partitioned_messages(
+            "DATE",
+            &["PARTITION p202501 VALUES LESS THAN ('2025-02-01')".into()],
+            "",
+        ),
     );
     run(Duration::from_secs(120), async {
         let mut c = connect(&mariadb().url(hour_db)).await;

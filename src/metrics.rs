@@ -87,6 +87,19 @@ pub fn render(shared: &Shared) -> String {
             ("declined", s.prelude_declined.load(Relaxed)),
         ],
     );
+    let alone: Vec<(&str, u64)> = crate::relay::state::AloneReason::ALL
+        .iter()
+        .map(|r| (r.label(), s.merge_alone[r.index()].load(Relaxed)))
+        .collect();
+    write_labelled(
+        &mut out,
+        (
+            "heatsink_merge_alone_total",
+            "Writes that group commit could have merged and that ran alone on their own connection, by reason.",
+        ),
+        "reason",
+        &alone,
+    );
     let table = shared.rules.load();
     write_rule_statements(&mut out, &table);
     write_labelled(

@@ -38,30 +38,32 @@ use std::sync::atomic::Ordering;
 use super::coalesce::{LeaderGuard, Outcome, Part, Role, Signal};
 use super::session::Session;
 use super::splice::{backoff, execute_params, Collected, RETRYABLE};
+use super::state::AloneReason;
 use crate::error::Result;
 use crate::rewrite::merge::{Limits, Member, Written};
 use crate::rewrite::{Merger, Reply, Rewritten};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
 use crate::wire::resultset::{text_cells, text_row};
-use crate::wire::{literal, status};
+use crate::wire::literal;
 
 impl Session {
     /// The group a rewrite may be merged into (group key, this execution's part), or
-    /// `None` when it must run alone: not mergeable, or the session is not in
-    /// autocommit mode outside a transaction, or its state no longer follows from
-    /// its SET history. A merged write runs with the leader's privileges and
-    /// settings, so the group key holds the user, character set and SET history;
-    /// and on the leader's backend node, so it holds the node too (a node that dies
-    /// must fail only its own sessions' writes, and each node writes its own share of
-    /// a counter's slots).
+    /// `None` when it runs alone: not mergeable, or the session cannot be shown
+    /// equivalent to the others ([`super::state::SessionState::merge_class`], counted by reason).
+    /// A merged write runs with the leader's privileges and session, so the group
+    /// key holds the user, character set, default database and the session's class
+    /// (the system variables its `SET`s changed); and on the leader's backend node,
+    /// so it holds the node too (a node that dies must fail only its own sessions'
+    /// writes, and each node writes its own share of a counter's slots).
     pub(super) fn merge_part(&self, rw: &Rewritten) -> Option<(Vec<u8>, Part)> {
         let m = rw.merge.as_ref()?;
-        if !self.pristine
-            || self.status & status::IN_TRANS != 0
-            || self.status & status::AUTOCOMMIT == 0
-        {
-            return None;
-        }
+        let class = match self.state.merge_class() {
+            Ok(class) => class,
+            Err(reason) => {
+                self.count_alone(reason);
+                return None;
+            }
+        };
         let (target, part) = m.part(&rw.aux)?;
         // Per-item values come back only through RETURNING.
         if m.returning(&rw.aux).is_some() && !self.returning {
@@ -71,8 +73,8 @@ impl Session {
         let session = [
             rw.rule.as_bytes(),
             &self.identity,
-            &self.session_sets,
-            self.current_db.as_deref().unwrap_or("").as_bytes(),
+            class,
+            self.state.current_db.as_deref().unwrap_or("").as_bytes(),
             self.lease.addr().as_bytes(),
         ];
         for piece in session.into_iter().chain(target) {
@@ -86,13 +88,18 @@ impl Session {
         Some((key, part))
     }
 
+    /// Counts a write that could have merged and ran alone.
+    pub(super) fn count_alone(&self, reason: AloneReason) {
+        self.shared.stats.merge_alone[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A prepared execute as the text rewrite it makes, each parameter written as a
     /// literal (`wire::literal`) into the rewrite's pieces, for a merged write or a
     /// run with `RETURNING`. `None` when the statement has no pieces, a value has no
     /// exact literal, or the session's character set is unknown or was changed by a
     /// `SET` (string parameters are sent in it).
     pub(super) fn execute_as_text(&mut self, id: u32, payload: &[u8]) -> Option<Rewritten> {
-        if self.charset_changed {
+        if self.state.charset_changed() {
             return None;
         }
         let charset = literal::charset_name(*self.identity.last()?)?;
@@ -165,15 +172,29 @@ impl Session {
         self.answer_member(mine, rw, cmd_seq).await
     }
 
-    /// Waits for the merged write holding this session's part.
+    /// Waits for the merged write holding this session's part. A client that goes
+    /// away meanwhile ends the session at once, so that its backend connection
+    /// (and any lock it holds) is released rather than kept for a write whose
+    /// answer nobody reads.
     async fn follow(
         &mut self,
-        rx: tokio::sync::oneshot::Receiver<Signal>,
+        mut rx: tokio::sync::oneshot::Receiver<Signal>,
         key: Vec<u8>,
         rw: &Rewritten,
         cmd_seq: u8,
     ) -> Result<()> {
-        match rx.await {
+        let signal = loop {
+            // Input the client sends meanwhile stays buffered for the next command;
+            // past a bound it is not read until the answer went out.
+            let watching = self.client.buf.len() < WATCH_LIMIT;
+            tokio::select! {
+                s = &mut rx => break s,
+                r = self.client.fill(), if watching => {
+                    r?;
+                }
+            }
+        };
+        match signal {
             Ok(Signal::Lead(batch, me)) => {
                 let guard = LeaderGuard::new(self.shared.coalescer.clone(), key, batch);
                 Box::pin(self.lead(guard, me, rw, cmd_seq)).await
@@ -186,12 +207,14 @@ impl Session {
         }
     }
 
-    /// Runs `sql`, retrying lock conflicts when `retry`. `Err` carries the last ERR
-    /// payload.
+    /// Runs `sql`, retrying lock conflicts when `retry` (deadlocks and lock wait
+    /// timeouts; only deadlocks for a merged write, whose lock waits are bounded on
+    /// purpose, see [`MERGE_LOCK_WAIT`]). `Err` carries the last ERR payload.
     async fn run_retrying(
         &mut self,
         sql: &[u8],
         retry: bool,
+        merged: bool,
     ) -> Result<std::result::Result<Collected, Vec<u8>>> {
         let mut attempt = 1;
         loop {
@@ -199,7 +222,9 @@ impl Session {
             let Some(e) = c.err() else {
                 return Ok(Ok(c));
             };
-            let conflict = c.err_code().is_some_and(|code| RETRYABLE.contains(&code));
+            let conflict = c.err_code().is_some_and(|code| {
+                RETRYABLE.contains(&code) && !(merged && code == LOCK_WAIT_TIMEOUT)
+            });
             if !conflict || !retry || attempt >= self.max_attempts() {
                 return Ok(Err(e.payload.to_vec()));
             }
@@ -238,11 +263,8 @@ impl Session {
             total += items.get(i).copied().unwrap_or(0);
         }
         let returning = m.returning(&rw.aux);
-        let sql = match returning {
-            Some(column) => self.with_returning(&merged.sql, column),
-            None => merged.sql,
-        };
-        let written = match self.run_retrying(&sql, true).await? {
+        let sql = self.bounded(&merged.sql, returning, true);
+        let written = match self.run_retrying(&sql, true, true).await? {
             Ok(c) if returning.is_none() => c.ok().map(|o| Written {
                 ids: Vec::new(),
                 warnings: o.warnings,
@@ -250,10 +272,26 @@ impl Session {
             Ok(c) => returned_ids(&c.packets, self.deprecate_eof)
                 .filter(|(ids, _)| ids.len() as u64 == total)
                 .map(|(ids, warnings)| Written { ids, warnings }),
+            // The write waited for a lock longer than its bound (a member's own
+            // table lock, a long transaction): nothing was written, and every member
+            // runs its own statement on its own connection, waiting there as long
+            // as its own session says. No client waits on its own lock through
+            // another session's connection.
+            Err(payload) if err_code(&payload) == Some(LOCK_WAIT_TIMEOUT) => {
+                tracing::debug!(id = self.backend_id, members, "merged write timed out on a lock: members run alone");
+                for _ in 0..members {
+                    self.count_alone(AloneReason::LockTimeout);
+                }
+                guard.resolve_each(|_| Signal::Alone);
+                return Ok(Signal::Alone);
+            }
             // Nothing was written (one statement in autocommit), and the error may
             // be one member's doing: each member runs its own statement, so only a
             // statement that fails alone gets an error.
             Err(_) if m.alone_after_failure(members) => {
+                for _ in 0..members {
+                    self.count_alone(AloneReason::WriteFailed);
+                }
                 guard.resolve_each(|_| Signal::Alone);
                 return Ok(Signal::Alone);
             }
@@ -388,7 +426,7 @@ impl Session {
                     self.pending_insert_id = Some(o.last_insert_id);
                 }
                 let ok = OkSummary {
-                    status: self.status,
+                    status: self.state.status,
                     ..o
                 };
                 self.reply(
@@ -414,21 +452,37 @@ impl Session {
             .then(|| column.to_vec())
     }
 
-    /// `statement RETURNING column`. On a Galera node, with the server's own retry of
-    /// an autocommit statement that failed certification switched off for it
-    /// (`SET STATEMENT wsrep_retry_autocommit = 0 FOR …`): the server sends the
-    /// failed attempt's rows and then the retry's (measured on MariaDB 10.11 with
-    /// galera-4: 6 ids for a 3-row insert), so the ids could not be told apart. The
-    /// conflict then reaches the proxy as 1213 and the proxy retries the statement.
-    fn with_returning(&self, statement: &[u8], column: &[u8]) -> Vec<u8> {
-        const NO_SERVER_RETRY: &[u8] = b"SET STATEMENT wsrep_retry_autocommit = 0 FOR ";
-        let mut sql = Vec::with_capacity(statement.len() + column.len() + 64);
-        if self.galera {
-            sql.extend_from_slice(NO_SERVER_RETRY);
+    /// `statement [RETURNING column]` as the proxy runs it on its own:
+    /// - a merged write (`merged`) under `SET STATEMENT lock_wait_timeout = …,
+    ///   innodb_lock_wait_timeout = … FOR`, so that it gives up on a lock after
+    ///   [`MERGE_LOCK_WAIT`] (its members then run alone, see `write_merged`);
+    /// - with `RETURNING` on a Galera node, with the server's own retry of an
+    ///   autocommit statement that failed certification switched off
+    ///   (`wsrep_retry_autocommit = 0`): the server sends the failed attempt's rows
+    ///   and then the retry's (measured on MariaDB 10.11 with galera-4: 6 ids for a
+    ///   3-row insert), so the ids could not be told apart. The conflict then reaches
+    ///   the proxy as 1213 and the proxy retries the statement.
+    fn bounded(&self, statement: &[u8], returning: Option<&[u8]>, merged: bool) -> Vec<u8> {
+        let mut sql = Vec::with_capacity(statement.len() + 128);
+        let mut settings: Vec<String> = Vec::new();
+        if merged {
+            let s = MERGE_LOCK_WAIT.as_secs().max(1);
+            settings.push(format!("lock_wait_timeout = {s}"));
+            settings.push(format!("innodb_lock_wait_timeout = {s}"));
+        }
+        if returning.is_some() && self.state.galera {
+            settings.push("wsrep_retry_autocommit = 0".to_string());
+        }
+        if !settings.is_empty() {
+            sql.extend_from_slice(b"SET STATEMENT ");
+            sql.extend_from_slice(settings.join(", ").as_bytes());
+            sql.extend_from_slice(b" FOR ");
         }
         sql.extend_from_slice(statement);
-        sql.extend_from_slice(b" RETURNING ");
-        sql.extend_from_slice(column);
+        if let Some(column) = returning {
+            sql.extend_from_slice(b" RETURNING ");
+            sql.extend_from_slice(column);
+        }
         sql
     }
 
@@ -442,9 +496,9 @@ impl Session {
         column: &[u8],
         cmd_seq: u8,
     ) -> Result<()> {
-        let sql = self.with_returning(&rw.statements[0], column);
+        let sql = self.bounded(&rw.statements[0], Some(column), false);
         let retry = self.retry_safe(1, false);
-        let c = match self.run_retrying(&sql, retry).await? {
+        let c = match self.run_retrying(&sql, retry, false).await? {
             Ok(c) => c,
             Err(payload) => return self.reply(cmd_seq, &payload).await,
         };
@@ -464,7 +518,7 @@ impl Session {
             _ => None,
         };
         let ok = OkSummary {
-            status: self.status,
+            status: self.state.status,
             ..ok
         };
         self.reply(
@@ -492,6 +546,24 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// How long a merged write waits for a lock (metadata or row) before it gives up
+/// and its members run alone on their own connections.
+pub(super) const MERGE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How much client input a session waiting for a merged write buffers while it
+/// watches for the client going away.
+const WATCH_LIMIT: usize = 64 * 1024;
+
+/// ER_LOCK_WAIT_TIMEOUT.
+const LOCK_WAIT_TIMEOUT: u16 = 1205;
+
+/// The error code of an ERR payload.
+fn err_code(payload: &[u8]) -> Option<u16> {
+    (payload.first() == Some(&packets::ERR))
+        .then(|| payload.get(1..3).map(|b| u16::from_le_bytes([b[0], b[1]])))
+        .flatten()
 }
 
 /// The 1-based row number a warning message ends with (`… at row 12`), and where

@@ -5,6 +5,9 @@
 //! - [`response`]: where a response ends (pure state machine, unit-tested).
 //! - [`session`]: the per-connection task (handshake, auth, command loop).
 //! - [`coalesce`]: group commit: who writes a merged batch, who waits.
+//! - [`state`]: what the relay knows of the backend session's state (from the
+//!   server's session state tracking), and whether a statement may join a merged
+//!   write.
 //! - `splice`: running rewritten statements on the client's connection and shaping
 //!   the reply the original statement would have produced.
 //! - `merge`: writing a merged batch as the rule kind's merger
@@ -15,5 +18,6 @@ mod merge;
 pub mod response;
 pub mod session;
 mod splice;
+pub mod state;
 
 pub use session::{serve_client, Shared, Stats, LEARN_PACKET_LIMIT_AT};

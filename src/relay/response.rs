@@ -83,6 +83,11 @@ pub struct ResponseParser {
     pub result_sets: u32,
     /// Set for [`ResponseKind::Prepare`] when the prepare succeeded.
     pub prepare_ok: Option<PrepareOk>,
+    /// The packet just fed was an OK packet (or the OK that ends a result set under
+    /// CLIENT_DEPRECATE_EOF) with SERVER_SESSION_STATE_CHANGED: on a connection that
+    /// negotiated CLIENT_SESSION_TRACK it carries session state information (see
+    /// `wire::track`). Taken with [`ResponseParser::take_tracked`].
+    tracked: bool,
 }
 
 impl ResponseParser {
@@ -101,7 +106,19 @@ impl ResponseParser {
             oks: 0,
             result_sets: 0,
             prepare_ok: None,
+            tracked: false,
         }
+    }
+
+    /// Whether the packet just fed carries session state information (see
+    /// [`ResponseParser::tracked`]); asking clears it.
+    pub fn take_tracked(&mut self) -> bool {
+        std::mem::take(&mut self.tracked)
+    }
+
+    /// Notes an OK-shaped packet's status flags.
+    fn ok_status(&mut self, status: Option<u16>) {
+        self.tracked = status.is_some_and(|s| s & packets::SESSION_STATE_CHANGED != 0);
     }
 
     /// True once the response is complete.
@@ -190,9 +207,11 @@ impl ResponseParser {
                     return Ok(self.finish_err());
                 }
                 if self.is_terminator(first, len) {
-                    return Ok(
-                        self.after_result(packets::terminator_status(payload, self.deprecate_eof))
-                    );
+                    let st = packets::terminator_status(payload, self.deprecate_eof);
+                    if self.deprecate_eof && payload.len() > 5 {
+                        self.ok_status(st);
+                    }
+                    return Ok(self.after_result(st));
                 }
                 Ok(Step::More)
             }
@@ -262,9 +281,11 @@ impl ResponseParser {
     fn feed_single(&mut self, payload: &[u8]) -> Step {
         if let Some(&b) = payload.first() {
             if b == OK || b == EOF {
-                self.last_status = packets::parse_ok(payload)
-                    .map(|o| o.status)
-                    .or_else(|| packets::terminator_status(payload, false));
+                let ok = packets::parse_ok(payload).map(|o| o.status);
+                if b == OK {
+                    self.ok_status(ok);
+                }
+                self.last_status = ok.or_else(|| packets::terminator_status(payload, false));
             }
             self.errored = b == ERR;
         }
@@ -303,6 +324,7 @@ impl ResponseParser {
                 if st.is_none() {
                     return Err(self.violation("short OK packet".into()));
                 }
+                self.ok_status(st);
                 Ok(self.after_result(st))
             }
             ERR => Ok(self.finish_err()),

@@ -26,11 +26,12 @@ use tracing::{debug, info, warn};
 
 use super::response::{ResponseKind, ResponseParser, Step};
 use super::splice::PreparedRewrite;
+use super::state::{AloneReason, SessionState};
 use crate::admin::{Registration, Registry};
 use crate::config::Config;
 use crate::error::{Error, Result, Source};
 use crate::metrics::{Histogram, RuleTable};
-use crate::rewrite::{Decision, Engine, Lexing, StatementContext};
+use crate::rewrite::{Decision, Engine, StatementContext};
 use crate::tls::{self, Stream, Tls};
 use crate::wire::handshake::{
     patch_client_hello, patch_greeting, set_client_ssl, ClientHello, Greeting,
@@ -60,6 +61,9 @@ pub struct Stats {
     pub coalesced_writes: AtomicU64,
     /// Items (of each rule kind) that were part of a merged write.
     pub coalesced_items: crate::metrics::MergedItems,
+    /// Writes that could have merged and ran alone, by [`AloneReason`] (index
+    /// [`AloneReason::index`]).
+    pub merge_alone: [AtomicU64; AloneReason::ALL.len()],
     /// Two-step rewrites (see [`crate::rewrite::Prelude`]) that ran with literals.
     pub prelude_literal: AtomicU64,
     /// Two-step rewrites whose prelude row did not allow literals: the one-step form ran.
@@ -170,23 +174,16 @@ pub async fn serve_client(
         answered_error: false,
         deprecate_eof: false,
         extended_metadata: false,
-        current_db: None,
-        status: 0,
+        state: SessionState::new(false),
         peer,
         backend_id: 0,
         identity: Vec::new(),
-        pristine: true,
-        session_sets: Vec::new(),
-        charset_changed: false,
         returning: false,
         pending_insert_id: None,
         rewrite_names: None,
         merged_warnings: None,
         prepared: HashMap::new(),
-        lexing: None,
-        lexing_prepared: false,
-        node_share: None,
-        galera: false,
+        changed_user: false,
         packet_limit: None,
         lease,
     };
@@ -280,10 +277,10 @@ pub(super) struct Session {
     /// MariaDB extended metadata was negotiated (column definitions carry an extra
     /// block the patcher must skip).
     pub(super) extended_metadata: bool,
-    /// Default database, tracked for rule matching of unqualified table names.
-    pub(super) current_db: Option<String>,
-    /// Server status flags from the last OK/EOF (IN_TRANS, AUTOCOMMIT, …).
-    pub(super) status: u16,
+    /// What the relay knows of the backend session's state (status flags, default
+    /// database, character set and `sql_mode` for the lexer, Galera share, whether
+    /// it may share merged writes): see [`SessionState`].
+    pub(super) state: SessionState,
     /// Client address, for logs.
     pub(super) peer: SocketAddr,
     /// Backend connection id, for logs (the client sees the same id).
@@ -292,21 +289,9 @@ pub(super) struct Session {
     /// the rewritten statement, which is also the id the client uses).
     pub(super) prepared: HashMap<u32, PreparedRewrite>,
     /// The authenticated user and the handshake character set: sessions may share a
-    /// merged write (group commit) only if both are equal.
+    /// merged write (group commit) only if both are equal (with the state, see
+    /// [`SessionState::merge_class`]).
     pub(super) identity: Vec<u8>,
-    /// The session's state follows from its connection defaults and the `SET`
-    /// statements in `session_sets` (no `CALL`, COM_CHANGE_USER or prepared `SET`
-    /// yet). Only such sessions take part in group commit, and only with sessions
-    /// of the same user, character set and SET history: a merged write runs with
-    /// the leading session's privileges and settings.
-    pub(super) pristine: bool,
-    /// The `SET` statements the session ran, in order, each prefixed by its length
-    /// (bounded by `MAX_SESSION_SETS`; a longer history ends `pristine`).
-    pub(super) session_sets: Vec<u8>,
-    /// One of those `SET`s may have changed the connection's character set, or the
-    /// session left `pristine` (prepared string parameters are then not written as
-    /// literals).
-    pub(super) charset_changed: bool,
     /// The backend is MariaDB ≥ 10.5, which has `INSERT … RETURNING` (merged writes
     /// learn each row's AUTO_INCREMENT id from it, see `relay::merge`).
     pub(super) returning: bool,
@@ -324,22 +309,9 @@ pub(super) struct Session {
     /// rows); a SHOW WARNINGS / SHOW ERRORS right after shows these instead of the
     /// backend's. Any other command clears them.
     pub(super) merged_warnings: Option<Vec<Vec<u8>>>,
-    /// The client character set and `sql_mode` flags the backend reads statements
-    /// under, as last learned from it; `None` until learned, and again after any
-    /// statement that may have changed them (see `rewrite::may_change_lexing`),
-    /// COM_CHANGE_USER and COM_RESET_CONNECTION. Learned lazily, before a statement
-    /// that names a ruled table (`Decision::NeedSessionState`).
-    pub(super) lexing: Option<Lexing>,
-    /// The client prepared a statement that may change the character set or
-    /// `sql_mode`: every COM_STMT_EXECUTE of a statement the proxy did not rewrite
-    /// then forgets `lexing`.
-    pub(super) lexing_prepared: bool,
-    /// The backend node's share of a counter's slots on a Galera cluster, learned
-    /// with the settings (`rewrite::NodeShare`); `None` on a single server.
-    pub(super) node_share: Option<crate::rewrite::NodeShare>,
-    /// The backend is a Galera node (it reports `wsrep_local_index`), learned with
-    /// the settings.
-    pub(super) galera: bool,
+    /// COM_CHANGE_USER ran: the session's user is not the handshake's, and it never
+    /// merges again.
+    pub(super) changed_user: bool,
     /// The backend session's `max_allowed_packet`, once learned (see
     /// [`LEARN_PACKET_LIMIT_AT`]); unused when `max_client_packet` is configured.
     pub(super) packet_limit: Option<usize>,
@@ -405,6 +377,14 @@ impl Session {
         };
         self.deprecate_eof = h.capabilities & caps::DEPRECATE_EOF != 0;
         self.extended_metadata = h.ext_capabilities & crate::wire::ext_caps::EXTENDED_METADATA != 0;
+        self.state = SessionState::new(h.capabilities & caps::SESSION_TRACK != 0);
+        if info.backend_capabilities & caps::SESSION_TRACK != 0 {
+            // The proxy learns of every change of the backend session's state from
+            // its OK packets; a client that did not ask for that is shown none of it
+            // (`SessionState::tracked_ok`).
+            self.state.tracking_capability = true;
+            set_capability(&mut hello.raw[4..], caps::SESSION_TRACK);
+        }
         self.set_current_db(h.database.clone());
         self.identity = h.user.as_bytes().to_vec();
         self.identity.push(0);
@@ -429,7 +409,50 @@ impl Session {
         let delta = backend_extra.wrapping_sub(client_extra);
         shift_seq(&mut hello.raw, delta);
         self.backend.write_all(&hello.raw).await?;
-        self.auth_exchange(delta).await
+        if !self.auth_exchange(delta).await? {
+            return Ok(false);
+        }
+        self.start_tracking().await?;
+        Ok(true)
+    }
+
+    /// Turns the server's session state tracking on for the proxy
+    /// (`state::TRACKING_SETUP`), after authentication and after
+    /// COM_RESET_CONNECTION, when a rule may merge writes; a client that tracks
+    /// state itself has its own settings read first so that it is shown only what
+    /// they report. Without it, the session's writes never merge.
+    async fn start_tracking(&mut self) -> Result<()> {
+        if !self.state.tracking_capability || !self.shared.engine.load().has_rules() {
+            self.state.tracking_stopped();
+            return Ok(());
+        }
+        let client = if self.state.client_tracks() {
+            let c = self
+                .run_collect(super::state::CLIENT_TRACKING_QUERY)
+                .await?;
+            let rows = c.text_rows(self.deprecate_eof);
+            c.packets
+                .get(rows.start)
+                .filter(|_| c.err().is_none() && rows.len() == 1)
+                .and_then(|p| crate::wire::resultset::text_cells(&p.payload))
+                .and_then(|cells| match cells[..] {
+                    [Some(list), Some(on)] => {
+                        Some((list.to_vec(), on == b"1" || on.eq_ignore_ascii_case(b"ON")))
+                    }
+                    _ => None,
+                })
+        } else {
+            None
+        };
+        let c = self.run_collect(super::state::TRACKING_SETUP).await?;
+        if c.err().is_some() || (self.state.client_tracks() && client.is_none()) {
+            warn!(peer = %self.peer, id = self.backend_id, "session state tracking could not be set up: this session's writes are not merged");
+            self.state.tracking_stopped();
+            return Ok(());
+        }
+        self.state
+            .tracking_started(client.as_ref().map(|(l, on)| (l.as_slice(), *on)));
+        Ok(())
     }
 
     /// The backend TLS to use: the configured one when the greeting offers TLS. With
@@ -598,16 +621,31 @@ impl Session {
                 p = self.backend.read_logical() => {
                     let mut p = p?;
                     shift_seq(&mut p.raw, back);
-                    self.client.write_all(&p.raw).await?;
                     match p.first_byte() {
                         Some(packets::OK) => {
-                            if let Some(o) = packets::parse_ok(&p.payload()) {
-                                self.status = o.status;
+                            let payload = p.payload();
+                            let status = packets::parse_ok(&payload).map(|o| o.status);
+                            if let Some(st) = status {
+                                self.state.set_status(st);
+                            }
+                            // The connection's initial state, as the client is to
+                            // see it (the proxy negotiated tracking for itself).
+                            let own = status
+                                .filter(|st| st & packets::SESSION_STATE_CHANGED != 0)
+                                .and_then(|_| self.state.tracked_ok(&payload, false));
+                            match own {
+                                Some(own) => {
+                                    self.client.write_packet(p.last_seq.wrapping_add(back), &own).await?;
+                                }
+                                None => self.client.write_all(&p.raw).await?,
                             }
                             return Ok(true);
                         }
-                        Some(packets::ERR) => return Ok(false),
-                        _ => {}
+                        Some(packets::ERR) => {
+                            self.client.write_all(&p.raw).await?;
+                            return Ok(false);
+                        }
+                        _ => self.client.write_all(&p.raw).await?,
                     }
                 }
                 p = self.client.read_logical_max(MAX_PAYLOAD) => {
@@ -728,6 +766,9 @@ impl Session {
         let Some(code) = c.first_byte() else {
             return Err(Error::client("empty command packet"));
         };
+        if code != cmd::QUERY && code != cmd::STMT_PREPARE {
+            self.state.before_command();
+        }
         // Commands that leave the server's diagnostics alone keep them.
         let merged_warnings = match code {
             cmd::PING | cmd::STMT_CLOSE | cmd::STMT_RESET | cmd::STMT_SEND_LONG_DATA => None,
@@ -807,7 +848,7 @@ impl Session {
         };
         self.forward(&c).await?;
         let r = self.relay_response(kind, 0, c.last_seq).await?;
-        self.after_command(code, &c, r.parser.errored);
+        self.after_command(code, &c, r.parser.errored).await?;
         Ok(true)
     }
 
@@ -852,8 +893,8 @@ impl Session {
             }
         }
         let started = Instant::now();
-        if self.lexing_prepared {
-            self.lexing = None;
+        if self.state.lexing_prepared {
+            self.state.lexing = None;
         }
         self.forward(c).await?;
         self.relay_response(ResponseKind::Generic, 0, c.last_seq)
@@ -865,13 +906,16 @@ impl Session {
     /// COM_CHANGE_USER: forgets the session's state and relays the authentication.
     async fn change_user(&mut self, c: &Logical) -> Result<bool> {
         self.prepared.clear();
-        self.lexing = None;
-        self.lexing_prepared = false;
+        self.state.lexing = None;
+        self.state.lexing_prepared = false;
         // The new session takes the server's global value again.
         self.packet_limit = None;
         self.backend.write_all(&c.raw).await?;
         self.set_current_db(change_user_db(&c.payload()));
-        self.leave_pristine();
+        // The new user's session has the server's tracking settings; its identity
+        // is not the handshake's: it stays out of group commit.
+        self.changed_user = true;
+        self.state.tracking_stopped();
         if let Some(user) = change_user_name(&c.payload()) {
             self.info.set_user(&user);
         }
@@ -880,26 +924,29 @@ impl Session {
 
     /// After a relayed COM_RESET_CONNECTION or COM_INIT_DB (`errored`: the server
     /// answered ERR): the session state they reset or change.
-    fn after_command(&mut self, code: u8, c: &Logical, errored: bool) {
+    async fn after_command(&mut self, code: u8, c: &Logical, errored: bool) -> Result<()> {
         if code == cmd::RESET_CONNECTION {
             // Character set and sql_mode are the connection's defaults again.
-            self.lexing = None;
-            self.lexing_prepared = false;
+            self.state.lexing = None;
+            self.state.lexing_prepared = false;
         }
         if code == cmd::RESET_CONNECTION && !errored {
             self.prepared.clear();
             self.packet_limit = None;
-            // Settings are back to the connection defaults.
-            self.session_sets.clear();
-            // The handshake's character set again, unless COM_CHANGE_USER named
-            // another one (then the session stays out of group commit).
-            self.charset_changed = !self.pristine;
+            // Everything but the database is the connection's default again, the
+            // proxy's tracking settings too. After COM_CHANGE_USER the session's
+            // identity is not the handshake's: it stays out of group commit.
+            self.state.reset();
+            if !self.changed_user {
+                self.start_tracking().await?;
+            }
         }
         if code == cmd::INIT_DB && !errored {
             self.set_current_db(Some(
                 String::from_utf8_lossy(&c.payload()[1..]).into_owned(),
             ));
         }
+        Ok(())
     }
 
     async fn forward(&mut self, c: &Logical) -> Result<()> {
@@ -909,17 +956,40 @@ impl Session {
     pub(super) fn context<'a>(&'a self, prepared: bool) -> StatementContext<'a> {
         StatementContext {
             prepared,
-            in_transaction: self.status & status::IN_TRANS != 0,
-            current_db: self.current_db.as_deref(),
-            lexing: self.lexing,
-            share: self.node_share,
+            in_transaction: self.state.status & status::IN_TRANS != 0,
+            current_db: self.state.current_db.as_deref(),
+            lexing: self.state.lexing,
+            share: self.state.node_share,
         }
     }
 
     /// Keeps the default database and the admin port's view of it in step.
     fn set_current_db(&mut self, db: Option<String>) {
-        self.info.set_db(db.as_deref());
-        self.current_db = db;
+        self.state.set_db(db);
+        self.sync_db();
+    }
+
+    /// Shows the admin port a default database the server reported changed.
+    pub(super) fn sync_db(&mut self) {
+        if let Some(db) = self.state.take_db_change() {
+            self.info.set_db(db);
+        }
+    }
+
+    /// An OK-shaped packet from the backend as the client is to see it (session
+    /// state information it did not ask for removed), learning what it reports.
+    pub(super) fn client_packet(&mut self, payload: &[u8]) -> Option<Vec<u8>> {
+        let ok_shaped = match payload.first() {
+            Some(&packets::OK) => true,
+            Some(&packets::EOF) => self.deprecate_eof && payload.len() > 5,
+            _ => false,
+        };
+        let tracked = ok_shaped
+            && packets::parse_ok(payload)
+                .is_some_and(|o| o.status & packets::SESSION_STATE_CHANGED != 0);
+        let own = tracked.then(|| self.state.tracked_ok(payload, true)).flatten();
+        self.sync_db();
+        own
     }
 
     /// Shadow mode: counts and logs what the rule would have done with a statement
@@ -960,7 +1030,7 @@ impl Session {
                 if self.shared.config.log_literals {
                     String::from_utf8_lossy(s).into_owned()
                 } else {
-                    crate::rewrite::fingerprint_in(s, self.lexing.unwrap_or_default().mode)
+                    crate::rewrite::fingerprint_in(s, self.state.lexing.unwrap_or_default().mode)
                 }
             })
             .collect()
@@ -975,14 +1045,6 @@ impl Session {
         }
     }
 
-    /// The session's state no longer follows from its SET history (a `CALL`, a
-    /// prepared `SET`, COM_CHANGE_USER): no more merged writes, and its character set
-    /// is no longer known either.
-    fn leave_pristine(&mut self) {
-        self.pristine = false;
-        self.charset_changed = true;
-    }
-
     /// What to do with the text of a COM_QUERY or COM_STMT_PREPARE: tracks whether
     /// the session leaves its default state, answers rules' metadata questions, and
     /// counts shadow decisions. `None`: the client has been answered already.
@@ -994,22 +1056,9 @@ impl Session {
     ) -> Result<Option<Decision>> {
         let sql = c.payload();
         let sql = &sql[1..];
-        if self.pristine {
-            match session_statement(sql) {
-                // Sessions that ran the same SETs in the same order have the same
-                // settings: they may still share merged writes.
-                Some(SessionStatement::Set)
-                    if !prepared && self.session_sets.len() + sql.len() <= MAX_SESSION_SETS =>
-                {
-                    self.session_sets
-                        .extend_from_slice(&(sql.len() as u32).to_le_bytes());
-                    self.session_sets.extend_from_slice(sql);
-                    self.charset_changed |= sets_charset(sql);
-                }
-                Some(_) => self.leave_pristine(),
-                None => {}
-            }
-        }
+        // What the statement may do to the session that the server does not
+        // report (user variables, locks, dynamic SQL, …), before it runs.
+        self.state.before_statement(sql);
         let decision = if engine.has_rules() {
             self.decide(engine, sql, prepared, c.last_seq).await?
         } else {
@@ -1019,11 +1068,11 @@ impl Session {
         // before it (and may just have learned them): it runs under those, and may
         // change them for the statements after it.
         if prepared {
-            if !self.lexing_prepared && crate::rewrite::may_change_lexing(sql) {
-                self.lexing_prepared = true;
+            if !self.state.lexing_prepared && crate::rewrite::may_change_lexing(sql) {
+                self.state.lexing_prepared = true;
             }
-        } else if self.lexing.is_some() && crate::rewrite::may_change_lexing(sql) {
-            self.lexing = None;
+        } else if self.state.lexing.is_some() && crate::rewrite::may_change_lexing(sql) {
+            self.state.lexing = None;
         }
         match &decision {
             Some(Decision::Shadow(would)) => self.shadowed(would),
@@ -1095,7 +1144,7 @@ impl Session {
                         rule = %rw.rule,
                         fingerprint = %crate::rewrite::fingerprint_in(
                             &c.payload()[1..],
-                            self.lexing.unwrap_or_default().mode
+                            self.state.lexing.unwrap_or_default().mode
                         ),
                         rewritten = ?self.loggable(&rw.statements),
                         "statement rewritten"
@@ -1174,12 +1223,14 @@ impl Session {
             &mut parser,
             shift,
             &mut sent_any,
+            &mut self.state,
         )
         .await;
+        self.sync_db();
         match res {
             Ok(()) => {
                 if let Some(st) = parser.last_status {
-                    self.status = st;
+                    self.state.set_status(st);
                 }
                 if parser.errored {
                     self.backend_error();
@@ -1211,7 +1262,7 @@ impl Session {
         let mut pkts = Vec::new();
         let mut continuing = false;
         while !parser.is_done() {
-            let p = self.backend.read_packet().await?;
+            let mut p = self.backend.read_packet().await?;
             let len = p.payload.len();
             if !continuing {
                 match parser.feed(&p.payload, len) {
@@ -1223,12 +1274,20 @@ impl Session {
                         return Err(Error::with_cause(Source::Backend, "reading response", v))
                     }
                 }
+                if parser.take_tracked() {
+                    // Kept as the client is to see it: some collected packets are
+                    // forwarded (SHOW WARNINGS, a rewrite's answer).
+                    if let Some(own) = self.state.tracked_ok(&p.payload, true) {
+                        p.payload = bytes::BytesMut::from(&own[..]);
+                    }
+                }
             }
             continuing = len == MAX_PAYLOAD;
             pkts.push(p);
         }
+        self.sync_db();
         if let Some(st) = parser.last_status {
-            self.status = st;
+            self.state.set_status(st);
         }
         if parser.errored {
             self.backend_error();
@@ -1274,6 +1333,7 @@ async fn relay_loop<B, C>(
     parser: &mut ResponseParser,
     shift: u8,
     sent_any: &mut bool,
+    state: &mut SessionState,
 ) -> Result<()>
 where
     B: AsyncRead + AsyncWrite + Unpin,
@@ -1328,14 +1388,31 @@ where
             continue;
         }
         let seen = if whole { len } else { 1 };
+        let start = ready;
         let step = parser
-            .feed(&backend.buf[ready + 4..ready + 4 + seen], len)
+            .feed(&backend.buf[start + 4..start + 4 + seen], len)
             .map_err(|v| Error::with_cause(Source::Backend, "relaying response", v))?;
         if whole {
             ready += 4 + len;
         } else {
             ready += 4;
             skip = len;
+        }
+        if whole && parser.take_tracked() {
+            if let Some(own) = state.tracked_ok(&backend.buf[start + 4..start + 4 + len], true) {
+                // An OK packet carrying session state information the client did not
+                // ask for: what precedes it goes as it is, the packet as the client
+                // is to see it.
+                let seq = backend.buf[start + 3];
+                let mut before = start;
+                flush(backend, client, &mut before, sent_any).await?;
+                backend.buf.advance(4 + len);
+                ready = 0;
+                let mut out = bytes::BytesMut::with_capacity(4 + own.len());
+                crate::wire::io::frame_into(&mut out, seq, &own);
+                client.write_all(&out).await?;
+                *sent_any = true;
+            }
         }
         continuing = next_continues;
         if step == Step::LocalInfile {
@@ -1398,65 +1475,18 @@ where
     }
 }
 
+/// Sets a capability bit in a handshake response's payload.
+fn set_capability(payload: &mut [u8], bit: u32) {
+    if let Some(b) = payload.get_mut(0..4) {
+        let c = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) | bit;
+        b.copy_from_slice(&c.to_le_bytes());
+    }
+}
+
 /// The statement id of a COM_STMT_* payload.
 fn statement_id(payload: &[u8]) -> Option<u32> {
     let b = payload.get(1..5)?;
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-/// Statements that may change session state (settings, privileges in effect).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SessionStatement {
-    /// `SET …` (incl. `SET STATEMENT … FOR`): its effect follows from its text.
-    Set,
-    /// `CALL`: a procedure may run anything.
-    Call,
-}
-
-/// Whether a `SET` statement may change the connection's character set.
-fn sets_charset(sql: &[u8]) -> bool {
-    let s = String::from_utf8_lossy(sql).to_ascii_lowercase();
-    ["names", "character", "charset", "collation"]
-        .iter()
-        .any(|w| s.contains(w))
-}
-
-/// Longest SET history (bytes) a session may have and still share merged writes.
-const MAX_SESSION_SETS: usize = 4096;
-
-/// Whether a statement may change session state, and how. Leading whitespace and
-/// comments are skipped; conservative on purpose.
-fn session_statement(sql: &[u8]) -> Option<SessionStatement> {
-    let mut s = sql;
-    loop {
-        s = s.trim_ascii_start();
-        if let Some(rest) = s.strip_prefix(b"/*") {
-            match rest.windows(2).position(|w| w == b"*/") {
-                Some(end) => s = &rest[end + 2..],
-                None => return None,
-            }
-        } else if s.starts_with(b"#") || s.starts_with(b"-- ") {
-            match s.iter().position(|&b| b == b'\n') {
-                Some(end) => s = &s[end + 1..],
-                None => return None,
-            }
-        } else {
-            break;
-        }
-    }
-    let word_is = |w: &[u8]| {
-        s.len() >= w.len()
-            && s[..w.len()].eq_ignore_ascii_case(w)
-            && s.get(w.len())
-                .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
-    };
-    if word_is(b"set") {
-        Some(SessionStatement::Set)
-    } else if word_is(b"call") {
-        Some(SessionStatement::Call)
-    } else {
-        None
-    }
 }
 
 /// `SHOW WARNINGS` or `SHOW ERRORS`, with its LIMIT.
@@ -1580,41 +1610,6 @@ mod tests {
     }
 
     #[test]
-    fn session_state_changes() {
-        for sql in [
-            &b"SET sql_mode = ''"[..],
-            b"  set @a = 1",
-            b"/* x */ SET NAMES latin1",
-            b"CALL p()",
-            b"-- c\nset autocommit=0",
-        ] {
-            assert!(
-                session_statement(sql).is_some(),
-                "{}",
-                String::from_utf8_lossy(sql)
-            );
-        }
-        for sql in [
-            &b"SELECT 1"[..],
-            b"UPDATE t SET a = 1",
-            b"settle",
-            b"callback()",
-            b"",
-        ] {
-            assert!(
-                session_statement(sql).is_none(),
-                "{}",
-                String::from_utf8_lossy(sql)
-            );
-        }
-        assert_eq!(session_statement(b"CALL p()"), Some(SessionStatement::Call));
-        assert_eq!(
-            session_statement(b"SET NAMES utf8mb4"),
-            Some(SessionStatement::Set)
-        );
-    }
-
-    #[test]
     fn use_statements() {
         assert_eq!(use_statement_db(b"  USE shop"), Some("shop".into()));
         assert_eq!(use_statement_db(b"use `my``db`;"), Some("my`db".into()));
@@ -1678,7 +1673,8 @@ mod tests {
         let mut client = PacketIo::new(client_peer, Source::Client);
         let mut parser = ResponseParser::new(ResponseKind::Generic, false);
         let mut sent = false;
-        relay_loop(&mut backend, &mut client, &mut parser, 2, &mut sent)
+        let mut state = SessionState::new(false);
+        relay_loop(&mut backend, &mut client, &mut parser, 2, &mut sent, &mut state)
             .await
             .unwrap();
         assert!(parser.is_done());

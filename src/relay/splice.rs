@@ -300,11 +300,11 @@ impl Session {
                 info
             }
         };
-        self.galera = info.galera;
-        self.node_share = info.share;
+        self.state.galera = info.galera;
+        self.state.node_share = info.share;
         match learned {
             Some(l) => {
-                self.lexing = Some(l);
+                self.state.lexing = Some(l);
                 Ok(true)
             }
             None => {
@@ -388,7 +388,7 @@ impl Session {
             .last()
             .and_then(|p| packets::terminator_status(&p.payload, self.deprecate_eof))
         {
-            self.status = st;
+            self.state.set_status(st);
         }
         self.client.write_all(&out).await
     }
@@ -409,7 +409,7 @@ impl Session {
     /// Attempts of a statement the proxy runs on its own before a lock conflict or
     /// certification failure reaches the client.
     pub(super) fn max_attempts(&self) -> u32 {
-        if self.galera {
+        if self.state.galera {
             MAX_ATTEMPTS_GALERA
         } else {
             MAX_ATTEMPTS
@@ -418,7 +418,7 @@ impl Session {
 
     /// Whether a failed attempt left nothing behind, so that it can be retried.
     pub(super) fn retry_safe(&self, statements: usize, wrapped: bool) -> bool {
-        self.status & status::IN_TRANS == 0 && (wrapped || statements == 1)
+        self.state.status & status::IN_TRANS == 0 && (wrapped || statements == 1)
     }
 
     /// Executes a rewritten text statement and answers the client: merged with
@@ -504,8 +504,8 @@ impl Session {
         let n = commands.len();
         let wrap = atomic
             && n > 1
-            && self.status & status::IN_TRANS == 0
-            && self.status & status::AUTOCOMMIT != 0;
+            && self.state.status & status::IN_TRANS == 0
+            && self.state.status & status::AUTOCOMMIT != 0;
         let retry = self.retry_safe(n, wrap);
         let mut attempt = 1;
         loop {
@@ -615,7 +615,7 @@ impl Session {
         let ok = |affected_rows: u64, last_insert_id: u64| OkSummary {
             affected_rows,
             last_insert_id,
-            status: self.status,
+            status: self.state.status,
             warnings,
         };
         let (summary, info) = match reply {
@@ -696,10 +696,15 @@ impl Session {
             Some(&packets::OK) | Some(&packets::ERR) | None => {
                 self.answered_error |= payload.first() == Some(&packets::ERR);
                 if let Some(o) = packets::parse_ok(&payload).filter(|_| payload[0] == packets::OK) {
-                    self.status = o.status;
+                    self.state.set_status(o.status);
                 }
+                let own = self.client_packet(&payload);
                 let renamed = self.renamed_err(&payload);
-                frame_into(&mut out, seq, renamed.as_deref().unwrap_or(&payload));
+                frame_into(
+                    &mut out,
+                    seq,
+                    own.as_deref().or(renamed.as_deref()).unwrap_or(&payload),
+                );
                 return self.client.write_all(&out).await;
             }
             Some(_) => match lenenc_int(&payload) {
@@ -743,13 +748,19 @@ impl Session {
             let terminator = self.ends_rows(&payload);
             if terminator || first == Some(packets::ERR) {
                 self.answered_error |= !terminator;
+                let mut own = None;
                 if terminator {
                     if let Some(st) = packets::terminator_status(&payload, self.deprecate_eof) {
-                        self.status = st;
+                        self.state.set_status(st);
                     }
+                    own = self.client_packet(&payload);
                 }
                 let renamed = self.renamed_err(&payload);
-                frame_into(&mut out, seq, renamed.as_deref().unwrap_or(&payload));
+                frame_into(
+                    &mut out,
+                    seq,
+                    own.as_deref().or(renamed.as_deref()).unwrap_or(&payload),
+                );
                 return self.client.write_all(&out).await;
             }
             match &recode {
@@ -797,8 +808,9 @@ impl Session {
             let terminator = self.ends_rows(&payload);
             if terminator {
                 if let Some(st) = packets::terminator_status(&payload, self.deprecate_eof) {
-                    self.status = st;
+                    self.state.set_status(st);
                 }
+                self.client_packet(&payload);
                 return Ok(());
             }
             if first == Some(packets::ERR) {
@@ -937,10 +949,10 @@ impl Session {
             .checks
             .iter()
             .any(|(_, c)| matches!(c, crate::rewrite::ParamCheck::String { .. }));
-        if strings && self.lexing.is_none() && !self.learn_lexing(cmd_seq).await? {
+        if strings && self.state.lexing.is_none() && !self.learn_lexing(cmd_seq).await? {
             return Ok(());
         }
-        let charset = self.lexing.map(|l| l.charset);
+        let charset = self.state.lexing.map(|l| l.charset);
         let Some(p) = self.prepared.get_mut(&id) else {
             return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
         };

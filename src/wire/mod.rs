@@ -14,6 +14,7 @@ pub mod io;
 pub mod literal;
 pub mod packets;
 pub mod resultset;
+pub mod track;
 
 /// Largest payload one physical packet can carry; a payload this long continues in the
 /// next packet.

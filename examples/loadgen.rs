@@ -24,6 +24,12 @@
 //! protocols. Without `--prepared` the values are inlined into the text (text
 //! protocol, COM_QUERY).
 //!
+//! `--setup SQL` (repeatable) runs statements once on every connection right after it
+//! is established (and again after a reconnect), before it runs the measured
+//! statements: a session that changed its state first, e.g. `SET time_zone = '+00:00'`
+//! or `CREATE TEMPORARY TABLE …`. Setup statements are sent as they are (text
+//! protocol, no placeholders) and are not measured.
+//!
 //! Errors are counted and do not stop the run; a connection whose error is fatal
 //! is re-established. The run stops by itself at `--duration` (or after
 //! `--requests`), with a hard stop a few seconds later for statements that hang.
@@ -95,6 +101,10 @@ struct Args {
     /// First value of {seq}.
     #[arg(long, default_value_t = 1)]
     seq_start: u64,
+    /// A statement run once on every new connection before its measured statements
+    /// (repeatable, run in order; text protocol, no placeholders, not measured).
+    #[arg(long)]
+    setup: Vec<String>,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -443,6 +453,8 @@ impl Histogram {
 /// State shared by all connection tasks.
 struct Shared {
     templates: Vec<Template>,
+    /// --setup statements, run on every new connection.
+    setup: Vec<String>,
     opts: Opts,
     prepared: bool,
     mix: Mix,
@@ -493,6 +505,21 @@ struct Session {
     stmts: Vec<Option<Statement>>,
 }
 
+/// Runs the --setup statements on a new connection.
+async fn run_setup(conn: &mut Conn, setup: &[String]) -> Result<(), mysql_async::Error> {
+    for sql in setup {
+        conn.query_drop(sql.as_str()).await?;
+    }
+    Ok(())
+}
+
+/// Connects and runs the --setup statements.
+async fn connect(opts: Opts, setup: &[String]) -> Result<Conn, mysql_async::Error> {
+    let mut conn = Conn::new(opts).await?;
+    run_setup(&mut conn, setup).await?;
+    Ok(conn)
+}
+
 async fn with_hard_stop<T>(
     hard_stop: Option<Instant>,
     fut: impl std::future::Future<Output = Result<T, mysql_async::Error>>,
@@ -537,7 +564,12 @@ async fn run_connection(
         // (Re)connect if needed.
         let sess = match session.as_mut() {
             Some(s) => s,
-            None => match with_hard_stop(window.hard_stop, Conn::new(shared.opts.clone())).await {
+            None => match with_hard_stop(
+                window.hard_stop,
+                connect(shared.opts.clone(), &shared.setup),
+            )
+            .await
+            {
                 Ok(Ok(conn)) => session.insert(Session {
                     conn,
                     stmts: vec![None; n],
@@ -759,8 +791,9 @@ async fn run(args: Args) -> Result<Report, String> {
     let mut connects = Vec::with_capacity(args.connections);
     for _ in 0..args.connections {
         let opts = opts.clone();
+        let setup = args.setup.clone();
         connects.push(tokio::spawn(async move {
-            tokio::time::timeout(Duration::from_secs(10), Conn::new(opts)).await
+            tokio::time::timeout(Duration::from_secs(10), connect(opts, &setup)).await
         }));
     }
     let mut conns = Vec::with_capacity(args.connections);
@@ -775,6 +808,7 @@ async fn run(args: Args) -> Result<Report, String> {
 
     let shared = Arc::new(Shared {
         templates,
+        setup: args.setup.clone(),
         opts,
         prepared: args.prepared,
         mix: args.mix,

@@ -42,9 +42,9 @@ use super::state::AloneReason;
 use crate::error::Result;
 use crate::rewrite::merge::{Limits, Member, Written};
 use crate::rewrite::{Merger, Reply, Rewritten};
+use crate::wire::literal;
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary};
 use crate::wire::resultset::{text_cells, text_row};
-use crate::wire::literal;
 
 impl Session {
     /// The group a rewrite may be merged into (group key, this execution's part), or
@@ -278,7 +278,11 @@ impl Session {
             // as its own session says. No client waits on its own lock through
             // another session's connection.
             Err(payload) if err_code(&payload) == Some(LOCK_WAIT_TIMEOUT) => {
-                tracing::debug!(id = self.backend_id, members, "merged write timed out on a lock: members run alone");
+                tracing::debug!(
+                    id = self.backend_id,
+                    members,
+                    "merged write timed out on a lock: members run alone"
+                );
                 for _ in 0..members {
                     self.count_alone(AloneReason::LockTimeout);
                 }

@@ -4,6 +4,7 @@
 //!
 //! - [`response`]: where a response ends (pure state machine, unit-tested).
 //! - [`session`]: the per-connection task (handshake, auth, command loop).
+//! - [`shared`]: what all sessions of a server share (config, rules, counters).
 //! - [`coalesce`]: group commit: who writes a merged batch, who waits.
 //! - [`state`]: what the relay knows of the backend session's state (from the
 //!   server's session state tracking), and whether a statement may join a merged
@@ -17,7 +18,9 @@ pub mod coalesce;
 mod merge;
 pub mod response;
 pub mod session;
+pub mod shared;
 mod splice;
 pub mod state;
 
-pub use session::{serve_client, Shared, Stats, LEARN_PACKET_LIMIT_AT};
+pub use session::{serve_client, LEARN_PACKET_LIMIT_AT};
+pub use shared::{Shared, Stats};

@@ -13,11 +13,10 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use bytes::Buf;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -25,12 +24,11 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::response::{ResponseKind, ResponseParser, Step};
+use super::shared::Shared;
 use super::splice::PreparedRewrite;
-use super::state::{AloneReason, SessionState};
-use crate::admin::{Registration, Registry};
-use crate::config::Config;
+use super::state::SessionState;
+use crate::admin::Registration;
 use crate::error::{Error, Result, Source};
-use crate::metrics::{Histogram, RuleTable};
 use crate::rewrite::{Decision, Engine, StatementContext};
 use crate::tls::{self, Stream, Tls};
 use crate::wire::handshake::{
@@ -39,101 +37,6 @@ use crate::wire::handshake::{
 use crate::wire::io::{header, shift_seq, Framed, Logical, Packet, PacketIo};
 use crate::wire::packets::{self, err_of, errors, Renames};
 use crate::wire::{caps, cmd, status, MAX_PAYLOAD};
-
-/// Counters shared by all sessions (read by metrics and the admin port).
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// Client connections accepted.
-    pub connections_total: AtomicU64,
-    /// Client connections open now.
-    pub connections_active: AtomicU64,
-    /// Connections refused by the connection limit.
-    pub connections_refused: AtomicU64,
-    /// Connections whose backend could not be reached.
-    pub backend_connect_errors: AtomicU64,
-    /// Statements forwarded unchanged.
-    pub passthrough: AtomicU64,
-    /// Statements replaced by a rule.
-    pub rewritten: AtomicU64,
-    /// Statements rejected by a rule.
-    pub rejected: AtomicU64,
-    /// Merged writes (group commit) holding more than one statement.
-    pub coalesced_writes: AtomicU64,
-    /// Items (of each rule kind) that were part of a merged write.
-    pub coalesced_items: crate::metrics::MergedItems,
-    /// Writes that could have merged and ran alone, by [`AloneReason`] (index
-    /// [`AloneReason::index`]).
-    pub merge_alone: [AtomicU64; AloneReason::ALL.len()],
-    /// Two-step rewrites (see [`crate::rewrite::Prelude`]) that ran with literals.
-    pub prelude_literal: AtomicU64,
-    /// Two-step rewrites whose prelude row did not allow literals: the one-step form ran.
-    pub prelude_declined: AtomicU64,
-    /// Backend responses that were ERR packets, and backend connections lost while a
-    /// statement was in flight.
-    pub backend_errors: AtomicU64,
-    /// Rule set reloads that were swapped in.
-    pub reloads_ok: AtomicU64,
-    /// Rule set reloads refused (the previous rule set stayed in force).
-    pub reloads_failed: AtomicU64,
-    /// Rewritten statements: decision to the client's answer.
-    pub rewrite_latency: Histogram,
-    /// Passthrough statements (COM_QUERY, COM_STMT_EXECUTE): forwarding to the end
-    /// of the response.
-    pub backend_latency: Histogram,
-}
-
-/// State shared by every session of one server.
-pub struct Shared {
-    /// Effective configuration.
-    pub config: Config,
-    /// The rule set in force; a reload swaps in a new one, a statement sees one.
-    pub engine: ArcSwap<Engine>,
-    /// Counters.
-    pub stats: Stats,
-    /// Per-rule counters of the rule set in force (replaced with the engine on reload,
-    /// looked up by rule name).
-    pub rules: ArcSwap<RuleTable>,
-    /// Live sessions, for the admin port's `SHOW SESSIONS`.
-    pub sessions: Registry,
-    /// Group commit of merged writes.
-    pub coalescer: Arc<super::coalesce::Coalescer>,
-    /// TLS material loaded at startup (client certificate, backend trust).
-    pub tls: Tls,
-    /// The backend nodes, their health and connections.
-    pub backends: Arc<crate::backends::Backends>,
-}
-
-impl Shared {
-    /// Shared state for a server with `config` and an initial rule set, without TLS.
-    pub fn new(config: Config, engine: Engine) -> Arc<Self> {
-        Self::with_tls(config, engine, Tls::default())
-    }
-
-    /// Shared state with TLS material loaded from `config` ([`Tls::load`]).
-    pub fn with_tls(config: Config, engine: Engine, tls: Tls) -> Arc<Self> {
-        let rules = RuleTable::for_engine(&engine, &RuleTable::default());
-        let backends = Arc::new(crate::backends::Backends::from_config(&config));
-        Arc::new(Shared {
-            backends,
-            config,
-            engine: ArcSwap::from_pointee(engine),
-            stats: Stats::default(),
-            rules: ArcSwap::from_pointee(rules),
-            sessions: Registry::default(),
-            coalescer: Arc::default(),
-            tls,
-        })
-    }
-
-    /// Swaps in a new rule set: its per-rule counters first (carrying over those of
-    /// rules that keep their name), then the engine. A statement already deciding
-    /// keeps the engine it loaded.
-    pub fn install(&self, engine: Engine) {
-        let table = RuleTable::for_engine(&engine, &self.rules.load());
-        self.rules.store(Arc::new(table));
-        self.engine.store(Arc::new(engine));
-    }
-}
 
 /// Serves one accepted client connection to completion. Never panics on bad input:
 /// errors end the session and are logged with their source.
@@ -987,7 +890,9 @@ impl Session {
         let tracked = ok_shaped
             && packets::parse_ok(payload)
                 .is_some_and(|o| o.status & packets::SESSION_STATE_CHANGED != 0);
-        let own = tracked.then(|| self.state.tracked_ok(payload, true)).flatten();
+        let own = tracked
+            .then(|| self.state.tracked_ok(payload, true))
+            .flatten();
         self.sync_db();
         own
     }
@@ -1674,9 +1579,16 @@ mod tests {
         let mut parser = ResponseParser::new(ResponseKind::Generic, false);
         let mut sent = false;
         let mut state = SessionState::new(false);
-        relay_loop(&mut backend, &mut client, &mut parser, 2, &mut sent, &mut state)
-            .await
-            .unwrap();
+        relay_loop(
+            &mut backend,
+            &mut client,
+            &mut parser,
+            2,
+            &mut sent,
+            &mut state,
+        )
+        .await
+        .unwrap();
         assert!(parser.is_done());
         drop(client);
         let _ = writer.await.unwrap();

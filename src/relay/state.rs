@@ -224,7 +224,9 @@ impl Hazards {
                 }
                 b'#' => i = skip_line(sql, i),
                 b'-' if sql.get(i + 1) == Some(&b'-')
-                    && sql.get(i + 2).is_none_or(|c| c.is_ascii_whitespace() || *c < 0x20) =>
+                    && sql
+                        .get(i + 2)
+                        .is_none_or(|c| c.is_ascii_whitespace() || *c < 0x20) =>
                 {
                     i = skip_line(sql, i)
                 }
@@ -284,8 +286,13 @@ impl Hazards {
                     if words == 0 {
                         first_is_set = is(b"set");
                     } else if words == 1 && first_is_set {
-                        let other: [&[u8]; 5] =
-                            [b"statement", b"role", b"default", b"password", b"transaction"];
+                        let other: [&[u8]; 5] = [
+                            b"statement",
+                            b"role",
+                            b"default",
+                            b"password",
+                            b"transaction",
+                        ];
                         if other.iter().any(|k| is(k)) {
                             h |= Self::SET_OTHER;
                         }
@@ -563,9 +570,10 @@ impl SessionState {
     /// string parameters are then not written as literals).
     pub fn charset_changed(&self) -> bool {
         self.alone.is_some()
-            || self.variables.keys().any(|k| {
-                k.starts_with(b"character_set_") || k.starts_with(b"collation_")
-            })
+            || self
+                .variables
+                .keys()
+                .any(|k| k.starts_with(b"character_set_") || k.starts_with(b"collation_"))
     }
 
     /// An OK packet with SERVER_SESSION_STATE_CHANGED from the backend: learns what
@@ -619,8 +627,7 @@ impl SessionState {
                     if name.starts_with(b"session_track") {
                         self.client.filter = false;
                         self.leave(AloneReason::Untracked);
-                    } else if is_one_of(&name, &ONE_SHOT_VARIABLES) || !self.current.plain_set()
-                    {
+                    } else if is_one_of(&name, &ONE_SHOT_VARIABLES) || !self.current.plain_set() {
                         self.leave(AloneReason::SessionState);
                     } else {
                         self.variables.insert(name, value.to_vec());
@@ -672,14 +679,23 @@ mod tests {
             ("BACKUP STAGE START", Some(TableLock)),
             ("BACKUP LOCK t", Some(TableLock)),
             ("CALL p()", Some(DynamicSql)),
-            ("EXECUTE IMMEDIATE 'SET TIME_ZONE=''+10:00'''", Some(DynamicSql)),
+            (
+                "EXECUTE IMMEDIATE 'SET TIME_ZONE=''+10:00'''",
+                Some(DynamicSql),
+            ),
             ("PREPARE s FROM 'select 1'", Some(DynamicSql)),
             ("CREATE TEMPORARY TABLE plays (a INT)", Some(TemporaryTable)),
             ("SET session_track_state_change = OFF", Some(Untracked)),
-            ("SET STATEMENT time_zone = '+01:00' FOR SELECT NOW()", Some(SessionState)),
+            (
+                "SET STATEMENT time_zone = '+01:00' FOR SELECT NOW()",
+                Some(SessionState),
+            ),
             ("SET ROLE r", Some(SessionState)),
             ("SET DEFAULT ROLE r", Some(SessionState)),
-            ("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", Some(SessionState)),
+            (
+                "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+                Some(SessionState),
+            ),
             ("SET SESSION TRANSACTION READ ONLY", Some(SessionState)),
             ("SET PASSWORD = PASSWORD('x')", Some(SessionState)),
             // A backslash: strings are read as code.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Long differential fuzz run (tests/fuzz.rs): many seeds, a release build. Every seed
 # runs the counter and ring kinds on fresh databases through heatsink and on plain
-# reference tables, comparing every answer and the logical state.
+# reference tables, comparing every answer and the logical state; then SESSION_ROUNDS
+# (default 20) rounds of 16 concurrent sessions with state prefixes per kind
+# (counter, ring, rollup logs), compared with the same sessions sent directly.
 #
 #   scripts/fuzz.sh                 # seeds 1..50, 5000 statements per kind and seed
 #   SEEDS="7 8 9" STATEMENTS=20000 scripts/fuzz.sh
@@ -22,13 +24,15 @@ SEEDS=${SEEDS:-$(seq "$FIRST" $((FIRST + COUNT - 1)))}
 logs=target/fuzz
 mkdir -p "$logs"
 
-cargo test --release --test fuzz --no-run --quiet
+cargo test --release --test fuzz --test fuzz_rollup --no-run --quiet
 failed=()
 for seed in $SEEDS; do
   log="$logs/seed-$seed.log"
   start=$(date +%s)
   if HEATSINK_FUZZ_SEED=$seed HEATSINK_FUZZ_STATEMENTS=$STATEMENTS HEATSINK_FUZZ_ROUNDS=1 \
-      cargo test --release --quiet --test fuzz _matches_a_plain_table -- --nocapture >"$log" 2>&1; then
+      cargo test --release --quiet --test fuzz _matches_a_plain_table -- --nocapture >"$log" 2>&1 \
+    && HEATSINK_FUZZ_SEED=$seed HEATSINK_FUZZ_ROUNDS=${SESSION_ROUNDS:-20} \
+      cargo test --release --quiet --test fuzz --test fuzz_rollup _sessions_match_direct -- --nocapture >>"$log" 2>&1; then
     echo "seed $seed: ok ($(( $(date +%s) - start )) s)"
     rm -f "$log"
   else

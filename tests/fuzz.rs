@@ -53,6 +53,39 @@ fn ring_matches_a_plain_table() {
     run_kind(&Ring, 1);
 }
 
+/// Concurrent sessions per side in the bounded session runs.
+const SESSIONS: usize = 16;
+/// Writes per session in the bounded session runs.
+const SESSION_WRITES: usize = 12;
+/// Rounds per kind in the bounded session runs.
+const SESSION_ROUNDS: u64 = 2;
+
+/// 16 concurrent sessions, about half of them after a state change from the catalogue
+/// (`common::differential::STATE_CLASSES`), increment counters through heatsink (group
+/// commit at its default) and directly: every answer and the counters must match.
+#[test]
+fn counter_sessions_match_direct() {
+    common::differential::run_sessions_bounded(
+        &Counter,
+        SEED + 200,
+        SESSIONS,
+        SESSION_WRITES,
+        SESSION_ROUNDS,
+    );
+}
+
+/// The same for inserts into a ring, each session into its own key.
+#[test]
+fn ring_sessions_match_direct() {
+    common::differential::run_sessions_bounded(
+        &Ring,
+        SEED + 201,
+        SESSIONS,
+        SESSION_WRITES,
+        SESSION_ROUNDS,
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Minimal reproductions of what the fuzzer found. Each failed until its difference was
 // fixed (its tag is then off every list in `common::differential`, so the generator
@@ -383,6 +416,20 @@ impl Kind for Counter {
             "SELECT slug, HEX(slug), cnt FROM {db}.hits ORDER BY slug".into(),
             "SELECT slug, HEX(slug), slot, cnt FROM {db}.hits_slots ORDER BY slug, slot".into(),
         ]
+    }
+
+    /// An increment of a key latin1 can also spell (increments commute, so the order
+    /// of the sessions does not matter).
+    fn session_write(&self, g: &mut Gen, _session: usize, _k: usize) -> Option<Stmt> {
+        let key = *g.pick(&["home", "about", "blog", "café", "tmp1"]);
+        let d = *g.pick(&[1, 1, 2, 3, -1, 5]);
+        let mut s = Stmt::new();
+        s.sql(format!("UPDATE hits SET cnt = cnt + {d} WHERE slug = '"))
+            .sql(common::differential::encode(g, key))
+            .sql("'");
+        s.write = true;
+        s.text_only = true;
+        Some(s)
     }
 
     fn statement(&self, g: &mut Gen) -> Stmt {
@@ -1082,6 +1129,39 @@ impl Kind for Ring {
              OVER (PARTITION BY uid ORDER BY id DESC) AS n FROM {ref_db}.{LOG}) AS x \
              WHERE n > {RING_SIZE})"
         ));
+    }
+
+    /// An insert into the session's own key (`10 + session`), so that the ring keeps
+    /// the same rows whatever the order of the sessions: a time that is a literal or
+    /// `NOW(6)`, sometimes a visitor out of INT's range (1264 when strict, clipped
+    /// with a warning otherwise).
+    fn session_write(&self, g: &mut Gen, session: usize, k: usize) -> Option<Stmt> {
+        let visitor: i64 = if g.chance(10) {
+            99_999_999_999
+        } else {
+            k as i64
+        };
+        let time = if g.chance(30) {
+            "NOW(6)".to_string()
+        } else {
+            format!("'2024-02-{:02} 10:{:02}:00'", 1 + k / 60, k % 60)
+        };
+        let mut s = Stmt::new();
+        s.sql(format!(
+            "INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES ({}, {visitor}, {time})",
+            10 + session
+        ));
+        s.write = true;
+        s.text_only = true;
+        Some(s)
+    }
+
+    fn session_state_query(&self) -> String {
+        format!(
+            "SELECT uid, visitor_uid, IF(last_update >= '2025-01-01', CONCAT('now ', \
+             ROUND(TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), last_update) / 3600)), last_update) \
+             FROM {LOG}"
+        )
     }
 
     fn statement(&self, g: &mut Gen) -> Stmt {

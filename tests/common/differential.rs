@@ -695,6 +695,32 @@ pub trait Kind {
     }
     /// The next statement.
     fn statement(&self, g: &mut Gen) -> Stmt;
+
+    // Concurrent sessions ([`run_sessions_bounded`]). A kind that takes part gives
+    // writes whose effects do not depend on the order of the sessions.
+
+    /// The `k`-th write of session `session`, or `None`: the kind has no session
+    /// writes. The statement is in `g.session`'s character set and sql_mode.
+    fn session_write(&self, _g: &mut Gen, _session: usize, _k: usize) -> Option<Stmt> {
+        None
+    }
+    /// Statements run in both databases (before `heatsink migrate --apply`) for the
+    /// session runs only: foreign keys and triggers that read user variables, so that
+    /// a leaked `foreign_key_checks` or user variable shows.
+    fn session_schema(&self) -> String {
+        String::new()
+    }
+    /// The logical state after a session run, in a defined order, without what the
+    /// order of concurrent sessions decides (AUTO_INCREMENT ids), `NOW()` values as
+    /// their offset from UTC in hours.
+    fn session_state_query(&self) -> String {
+        self.state_query()
+    }
+    /// A `CREATE TEMPORARY TABLE` that shadows the ruled table by name, when a
+    /// statement on the shadow means the same through heatsink as directly.
+    fn shadow_table(&self) -> Option<String> {
+        None
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1127,6 +1153,8 @@ pub struct Differential<'k> {
     /// The reference database (plain table).
     pub reference_db: String,
     pub proxy: Proxy,
+    /// The proxy's `--metrics` address.
+    metrics: Option<std::net::SocketAddr>,
     _rules: tempfile::TempDir,
 }
 
@@ -1146,6 +1174,7 @@ impl<'k> Differential<'k> {
         let reference_db = format!("fz_{}{n}_r", kind.name());
         let rules = super::client::rules_dir(&format!("{}.toml", kind.name()), &kind.rule_toml());
         let builder = Proxy::builder().rules_dir(rules.path());
+        let (builder, metrics) = builder.listen_arg("--metrics");
         let builder = match target {
             Target::Single => builder,
             Target::Galera => builder.backend(super::galera::galera().backend_list()),
@@ -1156,6 +1185,7 @@ impl<'k> Differential<'k> {
             proxied_db,
             reference_db,
             proxy: builder.start(),
+            metrics: Some(metrics),
             _rules: rules,
         };
         d.reset();
@@ -1164,13 +1194,24 @@ impl<'k> Differential<'k> {
 
     /// Recreates both databases from the schema (and the rule's tables).
     pub fn reset(&self) {
+        self.reset_with("");
+    }
+
+    /// [`Differential::reset`] with `extra` statements after the schema (before
+    /// migrate).
+    fn reset_with(&self, extra: &str) {
+        let schema = if extra.trim().is_empty() {
+            self.kind.schema()
+        } else {
+            let schema = self.kind.schema();
+            format!("{}; {extra}", schema.trim_end().trim_end_matches(';'))
+        };
         if self.target == Target::Galera {
             let node = super::galera::galera().node(0);
             for db in [&self.proxied_db, &self.reference_db] {
                 node.exec(&format!(
                     "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db} DEFAULT CHARACTER SET utf8mb4; \
-                     USE {db}; {}",
-                    self.kind.schema()
+                     USE {db}; {schema}"
                 ));
             }
             let (code, out, err) = super::cli::Cli::new(["migrate", "--apply", "--rules"])
@@ -1183,7 +1224,7 @@ impl<'k> Differential<'k> {
             return;
         }
         for db in [&self.proxied_db, &self.reference_db] {
-            fresh_db_with(db, "DEFAULT CHARACTER SET utf8mb4", &self.kind.schema());
+            fresh_db_with(db, "DEFAULT CHARACTER SET utf8mb4", &schema);
         }
         migrate_ok(self._rules.path(), &self.proxied_db, true);
         self.kind.settle_reference(&self.reference_db);
@@ -1541,4 +1582,430 @@ fn session_change(g: &mut Gen) -> (String, Session) {
         }
     };
     (sql, next)
+}
+
+// ---------------------------------------------------------------------------------------
+// Concurrent sessions with state prefixes
+
+/// A bounded run of concurrent sessions of `kind` ([`Differential::run_sessions`]):
+/// `rounds` rounds (seeds `seed + i * 1000`; `HEATSINK_FUZZ_SEED` and
+/// `HEATSINK_FUZZ_ROUNDS` override) of `sessions` sessions with `writes` writes each
+/// (`HEATSINK_FUZZ_WRITES` overrides), stopping at the first round with a difference;
+/// panics with every difference found.
+pub fn run_sessions_bounded(
+    kind: &dyn Kind,
+    seed: u64,
+    sessions: usize,
+    writes: usize,
+    rounds: u64,
+) {
+    let base = Config::from_env(seed, writes);
+    let writes = std::env::var("HEATSINK_FUZZ_WRITES")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(writes);
+    let rounds = std::env::var("HEATSINK_FUZZ_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(rounds);
+    let diff = Differential::start(kind);
+    let mut total = Report::default();
+    for round in 0..rounds {
+        let mut cfg = base.clone();
+        cfg.seed = base.seed.wrapping_add(round * 1000);
+        let report = diff.run_sessions(&cfg, sessions, writes);
+        eprintln!(
+            "{} sessions seed {}: {}",
+            kind.name(),
+            cfg.seed,
+            report.summary()
+        );
+        let failed = !report.mismatches.is_empty();
+        total.absorb(report);
+        if failed {
+            break;
+        }
+    }
+    let merged = super::sample(
+        &super::http_get(diff.metrics_addr(), "/metrics").1,
+        "heatsink_coalesced_writes_total",
+    )
+    .unwrap_or(0.0);
+    eprintln!(
+        "{} sessions total: {}; merged writes: {merged}",
+        kind.name(),
+        total.summary()
+    );
+    assert!(
+        total.mismatches.is_empty(),
+        "{}: {} differences from the same sessions sent directly\n{}\n--- heatsink log (tail) ---\n{}",
+        kind.name(),
+        total.mismatches.len(),
+        total.details(),
+        super::client::tail(&diff.proxy.log_text(), 20)
+    );
+}
+
+/// One generated session: its state change (none for a pristine session) and its
+/// writes.
+#[derive(Clone, Debug)]
+pub struct SessionScript {
+    /// What the prefix changes (`pristine`, `time_zone`, `sql_mode`, …).
+    pub class: &'static str,
+    pub prefix: Vec<Vec<u8>>,
+    pub writes: Vec<Stmt>,
+    /// `auto_increment_increment` after the prefix: ids are compared modulo it.
+    pub increment: u64,
+}
+
+/// The session state changes the generator draws from, by class, each in several
+/// spellings: plain `SET`, `SET SESSION`, `SET @@session.`, a versioned comment,
+/// `EXECUTE IMMEDIATE`, `SELECT … INTO`, `DO`, `:=` inside a `SELECT`.
+pub const STATE_CLASSES: &[&str] = &[
+    "time_zone",
+    "sql_mode",
+    "user_variable",
+    "character_set",
+    "foreign_key_checks",
+    "auto_increment",
+    "temporary_table",
+];
+
+/// A random state change of `class` for session `session`: its statements; updates
+/// `g.session` (character set, sql_mode) and returns the session's
+/// auto_increment_increment.
+pub fn state_change(
+    g: &mut Gen,
+    class: &str,
+    session: usize,
+    shadow: Option<&str>,
+) -> (Vec<String>, u64) {
+    let mut increment = 1;
+    let sql = match class {
+        "time_zone" => {
+            let tz = *g.pick(&["+10:00", "-03:30", "+05:45", "+01:00"]);
+            match g.below(7) {
+                0 => format!("SET time_zone = '{tz}'"),
+                1 => format!("SET SESSION time_zone = '{tz}'"),
+                2 => format!("SET @@session.time_zone = '{tz}'"),
+                3 => format!("/*!40103 SET TIME_ZONE='{tz}' */"),
+                4 => format!("EXECUTE IMMEDIATE 'SET time_zone = ''{tz}'''"),
+                5 => format!("SET @@time_zone = '{tz}'"),
+                _ => format!("SET @hs_tz = '{tz}', time_zone = @hs_tz"),
+            }
+        }
+        "sql_mode" => {
+            let mode = *g.pick(&[
+                "",
+                "NO_ENGINE_SUBSTITUTION",
+                "ANSI_QUOTES",
+                "STRICT_ALL_TABLES",
+                "NO_BACKSLASH_ESCAPES",
+            ]);
+            g.session.sql_mode = mode.to_string();
+            match g.below(6) {
+                0 => format!("SET sql_mode = '{mode}'"),
+                1 => format!("SET SESSION sql_mode = '{mode}'"),
+                2 => format!("SET @@session.sql_mode = '{mode}'"),
+                3 => format!("/*!40101 SET SQL_MODE='{mode}' */"),
+                4 => format!("EXECUTE IMMEDIATE 'SET sql_mode = ''{mode}'''"),
+                _ => format!("SET @old_mode = @@sql_mode, sql_mode = '{mode}'"),
+            }
+        }
+        "user_variable" => {
+            let v = format!("s{session}");
+            match g.below(7) {
+                0 => format!("SET @hs_tag = '{v}'"),
+                1 => format!("SELECT @hs_tag := '{v}'"),
+                2 => format!("DO @hs_tag := '{v}'"),
+                3 => format!("SELECT '{v}' INTO @hs_tag"),
+                4 => format!("EXECUTE IMMEDIATE 'SET @hs_tag = ''{v}'''"),
+                5 => format!("/*!50000 SET @hs_tag = '{v}' */"),
+                _ => format!("SELECT 1 AS one, @hs_tag := '{v}' AS tag FROM DUAL"),
+            }
+        }
+        "character_set" => {
+            g.session.charset = Charset::Latin1;
+            match g.below(6) {
+                0 => "SET NAMES latin1".to_string(),
+                1 => "/*!40101 SET NAMES latin1 */".to_string(),
+                2 => "SET SESSION character_set_client = latin1, character_set_connection = latin1"
+                    .to_string(),
+                3 => "SET @@session.character_set_client = latin1".to_string(),
+                4 => "EXECUTE IMMEDIATE 'SET NAMES latin1'".to_string(),
+                _ => "SET CHARACTER SET latin1".to_string(),
+            }
+        }
+        "foreign_key_checks" => match g.below(5) {
+            0 => "SET foreign_key_checks = 0".to_string(),
+            1 => "SET SESSION FOREIGN_KEY_CHECKS = 0".to_string(),
+            2 => "SET @@session.foreign_key_checks = OFF".to_string(),
+            3 => "/*!40014 SET FOREIGN_KEY_CHECKS=0 */".to_string(),
+            _ => "EXECUTE IMMEDIATE 'SET foreign_key_checks = 0'".to_string(),
+        },
+        "auto_increment" => {
+            let inc = g.range(2, 9) as u64;
+            let off = g.range(1, inc as i64) as u64;
+            increment = inc;
+            match g.below(5) {
+                0 => format!("SET auto_increment_increment = {inc}, auto_increment_offset = {off}"),
+                1 => format!(
+                    "SET SESSION auto_increment_increment = {inc}, SESSION auto_increment_offset = {off}"
+                ),
+                2 => format!(
+                    "SET @@session.auto_increment_increment = {inc}, @@session.auto_increment_offset = {off}"
+                ),
+                3 => format!(
+                    "/*!40101 SET auto_increment_increment = {inc}, auto_increment_offset = {off} */"
+                ),
+                _ => format!(
+                    "EXECUTE IMMEDIATE 'SET auto_increment_increment = {inc}, auto_increment_offset = {off}'"
+                ),
+            }
+        }
+        "temporary_table" => match (shadow, g.below(3)) {
+            (Some(ddl), 0 | 1) => ddl.to_string(),
+            (_, 0) => "CREATE TEMPORARY TABLE hs_scratch (a INT)".to_string(),
+            (_, 1) => "/*!32311 CREATE TEMPORARY TABLE hs_scratch (a INT) */".to_string(),
+            _ => "CREATE TEMPORARY TABLE IF NOT EXISTS hs_scratch AS SELECT 1 AS a".to_string(),
+        },
+        other => panic!("unknown state class {other}"),
+    };
+    (vec![sql], increment)
+}
+
+/// `text` in the session's character set (utf8mb4 or latin1; characters latin1 lacks
+/// become `?`).
+pub fn encode(g: &Gen, text: &str) -> Vec<u8> {
+    match g.session.charset {
+        Charset::Latin1 => text
+            .chars()
+            .map(|c| u8::try_from(u32::from(c)).unwrap_or(b'?'))
+            .collect(),
+        _ => text.as_bytes().to_vec(),
+    }
+}
+
+/// One session's answers: the prefix's, then each write's.
+type SessionAnswers = Vec<Vec<Item>>;
+
+impl Differential<'_> {
+    /// The proxy's `--metrics` address.
+    pub fn metrics_addr(&self) -> std::net::SocketAddr {
+        self.metrics
+            .expect("differential proxy has a metrics endpoint")
+    }
+
+    /// The sessions of a seed: about half pristine, the others with one state change
+    /// from the catalogue first; then `writes` writes each from
+    /// [`Kind::session_write`]. Each session's statements come from its own generator
+    /// (seeded by the run's seed and its index).
+    pub fn session_scripts(
+        &self,
+        cfg: &Config,
+        sessions: usize,
+        writes: usize,
+    ) -> Vec<SessionScript> {
+        let shadow = self.kind.shadow_table();
+        (0..sessions)
+            .map(|i| {
+                let mut g = Gen::new(
+                    cfg.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    cfg.enabled.clone(),
+                );
+                let (class, prefix, increment) = if g.chance(50) {
+                    ("pristine", Vec::new(), 1)
+                } else {
+                    let class = *g.pick(STATE_CLASSES);
+                    let (sqls, inc) = state_change(&mut g, class, i, shadow.as_deref());
+                    (
+                        class,
+                        sqls.into_iter().map(String::into_bytes).collect(),
+                        inc,
+                    )
+                };
+                let writes = (0..writes)
+                    .map(|k| {
+                        self.kind
+                            .session_write(&mut g, i, k)
+                            .unwrap_or_else(|| panic!("{} has no session writes", self.kind.name()))
+                    })
+                    .collect();
+                SessionScript {
+                    class,
+                    prefix,
+                    writes,
+                    increment,
+                }
+            })
+            .collect()
+    }
+
+    /// Runs the sessions of `cfg.seed` concurrently through heatsink and then the same
+    /// sessions concurrently on the reference, on fresh databases with the kind's
+    /// session schema; compares each session's answers (ids modulo the session's
+    /// auto_increment_increment, since concurrent sessions take ids in another order
+    /// each time) and then the logical state ([`Kind::session_state_query`]).
+    pub fn run_sessions(&self, cfg: &Config, sessions: usize, writes: usize) -> Report {
+        self.reset_with(&self.kind.session_schema());
+        let started = Instant::now();
+        let scripts = self.session_scripts(cfg, sessions, writes);
+        let mut report = Report::default();
+        let proxied = self.run_side(true, &scripts);
+        let reference = self.run_side(false, &scripts);
+        self.kind.settle_reference(&self.reference_db);
+        let dbs = [self.proxied_db.as_str(), self.reference_db.as_str()];
+        for (i, script) in scripts.iter().enumerate() {
+            let mut p = proxied[i].clone();
+            let mut r = reference[i].clone();
+            let mut history = vec![format!("session {i} ({}):", script.class)];
+            for sql in &script.prefix {
+                history.push(format!("(state) {}", show_bytes(sql)));
+            }
+            for k in 0..p.len().max(r.len()) {
+                report.statements += 1;
+                let pa = p.get_mut(k).map(std::mem::take).unwrap_or_default();
+                let ra = r.get_mut(k).map(std::mem::take).unwrap_or_default();
+                let (mut pa, mut ra) = (pa, ra);
+                normalize(&mut pa, &dbs);
+                normalize(&mut ra, &dbs);
+                sort_rows(&mut pa);
+                sort_rows(&mut ra);
+                let sql = if k < script.prefix.len() {
+                    show_bytes(&script.prefix[k])
+                } else {
+                    let stmt = &script.writes[k - script.prefix.len()];
+                    show_bytes(&stmt.render("{db}", &[]).0)
+                };
+                if is_err(&pa) && is_err(&ra) {
+                    report.errors += 1;
+                }
+                if pa != ra {
+                    let msg = both_answers(&format!("session {i} statement: {sql}"), &pa, &ra);
+                    self.mismatch(&mut report, cfg, k, &history, msg);
+                }
+                history.push(sql);
+            }
+        }
+        let q = self.kind.session_state_query();
+        let mut po = self.connect(true);
+        let mut ro = self.connect(false);
+        let mut ps = query_items(&mut po, q.as_bytes());
+        let mut rs = query_items(&mut ro, q.as_bytes());
+        sort_rows(&mut ps);
+        sort_rows(&mut rs);
+        report.state_checks += 1;
+        if ps != rs {
+            let classes: Vec<String> = scripts
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    format!(
+                        "{i}: {} {}",
+                        s.class,
+                        s.prefix
+                            .iter()
+                            .map(|p| show_bytes(p))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    )
+                })
+                .collect();
+            let msg = format!(
+                "logical state differs after the sessions ({})\n  only through heatsink:\n{}  only in the reference:\n{}",
+                q,
+                show_items(&items_minus(&ps, &rs)),
+                show_items(&items_minus(&rs, &ps))
+            );
+            self.mismatch(&mut report, cfg, 0, &classes, msg);
+        }
+        report.elapsed_ms = started.elapsed().as_millis();
+        report
+    }
+
+    /// Runs every script in its own session on one side, all at once (the prefixes
+    /// first, then the writes of all sessions together). A session stops at its first
+    /// broken answer.
+    fn run_side(&self, proxied: bool, scripts: &[SessionScript]) -> Vec<SessionAnswers> {
+        let db = if proxied {
+            &self.proxied_db
+        } else {
+            &self.reference_db
+        };
+        let addr = if proxied {
+            self.proxy.addr()
+        } else {
+            match self.target {
+                Target::Single => mariadb().addr(),
+                Target::Galera => super::galera::galera().node(0).addr(),
+            }
+        };
+        let barrier = std::sync::Barrier::new(scripts.len());
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = scripts
+                .iter()
+                .map(|script| {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        let opts = ConnectOpts::new(USER, PASSWORD)
+                            .db(db)
+                            .timeout(std::time::Duration::from_secs(15));
+                        let mut out: SessionAnswers = Vec::new();
+                        let mut conn = RawClient::connect(addr, &opts);
+                        if let Err(e) = &conn {
+                            // Still meet the others at the barrier, or they would wait
+                            // for this session forever.
+                            out.push(vec![Item::Io(format!("connect to {addr}: {e}"))]);
+                        }
+                        let mut alive = conn.is_ok();
+                        for sql in &script.prefix {
+                            let Ok(c) = conn.as_mut() else { break };
+                            let a = query_items(c, sql);
+                            alive = !a.iter().any(|i| matches!(i, Item::Io(_)));
+                            out.push(a);
+                            if !alive {
+                                break;
+                            }
+                        }
+                        barrier.wait();
+                        for stmt in &script.writes {
+                            if !alive {
+                                break;
+                            }
+                            let Ok(c) = conn.as_mut() else { break };
+                            let (sql, _) = stmt.render(db, &[]);
+                            let mut a = query_items(c, &sql);
+                            alive = !a.iter().any(|i| matches!(i, Item::Io(_)));
+                            for it in &mut a {
+                                if let Item::Ok { last_insert_id, .. } = it {
+                                    *last_insert_id %= script.increment;
+                                }
+                            }
+                            out.push(a);
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("session thread"))
+                .collect()
+        })
+    }
+}
+
+/// The items of `a` left after taking away one equal item of `b` for each.
+fn items_minus(a: &[Item], b: &[Item]) -> Vec<Item> {
+    let mut rest: Vec<&Item> = b.iter().collect();
+    let mut out = Vec::new();
+    for it in a {
+        match rest.iter().position(|r| *r == it) {
+            Some(k) => {
+                rest.swap_remove(k);
+            }
+            None => out.push(it.clone()),
+        }
+    }
+    out
 }

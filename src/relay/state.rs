@@ -156,8 +156,9 @@ impl Hazards {
     pub const TRACKING: u16 = 1 << 4;
     /// The statement is a `SET` (also inside a leading versioned comment).
     pub const SET: u16 = 1 << 5;
-    /// A `SET` that is not a plain assignment of system variables: `SET STATEMENT`,
-    /// `ROLE`, `DEFAULT ROLE`, `PASSWORD`, `TRANSACTION`.
+    /// A `SET` that is not a plain assignment of system variables the server
+    /// reports: `SET STATEMENT`, `ROLE`, `DEFAULT ROLE`, `PASSWORD`, `TRANSACTION`,
+    /// or a `@@name` without a scope.
     pub const SET_OTHER: u16 = 1 << 6;
     /// Not a statement text (COM_STMT_EXECUTE, COM_INIT_DB, …).
     pub const NOT_TEXT: u16 = 1 << 7;
@@ -249,7 +250,17 @@ impl Hazards {
                 }
                 b'@' => {
                     if sql.get(i + 1) == Some(&b'@') {
-                        // A system variable: skip its name.
+                        // A system variable. MariaDB 10.11 does not report a `SET
+                        // @@name = …` without a scope (measured: `SET @@time_zone`,
+                        // `SET @@sql_mode` answer a plain OK), so a SET that names one
+                        // is not taken as plain.
+                        let name = &sql[i + 2..];
+                        let scoped = [&b"session."[..], b"local.", b"global."].iter().any(|p| {
+                            name.len() >= p.len() && name[..p.len()].eq_ignore_ascii_case(p)
+                        });
+                        if first_is_set && !scoped {
+                            h |= Self::SET_OTHER;
+                        }
                         i += 2;
                         while i < n && (is_word(sql[i]) || sql[i] == b'.') {
                             i += 1;
@@ -698,6 +709,9 @@ mod tests {
             ),
             ("SET SESSION TRANSACTION READ ONLY", Some(SessionState)),
             ("SET PASSWORD = PASSWORD('x')", Some(SessionState)),
+            // Not reported by MariaDB 10.11 without a scope.
+            ("SET @@time_zone = '+10:00'", Some(SessionState)),
+            ("SET @@sql_mode = ''", Some(SessionState)),
             // A backslash: strings are read as code.
             ("SELECT 'a\\' @x'", Some(UserVariable)),
             // A quote in a line comment opens no string.
@@ -711,6 +725,7 @@ mod tests {
             "INSERT INTO log (note) VALUES ('call me, lock tables, flush')",
             "SELECT @@session.time_zone, @@sql_mode",
             "SET @@session.time_zone = '+10:00'",
+            "SET @@LOCAL.time_zone = '+10:00'",
             "/*!40103 SET TIME_ZONE='+10:00' */",
             "SET NAMES utf8mb4 COLLATE utf8mb4_bin",
             "SELECT * FROM t WHERE id = 1 LOCK IN SHARE MODE",

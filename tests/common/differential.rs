@@ -1285,6 +1285,11 @@ impl<'k> Differential<'k> {
         let mut p = self.connect(true);
         let mut r = self.connect(false);
         let mut po = self.connect(true);
+        if self.target == Target::Galera {
+            // The observer may be on another node than the writer: it reads after
+            // every write the cluster committed.
+            let _ = po.query("SET SESSION wsrep_sync_wait = 15");
+        }
         let mut ro = self.connect(false);
         let dbs = [self.proxied_db.as_str(), self.reference_db.as_str()];
         let mut since_check = 0;

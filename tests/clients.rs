@@ -572,6 +572,112 @@ fn mysql_async_results_match_direct() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Stored procedures with an open cursor
+
+/// A procedure that returns result sets while a cursor of its own is open. MariaDB sets
+/// CURSOR_EXISTS in both EOF packets of those ordinary result sets (text and binary
+/// protocol alike) and their rows follow; once heatsink took that for an opened cursor,
+/// ended the response after the metadata and the client waited forever.
+const CURSOR_PROC_DDL: &str = "
+CREATE TABLE t3 (a INT);
+INSERT INTO t3 VALUES (1), (2);
+CREATE PROCEDURE pd() BEGIN DECLARE lv INT; DECLARE c CURSOR FOR SELECT a FROM t3;
+  OPEN c; SELECT 4; CLOSE c; END;
+CREATE PROCEDURE pd2() BEGIN DECLARE lv INT; DECLARE c CURSOR FOR SELECT a FROM t3;
+  OPEN c; FETCH c INTO lv; SELECT 4 AS four, lv; SELECT a FROM t3 ORDER BY a; CLOSE c;
+  SELECT 5 AS after_close; END";
+
+#[test]
+fn procedure_with_an_open_cursor_mariadb_cli() {
+    let proxy = Proxy::start();
+    let db = "cli_cursor_proc";
+    for args in [
+        &["-e", "CALL pd()"][..],
+        &["-e", "CALL pd2()"][..],
+        &[
+            "--column-type-info",
+            "-e",
+            "CALL pd2(); CALL pd(); SELECT 6",
+        ][..],
+    ] {
+        fresh_db(db, CURSOR_PROC_DDL);
+        let direct = mariadb_cli(mariadb().port(), db, args, None);
+        fresh_db(db, CURSOR_PROC_DDL);
+        let proxied = mariadb_cli(proxy.port(), db, args, None);
+        assert_eq!(direct.code, Some(0), "{args:?}: {}", direct.stderr);
+        assert!(direct.stdout.contains('4'), "{args:?}: {}", direct.stdout);
+        assert_eq!(
+            direct,
+            proxied,
+            "mariadb {args:?}\n--- proxy log ---\n{}",
+            proxy.log_text()
+        );
+    }
+}
+
+/// Every result set of `CALL pd2()` and `CALL pd()`, over the text protocol and as a
+/// prepared statement, and a statement after them.
+async fn cursor_proc_session(url: String) -> Vec<String> {
+    use mysql_async::prelude::*;
+    use mysql_async::Row;
+
+    async fn all_sets<'a>(
+        mut r: mysql_async::QueryResult<'a, 'static, impl mysql_async::prelude::Protocol>,
+    ) -> Vec<String> {
+        let mut sets = Vec::new();
+        while !r.is_empty() {
+            let rows: Vec<Row> = r.collect().await.unwrap();
+            let rows: Vec<Vec<mysql_async::Value>> = rows.into_iter().map(Row::unwrap).collect();
+            sets.push(format!("{rows:?}"));
+        }
+        sets
+    }
+
+    let mut t = Vec::new();
+    let mut conn = mysql_async::Conn::from_url(url.as_str()).await.unwrap();
+    for call in ["CALL pd2()", "CALL pd()"] {
+        let text = all_sets(conn.query_iter(call).await.unwrap()).await;
+        t.push(format!("text {call}: {text:?}"));
+        let stmt = conn.prep(call).await.unwrap();
+        for round in 0..2 {
+            let binary = all_sets(conn.exec_iter(&stmt, ()).await.unwrap()).await;
+            t.push(format!("binary {call} #{round}: {binary:?}"));
+        }
+    }
+    let after: Option<i32> = conn.query_first("SELECT 6").await.unwrap();
+    t.push(format!("after: {after:?}"));
+    conn.disconnect().await.unwrap();
+    t
+}
+
+#[test]
+fn procedure_with_an_open_cursor_mysql_async() {
+    let proxy = Proxy::start();
+    let db = "cli_cursor_async";
+    let run = |url: String| {
+        fresh_db(db, CURSOR_PROC_DDL);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                tokio::time::timeout(Duration::from_secs(20), cursor_proc_session(url))
+                    .await
+                    .expect("mysql_async session timed out")
+            })
+    };
+    let direct = run(mariadb().url(db));
+    assert!(
+        direct
+            .iter()
+            .any(|l| l.contains("after_close") || l.contains("Int(5)")),
+        "{direct:#?}"
+    );
+    let proxied = run(proxy.url(db));
+    assert_eq!(direct, proxied, "--- proxy log ---\n{}", proxy.log_text());
+}
+
+// ---------------------------------------------------------------------------------------
 // Python PyMySQL
 
 fn pymysql_transcript(port: u16, db: &str) -> Output {

@@ -804,6 +804,26 @@ fn multi_result_steps() -> Vec<Step> {
         prep("call_none", "CALL no_sets()"),
         exec("call_none", vec![]),
         q("SELECT v FROM m ORDER BY id"),
+        // A procedure's open cursor sets CURSOR_EXISTS in the EOF packets of its
+        // ordinary result sets (text and binary protocol, cursor asked for or not);
+        // their rows follow. A real cursor on a plain SELECT still ends after the
+        // metadata.
+        q("CREATE PROCEDURE open_cursor() BEGIN DECLARE lv INT; \
+           DECLARE c CURSOR FOR SELECT id FROM m; OPEN c; FETCH c INTO lv; \
+           SELECT 4 AS four, lv; SELECT v FROM m ORDER BY id; CLOSE c; SELECT 5; END"),
+        q("CALL open_cursor()"),
+        q("CALL open_cursor(); SELECT 6"),
+        prep("call_cursor", "CALL open_cursor()"),
+        exec("call_cursor", vec![]),
+        ok(Action::ExecuteCursor("call_cursor", vec![])),
+        exec("call_cursor", vec![]),
+        prep(
+            "plain_cursor",
+            "SELECT id, v FROM m WHERE id > ? ORDER BY id",
+        ),
+        ok(Action::ExecuteCursor("plain_cursor", vec![Int(1)])),
+        ok(Action::Fetch("plain_cursor", 10)),
+        q("CALL open_cursor()"),
     ]
 }
 

@@ -10,9 +10,19 @@ use crate::wire::status;
 /// The shape of response a command produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResponseKind {
-    /// OK, ERR, LOCAL INFILE request or result set(s): COM_QUERY, COM_STMT_EXECUTE,
-    /// COM_PROCESS_INFO.
+    /// OK, ERR, LOCAL INFILE request or result set(s): COM_QUERY, COM_PROCESS_INFO,
+    /// COM_STMT_BULK_EXECUTE, and the proxy's own statements (a rewritten
+    /// COM_STMT_EXECUTE never asks for a cursor). Status flags other than
+    /// MORE_RESULTS_EXISTS never end it.
     Generic,
+    /// The response to a client's COM_STMT_EXECUTE: like [`ResponseKind::Generic`],
+    /// except that when `cursor` (the client asked for one) a result set may end after
+    /// its column definitions because the server opened a cursor (see
+    /// [`ResponseKind::execute`]).
+    Execute {
+        /// The command's flags ask for a cursor (CURSOR_TYPE_READ_ONLY and kin).
+        cursor: bool,
+    },
     /// Rows then a terminator: COM_STMT_FETCH.
     Fetch,
     /// COM_STMT_PREPARE: prepare-OK, parameter and column definitions.
@@ -22,6 +32,24 @@ pub enum ResponseKind {
     /// Exactly one packet of any content: COM_STATISTICS, COM_PING, COM_INIT_DB, …
     Single,
 }
+
+impl ResponseKind {
+    /// The kind of response to the COM_STMT_EXECUTE `payload` (command byte first):
+    /// [`ResponseKind::Execute`] with `cursor` from its flags byte.
+    pub fn execute(payload: &[u8]) -> ResponseKind {
+        ResponseKind::Execute {
+            cursor: payload.get(5).is_some_and(|f| f & CURSOR_TYPE_MASK != 0),
+        }
+    }
+
+    /// OK, ERR, LOCAL INFILE request or any number of result sets.
+    fn multi_result(self) -> bool {
+        matches!(self, ResponseKind::Generic | ResponseKind::Execute { .. })
+    }
+}
+
+/// COM_STMT_EXECUTE flag bits asking for a cursor: READ_ONLY, FOR_UPDATE, SCROLLABLE.
+const CURSOR_TYPE_MASK: u8 = 0x07;
 
 /// What the caller should do after a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,8 +187,7 @@ impl ResponseParser {
         if status_flags.is_some() {
             self.last_status = status_flags;
         }
-        if status_flags.unwrap_or(0) & status::MORE_RESULTS_EXISTS != 0
-            && self.kind == ResponseKind::Generic
+        if status_flags.unwrap_or(0) & status::MORE_RESULTS_EXISTS != 0 && self.kind.multi_result()
         {
             self.state = State::First;
             Step::More
@@ -328,8 +355,8 @@ impl ResponseParser {
                 Ok(self.after_result(st))
             }
             ERR => Ok(self.finish_err()),
-            LOCAL_INFILE if self.kind == ResponseKind::Generic => Ok(Step::LocalInfile),
-            _ if self.kind == ResponseKind::Generic && len <= Self::WHOLE_PACKET_LIMIT => {
+            LOCAL_INFILE if self.kind.multi_result() => Ok(Step::LocalInfile),
+            _ if self.kind.multi_result() && len <= Self::WHOLE_PACKET_LIMIT => {
                 match lenenc_int(payload) {
                     Some((n, used)) if n > 0 && used == payload.len() => {
                         self.result_sets += 1;
@@ -361,14 +388,28 @@ impl ResponseParser {
         }
         let st = packets::terminator_status(payload, false);
         self.last_status = st.or(self.last_status);
-        // A cursor was opened (COM_STMT_EXECUTE with a cursor type): rows come
-        // later through COM_STMT_FETCH.
-        if st.unwrap_or(0) & status::CURSOR_EXISTS != 0 {
+        if self.cursor_opened(st.unwrap_or(0)) {
             self.state = State::Finished;
             return Ok(Step::Done);
         }
         self.state = State::Rows;
         Ok(Step::More)
+    }
+
+    /// Whether the status flags of the EOF after a result set's column definitions say
+    /// that the server opened a cursor, so that no rows follow (they come later through
+    /// COM_STMT_FETCH).
+    ///
+    /// CURSOR_EXISTS means that only in the response to a COM_STMT_EXECUTE that asked
+    /// for a cursor, and only without MORE_RESULTS_EXISTS (a cursor is opened for a
+    /// statement with a single result set). Elsewhere the server sets it whenever a
+    /// cursor of a stored procedure is open: the result sets of `CALL p()` carry it in
+    /// both EOF packets, with MORE_RESULTS_EXISTS, over the text and the binary
+    /// protocol alike, with or without a cursor requested, and their rows follow.
+    fn cursor_opened(&self, status_flags: u16) -> bool {
+        matches!(self.kind, ResponseKind::Execute { cursor: true })
+            && status_flags & status::CURSOR_EXISTS != 0
+            && status_flags & status::MORE_RESULTS_EXISTS == 0
     }
 
     /// Called after the LOCAL INFILE data was relayed: the server answers OK or ERR.
@@ -509,13 +550,119 @@ mod tests {
 
     #[test]
     fn cursor_ends_after_metadata() {
-        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        // A COM_STMT_EXECUTE that asked for a cursor, answered by an opened cursor:
+        // column definitions, then an EOF with CURSOR_EXISTS and nothing more.
         let eof_cursor: &[u8] = &[0xFE, 0, 0, 0x42, 0x00];
+        let mut p = ResponseParser::new(ResponseKind::Execute { cursor: true }, false);
         let s = run(&mut p, &[&[1], COLDEF, eof_cursor]);
-        assert_eq!(s.last(), Some(&Step::Done));
+        assert_eq!(s, vec![Step::More, Step::More, Step::Done]);
+        assert_eq!(p.last_status, Some(0x42));
+        // Under DEPRECATE_EOF MariaDB ends the metadata with the 0xFE OK packet
+        // (measured) or a classic EOF; either ends the response.
+        for term in [&[0xFE, 0, 0, 0x42, 0x00, 0, 0][..], eof_cursor] {
+            let mut p = ResponseParser::new(ResponseKind::Execute { cursor: true }, true);
+            let s = run(&mut p, &[&[1], COLDEF, term]);
+            assert_eq!(s, vec![Step::More, Step::More, Step::Done], "{term:?}");
+        }
+        // The rows come with COM_STMT_FETCH.
         let mut p = ResponseParser::new(ResponseKind::Fetch, false);
         let s = run(&mut p, &[b"\x00\x00\x01", &[0xFE, 0, 0, 0xC2, 0]]);
         assert_eq!(s, vec![Step::More, Step::Done]);
+    }
+
+    /// `CALL p()` of `CREATE PROCEDURE p() BEGIN DECLARE c CURSOR FOR SELECT a FROM t;
+    /// OPEN c; SELECT 4; CLOSE c; END`, as MariaDB 10.11 answers it: CURSOR_EXISTS
+    /// (0x40) with MORE_RESULTS_EXISTS in both EOF packets of the SELECT's result set,
+    /// whose row follows, then the CALL's OK.
+    const CALL_EOF: &[u8] = &[0xFE, 0, 0, 0x69, 0x00];
+    const CALL_OK: &[u8] = &[0x00, 0, 0, 0x21, 0x00, 0, 0];
+
+    #[test]
+    fn cursor_flag_of_a_procedure_does_not_end_a_text_result() {
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        let s = run(
+            &mut p,
+            &[&[1], COLDEF, CALL_EOF, b"\x014", CALL_EOF, CALL_OK],
+        );
+        assert_eq!(s.iter().filter(|x| **x == Step::Done).count(), 1);
+        assert_eq!(s.last(), Some(&Step::Done));
+        assert_eq!((p.result_sets, p.oks), (1, 1));
+        assert_eq!(p.last_status, Some(0x21));
+        // Under DEPRECATE_EOF: no EOF after the metadata, an OK-shaped terminator.
+        let mut p = ResponseParser::new(ResponseKind::Generic, true);
+        let term: &[u8] = &[0xFE, 0, 0, 0x69, 0x00, 0, 0];
+        let s = run(&mut p, &[&[1], COLDEF, b"\x014", term, CALL_OK]);
+        assert_eq!(
+            s,
+            vec![Step::More, Step::More, Step::More, Step::More, Step::Done]
+        );
+        // Without MORE_RESULTS_EXISTS too: a text result never opens a cursor.
+        let eof_cursor: &[u8] = &[0xFE, 0, 0, 0x42, 0x00];
+        let mut p = ResponseParser::new(ResponseKind::Generic, false);
+        let s = run(&mut p, &[&[1], COLDEF, eof_cursor, b"\x014", eof_cursor]);
+        assert_eq!(
+            s,
+            vec![Step::More, Step::More, Step::More, Step::More, Step::Done]
+        );
+    }
+
+    #[test]
+    fn cursor_flag_of_a_procedure_does_not_end_an_execute() {
+        // A prepared CALL: the same flags with binary rows, whether the execute asked
+        // for a cursor or not (the server opens none for a CALL).
+        let row: &[u8] = b"\x00\x00\x04\x00\x00\x00";
+        for cursor in [false, true] {
+            let mut p = ResponseParser::new(ResponseKind::Execute { cursor }, false);
+            let s = run(&mut p, &[&[1], COLDEF, CALL_EOF, row, CALL_EOF, CALL_OK]);
+            assert_eq!(
+                s.iter().filter(|x| **x == Step::Done).count(),
+                1,
+                "{cursor}"
+            );
+            assert_eq!(s.last(), Some(&Step::Done), "{cursor}");
+            let mut p = ResponseParser::new(ResponseKind::Execute { cursor }, true);
+            let term: &[u8] = &[0xFE, 0, 0, 0x69, 0x00, 0, 0];
+            let s = run(&mut p, &[&[1], COLDEF, row, term, CALL_OK]);
+            assert_eq!(s.last(), Some(&Step::Done), "{cursor}");
+            assert_eq!(
+                s.iter().filter(|x| **x == Step::Done).count(),
+                1,
+                "{cursor}"
+            );
+        }
+        // No cursor asked for: CURSOR_EXISTS alone does not end the metadata either.
+        let eof_cursor: &[u8] = &[0xFE, 0, 0, 0x42, 0x00];
+        let mut p = ResponseParser::new(ResponseKind::Execute { cursor: false }, false);
+        let s = run(&mut p, &[&[1], COLDEF, eof_cursor, row, EOF_PKT]);
+        assert_eq!(
+            s,
+            vec![Step::More, Step::More, Step::More, Step::More, Step::Done]
+        );
+    }
+
+    #[test]
+    fn execute_kind_reads_the_cursor_flags() {
+        let exec = |flags: u8| [0x17, 1, 0, 0, 0, flags, 1, 0, 0, 0];
+        assert_eq!(
+            ResponseKind::execute(&exec(0)),
+            ResponseKind::Execute { cursor: false }
+        );
+        for flags in [1, 2, 4, 0x09] {
+            assert_eq!(
+                ResponseKind::execute(&exec(flags)),
+                ResponseKind::Execute { cursor: true },
+                "{flags}"
+            );
+        }
+        assert_eq!(
+            ResponseKind::execute(&exec(0x08)),
+            ResponseKind::Execute { cursor: false }
+        );
+        // A short command (the server answers it with an error).
+        assert_eq!(
+            ResponseKind::execute(&[0x17, 1]),
+            ResponseKind::Execute { cursor: false }
+        );
     }
 
     #[test]

@@ -800,7 +800,7 @@ impl Session {
             self.state.lexing = None;
         }
         self.forward(c).await?;
-        self.relay_response(ResponseKind::Generic, 0, c.last_seq)
+        self.relay_response(ResponseKind::execute(&c.payload()), 0, c.last_seq)
             .await?;
         self.shared.stats.backend_latency.observe(started.elapsed());
         Ok(())

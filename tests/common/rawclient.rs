@@ -384,7 +384,10 @@ enum Shape {
     /// Exactly one packet (OK, ERR, EOF or a plain string).
     Single,
     /// OK / ERR / LOCAL INFILE / result sets, following SERVER_MORE_RESULTS_EXISTS.
-    Results,
+    Results {
+        /// An execute that asked for a cursor.
+        cursor: bool,
+    },
     /// COM_STMT_PREPARE response.
     Prepare,
     /// Packets up to an EOF (or 0xFE OK) or ERR: COM_FIELD_LIST, COM_STMT_FETCH.
@@ -660,7 +663,11 @@ impl RawClient {
     pub fn command(&mut self, payload: &[u8]) -> io::Result<Vec<Packet>> {
         let shape = match payload.first().copied() {
             Some(cmd::QUIT | cmd::STMT_CLOSE | cmd::STMT_SEND_LONG_DATA) => Shape::None,
-            Some(cmd::QUERY | cmd::STMT_EXECUTE | cmd::PROCESS_INFO) => Shape::Results,
+            // MariaDB opens a cursor only when an execute asks for one (flags byte).
+            Some(cmd::STMT_EXECUTE) => Shape::Results {
+                cursor: payload.get(5).is_some_and(|f| f & 0x07 != 0),
+            },
+            Some(cmd::QUERY | cmd::PROCESS_INFO) => Shape::Results { cursor: false },
             Some(cmd::STMT_PREPARE) => Shape::Prepare,
             Some(cmd::FIELD_LIST | cmd::STMT_FETCH) => Shape::UntilEof,
             Some(cmd::CHANGE_USER) => Shape::Auth,
@@ -675,7 +682,7 @@ impl RawClient {
         match shape {
             Shape::None => {}
             Shape::Single => out.push(self.read_packet()?),
-            Shape::Results => self.read_results(&mut out)?,
+            Shape::Results { cursor } => self.read_results(&mut out, cursor)?,
             Shape::Prepare => self.read_prepare(&mut out)?,
             Shape::UntilEof => {
                 self.read_until_eof(&mut out)?;
@@ -718,7 +725,12 @@ impl RawClient {
         self.stream.write_all(&buf)
     }
 
-    fn read_results(&mut self, out: &mut Vec<Packet>) -> io::Result<()> {
+    /// Reads OK, ERR, LOCAL INFILE exchanges and result sets up to the last result.
+    /// `cursor`: the command was an execute that asked for a cursor, so a result set
+    /// may end after its column definitions with CURSOR_EXISTS (and no
+    /// MORE_RESULTS_EXISTS). Elsewhere CURSOR_EXISTS only says that a stored
+    /// procedure's cursor is open (`CALL p()`), and the rows follow.
+    fn read_results(&mut self, out: &mut Vec<Packet>, cursor: bool) -> io::Result<()> {
         let deprecate_eof = self.deprecate_eof();
         loop {
             let p = self.read_packet()?;
@@ -755,11 +767,14 @@ impl RawClient {
                     }
                     if !deprecate_eof {
                         let eof = self.read_packet()?;
-                        let cursor = parse_eof(&eof.payload)
-                            .map(|e| e.status & status::CURSOR_EXISTS != 0)
+                        let opened = parse_eof(&eof.payload)
+                            .map(|e| {
+                                e.status & status::CURSOR_EXISTS != 0
+                                    && e.status & status::MORE_RESULTS_EXISTS == 0
+                            })
                             .unwrap_or(false);
                         out.push(eof);
-                        if cursor {
+                        if cursor && opened {
                             return Ok(());
                         }
                     }

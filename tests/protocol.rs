@@ -1224,8 +1224,9 @@ fn backend_dies_mid_handshake_or_mid_response() {
     assert!(took < Duration::from_secs(5), "{took:?}");
     assert_alive(&mut proxy);
 
-    // Authenticated session; the backend closes before answering at all: the client
-    // gets the 1158 (lost connection) ERR.
+    // Authenticated session; the backend closes before answering at all: the client's
+    // connection closes too, with nothing sent, as the server's own close looks to it
+    // (client libraries report 2013; MariaDB's main.lock_kill expects that).
     let g = greeting;
     let (backend, _rx) = mock_backend(move |s| {
         write_raw_packet(s, 0, &g)?;
@@ -1236,10 +1237,18 @@ fn backend_dies_mid_handshake_or_mid_response() {
     });
     let mut proxy = Proxy::builder().backend(backend).start();
     let mut c = connect(proxy.addr(), Some(&proxy));
-    let packets = c.query("SELECT 1").expect("an ERR packet");
-    let e = last_err("backend closed before answering", &packets);
-    assert_eq!(e.code, 1158, "{e}");
-    assert_eq!(packets[0].seq, 1);
+    match c.query("SELECT 1") {
+        Ok(packets) => assert!(packets.is_empty(), "{packets:?}"),
+        Err(e) => assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+            ),
+            "{e}"
+        ),
+    }
     assert_alive(&mut proxy);
 }
 

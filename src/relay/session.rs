@@ -1146,7 +1146,11 @@ impl Session {
                 if e.source == Source::Backend {
                     self.backend_error();
                 }
-                if e.source == Source::Backend && !sent_any {
+                // A backend that closed the connection: the client's closes too, with
+                // nothing sent, as when the server closes it directly (client
+                // libraries then report 2013 and reconnect logic recognises it). A
+                // backend that sent what the relay cannot follow: an ERR.
+                if e.source == Source::Backend && !sent_any && !e.is_disconnect() {
                     let msg = "Lost connection to MySQL server during query";
                     let _ = self
                         .client

@@ -26,7 +26,9 @@
 # (deltas over the run) against the acknowledged writes.
 #
 # BASE_BIN (required): the baseline heatsink binary, e.g. a release build of 2c93375 in
-# a worktree. Writes bench/results/merge-state.md (OUT).
+# a worktree; CUR_BIN (default target/release/heatsink) the current one. A binary's
+# commit is read from the checkout it was built in (BASE_REV / CUR_REV to override).
+# Writes bench/results/merge-state.md (OUT).
 #   BASE_BIN=/work/wt-base/target/release/heatsink ROUNDS=3 scripts/bench-merge-state.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +52,7 @@ export MARIADB_EXTRA_ARGS
 [[ ${SKIP_BUILD:-0} == 1 ]] || cargo build --release --quiet --bin heatsink --example loadgen
 # The baseline's commit, when the binary sits in a checkout's target/release.
 BASE_REV=${BASE_REV:-$(git -C "$(dirname "$BASE_BIN")/../.." rev-parse --short HEAD 2>/dev/null || echo unknown)}
-CUR_REV=$(git rev-parse --short HEAD)
+CUR_REV=${CUR_REV:-$(git -C "$(dirname "$CUR_BIN")/../.." rev-parse --short HEAD 2>/dev/null || echo unknown)}
 # shellcheck source=lib/mariadb.sh
 source scripts/lib/mariadb.sh
 hs_install_traps
@@ -349,7 +351,7 @@ L = [
     f"- machine: {os.cpu_count()} cores, shared; MariaDB {version}; client, both proxies and server share the machine",
     f"- load average (1/5/15 min): at the start {load_start}; before each round {'; '.join(round_loads)}; before the mixed runs {load_mixed}; at the end {load_end}",
     f"- other work on the machine: compiler processes (rustc, cargo, cc1, ld) running at the start {builds[0]}, at the end {builds[1]}",
-    f"- invocation: `BASE_BIN=<2c93375 release build> ROUNDS={rounds} DURATION={duration} scripts/bench-merge-state.sh`",
+    f"- invocation: `BASE_BIN=<release build of {base_rev}> CUR_BIN=<release build of {cur_rev}> ROUNDS={rounds} DURATION={duration} CONNS={conns} WARMUP={warmup} MIX_PER_GROUP={per_group} ROLLUP_ROWS={rollup_rows} scripts/bench-merge-state.sh`",
     f"- {conns} connections per leg, {duration} s per leg, {rounds} rounds; per round each kind runs through the baseline and the current proxy back to back (odd rounds baseline first, even rounds current first); one {warmup} s unrecorded warm-up leg per kind and proxy before the first round",
     "- both proxies run at once against the same MariaDB, database and rules (the rules as a DBA writes them: no coalesce key, group commit on by default); the same load generator (this tree's) drives both",
     f"- counter: `UPDATE hits SET cnt = cnt + 1 WHERE slug = 'hot'` through a [[counter]] rule (16 slots); ring: `INSERT INTO log (uid, visitor_uid, last_update) VALUES (…, NOW(6))` through a [[ring]] rule (size 5, key uid, uid in 1..1000, half on 10 hot keys); rollup: `INSERT INTO plays (created_at, track_id, user_id, country) VALUES (NOW(), …, 'US')` through two [[rollup]] rules (hour, day; half on the hot track), a log of {rollup_rows:,} rows at the start",

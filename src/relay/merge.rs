@@ -36,8 +36,9 @@
 use std::sync::atomic::Ordering;
 
 use super::coalesce::{LeaderGuard, Outcome, Part, Role, Signal};
+use super::prepared::execute_params;
 use super::session::Session;
-use super::splice::{backoff, execute_params, Collected, RETRYABLE};
+use super::splice::{backoff, Collected, RETRYABLE};
 use super::state::AloneReason;
 use crate::error::Result;
 use crate::rewrite::merge::{Limits, Member, Written};

@@ -16,6 +16,7 @@
 
 pub mod coalesce;
 mod merge;
+mod prepared;
 pub mod response;
 pub mod session;
 pub mod shared;

@@ -23,9 +23,9 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::prepared::PreparedRewrite;
 use super::response::{ResponseKind, ResponseParser, Step};
 use super::shared::Shared;
-use super::splice::PreparedRewrite;
 use super::state::SessionState;
 use crate::admin::Registration;
 use crate::error::{Error, Result, Source};

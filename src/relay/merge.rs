@@ -187,10 +187,10 @@ impl Session {
         let signal = loop {
             // Input the client sends meanwhile stays buffered for the next command;
             // past a bound it is not read until the answer went out.
-            let watching = self.client.buf.len() < WATCH_LIMIT;
+            let watching = self.link.client.buf.len() < WATCH_LIMIT;
             tokio::select! {
                 s = &mut rx => break s,
-                r = self.client.fill(), if watching => {
+                r = self.link.client.fill(), if watching => {
                     r?;
                 }
             }
@@ -270,7 +270,7 @@ impl Session {
                 ids: Vec::new(),
                 warnings: o.warnings,
             }),
-            Ok(c) => returned_ids(&c.packets, self.deprecate_eof)
+            Ok(c) => returned_ids(&c.packets, self.link.deprecate_eof)
                 .filter(|(ids, _)| ids.len() as u64 == total)
                 .map(|(ids, warnings)| Written { ids, warnings }),
             // The write waited for a lock longer than its bound (a member's own
@@ -369,7 +369,7 @@ impl Session {
         total: u16,
     ) -> Result<Option<Vec<Vec<Vec<u8>>>>> {
         let c = self.run_collect(b"SHOW WARNINGS").await?;
-        let rows = c.text_rows(self.deprecate_eof);
+        let rows = c.text_rows(self.link.deprecate_eof);
         if rows.len() != usize::from(total) {
             return Ok(None);
         }
@@ -507,7 +507,7 @@ impl Session {
             Ok(c) => c,
             Err(payload) => return self.reply(cmd_seq, &payload).await,
         };
-        let written = returned_ids(&c.packets, self.deprecate_eof)
+        let written = returned_ids(&c.packets, self.link.deprecate_eof)
             .map(|(ids, warnings)| Written { ids, warnings });
         let answer = match &rw.merge {
             Some(m) => m.answer_alone(written.as_ref()),

@@ -3,6 +3,8 @@
 //! must to find response boundaries and to splice in rewritten statements.
 //!
 //! - [`response`]: where a response ends (pure state machine, unit-tested).
+//! - `link`: a session's client and backend connections and the packet I/O between
+//!   them (responses streamed in bulk, or read whole).
 //! - [`session`]: the per-connection task (handshake, auth, command loop).
 //! - [`shared`]: what all sessions of a server share (config, rules, counters).
 //! - [`coalesce`]: group commit: who writes a merged batch, who waits.
@@ -15,6 +17,7 @@
 //!   (`rewrite::Merger`) builds it, and answering each member.
 
 pub mod coalesce;
+mod link;
 mod merge;
 mod prepared;
 pub mod response;

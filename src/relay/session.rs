@@ -17,14 +17,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Buf;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::link::Link;
 use super::prepared::PreparedRewrite;
-use super::response::{ResponseKind, ResponseParser, Step};
+use super::response::{ResponseKind, ResponseParser};
 use super::shared::Shared;
 use super::state::SessionState;
 use crate::admin::Registration;
@@ -34,7 +33,7 @@ use crate::tls::{self, Stream, Tls};
 use crate::wire::handshake::{
     patch_client_hello, patch_greeting, set_client_ssl, ClientHello, Greeting,
 };
-use crate::wire::io::{header, shift_seq, Framed, Logical, Packet, PacketIo};
+use crate::wire::io::{shift_seq, Framed, Logical, Packet, PacketIo};
 use crate::wire::packets::{self, err_of, errors, Renames};
 use crate::wire::{caps, cmd, status, MAX_PAYLOAD};
 
@@ -70,13 +69,15 @@ pub async fn serve_client(
     };
     let info = shared.sessions.register(peer);
     let mut s = Session {
-        client,
-        backend: PacketIo::new(Stream::Plain(backend), Source::Backend),
+        link: Link {
+            client,
+            backend: PacketIo::new(Stream::Plain(backend), Source::Backend),
+            deprecate_eof: false,
+            extended_metadata: false,
+        },
         shared,
         info,
         answered_error: false,
-        deprecate_eof: false,
-        extended_metadata: false,
         state: SessionState::new(false),
         peer,
         backend_id: 0,
@@ -108,8 +109,8 @@ pub async fn serve_client(
         }
         Err(e) => warn!(peer = %s.peer, id = s.backend_id, error = %e, "session failed"),
     }
-    s.backend.shutdown().await;
-    s.client.shutdown().await;
+    s.link.backend.shutdown().await;
+    s.link.client.shutdown().await;
 }
 
 /// Connects to the best backend node that accepts ([`crate::backends`]): a node that
@@ -162,10 +163,8 @@ async fn connect_addr(addr: &str, limit: Duration) -> Result<TcpStream> {
 }
 
 pub(super) struct Session {
-    /// The application's connection (plain, or TLS terminated by the proxy).
-    pub(super) client: PacketIo<Stream>,
-    /// This session's own backend connection (plain or TLS).
-    pub(super) backend: PacketIo<Stream>,
+    /// The client's and the backend's connections (packet I/O, framing).
+    pub(super) link: Link,
     /// The node `backend` is connected to, counted in its connections while the
     /// session lives.
     pub(super) lease: crate::backends::Lease,
@@ -175,11 +174,6 @@ pub(super) struct Session {
     pub(super) info: Registration,
     /// A backend response during the current rewrite was an error (per-rule `errors`).
     pub(super) answered_error: bool,
-    /// CLIENT_DEPRECATE_EOF was negotiated (changes result-set framing).
-    pub(super) deprecate_eof: bool,
-    /// MariaDB extended metadata was negotiated (column definitions carry an extra
-    /// block the patcher must skip).
-    pub(super) extended_metadata: bool,
     /// What the relay knows of the backend session's state (status flags, default
     /// database, character set and `sql_mode` for the lexer, Galera share, whether
     /// it may share merged writes): see [`SessionState`].
@@ -248,11 +242,11 @@ impl Session {
     /// upgraded carried one more packet (its SSLRequest) before the handshake response,
     /// so sequence ids are shifted between the legs until authentication ends.
     async fn handshake(&mut self) -> Result<bool> {
-        let mut greeting = self.backend.read_logical().await?;
+        let mut greeting = self.link.backend.read_logical().await?;
         if greeting.first_byte() == Some(packets::ERR) {
             // The backend refused us before the handshake (e.g. too many connections,
             // host blocked): the client sees the backend's own error.
-            self.client.write_all(&greeting.raw).await?;
+            self.link.client.write_all(&greeting.raw).await?;
             return Ok(false);
         }
         if greeting.raw.len() > MAX_PAYLOAD {
@@ -273,13 +267,14 @@ impl Session {
         self.info.set_backend_id(info.connection_id);
         self.returning = crate::wire::handshake::has_returning(&info.server_version);
         let backend_tls = self.choose_backend_tls(tls, &info, shared_addr).await?;
-        self.client.write_all(&greeting.raw).await?;
+        self.link.client.write_all(&greeting.raw).await?;
 
         let Some((mut hello, h, client_extra)) = self.client_hello(tls, &info).await? else {
             return Ok(false);
         };
-        self.deprecate_eof = h.capabilities & caps::DEPRECATE_EOF != 0;
-        self.extended_metadata = h.ext_capabilities & crate::wire::ext_caps::EXTENDED_METADATA != 0;
+        self.link.deprecate_eof = h.capabilities & caps::DEPRECATE_EOF != 0;
+        self.link.extended_metadata =
+            h.ext_capabilities & crate::wire::ext_caps::EXTENDED_METADATA != 0;
         self.state = SessionState::new(h.capabilities & caps::SESSION_TRACK != 0);
         if info.backend_capabilities & caps::SESSION_TRACK != 0 {
             // The proxy learns of every change of the backend session's state from
@@ -304,14 +299,14 @@ impl Session {
             peer = %self.peer,
             id = self.backend_id,
             user = %h.user,
-            client_tls = ?self.client.io.describe(),
-            backend_tls = ?self.backend.io.describe(),
+            client_tls = ?self.link.client.io.describe(),
+            backend_tls = ?self.link.backend.io.describe(),
             "handshake"
         );
-        set_client_ssl(&mut hello.raw[4..], self.backend.io.is_tls());
+        set_client_ssl(&mut hello.raw[4..], self.link.backend.io.is_tls());
         let delta = backend_extra.wrapping_sub(client_extra);
         shift_seq(&mut hello.raw, delta);
-        self.backend.write_all(&hello.raw).await?;
+        self.link.backend.write_all(&hello.raw).await?;
         if !self.auth_exchange(delta).await? {
             return Ok(false);
         }
@@ -333,7 +328,7 @@ impl Session {
             let c = self
                 .run_collect(super::state::CLIENT_TRACKING_QUERY)
                 .await?;
-            let rows = c.text_rows(self.deprecate_eof);
+            let rows = c.text_rows(self.link.deprecate_eof);
             c.packets
                 .get(rows.start)
                 .filter(|_| c.err().is_none() && rows.len() == 1)
@@ -376,6 +371,7 @@ impl Session {
                     backend
                 );
                 let _ = self
+                    .link
                     .client
                     .write_packet(0, &err_of(tls::ERR_BACKEND_TLS, &msg))
                     .await;
@@ -412,7 +408,7 @@ impl Session {
                     "client requested TLS, which is not configured",
                 ));
             };
-            tls::accept(acceptor, &mut self.client).await?;
+            tls::accept(acceptor, &mut self.link.client).await?;
             (hello, h) = self.read_client_hello(info).await?;
             if h.ssl_request {
                 self.refuse_handshake(hello.last_seq, "SSLRequest over TLS")
@@ -424,6 +420,7 @@ impl Session {
             let msg =
                 "Connections using insecure transport are prohibited: this proxy requires TLS";
             let _ = self
+                .link
                 .client
                 .write_packet(
                     hello.last_seq.wrapping_add(1),
@@ -452,8 +449,8 @@ impl Session {
         };
         let mut request = head.to_vec();
         set_client_ssl(&mut request, true);
-        self.backend.write_packet(1, &request).await?;
-        if let Err(e) = tls::connect(b, &mut self.backend).await {
+        self.link.backend.write_packet(1, &request).await?;
+        if let Err(e) = tls::connect(b, &mut self.link.backend).await {
             let why = e
                 .cause
                 .as_ref()
@@ -464,6 +461,7 @@ impl Session {
                 backend
             );
             let _ = self
+                .link
                 .client
                 .write_packet(
                     hello.last_seq.wrapping_add(1),
@@ -478,7 +476,7 @@ impl Session {
     /// Reads and patches the client's handshake response (or SSLRequest); a malformed
     /// one is answered with ERR 1043.
     async fn read_client_hello(&mut self, greeting: &Greeting) -> Result<(Logical, ClientHello)> {
-        let Framed::Whole(mut hello) = self.client.read_logical_max(MAX_PAYLOAD).await? else {
+        let Framed::Whole(mut hello) = self.link.client.read_logical_max(MAX_PAYLOAD).await? else {
             return Err(Error::client("handshake response too large"));
         };
         if hello.raw.len() > MAX_PAYLOAD {
@@ -506,6 +504,7 @@ impl Session {
     async fn refuse_handshake(&mut self, hello_seq: u8, why: &str) {
         let msg = format!("Bad handshake: {why}");
         let _ = self
+            .link
             .client
             .write_packet(
                 hello_seq.wrapping_add(1),
@@ -521,7 +520,7 @@ impl Session {
         let back = 0u8.wrapping_sub(delta);
         loop {
             tokio::select! {
-                p = self.backend.read_logical() => {
+                p = self.link.backend.read_logical() => {
                     let mut p = p?;
                     shift_seq(&mut p.raw, back);
                     match p.first_byte() {
@@ -538,25 +537,25 @@ impl Session {
                                 .and_then(|_| self.state.tracked_ok(&payload, false));
                             match own {
                                 Some(own) => {
-                                    self.client.write_packet(p.last_seq.wrapping_add(back), &own).await?;
+                                    self.link.client.write_packet(p.last_seq.wrapping_add(back), &own).await?;
                                 }
-                                None => self.client.write_all(&p.raw).await?,
+                                None => self.link.client.write_all(&p.raw).await?,
                             }
                             return Ok(true);
                         }
                         Some(packets::ERR) => {
-                            self.client.write_all(&p.raw).await?;
+                            self.link.client.write_all(&p.raw).await?;
                             return Ok(false);
                         }
-                        _ => self.client.write_all(&p.raw).await?,
+                        _ => self.link.client.write_all(&p.raw).await?,
                     }
                 }
-                p = self.client.read_logical_max(MAX_PAYLOAD) => {
+                p = self.link.client.read_logical_max(MAX_PAYLOAD) => {
                     let Framed::Whole(mut p) = p? else {
                         return Err(Error::client("authentication packet too large"));
                     };
                     shift_seq(&mut p.raw, delta);
-                    self.backend.write_all(&p.raw).await?;
+                    self.link.backend.write_all(&p.raw).await?;
                 }
             }
         }
@@ -571,7 +570,7 @@ impl Session {
             }
             tokio::select! {
                 biased;
-                c = self.client.fill_to(4) => c?,
+                c = self.link.client.fill_to(4) => c?,
                 _ = shutdown.changed() => return Ok(()),
                 _ = sleep_or_forever(idle) => {
                     info!(peer = %self.peer, id = self.backend_id, "idle timeout");
@@ -613,7 +612,7 @@ impl Session {
                 (None, Some(n)) => (n, true),
                 (None, None) => (LEARN_PACKET_LIMIT_AT, false),
             };
-            match self.client.read_logical_max(limit).await? {
+            match self.link.client.read_logical_max(limit).await? {
                 Framed::Whole(c) => return Ok(Some(c)),
                 Framed::TooLarge { .. } if !known => {
                     self.packet_limit = Some(self.learn_packet_limit().await?);
@@ -630,10 +629,13 @@ impl Session {
                         b"08S01",
                         "Got a packet bigger than 'max_allowed_packet' bytes",
                     );
-                    self.client.buf = bytes::BytesMut::new();
-                    self.client.write_packet(seq.wrapping_add(1), &err).await?;
-                    self.client.shutdown().await;
-                    self.client.discard_input(DISCARD_AFTER_REFUSAL).await;
+                    self.link.client.buf = bytes::BytesMut::new();
+                    self.link
+                        .client
+                        .write_packet(seq.wrapping_add(1), &err)
+                        .await?;
+                    self.link.client.shutdown().await;
+                    self.link.client.discard_input(DISCARD_AFTER_REFUSAL).await;
                     return Ok(None);
                 }
             }
@@ -647,8 +649,8 @@ impl Session {
         let c = self.run_collect(b"SELECT @@max_allowed_packet").await?;
         let value = c
             .packets
-            .get(c.text_rows(self.deprecate_eof).start)
-            .filter(|_| c.err().is_none() && !c.text_rows(self.deprecate_eof).is_empty())
+            .get(c.text_rows(self.link.deprecate_eof).start)
+            .filter(|_| c.err().is_none() && !c.text_rows(self.link.deprecate_eof).is_empty())
             .and_then(|p| crate::wire::resultset::text_cells(&p.payload))
             .and_then(|cells| cells.first().copied().flatten())
             .and_then(|v| std::str::from_utf8(v).ok()?.parse::<usize>().ok());
@@ -682,7 +684,7 @@ impl Session {
             cmd::QUERY => return self.query(c, merged_warnings).await.map(|_| true),
             cmd::STMT_PREPARE => return self.prepare(c).await.map(|_| true),
             cmd::QUIT => {
-                self.backend.write_all(&c.raw).await?;
+                self.link.backend.write_all(&c.raw).await?;
                 return Ok(false);
             }
             cmd::STMT_CLOSE => {
@@ -691,7 +693,7 @@ impl Session {
                         return Ok(true);
                     }
                 }
-                self.backend.write_all(&c.raw).await?;
+                self.link.backend.write_all(&c.raw).await?;
                 return Ok(true);
             }
             cmd::STMT_SEND_LONG_DATA => {
@@ -702,7 +704,7 @@ impl Session {
                         return Ok(true);
                     }
                 }
-                self.backend.write_all(&c.raw).await?;
+                self.link.backend.write_all(&c.raw).await?;
                 return Ok(true);
             }
             cmd::STMT_EXECUTE => return self.stmt_execute(&c).await.map(|_| true),
@@ -715,7 +717,8 @@ impl Session {
                             "heatsink rule '{}': bulk execution of a rewritten statement is not supported; execute it row by row",
                             p.rule
                         );
-                        self.client
+                        self.link
+                            .client
                             .write_packet(
                                 c.last_seq.wrapping_add(1),
                                 &err_of(errors::UNKNOWN, &msg),
@@ -744,8 +747,8 @@ impl Session {
                 // Replication and other streaming commands: the relay cannot follow
                 // their framing, so the connection becomes a plain byte pipe.
                 debug!(peer = %self.peer, command = other, "unmodelled command: switching to raw pipe");
-                self.backend.write_all(&c.raw).await?;
-                self.raw_pipe().await?;
+                self.link.backend.write_all(&c.raw).await?;
+                self.link.raw_pipe().await?;
                 return Ok(false);
             }
         };
@@ -813,7 +816,7 @@ impl Session {
         self.state.lexing_prepared = false;
         // The new session takes the server's global value again.
         self.packet_limit = None;
-        self.backend.write_all(&c.raw).await?;
+        self.link.backend.write_all(&c.raw).await?;
         self.set_current_db(change_user_db(&c.payload()));
         // The new user's session has the server's tracking settings; its identity
         // is not the handshake's: it stays out of group commit.
@@ -853,7 +856,7 @@ impl Session {
     }
 
     async fn forward(&mut self, c: &Logical) -> Result<()> {
-        self.backend.write_all(&c.raw).await
+        self.link.backend.write_all(&c.raw).await
     }
 
     pub(super) fn context<'a>(&'a self, prepared: bool) -> StatementContext<'a> {
@@ -884,7 +887,7 @@ impl Session {
     pub(super) fn client_packet(&mut self, payload: &[u8]) -> Option<Vec<u8>> {
         let ok_shaped = match payload.first() {
             Some(&packets::OK) => true,
-            Some(&packets::EOF) => self.deprecate_eof && payload.len() > 5,
+            Some(&packets::EOF) => self.link.deprecate_eof && payload.len() > 5,
             _ => false,
         };
         let tracked = ok_shaped
@@ -1100,7 +1103,8 @@ impl Session {
             r.rejected.fetch_add(1, Relaxed);
         }
         debug!(peer = %self.peer, rule = %rej.rule, reason = %rej.reason, "statement rejected");
-        self.client
+        self.link
+            .client
             .write_packet(
                 cmd_seq.wrapping_add(1),
                 &err_of(errors::UNKNOWN, &rej.message()),
@@ -1120,17 +1124,12 @@ impl Session {
         shift: u8,
         cmd_seq: u8,
     ) -> Result<Relayed> {
-        let mut parser = ResponseParser::new(kind, self.deprecate_eof);
+        let mut parser = ResponseParser::new(kind, self.link.deprecate_eof);
         let mut sent_any = false;
-        let res = relay_loop(
-            &mut self.backend,
-            &mut self.client,
-            &mut parser,
-            shift,
-            &mut sent_any,
-            &mut self.state,
-        )
-        .await;
+        let res = self
+            .link
+            .relay(&mut parser, shift, &mut sent_any, &mut self.state)
+            .await;
         self.sync_db();
         match res {
             Ok(()) => {
@@ -1153,6 +1152,7 @@ impl Session {
                 if e.source == Source::Backend && !sent_any && !e.is_disconnect() {
                     let msg = "Lost connection to MySQL server during query";
                     let _ = self
+                        .link
                         .client
                         .write_packet(cmd_seq.wrapping_add(1), &err_of(errors::SERVER_LOST, msg))
                         .await;
@@ -1167,33 +1167,7 @@ impl Session {
         &mut self,
         kind: ResponseKind,
     ) -> Result<(ResponseParser, Vec<Packet>)> {
-        let mut parser = ResponseParser::new(kind, self.deprecate_eof);
-        let mut pkts = Vec::new();
-        let mut continuing = false;
-        while !parser.is_done() {
-            let mut p = self.backend.read_packet().await?;
-            let len = p.payload.len();
-            if !continuing {
-                match parser.feed(&p.payload, len) {
-                    Ok(Step::LocalInfile) => {
-                        return Err(Error::backend("unexpected LOCAL INFILE request"))
-                    }
-                    Ok(_) => {}
-                    Err(v) => {
-                        return Err(Error::with_cause(Source::Backend, "reading response", v))
-                    }
-                }
-                if parser.take_tracked() {
-                    // Kept as the client is to see it: some collected packets are
-                    // forwarded (SHOW WARNINGS, a rewrite's answer).
-                    if let Some(own) = self.state.tracked_ok(&p.payload, true) {
-                        p.payload = bytes::BytesMut::from(&own[..]);
-                    }
-                }
-            }
-            continuing = len == MAX_PAYLOAD;
-            pkts.push(p);
-        }
+        let (parser, pkts) = self.link.collect(kind, &mut self.state).await?;
         self.sync_db();
         if let Some(st) = parser.last_status {
             self.state.set_status(st);
@@ -1209,22 +1183,6 @@ impl Session {
         self.shared.stats.backend_errors.fetch_add(1, Relaxed);
         self.answered_error = true;
     }
-
-    /// Turns the session into a plain bidirectional byte pipe until either side closes.
-    async fn raw_pipe(&mut self) -> Result<()> {
-        if !self.client.buf.is_empty() {
-            let b = self.client.buf.split();
-            self.backend.write_all(&b).await?;
-        }
-        if !self.backend.buf.is_empty() {
-            let b = self.backend.buf.split();
-            self.client.write_all(&b).await?;
-        }
-        tokio::io::copy_bidirectional(&mut self.client.io, &mut self.backend.io)
-            .await
-            .map(|_| ())
-            .map_err(|e| Error::with_cause(Source::Backend, "raw pipe", e))
-    }
 }
 
 async fn sleep_or_forever(d: Duration) {
@@ -1232,155 +1190,6 @@ async fn sleep_or_forever(d: Duration) {
         std::future::pending::<()>().await
     } else {
         tokio::time::sleep(d).await
-    }
-}
-
-/// The streaming core of [`Session::relay_response`]; see there.
-async fn relay_loop<B, C>(
-    backend: &mut PacketIo<B>,
-    client: &mut PacketIo<C>,
-    parser: &mut ResponseParser,
-    shift: u8,
-    sent_any: &mut bool,
-    state: &mut SessionState,
-) -> Result<()>
-where
-    B: AsyncRead + AsyncWrite + Unpin,
-    C: AsyncRead + AsyncWrite + Unpin,
-{
-    // `ready`: bytes at the front of backend.buf already classified, to be forwarded.
-    let mut ready = 0usize;
-    // Bytes of the current packet still to pass through without looking at them.
-    let mut skip = 0usize;
-    // The next physical packet continues the current logical packet (pure data).
-    let mut continuing = false;
-    loop {
-        if skip > 0 {
-            let n = (backend.buf.len() - ready).min(skip);
-            ready += n;
-            skip -= n;
-            if skip > 0 {
-                flush(backend, client, &mut ready, sent_any).await?;
-                backend.fill().await?;
-                continue;
-            }
-        }
-        if parser.is_done() && !continuing {
-            break;
-        }
-        let avail = backend.buf.len() - ready;
-        if avail < 4 {
-            flush(backend, client, &mut ready, sent_any).await?;
-            backend.fill().await?;
-            continue;
-        }
-        let (len, _) = header(&backend.buf[ready..]);
-        if shift != 0 {
-            backend.buf[ready + 3] = backend.buf[ready + 3].wrapping_add(shift);
-        }
-        let next_continues = len == MAX_PAYLOAD;
-        if continuing {
-            ready += 4;
-            skip = len;
-            continuing = next_continues;
-            continue;
-        }
-        let whole = len <= ResponseParser::WHOLE_PACKET_LIMIT;
-        let need = if whole { 4 + len } else { 5 };
-        if avail < need {
-            if shift != 0 {
-                // Undo: the header is looked at again after the read.
-                backend.buf[ready + 3] = backend.buf[ready + 3].wrapping_sub(shift);
-            }
-            flush(backend, client, &mut ready, sent_any).await?;
-            backend.fill_to(need).await?;
-            continue;
-        }
-        let seen = if whole { len } else { 1 };
-        let start = ready;
-        let step = parser
-            .feed(&backend.buf[start + 4..start + 4 + seen], len)
-            .map_err(|v| Error::with_cause(Source::Backend, "relaying response", v))?;
-        if whole {
-            ready += 4 + len;
-        } else {
-            ready += 4;
-            skip = len;
-        }
-        if whole && parser.take_tracked() {
-            if let Some(own) = state.tracked_ok(&backend.buf[start + 4..start + 4 + len], true) {
-                // An OK packet carrying session state information the client did not
-                // ask for: what precedes it goes as it is, the packet as the client
-                // is to see it.
-                let seq = backend.buf[start + 3];
-                let mut before = start;
-                flush(backend, client, &mut before, sent_any).await?;
-                backend.buf.advance(4 + len);
-                ready = 0;
-                let mut out = bytes::BytesMut::with_capacity(4 + own.len());
-                crate::wire::io::frame_into(&mut out, seq, &own);
-                client.write_all(&out).await?;
-                *sent_any = true;
-            }
-        }
-        continuing = next_continues;
-        if step == Step::LocalInfile {
-            if shift != 0 {
-                return Err(Error::backend(
-                    "LOCAL INFILE request to a rewritten statement",
-                ));
-            }
-            flush(backend, client, &mut ready, sent_any).await?;
-            relay_infile(client, backend).await?;
-            parser.infile_sent();
-        }
-    }
-    flush(backend, client, &mut ready, sent_any).await
-}
-
-/// Forwards the first `ready` bytes of the backend buffer to the client.
-async fn flush<B, C>(
-    backend: &mut PacketIo<B>,
-    client: &mut PacketIo<C>,
-    ready: &mut usize,
-    sent_any: &mut bool,
-) -> Result<()>
-where
-    B: AsyncRead + AsyncWrite + Unpin,
-    C: AsyncRead + AsyncWrite + Unpin,
-{
-    if *ready > 0 {
-        client.write_all(&backend.buf[..*ready]).await?;
-        backend.buf.advance(*ready);
-        *ready = 0;
-        *sent_any = true;
-    }
-    Ok(())
-}
-
-/// Relays the client's LOCAL INFILE data packets to the backend, up to and including
-/// the empty packet that ends them.
-async fn relay_infile<B, C>(client: &mut PacketIo<C>, backend: &mut PacketIo<B>) -> Result<()>
-where
-    B: AsyncRead + AsyncWrite + Unpin,
-    C: AsyncRead + AsyncWrite + Unpin,
-{
-    loop {
-        client.fill_to(4).await?;
-        let (len, _) = header(&client.buf);
-        let mut left = 4 + len;
-        while left > 0 {
-            if client.buf.is_empty() {
-                client.fill().await?;
-            }
-            let n = client.buf.len().min(left);
-            backend.write_all(&client.buf[..n]).await?;
-            client.buf.advance(n);
-            left -= n;
-        }
-        if len == 0 {
-            return Ok(());
-        }
     }
 }
 
@@ -1536,76 +1345,5 @@ mod tests {
         p.extend_from_slice(&[45, 0]);
         assert_eq!(change_user_db(&p), Some("shop".into()));
         assert_eq!(change_user_db(&[cmd::CHANGE_USER]), None);
-    }
-
-    /// Drives relay_loop over in-memory streams: a result set split at awkward places
-    /// arrives whole and in order, with sequence ids shifted.
-    #[tokio::test]
-    async fn relay_forwards_exact_bytes_with_shift() {
-        use crate::wire::io::frame_into;
-        let mut wire = bytes::BytesMut::new();
-        let mut seq = frame_into(&mut wire, 1, &[1]);
-        seq = frame_into(
-            &mut wire,
-            seq,
-            b"\x03def\x00\x00\x00\x01a\x00\x0c\x3f\x00\x0b\x00\x00\x00\x03\x01\x00\x00\x00\x00",
-        );
-        seq = frame_into(&mut wire, seq, &[0xFE, 0, 0, 2, 0]);
-        let big = vec![b'x'; MAX_PAYLOAD + 100];
-        let mut row = vec![0xFE];
-        row.extend_from_slice(&(big.len() as u64).to_le_bytes());
-        row.extend_from_slice(&big);
-        seq = frame_into(&mut wire, seq, &row);
-        frame_into(&mut wire, seq, &[0xFE, 0, 0, 2, 0]);
-        let (mut back_side, backend_peer) = tokio::io::duplex(64 * 1024);
-        let (client_peer, mut client_side) = tokio::io::duplex(64 * 1024);
-        let input = wire.to_vec();
-        let writer = tokio::spawn(async move {
-            use tokio::io::AsyncWriteExt;
-            back_side.write_all(&input).await.unwrap();
-            back_side
-        });
-        let reader = tokio::spawn(async move {
-            use tokio::io::AsyncReadExt;
-            let mut out = Vec::new();
-            let mut buf = vec![0u8; 65536];
-            loop {
-                let n = client_side.read(&mut buf).await.unwrap();
-                if n == 0 {
-                    break;
-                }
-                out.extend_from_slice(&buf[..n]);
-            }
-            out
-        });
-        let mut backend = PacketIo::new(backend_peer, Source::Backend);
-        let mut client = PacketIo::new(client_peer, Source::Client);
-        let mut parser = ResponseParser::new(ResponseKind::Generic, false);
-        let mut sent = false;
-        let mut state = SessionState::new(false);
-        relay_loop(
-            &mut backend,
-            &mut client,
-            &mut parser,
-            2,
-            &mut sent,
-            &mut state,
-        )
-        .await
-        .unwrap();
-        assert!(parser.is_done());
-        drop(client);
-        let _ = writer.await.unwrap();
-        let out = reader.await.unwrap();
-        assert_eq!(out.len(), wire.len());
-        // Every header's sequence id is shifted by 2, every other byte is identical.
-        let mut expected = wire.to_vec();
-        let mut at = 0;
-        while at < expected.len() {
-            let (len, _) = header(&expected[at..]);
-            expected[at + 3] = expected[at + 3].wrapping_add(2);
-            at += 4 + len;
-        }
-        assert!(out == expected);
     }
 }

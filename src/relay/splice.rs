@@ -196,7 +196,7 @@ impl Session {
             engine.provide_server_metadata(
                 req.rule,
                 req.db.as_deref(),
-                &column_defs(&c.packets, self.extended_metadata),
+                &column_defs(&c.packets, self.link.extended_metadata),
             );
         }
         let msg = "heatsink: a rule could not learn the table's columns";
@@ -232,7 +232,7 @@ impl Session {
             self.reply(cmd_seq, &payload).await?;
             return Ok(false);
         }
-        let rows = c.text_rows(self.deprecate_eof);
+        let rows = c.text_rows(self.link.deprecate_eof);
         let cells = c
             .packets
             .get(rows.start)
@@ -276,7 +276,8 @@ impl Session {
     /// Sends one packet to the client as the answer to the command with `cmd_seq`.
     pub(super) async fn reply(&mut self, cmd_seq: u8, payload: &[u8]) -> Result<()> {
         let renamed = self.renamed_err(payload);
-        self.client
+        self.link
+            .client
             .write_packet(
                 cmd_seq.wrapping_add(1),
                 renamed.as_deref().unwrap_or(payload),
@@ -304,7 +305,7 @@ impl Session {
     ) -> Result<()> {
         let collected = self.run_command(&c.payload()).await?;
         let packets = &collected.packets;
-        let rows = collected.text_rows(self.deprecate_eof);
+        let rows = collected.text_rows(self.link.deprecate_eof);
         let names = self.rewrite_names.clone();
         let rename = |row: &[u8]| names.as_deref().and_then(|n| renamed_text_row(row, n));
         // Own rows go where the backend's rows were: before the last packet.
@@ -344,17 +345,17 @@ impl Session {
         }
         if let Some(st) = packets
             .last()
-            .and_then(|p| packets::terminator_status(&p.payload, self.deprecate_eof))
+            .and_then(|p| packets::terminator_status(&p.payload, self.link.deprecate_eof))
         {
             self.state.set_status(st);
         }
-        self.client.write_all(&out).await
+        self.link.client.write_all(&out).await
     }
 
     /// Sends one command (a COM_QUERY or COM_STMT_EXECUTE payload) to the backend
     /// and reads its whole response.
     async fn run_command(&mut self, payload: &[u8]) -> Result<Collected> {
-        self.backend.write_packet(0, payload).await?;
+        self.link.backend.write_packet(0, payload).await?;
         let (parser, packets) = self.collect_response(ResponseKind::Generic).await?;
         Ok(Collected { parser, packets })
     }
@@ -410,7 +411,11 @@ impl Session {
             _ => false,
         };
         if let (1, true, Some(sql)) = (n, stream, statements.first()) {
-            let next = self.backend.write_packet(0, &query_payload(sql)).await?;
+            let next = self
+                .link
+                .backend
+                .write_packet(0, &query_payload(sql))
+                .await?;
             let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
             return match &rw.reply {
                 Reply::Patched(p) => self.relay_patched(p, false, cmd_seq).await,
@@ -432,7 +437,7 @@ impl Session {
     async fn run_prelude(&mut self, p: &RenderedPrelude) -> Result<Option<Vec<Vec<u8>>>> {
         let c = self.run_collect(&p.query).await?;
         let out = c
-            .quiet_row(self.deprecate_eof, self.extended_metadata)
+            .quiet_row(self.link.deprecate_eof, self.link.extended_metadata)
             .and_then(|(at, types)| {
                 let cells = text_cells(&c.packets.get(at)?.payload)?;
                 (cells.len() == types.len())
@@ -629,7 +634,7 @@ impl Session {
                     for p in &last.packets {
                         seq = frame_into(&mut out, seq, &p.payload);
                     }
-                    return self.client.write_all(&out).await;
+                    return self.link.client.write_all(&out).await;
                 }
             }
         };
@@ -648,7 +653,7 @@ impl Session {
     ) -> Result<()> {
         let mut out = BytesMut::with_capacity(16 * 1024);
         let mut seq = cmd_seq.wrapping_add(1);
-        let first = self.backend.read_logical().await?;
+        let first = self.link.backend.read_logical().await?;
         let payload = first.payload();
         let count = match payload.first() {
             Some(&packets::OK) | Some(&packets::ERR) | None => {
@@ -663,7 +668,7 @@ impl Session {
                     seq,
                     own.as_deref().or(renamed.as_deref()).unwrap_or(&payload),
                 );
-                return self.client.write_all(&out).await;
+                return self.link.client.write_all(&out).await;
             }
             Some(_) => match lenenc_int(&payload) {
                 Some((n, _)) => n as usize,
@@ -676,8 +681,8 @@ impl Session {
         };
         let mut defs = Vec::with_capacity(count);
         for _ in 0..count {
-            let p = self.backend.read_logical().await?;
-            let Some(def) = ColumnDef::parse(&p.payload(), self.extended_metadata) else {
+            let p = self.link.backend.read_logical().await?;
+            let Some(def) = ColumnDef::parse(&p.payload(), self.link.extended_metadata) else {
                 return Err(Error::backend("malformed column definition"));
             };
             defs.push(def);
@@ -694,13 +699,13 @@ impl Session {
             ));
             seq = frame_into(&mut out, seq, &def.serialize());
         }
-        if !self.deprecate_eof {
-            let p = self.backend.read_logical().await?;
+        if !self.link.deprecate_eof {
+            let p = self.link.backend.read_logical().await?;
             seq = frame_into(&mut out, seq, &p.payload());
         }
         let recode = (binary && !recode.is_identity()).then_some(recode);
         loop {
-            let p = self.backend.read_logical().await?;
+            let p = self.link.backend.read_logical().await?;
             let payload = p.payload();
             let first = payload.first().copied();
             let terminator = self.ends_rows(&payload);
@@ -708,7 +713,8 @@ impl Session {
                 self.answered_error |= !terminator;
                 let mut own = None;
                 if terminator {
-                    if let Some(st) = packets::terminator_status(&payload, self.deprecate_eof) {
+                    if let Some(st) = packets::terminator_status(&payload, self.link.deprecate_eof)
+                    {
                         self.state.set_status(st);
                     }
                     own = self.client_packet(&payload);
@@ -719,7 +725,7 @@ impl Session {
                     seq,
                     own.as_deref().or(renamed.as_deref()).unwrap_or(&payload),
                 );
-                return self.client.write_all(&out).await;
+                return self.link.client.write_all(&out).await;
             }
             match &recode {
                 Some(rc) => match rc.apply(&payload) {
@@ -730,7 +736,7 @@ impl Session {
                         let msg = "heatsink: a rewritten value does not fit the column type";
                         frame_into(&mut out, seq, &err_of(errors::UNKNOWN, msg));
                         self.answered_error = true;
-                        self.client.write_all(&out).await?;
+                        self.link.client.write_all(&out).await?;
                         // The backend is still sending this result: read it to its
                         // end so the next command's answer is the next command's.
                         return self.discard_rows().await;
@@ -739,7 +745,7 @@ impl Session {
                 None => seq = frame_into(&mut out, seq, &payload),
             }
             if out.len() >= 64 * 1024 {
-                self.client.write_all(&out).await?;
+                self.link.client.write_all(&out).await?;
                 out.clear();
             }
         }
@@ -749,7 +755,7 @@ impl Session {
     /// (EOF, or the OK that replaces it under CLIENT_DEPRECATE_EOF).
     fn ends_rows(&self, payload: &[u8]) -> bool {
         payload.first() == Some(&packets::EOF)
-            && if self.deprecate_eof {
+            && if self.link.deprecate_eof {
                 payload.len() < MAX_PAYLOAD
             } else {
                 payload.len() < 9
@@ -760,12 +766,12 @@ impl Session {
     /// terminator (EOF/OK) or ERR, keeping the session's status flags current.
     async fn discard_rows(&mut self) -> Result<()> {
         loop {
-            let p = self.backend.read_logical().await?;
+            let p = self.link.backend.read_logical().await?;
             let payload = p.payload();
             let first = payload.first().copied();
             let terminator = self.ends_rows(&payload);
             if terminator {
-                if let Some(st) = packets::terminator_status(&payload, self.deprecate_eof) {
+                if let Some(st) = packets::terminator_status(&payload, self.link.deprecate_eof) {
                     self.state.set_status(st);
                 }
                 self.client_packet(&payload);
@@ -787,7 +793,7 @@ impl Session {
         c: &crate::wire::io::Logical,
     ) -> Result<()> {
         let cmd_seq = c.last_seq;
-        self.backend.write_all(&c.raw).await?;
+        self.link.backend.write_all(&c.raw).await?;
         let (orig, orig_pkts) = self.collect_response(ResponseKind::Prepare).await?;
         let Some(orig_ok) = orig.prepare_ok else {
             let payload = orig_pkts
@@ -804,7 +810,7 @@ impl Session {
         for sql in &rw.statements {
             let mut payload = vec![cmd::STMT_PREPARE];
             payload.extend_from_slice(sql);
-            self.backend.write_packet(0, &payload).await?;
+            self.link.backend.write_packet(0, &payload).await?;
             let (new, new_pkts) = self.collect_response(ResponseKind::Prepare).await?;
             let Some(new_ok) = new.prepare_ok else {
                 for (id, _) in &stmts {
@@ -862,14 +868,14 @@ impl Session {
                     }),
             },
         );
-        self.client.write_all(&out).await
+        self.link.client.write_all(&out).await
     }
 
     /// COM_STMT_CLOSE of a backend statement (no response).
     async fn close_backend_statement(&mut self, id: u32) -> Result<()> {
         let mut close = vec![cmd::STMT_CLOSE];
         close.extend_from_slice(&id.to_le_bytes());
-        self.backend.write_packet(0, &close).await.map(|_| ())
+        self.link.backend.write_packet(0, &close).await.map(|_| ())
     }
 
     /// Closes the backend statements of a rewritten prepared statement; false if `id`
@@ -945,11 +951,11 @@ impl Session {
         let (rule, reply, atomic) = (p.rule.clone(), p.reply.clone(), p.atomic);
         match (&reply, commands.as_slice()) {
             (Reply::Patched(patch), [one]) => {
-                self.backend.write_packet(0, one).await?;
+                self.link.backend.write_packet(0, one).await?;
                 self.relay_patched(patch, true, cmd_seq).await
             }
             (Reply::Last, [one]) if self.rewrite_names.is_none() => {
-                let next = self.backend.write_packet(0, one).await?;
+                let next = self.link.backend.write_packet(0, one).await?;
                 let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
                 self.relay_response(ResponseKind::Generic, shift, cmd_seq)
                     .await

@@ -316,11 +316,12 @@ impl Session {
 
     /// Turns the server's session state tracking on for the proxy
     /// (`state::TRACKING_SETUP`), after authentication and after
-    /// COM_RESET_CONNECTION, when a rule may merge writes; a client that tracks
+    /// COM_RESET_CONNECTION, when a rule may merge writes (`Engine::merges`); a
+    /// client that tracks
     /// state itself has its own settings read first so that it is shown only what
     /// they report. Without it, the session's writes never merge.
     async fn start_tracking(&mut self) -> Result<()> {
-        if !self.state.tracking_capability || !self.shared.engine.load().has_rules() {
+        if !self.state.tracking_capability || !self.shared.engine.load().merges() {
             self.state.tracking_stopped();
             return Ok(());
         }

@@ -214,6 +214,12 @@ impl Engine {
         !self.rules.is_empty()
     }
 
+    /// Whether a rule in force may merge concurrent writes (group commit); shadow
+    /// rules rewrite nothing.
+    pub fn merges(&self) -> bool {
+        self.rules.iter().any(|r| r.merges() && !r.shadow())
+    }
+
     /// Hands a rule the answer to its [`Rule::metadata_query`]. Plans made so far
     /// did not need it (the rule was never asked to plan without it), so the cache
     /// stays valid.

@@ -1035,6 +1035,13 @@ pub trait Rule: Send + Sync {
         true
     }
 
+    /// Whether the rule's rewrites may merge concurrent executions into one write
+    /// (group commit): sessions then run with the server's session state tracking
+    /// on for the proxy (`relay::state`), which only such rules need.
+    fn merges(&self) -> bool {
+        false
+    }
+
     /// Whether other rules may be about the same table, and in which order the
     /// engine asks them: `Some(rank)` for rules that share (lower ranks first — the
     /// smallest rollup of a log before larger ones; the first plan wins), `None`

@@ -795,6 +795,10 @@ impl CounterRule {
 }
 
 impl Rule for CounterRule {
+    fn merges(&self) -> bool {
+        self.coalesce
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

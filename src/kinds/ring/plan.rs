@@ -541,6 +541,10 @@ impl RingRule {
 }
 
 impl Rule for RingRule {
+    fn merges(&self) -> bool {
+        self.coalesce
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

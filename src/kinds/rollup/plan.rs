@@ -105,6 +105,10 @@ impl RollupRule {
 }
 
 impl Rule for RollupRule {
+    fn merges(&self) -> bool {
+        self.coalesce
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

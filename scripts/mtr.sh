@@ -97,7 +97,6 @@ win_empty_over win_i_s win_lead_lag win_nth_value win_percent_cume win_std
 
 # Differences explained so far: test -> reason (the report quotes it).
 declare -A KNOWN=(
-	[lock_kill]="heatsink defect: KILL of a connection whose ALTER TABLE runs under LOCK TABLES makes MariaDB close that connection without a packet; directly the client then reports 2013 (accepted by the test), through heatsink it gets a synthetic ERR 1158 (08S01) 'Lost connection to MySQL server during query' (Session::relay_response when the backend fails before anything was forwarded), which the test does not accept"
 )
 
 # ---------------------------------------------------------------------------

@@ -179,6 +179,10 @@ fn run_script(addr: SocketAddr, db: &str, opts: &ConnectOpts, steps: &[Step]) ->
 /// `HEATSINK_FIDELITY_TARGET=direct`.
 enum Target {
     Proxy(Proxy),
+    /// A proxy with a rule that merges writes (on a table the scripts never name):
+    /// its sessions run with the server's session state tracking turned on for the
+    /// proxy, which no client may see.
+    Tracking(Proxy, tempfile::TempDir),
     Direct,
 }
 
@@ -190,9 +194,20 @@ impl Target {
         }
     }
 
+    fn start_tracking() -> Target {
+        let rules = tempfile::tempdir().expect("rules dir");
+        std::fs::write(
+            rules.path().join("counter.toml"),
+            "[[counter]]\nname = \"merging\"\ntable = \"fid_unrelated_hits\"\nkey = [\"slug\"]\ncolumns = [\"cnt\"]\nslots = 4\nslot_table = \"fid_unrelated_slots\"\n",
+        )
+        .expect("rule file");
+        let proxy = Proxy::builder().rules_dir(rules.path()).start();
+        Target::Tracking(proxy, rules)
+    }
+
     fn addr(&self) -> SocketAddr {
         match self {
-            Target::Proxy(p) => p.addr(),
+            Target::Proxy(p) | Target::Tracking(p, _) => p.addr(),
             Target::Direct => mariadb().addr(),
         }
     }
@@ -200,13 +215,14 @@ impl Target {
     fn name(&self) -> &'static str {
         match self {
             Target::Proxy(_) => "proxy",
+            Target::Tracking(..) => "proxy (merging rule, session state tracking on)",
             Target::Direct => "direct#2",
         }
     }
 
     fn log(&self) -> String {
         match self {
-            Target::Proxy(p) => p.log_text(),
+            Target::Proxy(p) | Target::Tracking(p, _) => p.log_text(),
             Target::Direct => String::new(),
         }
     }
@@ -220,7 +236,11 @@ fn check_script(db: &str, steps: &[Step]) {
 
 /// [`check_script`] with extra client capabilities (e.g. SESSION_TRACK).
 fn check_script_with(db: &str, steps: &[Step], extra_caps: u32) {
-    let target = Target::start();
+    check_script_on(Target::start(), db, steps, extra_caps);
+}
+
+/// [`check_script_with`] against `target`.
+fn check_script_on(target: Target, db: &str, steps: &[Step], extra_caps: u32) {
     let mut report = String::new();
     for deprecate_eof in [true, false] {
         let opts = ConnectOpts::new(USER, PASSWORD)
@@ -898,6 +918,43 @@ fn session_tracking_capability() {
         q("USE fid_track"),
     ]);
     check_script_with("fid_track", &steps, caps::SESSION_TRACK);
+}
+
+/// The proxy's own session state tracking (on whenever a rule merges writes) is
+/// invisible: the same transcripts, byte for byte, for clients without the capability
+/// and for clients with it — with the server's defaults and with their own tracking
+/// settings.
+#[test]
+fn the_proxys_own_tracking_is_invisible() {
+    let mut steps = session_steps();
+    steps.extend(ok_packet_steps());
+    steps.extend([
+        q("/*!40103 SET TIME_ZONE='+10:00' */"),
+        q("SET @@session.sql_mode = 'ANSI_QUOTES'"),
+        q("SET @v := 1"),
+        q("CREATE TEMPORARY TABLE fid_tmp (a INT)"),
+        q("DROP TEMPORARY TABLE fid_tmp"),
+        ok(Action::InitDb("heatsink_test")),
+        q("USE fid_track_own"),
+    ]);
+    check_script_on(Target::start_tracking(), "fid_track_own", &steps, 0);
+    check_script_on(
+        Target::start_tracking(),
+        "fid_track_own",
+        &steps,
+        caps::SESSION_TRACK,
+    );
+    let mut own = vec![
+        q("SET SESSION session_track_state_change = ON"),
+        q("SET SESSION session_track_system_variables = 'time_zone,sql_mode'"),
+    ];
+    own.extend(steps);
+    check_script_on(
+        Target::start_tracking(),
+        "fid_track_own",
+        &own,
+        caps::SESSION_TRACK,
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -343,7 +343,12 @@ impl Session {
         } else {
             None
         };
-        let c = self.run_collect(super::state::TRACKING_SETUP).await?;
+        let setup = if self.state.client_tracks() {
+            super::state::TRACKING_SETUP_KEEPING_VARIABLES
+        } else {
+            super::state::TRACKING_SETUP
+        };
+        let c = self.run_collect(setup).await?;
         if c.err().is_some() || (self.state.client_tracks() && client.is_none()) {
             warn!(peer = %self.peer, id = self.backend_id, "session state tracking could not be set up: this session's writes are not merged");
             self.state.tracking_stopped();

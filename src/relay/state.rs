@@ -39,9 +39,18 @@ use crate::wire::status;
 use crate::wire::track::{self, Entry, TrackedOk};
 
 /// Turns the server's tracking on for the proxy (after authentication and after
-/// COM_RESET_CONNECTION, which resets it).
+/// COM_RESET_CONNECTION, which resets it), for a client that does not track session
+/// state itself.
 pub const TRACKING_SETUP: &[u8] =
     b"SET SESSION session_track_system_variables = '*', session_track_state_change = ON";
+
+/// The same for a client that negotiated CLIENT_SESSION_TRACK: its list of system
+/// variables stays as it is, because the server orders a packet's variables by the
+/// list in force (measured: `SET NAMES` reports `character_set_connection` first
+/// under the default list and `character_set_client` first under `'*'`), and the
+/// client must get the server's own packets. The proxy then learns the values of
+/// the client's variables only, so any other change ends merging for the session.
+pub const TRACKING_SETUP_KEEPING_VARIABLES: &[u8] = b"SET SESSION session_track_state_change = ON";
 
 /// What a client that negotiated CLIENT_SESSION_TRACK had set before the proxy's
 /// [`TRACKING_SETUP`], so that it is shown only what it asked for.
@@ -162,6 +171,9 @@ impl Hazards {
     pub const SET_OTHER: u16 = 1 << 6;
     /// Not a statement text (COM_STMT_EXECUTE, COM_INIT_DB, …).
     pub const NOT_TEXT: u16 = 1 << 7;
+    /// A statement of the proxy's own whose only state change is its `SET
+    /// STATEMENT` of [`PROXY_VARIABLES`].
+    pub const PROXY: u16 = 1 << 8;
 
     /// True when `flag` is set.
     pub fn has(self, flag: u16) -> bool {
@@ -454,6 +466,10 @@ pub struct SessionState {
     digest: Vec<u8>,
     /// The hazards of the command in flight.
     current: Hazards,
+    /// The server reports every system variable (`session_track_system_variables =
+    /// '*'`); otherwise only the client's own list, and a change the proxy cannot
+    /// attribute ends merging.
+    all_variables: bool,
 }
 
 impl SessionState {
@@ -479,6 +495,7 @@ impl SessionState {
             variables: BTreeMap::new(),
             digest: Vec::new(),
             current: Hazards::default(),
+            all_variables: true,
         }
     }
 
@@ -512,10 +529,20 @@ impl SessionState {
         self.variables.clear();
         self.digest.clear();
         self.client.filter = self.client.tracks && client.is_some();
+        self.all_variables = true;
         if let Some((variables, state_change)) = client {
             self.client.variables = Variables::parse(variables);
             self.client.state_change = state_change;
+            // The client's list stays in force (TRACKING_SETUP_KEEPING_VARIABLES).
+            self.all_variables = self.client.variables == Variables::All;
         }
+    }
+
+    /// Before a statement the proxy runs on its own whose only change of session
+    /// state is its own `SET STATEMENT` (a merged write): a state change reported
+    /// for it is that.
+    pub fn before_proxy_statement(&mut self) {
+        self.current = Hazards(Hazards::NOT_TEXT | Hazards::PROXY);
     }
 
     /// The proxy's tracking is not in force (no merging rule, the setup failed,
@@ -638,7 +665,12 @@ impl SessionState {
                     if name.starts_with(b"session_track") {
                         self.client.filter = false;
                         self.leave(AloneReason::Untracked);
-                    } else if is_one_of(&name, &ONE_SHOT_VARIABLES) || !self.current.plain_set() {
+                    } else if is_one_of(&name, &ONE_SHOT_VARIABLES)
+                        || !self.current.plain_set()
+                        || !self.all_variables
+                    {
+                        // Without every variable reported, a SET may have changed
+                        // others too.
                         self.leave(AloneReason::SessionState);
                     } else {
                         self.variables.insert(name, value.to_vec());
@@ -648,9 +680,10 @@ impl SessionState {
                 _ => {}
             }
         }
-        if state_change && !explained {
+        if state_change && !explained && !self.current.has(Hazards::PROXY) {
             // A user variable (`SET @v`), a temporary table, a prepared statement,
-            // `SET ROLE`: the server does not say which.
+            // `SET ROLE`, a variable outside the list the server reports: the server
+            // does not say which.
             self.leave(AloneReason::SessionState);
         }
         if changed {
@@ -785,8 +818,10 @@ mod tests {
             let shown = s.tracked_ok(&ok_with(&[var("time_zone", "+10:00"), state()]), true);
             assert!(shown.is_some());
         }
-        assert_eq!(a.merge_class(), b.merge_class());
         assert!(!a.merge_class().unwrap().is_empty());
+        // The tracking client keeps its own list: the server reports only its
+        // variables, so a SET cannot be shown to have changed nothing else.
+        assert_eq!(b.merge_class(), Err(AloneReason::SessionState));
         // The tracking client is shown its own list's variable, not the state entry.
         let mut c = tracked(true);
         c.before_statement(b"SET time_zone = '+10:00'");
@@ -827,9 +862,18 @@ mod tests {
         assert_eq!(s.merge_class(), Err(AloneReason::SessionState));
         // The proxy's own SET STATEMENT variables are not the session's.
         let mut s = tracked(false);
-        s.before_command();
+        s.before_proxy_statement();
         s.tracked_ok(&ok_with(&[var("lock_wait_timeout", "2"), state()]), true);
         assert_eq!(s.merge_class(), Ok(&[][..]));
+        // With the client's own list in force the server reports only the state
+        // change of a merged write's SET STATEMENT.
+        let mut s = tracked(true);
+        s.before_proxy_statement();
+        s.tracked_ok(&ok_with(&[state()]), true);
+        assert_eq!(s.merge_class(), Ok(&[][..]));
+        s.before_command();
+        s.tracked_ok(&ok_with(&[state()]), true);
+        assert_eq!(s.merge_class(), Err(AloneReason::SessionState));
         // A transaction.
         let mut s = tracked(false);
         s.set_status(status::AUTOCOMMIT | status::IN_TRANS);

@@ -128,6 +128,17 @@ impl Migration for schema::CheckedRing {
                 ),
             ));
         }
+        for t in self.copied_triggers.iter().filter(|t| !t.exists) {
+            out.push((
+                Severity::Error,
+                format!(
+                    "trigger {} on {} (a copy of the log's {}) is missing, so inserts the log's trigger refuses or changes would be kept as sent (`heatsink migrate` creates it)",
+                    t.name.quoted(),
+                    self.ring.quoted(),
+                    t.original.quoted()
+                ),
+            ));
+        }
         if self.backfill_due {
             out.push((
                 Severity::Warning,

@@ -892,9 +892,10 @@ async fn foreign_keys(conn: &mut Conn, filter: &str, t: &TableName) -> Result<Ve
         let (db, name, table) = (text(r, 0), text(r, 1).unwrap_or_default(), text(r, 2));
         let column = text(r, 3).unwrap_or_default();
         let parent_column = text(r, 6).unwrap_or_default();
-        if let Some(fk) = out.last_mut().filter(|f| {
-            f.name == name && f.child.db == db && Some(&f.child.name) == table.as_ref()
-        }) {
+        if let Some(fk) = out
+            .last_mut()
+            .filter(|f| f.name == name && f.child.db == db && Some(&f.child.name) == table.as_ref())
+        {
             fk.columns.push(column);
             fk.parent_columns.push(parent_column);
             continue;
@@ -942,9 +943,213 @@ pub(crate) fn refuse_changing_foreign_keys(
     )))
 }
 
+/// Privileges a user holds on the logical table that a rule's physical table needs
+/// as well: who may read the logical table must read a table the rule's reads use;
+/// who may write it (any of `INSERT`, `UPDATE`, `DELETE`) must read and write a
+/// table the rule's writes use.
+fn needed_privileges(held: &[String], access: crate::kinds::SideAccess) -> Vec<&'static str> {
+    let has = |p: &str| held.iter().any(|h| h.eq_ignore_ascii_case(p));
+    let writes = ["INSERT", "UPDATE", "DELETE"].iter().any(|p| has(p));
+    match access {
+        crate::kinds::SideAccess::Write if writes => vec!["SELECT", "INSERT", "UPDATE", "DELETE"],
+        _ if has("SELECT") => vec!["SELECT"],
+        _ => Vec::new(),
+    }
+}
+
+/// A grant a user lacks on one of a rule's physical tables.
+#[derive(Debug, Clone)]
+pub(crate) struct MissingGrant {
+    /// `GRANTEE` as `information_schema` spells it: `'app'@'%'`, `'role'@''`.
+    pub grantee: String,
+    /// The logical table the user holds privileges on.
+    pub logical: TableName,
+    /// The rule's physical table.
+    pub table: TableName,
+    /// The privileges to grant.
+    pub privileges: Vec<&'static str>,
+}
+
+impl MissingGrant {
+    /// The `GRANT` statement (a role, whose host is empty, by its name alone).
+    pub(crate) fn sql(&self) -> String {
+        let to = self
+            .grantee
+            .strip_suffix("@''")
+            .unwrap_or(&self.grantee)
+            .to_string();
+        format!(
+            "GRANT {} ON {} TO {to}",
+            self.privileges.join(", "),
+            self.table.quoted()
+        )
+    }
+
+    /// What `check` says about it.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "user {} may use {} but lacks {} on {}, which heatsink's statements for it use \
+             (they would fail with 1142): `heatsink migrate --apply` grants it, or run `{}`",
+            self.grantee,
+            self.logical.quoted(),
+            self.privileges.join(", "),
+            self.table.quoted(),
+            self.sql()
+        )
+    }
+}
+
+/// `(grantee, privilege)` rows of a query over an `information_schema` privilege
+/// table, with `params` for its `?`s.
+async fn privileges(
+    conn: &mut Conn,
+    sql: &str,
+    params: Vec<Value>,
+) -> Result<Vec<(String, String)>> {
+    let rows: Vec<Row> = conn
+        .exec(sql, params)
+        .await
+        .map_err(|e| schema_err("reading privileges from information_schema".into(), e))?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            (
+                text(r, 0).unwrap_or_default(),
+                text(r, 1).unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// The grants users lack on a rule's physical tables (`side`, databases resolved,
+/// with how heatsink's statements use them), judged by their table-level privileges
+/// on the logical table. A privilege held on the physical table, on its database or
+/// globally counts as held. Grants on the database or globally reach the physical
+/// tables anyway, so only table-level grantees can lack anything. Reads the
+/// `information_schema` privilege tables, which show every user's grants only to a
+/// user who may read the grant tables (else only its own).
+pub(crate) async fn missing_grants(
+    conn: &mut Conn,
+    logical: &TableName,
+    side: &[(TableName, crate::kinds::SideAccess)],
+) -> Result<Vec<MissingGrant>> {
+    let db = logical.db.clone().unwrap_or_default();
+    let held = privileges(
+        conn,
+        "SELECT GRANTEE, PRIVILEGE_TYPE FROM information_schema.TABLE_PRIVILEGES \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY GRANTEE",
+        vec![db.into(), logical.name.as_str().into()],
+    )
+    .await?;
+    let mut grantees: Vec<&str> = held.iter().map(|(g, _)| g.as_str()).collect();
+    grantees.dedup();
+    let global = privileges(
+        conn,
+        "SELECT GRANTEE, PRIVILEGE_TYPE FROM information_schema.USER_PRIVILEGES",
+        Vec::new(),
+    )
+    .await?;
+    let mut out = Vec::new();
+    for (table, access) in side {
+        let tdb = table.db.clone().unwrap_or_default();
+        let mut covered = privileges(
+            conn,
+            "SELECT GRANTEE, PRIVILEGE_TYPE FROM information_schema.TABLE_PRIVILEGES \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            vec![tdb.as_str().into(), table.name.as_str().into()],
+        )
+        .await?;
+        covered.extend(
+            privileges(
+                conn,
+                "SELECT GRANTEE, PRIVILEGE_TYPE FROM information_schema.SCHEMA_PRIVILEGES \
+                 WHERE TABLE_SCHEMA = ?",
+                vec![tdb.into()],
+            )
+            .await?,
+        );
+        covered.extend(global.iter().cloned());
+        for g in &grantees {
+            let mine: Vec<String> = held
+                .iter()
+                .filter(|(h, _)| h == g)
+                .map(|(_, p)| p.clone())
+                .collect();
+            let lacking: Vec<&'static str> = needed_privileges(&mine, *access)
+                .into_iter()
+                .filter(|p| {
+                    !covered
+                        .iter()
+                        .any(|(cg, cp)| cg == g && cp.eq_ignore_ascii_case(p))
+                })
+                .collect();
+            if !lacking.is_empty() {
+                out.push(MissingGrant {
+                    grantee: g.to_string(),
+                    logical: logical.clone(),
+                    table: table.clone(),
+                    privileges: lacking,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// [`missing_grants`] for a rule: its logical table and [`RuleSpec::client_tables`]
+/// resolved to databases (`default_db` holds unqualified tables). A rule whose names
+/// cannot be resolved needs nothing here (its schema check refuses it).
+///
+/// [`RuleSpec::client_tables`]: crate::kinds::RuleSpec::client_tables
+pub(crate) async fn rule_missing_grants(
+    conn: &mut Conn,
+    spec: &dyn crate::kinds::RuleSpec,
+    default_db: Option<&str>,
+) -> Result<Vec<MissingGrant>> {
+    let side = spec.client_tables();
+    if side.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<&str> = side.iter().map(|(t, _)| t.as_str()).collect();
+    let Ok((logical, tables)) = resolve_tables(spec.table(), &names, default_db) else {
+        return Ok(Vec::new());
+    };
+    let side: Vec<_> = tables
+        .into_iter()
+        .zip(side.iter().map(|(_, a)| *a))
+        .collect();
+    missing_grants(conn, &logical, &side).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn side_tables_get_what_the_logical_table_allows() {
+        use crate::kinds::SideAccess::{Read, Write};
+        let held = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(needed_privileges(&held(&["SELECT"]), Write), ["SELECT"]);
+        assert_eq!(
+            needed_privileges(&held(&["INSERT"]), Write),
+            ["SELECT", "INSERT", "UPDATE", "DELETE"]
+        );
+        assert_eq!(
+            needed_privileges(&held(&["INSERT"]), Read),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            needed_privileges(&held(&["SELECT", "INSERT"]), Read),
+            ["SELECT"]
+        );
+        let g = MissingGrant {
+            grantee: "'r1'@''".into(),
+            logical: TableName::parse("d.t").unwrap(),
+            table: TableName::parse("d.t_slots").unwrap(),
+            privileges: vec!["SELECT"],
+        };
+        assert_eq!(g.sql(), "GRANT SELECT ON `d`.`t_slots` TO 'r1'");
+    }
 
     #[test]
     fn integer_ranges() {

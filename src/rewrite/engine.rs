@@ -180,16 +180,10 @@ impl Engine {
         introduce_sharing_rules(&rules, &patterns);
         let prefilter = Prefilter::new(patterns.iter().map(|p| &p.name))
             .map_err(|e| EngineError::Prefilter(e.to_string()))?;
-        // As the server quotes them in messages: `db`.`table`.`column`.
         let message_names: Vec<(Vec<u8>, Vec<u8>)> = rules
             .iter()
             .flat_map(|r| r.physical_tables())
-            .map(|(physical, logical)| {
-                (
-                    format!("`.`{physical}`.`").into_bytes(),
-                    format!("`.`{logical}`.`").into_bytes(),
-                )
-            })
+            .flat_map(|(physical, logical)| message_renames(&physical, &logical))
             .collect();
         Ok(Engine {
             rules,
@@ -1135,6 +1129,27 @@ fn introduce_sharing_rules(rules: &[Arc<dyn Rule>], patterns: &[Pattern]) {
             rules[ri].cooperate(&list);
         }
     }
+}
+
+/// How the server names a physical table in its messages, and the same with the
+/// logical name: `` `db`.`table` `` (also as `` `db`.`table`.`column` ``: 1142,
+/// 4025, conversion errors), `` in table 'table' `` (1143), and a foreign key the
+/// ring copied from the log, `` CONSTRAINT `ring__fk` `` (1452).
+fn message_renames(physical: &str, logical: &str) -> [(Vec<u8>, Vec<u8>); 3] {
+    [
+        (
+            format!("`.`{physical}`").into_bytes(),
+            format!("`.`{logical}`").into_bytes(),
+        ),
+        (
+            format!("in table '{physical}'").into_bytes(),
+            format!("in table '{logical}'").into_bytes(),
+        ),
+        (
+            format!("CONSTRAINT `{physical}__").into_bytes(),
+            b"CONSTRAINT `".to_vec(),
+        ),
+    ]
 }
 
 #[cfg(test)]

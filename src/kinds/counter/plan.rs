@@ -795,6 +795,13 @@ impl CounterRule {
 }
 
 impl Rule for CounterRule {
+    fn physical_tables(&self) -> Vec<(String, String)> {
+        vec![(
+            self.slot_table.name.clone(),
+            self.logical.name().name.to_string(),
+        )]
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

@@ -65,6 +65,12 @@ impl RuleSpec for RingSpec {
         vec![self.ring_table.clone(), self.seq_table_name()]
     }
 
+    /// Inserts upsert the ring, reads, updates and deletes use it; only the ring's
+    /// trigger writes the sequence table.
+    fn client_tables(&self) -> Vec<(String, crate::kinds::SideAccess)> {
+        vec![(self.ring_table.clone(), crate::kinds::SideAccess::Write)]
+    }
+
     fn rule(&self) -> std::result::Result<Arc<dyn Rule>, String> {
         self.validate()?;
         Ok(Arc::new(RingRule::new(self)?))

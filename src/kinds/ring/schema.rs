@@ -220,9 +220,14 @@ pub(crate) async fn check_ring(
         plan_seq_trigger(conn, spec, &ring, &seq, &key_cols, &mut notes).await?;
     let (trigger_name, trigger) =
         plan_log_trigger(conn, spec, (&logical, &ring), &table, &key_cols, &mut notes).await?;
-    let copied_triggers =
-        copied_triggers(conn, (&logical, &ring), &log_enforced, &trigger_name, &seq_trigger_name)
-            .await?;
+    let copied_triggers = copied_triggers(
+        conn,
+        (&logical, &ring),
+        &log_enforced,
+        &trigger_name,
+        &seq_trigger_name,
+    )
+    .await?;
 
     let unenforced_unique = unenforced_unique_keys(&table, &auto_inc);
     Ok(CheckedRing {
@@ -321,11 +326,12 @@ async fn missing_constraints(
         .checks
         .iter()
         .filter(|(n, _)| !have.checks.iter().any(|c| c.name.eq_ignore_ascii_case(n)))
-        .chain(
-            kept.foreign_keys
+        .chain(kept.foreign_keys.iter().filter(|(n, _)| {
+            !have
+                .foreign_keys
                 .iter()
-                .filter(|(n, _)| !have.foreign_keys.iter().any(|f| f.name.eq_ignore_ascii_case(n))),
-        )
+                .any(|f| f.name.eq_ignore_ascii_case(n))
+        }))
         .map(|(_, def)| format!("ALTER TABLE {} ADD {def}", ring.quoted()))
         .collect::<Vec<_>>();
     if missing.is_empty() {
@@ -364,7 +370,10 @@ async fn copied_triggers(
                 ring.quoted()
             )));
         }
-        if t.body.to_ascii_lowercase().contains(&logical.name.to_ascii_lowercase()) {
+        if t.body
+            .to_ascii_lowercase()
+            .contains(&logical.name.to_ascii_lowercase())
+        {
             return Err(refuse(format!(
                 "trigger {} on {} reads or names the log, which heatsink's inserts do not \
                  write (they go to the ring {}), so its copy on the ring would not do the \
@@ -1387,7 +1396,11 @@ fn print_locked_script(rule: &CheckedRing, lock: &str, out: &mut dyn Write) -> R
         if backfill.is_some() || !t.exists {
             emit(
                 out,
-                &format!("-- trigger {}: a copy of {}", t.name.quoted(), t.original.quoted()),
+                &format!(
+                    "-- trigger {}: a copy of {}",
+                    t.name.quoted(),
+                    t.original.quoted()
+                ),
             )?;
             emit(out, &format!("{};;", t.create))?;
         }

@@ -105,6 +105,13 @@ impl RollupRule {
 }
 
 impl Rule for RollupRule {
+    fn physical_tables(&self) -> Vec<(String, String)> {
+        vec![(
+            self.rollup_table.name.clone(),
+            self.logical.name().name.to_string(),
+        )]
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

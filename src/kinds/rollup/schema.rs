@@ -85,8 +85,8 @@ use crate::kinds::SchemaError;
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
     enforced, inspect_base_table, inspect_table, integer_max, needed_trigger,
-    refuse_changing_foreign_keys, resolve_tables, suffixed_name,
-    table_has_rows, table_options, Column, Table, MAX_IDENT,
+    refuse_changing_foreign_keys, resolve_tables, suffixed_name, table_has_rows, table_options,
+    Column, Table, MAX_IDENT,
 };
 
 use super::spec::{Measure, RollupSpec};

@@ -66,9 +66,8 @@ use crate::kinds::{JobContext, JobReport, Migration, SchemaError};
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
     emit, enforced, existing_and_missing, inspect_base_table, inspect_table, needed_trigger,
-    refuse_changing_foreign_keys, resolve_tables,
-    run_sql, schema_err, suffixed_name, table_has_rows, text, Column, NeededTrigger, Table,
-    TriggerState,
+    refuse_changing_foreign_keys, resolve_tables, run_sql, schema_err, suffixed_name,
+    table_has_rows, text, Column, NeededTrigger, Table, TriggerState,
 };
 
 /// The mailbox's reader column.

@@ -127,8 +127,19 @@ async fn grant(
         let sql = g.sql();
         emit(out, &format!("{sql};"))?;
         if opts.apply && !opts.print_grants {
-            crate::schema::run_sql(conn, spec.name(), &sql).await?;
-            emit(out, &format!("-- applied: granted to {}", g.grantee))?;
+            // Migrate's user may lack the GRANT OPTION: the rest still stands, and
+            // `check` keeps listing the users until someone who has it grants.
+            match mysql_async::prelude::Queryable::query_drop(conn, sql.as_str()).await {
+                Ok(()) => emit(out, &format!("-- applied: granted to {}", g.grantee))?,
+                Err(e) => emit(
+                    out,
+                    &format!(
+                        "-- warning: not granted ({e}): run the GRANT above as a user with the \
+                         GRANT OPTION; until then {}'s statements through heatsink fail (1142)",
+                        g.grantee
+                    ),
+                )?,
+            }
         }
     }
     emit(out, "")

@@ -1134,9 +1134,14 @@ fn introduce_sharing_rules(rules: &[Arc<dyn Rule>], patterns: &[Pattern]) {
 /// How the server names a physical table in its messages, and the same with the
 /// logical name: `` `db`.`table` `` (also as `` `db`.`table`.`column` ``: 1142,
 /// 4025, conversion errors), `` in table 'table' `` (1143), and a foreign key the
-/// ring copied from the log, `` CONSTRAINT `ring__fk` `` (1452).
-fn message_renames(physical: &str, logical: &str) -> [(Vec<u8>, Vec<u8>); 3] {
+/// ring copied from the log, `` CONSTRAINT `ring__fk` `` (1452), and a column-level
+/// CHECK, `` CONSTRAINT `table.column` `` (4025).
+fn message_renames(physical: &str, logical: &str) -> [(Vec<u8>, Vec<u8>); 4] {
     [
+        (
+            format!("CONSTRAINT `{physical}.").into_bytes(),
+            format!("CONSTRAINT `{logical}.").into_bytes(),
+        ),
         (
             format!("`.`{physical}`").into_bytes(),
             format!("`.`{logical}`").into_bytes(),

@@ -150,7 +150,11 @@ pub(crate) struct CopiedTrigger {
 /// and foreign keys as `CREATE TABLE` elements (name, definition).
 #[derive(Debug, Clone, Default)]
 struct KeptConstraints {
+    /// Table-level CHECKs: (name, definition).
     checks: Vec<(String, String)>,
+    /// Column-level CHECKs, kept on the same column (the server's message names them
+    /// `table.column`): (column, clause).
+    column_checks: Vec<(String, String)>,
     foreign_keys: Vec<(String, String)>,
 }
 
@@ -309,7 +313,11 @@ fn kept_constraints(
         kept.foreign_keys.push((name, def));
     }
     for c in &enforced.checks {
-        kept.checks.push((c.name.clone(), c.definition()));
+        if c.level.eq_ignore_ascii_case("Column") {
+            kept.column_checks.push((c.name.clone(), c.clause.clone()));
+        } else {
+            kept.checks.push((c.name.clone(), c.definition()));
+        }
     }
     Ok(kept)
 }
@@ -322,9 +330,20 @@ async fn missing_constraints(
     kept: &KeptConstraints,
 ) -> SchemaResult<()> {
     let have = enforced(conn, ring).await?;
+    let column_checks: Vec<(String, String)> = kept
+        .column_checks
+        .iter()
+        .map(|(col, clause)| {
+            (
+                col.clone(),
+                format!("CONSTRAINT {} CHECK ({clause})", quote(col)),
+            )
+        })
+        .collect();
     let missing = kept
         .checks
         .iter()
+        .chain(&column_checks)
         .filter(|(n, _)| !have.checks.iter().any(|c| c.name.eq_ignore_ascii_case(n)))
         .chain(kept.foreign_keys.iter().filter(|(n, _)| {
             !have
@@ -791,7 +810,13 @@ fn create_ring_sql(
     let mut lines: Vec<String> = logical
         .columns
         .iter()
-        .map(|c| ring_column_sql(c, is_in(key, &c.name)))
+        .map(|c| {
+            let mut line = ring_column_sql(c, is_in(key, &c.name));
+            for (_, clause) in kept.column_checks.iter().filter(|(n, _)| n == &c.name) {
+                line.push_str(&format!(" CHECK ({clause})"));
+            }
+            line
+        })
         .collect();
     lines.push(format!(
         "  {} {} NOT NULL",

@@ -1158,6 +1158,44 @@ fn message_renames(physical: &str, logical: &str) -> [(Vec<u8>, Vec<u8>); 4] {
 }
 
 #[cfg(test)]
+mod rename_tests {
+    use super::message_renames;
+    use crate::wire::packets::renamed;
+
+    #[test]
+    fn messages_name_the_logical_table() {
+        let names: Vec<(Vec<u8>, Vec<u8>)> = message_renames("ev_ring", "ev").into();
+        for (server, shown) in [
+            (
+                "INSERT command denied to user 'u'@'localhost' for table `d`.`ev_ring`",
+                "INSERT command denied to user 'u'@'localhost' for table `d`.`ev`",
+            ),
+            (
+                "SELECT command denied to user 'u'@'localhost' for column 'seq' in table 'ev_ring'",
+                "SELECT command denied to user 'u'@'localhost' for column 'seq' in table 'ev'",
+            ),
+            (
+                "CONSTRAINT `ev_ring.n` failed for `d`.`ev_ring`",
+                "CONSTRAINT `ev.n` failed for `d`.`ev`",
+            ),
+            (
+                "Cannot add or update a child row: a foreign key constraint fails (`d`.`ev_ring`, CONSTRAINT `ev_ring__fk` FOREIGN KEY (`uid`) REFERENCES `users` (`id`))",
+                "Cannot add or update a child row: a foreign key constraint fails (`d`.`ev`, CONSTRAINT `fk` FOREIGN KEY (`uid`) REFERENCES `users` (`id`))",
+            ),
+            (
+                "Incorrect integer value: 'x' for column `d`.`ev_ring`.`n` at row 1",
+                "Incorrect integer value: 'x' for column `d`.`ev`.`n` at row 1",
+            ),
+        ] {
+            let got = renamed(server.as_bytes(), &names).unwrap_or_else(|| server.into());
+            assert_eq!(String::from_utf8_lossy(&got), shown);
+        }
+        // Another table whose name starts alike is left alone.
+        assert!(renamed(b"for table `d`.`ev_ring2`", &names).is_none());
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use std::ops::ControlFlow;
     use std::sync::atomic::AtomicUsize;

@@ -1603,4 +1603,70 @@ mod tests {
             upsert
         );
     }
+
+    fn fk(name: &str, columns: &[&str], on_delete: &str, on_update: &str) -> ForeignKey {
+        ForeignKey {
+            name: name.into(),
+            child: TableName::parse("d.ev").unwrap(),
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            parent: TableName::parse("d.users").unwrap(),
+            parent_columns: columns.iter().map(|_| "id".to_string()).collect(),
+            on_delete: on_delete.into(),
+            on_update: on_update.into(),
+        }
+    }
+
+    #[test]
+    fn ring_keeps_the_constraints_it_can() {
+        let (log, ring) = (
+            TableName::parse("d.ev").unwrap(),
+            TableName::parse("d.ev_ring").unwrap(),
+        );
+        let key = vec!["uid".to_string()];
+        let kept = |fks: Vec<ForeignKey>| {
+            let enforced = Enforced {
+                foreign_keys: fks,
+                checks: vec![
+                    CheckConstraint {
+                        name: "n".into(),
+                        level: "Column".into(),
+                        clause: "`n` >= 0".into(),
+                    },
+                    CheckConstraint {
+                        name: "small".into(),
+                        level: "Table".into(),
+                        clause: "`n` < 100".into(),
+                    },
+                ],
+                ..Enforced::default()
+            };
+            kept_constraints(&log, &ring, &enforced, &key)
+        };
+        let ok = kept(vec![
+            fk("by_user", &["uid"], "CASCADE", "RESTRICT"),
+            fk("by_other", &["other"], "SET NULL", "CASCADE"),
+        ])
+        .unwrap_or_else(|_| panic!("refused"));
+        assert_eq!(
+            ok.column_checks,
+            [("n".to_string(), "`n` >= 0".to_string())]
+        );
+        assert_eq!(ok.checks[0].1, "CONSTRAINT `small` CHECK (`n` < 100)");
+        assert_eq!(
+            ok.foreign_keys[0].1,
+            "CONSTRAINT `ev_ring__by_user` FOREIGN KEY (`uid`) REFERENCES `d`.`users` (`id`) ON DELETE CASCADE ON UPDATE RESTRICT"
+        );
+        for refused in [
+            fk("a", &["uid"], "RESTRICT", "CASCADE"),
+            fk("b", &["uid"], "SET NULL", "RESTRICT"),
+            fk("c", &["other"], "CASCADE", "RESTRICT"),
+            fk("d", &["uid", "other"], "CASCADE", "RESTRICT"),
+        ] {
+            let name = refused.name.clone();
+            match kept(vec![refused]) {
+                Err(SchemaError::Refused(r)) => assert!(r.contains(&format!("`{name}`")), "{r}"),
+                _ => panic!("{name} kept"),
+            }
+        }
+    }
 }

@@ -663,6 +663,10 @@ async fn check_live(
         let rule_line = rule_lines(&f.text);
         for s in &parsed.specs {
             let mut found = live_problems(&mut c, s.as_ref(), default_db.as_deref()).await?;
+            let grants =
+                crate::schema::rule_missing_grants(&mut c, s.as_ref(), default_db.as_deref())
+                    .await?;
+            found.extend(grants.iter().map(|g| (Severity::Error, g.describe())));
             if galera {
                 found.extend(galera_problems(&mut c, s.as_ref(), default_db.as_deref()).await?);
             }

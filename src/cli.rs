@@ -131,6 +131,10 @@ pub struct MigrateArgs {
     /// Only the rule with this name.
     #[arg(long)]
     pub rule: Option<String>,
+    /// Print the GRANTs users need on the rules' tables instead of running them, also
+    /// with --apply (for DBAs who apply grants by hand).
+    #[arg(long)]
+    pub print_grants: bool,
 }
 
 /// `heatsink maintain` flags.

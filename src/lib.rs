@@ -97,6 +97,7 @@ pub fn run(cli: cli::Cli) -> Result<()> {
                 backend_url: &args.backend_url,
                 apply: args.apply,
                 rule: args.rule.as_deref(),
+                print_grants: args.print_grants,
             };
             maintenance_runtime()?.block_on(migrate::run(&opts, &mut std::io::stdout().lock()))
         }

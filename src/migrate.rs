@@ -9,6 +9,11 @@
 //! and the statements are idempotent (`IF NOT EXISTS`; objects that exist and match
 //! are reported and left alone), so running the command twice is harmless.
 //!
+//! Then the users who hold table-level privileges on a rule's logical table get
+//! the privileges heatsink's statements for them need on the rule's physical tables
+//! ([`crate::kinds::RuleSpec::client_tables`]); `--print-grants` prints those
+//! `GRANT`s without running them.
+//!
 //! The database of a table is the rule's `db.` prefix, else the database of
 //! `--backend-url`.
 
@@ -30,6 +35,9 @@ pub struct MigrateOptions<'a> {
     pub apply: bool,
     /// Only this rule, when given.
     pub rule: Option<&'a str>,
+    /// Print the grants the rules' users need instead of running them (with
+    /// `apply`).
+    pub print_grants: bool,
 }
 
 /// Checks every rule under `opts.rules` against the database and prints (and, with
@@ -85,6 +93,54 @@ pub async fn run(opts: &MigrateOptions<'_>, out: &mut dyn Write) -> Result<()> {
     for migration in &checked {
         migration.run(&mut conn, opts.apply, out).await?;
     }
+    for spec in &specs {
+        grant(&mut conn, spec.as_ref(), default_db.as_deref(), opts, out).await?;
+    }
     let _ = conn.disconnect().await;
     Ok(())
+}
+
+/// Prints (and with `apply`, unless `print_grants`, runs) the grants users who hold
+/// privileges on the rule's logical table lack on the tables heatsink's statements
+/// for them use: without them their statements through heatsink fail (1142) where
+/// they work directly.
+async fn grant(
+    conn: &mut mysql_async::Conn,
+    spec: &dyn crate::kinds::RuleSpec,
+    default_db: Option<&str>,
+    opts: &MigrateOptions<'_>,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let missing = crate::schema::rule_missing_grants(conn, spec, default_db).await?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    emit(
+        out,
+        &format!(
+            "-- rule {}: users who may use {} need these grants on its tables",
+            spec.name(),
+            spec.table()
+        ),
+    )?;
+    for g in &missing {
+        let sql = g.sql();
+        emit(out, &format!("{sql};"))?;
+        if opts.apply && !opts.print_grants {
+            // Migrate's user may lack the GRANT OPTION: the rest still stands, and
+            // `check` keeps listing the users until someone who has it grants.
+            match mysql_async::prelude::Queryable::query_drop(conn, sql.as_str()).await {
+                Ok(()) => emit(out, &format!("-- applied: granted to {}", g.grantee))?,
+                Err(e) => emit(
+                    out,
+                    &format!(
+                        "-- warning: not granted ({e}): run the GRANT above as a user with the \
+                         GRANT OPTION; until then {}'s statements through heatsink fail (1142)",
+                        g.grantee
+                    ),
+                )?,
+            }
+        }
+    }
+    emit(out, "")
 }

@@ -671,9 +671,485 @@ pub(crate) fn key_column_problems(existing: &Table, key: &[Column], whose: &str)
     problems
 }
 
+/// A foreign key, as `information_schema.REFERENTIAL_CONSTRAINTS` and
+/// `KEY_COLUMN_USAGE` describe it.
+#[derive(Debug, Clone)]
+pub(crate) struct ForeignKey {
+    /// The constraint's name (unique in its database).
+    pub name: String,
+    /// The table holding the constraint (the child).
+    pub child: TableName,
+    /// Its columns in the child, in key order.
+    pub columns: Vec<String>,
+    /// The referenced table (the parent).
+    pub parent: TableName,
+    /// The referenced columns, in key order.
+    pub parent_columns: Vec<String>,
+    /// `DELETE_RULE`: `RESTRICT`, `NO ACTION`, `CASCADE`, `SET NULL`, `SET DEFAULT`.
+    pub on_delete: String,
+    /// `UPDATE_RULE`, as `on_delete`.
+    pub on_update: String,
+}
+
+/// Whether a referential action changes the child's rows (rather than refusing).
+pub(crate) fn changes_rows(action: &str) -> bool {
+    !matches!(
+        action.to_ascii_uppercase().as_str(),
+        "RESTRICT" | "NO ACTION" | ""
+    )
+}
+
+impl ForeignKey {
+    /// Whether deleting or updating a parent row changes this child's rows
+    /// (`CASCADE`, `SET NULL`, `SET DEFAULT`): the server does that without firing the
+    /// child's triggers.
+    pub(crate) fn changes_child(&self) -> bool {
+        changes_rows(&self.on_delete) || changes_rows(&self.on_update)
+    }
+
+    /// `` `fk` (`c`) REFERENCES `db`.`p` (`id`) ON DELETE CASCADE ON UPDATE … ``, for
+    /// messages.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "{} ({}) REFERENCES {} ({}) ON DELETE {} ON UPDATE {}",
+            quote(&self.name),
+            list(&self.columns),
+            self.parent.quoted(),
+            list(&self.parent_columns),
+            self.on_delete,
+            self.on_update
+        )
+    }
+
+    /// The constraint as a `CREATE TABLE` element, named `name`.
+    pub(crate) fn definition(&self, name: &str) -> String {
+        format!(
+            "CONSTRAINT {} FOREIGN KEY ({}) REFERENCES {} ({}) ON DELETE {} ON UPDATE {}",
+            quote(name),
+            list(&self.columns),
+            self.parent.quoted(),
+            list(&self.parent_columns),
+            self.on_delete,
+            self.on_update
+        )
+    }
+}
+
+/// A CHECK constraint, as `information_schema.CHECK_CONSTRAINTS` describes it.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckConstraint {
+    /// The constraint's name (a column-level CHECK is named after its column).
+    pub name: String,
+    /// `Column` or `Table`.
+    pub level: String,
+    /// The expression, as the server prints it (`` `cnt` <= 1000000 ``).
+    pub clause: String,
+}
+
+impl CheckConstraint {
+    /// The constraint as a `CREATE TABLE` element: table-level, same name (so the
+    /// server's message names the same constraint).
+    pub(crate) fn definition(&self) -> String {
+        format!("CONSTRAINT {} CHECK ({})", quote(&self.name), self.clause)
+    }
+
+    /// Whether the expression reads column `col` (the server prints column
+    /// references quoted).
+    pub(crate) fn reads(&self, col: &str) -> bool {
+        let quoted = quote(col).to_ascii_lowercase();
+        self.clause.to_ascii_lowercase().contains(&quoted)
+            || (self.level.eq_ignore_ascii_case("Column") && self.name.eq_ignore_ascii_case(col))
+    }
+}
+
+/// A trigger on a table, as `information_schema.TRIGGERS` describes it.
+#[derive(Debug, Clone)]
+pub(crate) struct TableTrigger {
+    pub name: TableName,
+    /// `BEFORE` or `AFTER`.
+    pub timing: String,
+    /// `INSERT`, `UPDATE` or `DELETE`.
+    pub event: String,
+    /// `ACTION_STATEMENT`: the body.
+    pub body: String,
+}
+
+impl TableTrigger {
+    /// `` `db`.`t_bi` (BEFORE INSERT) ``, for messages.
+    pub(crate) fn describe(&self) -> String {
+        format!("{} ({} {})", self.name.quoted(), self.timing, self.event)
+    }
+}
+
+/// What a table enforces or sets off besides its columns' types: its CHECK
+/// constraints, its foreign keys (as child and as parent) and its triggers.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Enforced {
+    pub checks: Vec<CheckConstraint>,
+    /// Foreign keys of the table (it is the child).
+    pub foreign_keys: Vec<ForeignKey>,
+    /// Foreign keys of other tables (or itself) that reference it.
+    pub referenced_by: Vec<ForeignKey>,
+    /// Its triggers, in the order they fire per timing and event.
+    pub triggers: Vec<TableTrigger>,
+}
+
+impl Enforced {
+    /// Its foreign keys that change its rows when a parent row is deleted or updated.
+    pub(crate) fn changing_foreign_keys(&self) -> impl Iterator<Item = &ForeignKey> {
+        self.foreign_keys.iter().filter(|f| f.changes_child())
+    }
+
+    /// Its triggers other than those named in `own` (the rule's own).
+    pub(crate) fn other_triggers<'a>(
+        &'a self,
+        own: &'a [&'a str],
+    ) -> impl Iterator<Item = &'a TableTrigger> {
+        self.triggers
+            .iter()
+            .filter(move |t| !own.iter().any(|o| t.name.name.eq_ignore_ascii_case(o)))
+    }
+}
+
+/// Reads what table `t` enforces: CHECK constraints, foreign keys both ways,
+/// triggers.
+pub(crate) async fn enforced(conn: &mut Conn, t: &TableName) -> Result<Enforced> {
+    let db = t.db.clone().unwrap_or_default();
+    let what = || format!("reading the constraints and triggers of {}", t.quoted());
+    let rows: Vec<Row> = conn
+        .exec(
+            "SELECT CONSTRAINT_NAME, LEVEL, CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS \
+             WHERE CONSTRAINT_SCHEMA = ? AND TABLE_NAME = ? ORDER BY CONSTRAINT_NAME",
+            (db.clone(), t.name.clone()),
+        )
+        .await
+        .map_err(|e| schema_err(what(), e))?;
+    let checks = rows
+        .iter()
+        .map(|r| CheckConstraint {
+            name: text(r, 0).unwrap_or_default(),
+            level: text(r, 1).unwrap_or_default(),
+            clause: text(r, 2).unwrap_or_default(),
+        })
+        .collect();
+    let child_side = foreign_keys(conn, "k.TABLE_SCHEMA = ? AND k.TABLE_NAME = ?", t).await?;
+    let referenced_by = foreign_keys(
+        conn,
+        "k.REFERENCED_TABLE_SCHEMA = ? AND k.REFERENCED_TABLE_NAME = ?",
+        t,
+    )
+    .await?;
+    let rows: Vec<Row> = conn
+        .exec(
+            "SELECT TRIGGER_SCHEMA, TRIGGER_NAME, ACTION_TIMING, EVENT_MANIPULATION, ACTION_STATEMENT \
+             FROM information_schema.TRIGGERS \
+             WHERE EVENT_OBJECT_SCHEMA = ? AND EVENT_OBJECT_TABLE = ? \
+             ORDER BY ACTION_TIMING, EVENT_MANIPULATION, ACTION_ORDER",
+            (db, t.name.clone()),
+        )
+        .await
+        .map_err(|e| schema_err(what(), e))?;
+    let triggers = rows
+        .iter()
+        .map(|r| TableTrigger {
+            name: TableName {
+                db: text(r, 0),
+                name: text(r, 1).unwrap_or_default(),
+            },
+            timing: text(r, 2).unwrap_or_default(),
+            event: text(r, 3).unwrap_or_default(),
+            body: text(r, 4).unwrap_or_default(),
+        })
+        .collect();
+    Ok(Enforced {
+        checks,
+        foreign_keys: child_side,
+        referenced_by,
+        triggers,
+    })
+}
+
+/// Foreign keys whose `KEY_COLUMN_USAGE` rows (alias `k`) match `filter` with `t`'s
+/// database and name.
+async fn foreign_keys(conn: &mut Conn, filter: &str, t: &TableName) -> Result<Vec<ForeignKey>> {
+    let sql = format!(
+        "SELECT k.CONSTRAINT_SCHEMA, k.CONSTRAINT_NAME, k.TABLE_NAME, k.COLUMN_NAME, \
+                k.REFERENCED_TABLE_SCHEMA, k.REFERENCED_TABLE_NAME, k.REFERENCED_COLUMN_NAME, \
+                r.DELETE_RULE, r.UPDATE_RULE \
+         FROM information_schema.KEY_COLUMN_USAGE k \
+         JOIN information_schema.REFERENTIAL_CONSTRAINTS r \
+           ON r.CONSTRAINT_SCHEMA = k.CONSTRAINT_SCHEMA AND r.CONSTRAINT_NAME = k.CONSTRAINT_NAME \
+          AND r.TABLE_NAME = k.TABLE_NAME \
+         WHERE {filter} AND k.REFERENCED_TABLE_NAME IS NOT NULL \
+         ORDER BY k.CONSTRAINT_SCHEMA, k.TABLE_NAME, k.CONSTRAINT_NAME, k.ORDINAL_POSITION"
+    );
+    let rows: Vec<Row> = conn
+        .exec(sql, (t.db.clone().unwrap_or_default(), t.name.clone()))
+        .await
+        .map_err(|e| schema_err(format!("reading the foreign keys of {}", t.quoted()), e))?;
+    let mut out: Vec<ForeignKey> = Vec::new();
+    for r in &rows {
+        let (db, name, table) = (text(r, 0), text(r, 1).unwrap_or_default(), text(r, 2));
+        let column = text(r, 3).unwrap_or_default();
+        let parent_column = text(r, 6).unwrap_or_default();
+        if let Some(fk) = out
+            .last_mut()
+            .filter(|f| f.name == name && f.child.db == db && Some(&f.child.name) == table.as_ref())
+        {
+            fk.columns.push(column);
+            fk.parent_columns.push(parent_column);
+            continue;
+        }
+        out.push(ForeignKey {
+            name,
+            child: TableName {
+                db: db.clone(),
+                name: table.unwrap_or_default(),
+            },
+            columns: vec![column],
+            parent: TableName {
+                db: text(r, 4),
+                name: text(r, 5).unwrap_or_default(),
+            },
+            parent_columns: vec![parent_column],
+            on_delete: text(r, 7).unwrap_or_default(),
+            on_update: text(r, 8).unwrap_or_default(),
+        });
+    }
+    Ok(out)
+}
+
+/// Refuses a table whose foreign keys change its rows behind its triggers' back
+/// (`ON DELETE CASCADE`, `SET NULL`, …: the server applies them without firing the
+/// child's triggers), when `kept` says what those triggers keep ("the rollup table
+/// `db`.`r`"). The reason names the constraint and what to do.
+pub(crate) fn refuse_changing_foreign_keys(
+    table: &TableName,
+    enforced: &Enforced,
+    kept: &str,
+) -> std::result::Result<(), crate::kinds::SchemaError> {
+    let Some(fk) = enforced.changing_foreign_keys().next() else {
+        return Ok(());
+    };
+    Err(crate::kinds::SchemaError::Refused(format!(
+        "foreign key {} of {} changes its rows when a row of {} is deleted or updated, and \
+         the server does that without firing triggers, so {kept} would go stale: make it \
+         ON DELETE RESTRICT ON UPDATE RESTRICT (and delete or update the rows of {} \
+         explicitly before the parent row), or drop the rule",
+        fk.describe(),
+        table.quoted(),
+        fk.parent.quoted(),
+        table.quoted()
+    )))
+}
+
+/// Privileges a user holds on the logical table that a rule's physical table needs
+/// as well: who may read the logical table must read a table the rule's reads use;
+/// who may write it (any of `INSERT`, `UPDATE`, `DELETE`) must read and write a
+/// table the rule's writes use.
+fn needed_privileges(held: &[String], access: crate::kinds::SideAccess) -> Vec<&'static str> {
+    let has = |p: &str| held.iter().any(|h| h.eq_ignore_ascii_case(p));
+    let writes = ["INSERT", "UPDATE", "DELETE"].iter().any(|p| has(p));
+    match access {
+        crate::kinds::SideAccess::Write if writes => vec!["SELECT", "INSERT", "UPDATE", "DELETE"],
+        _ if has("SELECT") => vec!["SELECT"],
+        _ => Vec::new(),
+    }
+}
+
+/// A grant a user lacks on one of a rule's physical tables.
+#[derive(Debug, Clone)]
+pub(crate) struct MissingGrant {
+    /// `GRANTEE` as `information_schema` spells it: `'app'@'%'`, `'role'@''`.
+    pub grantee: String,
+    /// The logical table the user holds privileges on.
+    pub logical: TableName,
+    /// The rule's physical table.
+    pub table: TableName,
+    /// The privileges to grant.
+    pub privileges: Vec<&'static str>,
+}
+
+impl MissingGrant {
+    /// The `GRANT` statement (a role, whose host is empty, by its name alone).
+    pub(crate) fn sql(&self) -> String {
+        let to = self
+            .grantee
+            .strip_suffix("@''")
+            .unwrap_or(&self.grantee)
+            .to_string();
+        format!(
+            "GRANT {} ON {} TO {to}",
+            self.privileges.join(", "),
+            self.table.quoted()
+        )
+    }
+
+    /// What `check` says about it.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "user {} may use {} but lacks {} on {}, which heatsink's statements for it use \
+             (they would fail with 1142): `heatsink migrate --apply` grants it, or run `{}`",
+            self.grantee,
+            self.logical.quoted(),
+            self.privileges.join(", "),
+            self.table.quoted(),
+            self.sql()
+        )
+    }
+}
+
+/// `(grantee, privilege)` rows of a query over an `information_schema` privilege
+/// table, with `params` for its `?`s.
+async fn privileges(
+    conn: &mut Conn,
+    sql: &str,
+    params: Vec<Value>,
+) -> Result<Vec<(String, String)>> {
+    let rows: Vec<Row> = conn
+        .exec(sql, params)
+        .await
+        .map_err(|e| schema_err("reading privileges from information_schema".into(), e))?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            (
+                text(r, 0).unwrap_or_default(),
+                text(r, 1).unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// The grants users lack on a rule's physical tables (`side`, databases resolved,
+/// with how heatsink's statements use them), judged by their table-level privileges
+/// on the logical table. A privilege held on the physical table, on its database or
+/// globally counts as held. Grants on the database or globally reach the physical
+/// tables anyway, so only table-level grantees can lack anything. Reads the
+/// `information_schema` privilege tables, which show every user's grants only to a
+/// user who may read the grant tables (else only its own).
+pub(crate) async fn missing_grants(
+    conn: &mut Conn,
+    logical: &TableName,
+    side: &[(TableName, crate::kinds::SideAccess)],
+) -> Result<Vec<MissingGrant>> {
+    let db = logical.db.clone().unwrap_or_default();
+    let held = privileges(
+        conn,
+        "SELECT GRANTEE, PRIVILEGE_TYPE FROM information_schema.TABLE_PRIVILEGES \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY GRANTEE",
+        vec![db.into(), logical.name.as_str().into()],
+    )
+    .await?;
+    let mut grantees: Vec<&str> = held.iter().map(|(g, _)| g.as_str()).collect();
+    grantees.dedup();
+    let global = privileges(
+        conn,
+        "SELECT GRANTEE, PRIVILEGE_TYPE FROM information_schema.USER_PRIVILEGES",
+        Vec::new(),
+    )
+    .await?;
+    let mut out = Vec::new();
+    for (table, access) in side {
+        let tdb = table.db.clone().unwrap_or_default();
+        let mut covered = privileges(
+            conn,
+            "SELECT GRANTEE, PRIVILEGE_TYPE FROM information_schema.TABLE_PRIVILEGES \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            vec![tdb.as_str().into(), table.name.as_str().into()],
+        )
+        .await?;
+        covered.extend(
+            privileges(
+                conn,
+                "SELECT GRANTEE, PRIVILEGE_TYPE FROM information_schema.SCHEMA_PRIVILEGES \
+                 WHERE TABLE_SCHEMA = ?",
+                vec![tdb.into()],
+            )
+            .await?,
+        );
+        covered.extend(global.iter().cloned());
+        for g in &grantees {
+            let mine: Vec<String> = held
+                .iter()
+                .filter(|(h, _)| h == g)
+                .map(|(_, p)| p.clone())
+                .collect();
+            let lacking: Vec<&'static str> = needed_privileges(&mine, *access)
+                .into_iter()
+                .filter(|p| {
+                    !covered
+                        .iter()
+                        .any(|(cg, cp)| cg == g && cp.eq_ignore_ascii_case(p))
+                })
+                .collect();
+            if !lacking.is_empty() {
+                out.push(MissingGrant {
+                    grantee: g.to_string(),
+                    logical: logical.clone(),
+                    table: table.clone(),
+                    privileges: lacking,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// [`missing_grants`] for a rule: its logical table and [`RuleSpec::client_tables`]
+/// resolved to databases (`default_db` holds unqualified tables). A rule whose names
+/// cannot be resolved needs nothing here (its schema check refuses it).
+///
+/// [`RuleSpec::client_tables`]: crate::kinds::RuleSpec::client_tables
+pub(crate) async fn rule_missing_grants(
+    conn: &mut Conn,
+    spec: &dyn crate::kinds::RuleSpec,
+    default_db: Option<&str>,
+) -> Result<Vec<MissingGrant>> {
+    let side = spec.client_tables();
+    if side.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<&str> = side.iter().map(|(t, _)| t.as_str()).collect();
+    let Ok((logical, tables)) = resolve_tables(spec.table(), &names, default_db) else {
+        return Ok(Vec::new());
+    };
+    let side: Vec<_> = tables
+        .into_iter()
+        .zip(side.iter().map(|(_, a)| *a))
+        .collect();
+    missing_grants(conn, &logical, &side).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn side_tables_get_what_the_logical_table_allows() {
+        use crate::kinds::SideAccess::{Read, Write};
+        let held = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(needed_privileges(&held(&["SELECT"]), Write), ["SELECT"]);
+        assert_eq!(
+            needed_privileges(&held(&["INSERT"]), Write),
+            ["SELECT", "INSERT", "UPDATE", "DELETE"]
+        );
+        assert_eq!(
+            needed_privileges(&held(&["INSERT"]), Read),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            needed_privileges(&held(&["SELECT", "INSERT"]), Read),
+            ["SELECT"]
+        );
+        let g = MissingGrant {
+            grantee: "'r1'@''".into(),
+            logical: TableName::parse("d.t").unwrap(),
+            table: TableName::parse("d.t_slots").unwrap(),
+            privileges: vec!["SELECT"],
+        };
+        assert_eq!(g.sql(), "GRANT SELECT ON `d`.`t_slots` TO 'r1'");
+    }
 
     #[test]
     fn integer_ranges() {

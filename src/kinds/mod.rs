@@ -159,6 +159,19 @@ pub trait RuleSpec: Send + Sync + fmt::Debug {
     /// The physical tables the rule writes besides the logical one, as written.
     fn physical_tables(&self) -> Vec<String>;
 
+    /// The physical tables that statements heatsink runs for the application use
+    /// (with the application's privileges), as written, and how: what a user who may
+    /// use the logical table must be granted on them (`migrate` grants it, `check`
+    /// lists who lacks it). Tables only the rule's triggers write (which run with
+    /// their definer's privileges) and nothing reads through heatsink are left out.
+    /// By default every physical table, read.
+    fn client_tables(&self) -> Vec<(String, SideAccess)> {
+        self.physical_tables()
+            .into_iter()
+            .map(|t| (t, SideAccess::Read))
+            .collect()
+    }
+
     /// Whether other rules of this kind may be about the same logical table (several
     /// rollups of one log). Rules of other kinds never may.
     fn shares_table(&self) -> bool {
@@ -196,6 +209,18 @@ pub trait RuleSpec: Send + Sync + fmt::Debug {
             format!("rule {}: no job named '{job}'", self.name()),
         ))
     }
+}
+
+/// How statements heatsink runs for the application use one of a rule's physical
+/// tables ([`RuleSpec::client_tables`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideAccess {
+    /// Read by rewritten reads: who may `SELECT` the logical table needs `SELECT`.
+    Read,
+    /// Also written by rewritten writes (upserts, deletes of slot rows): who may
+    /// `INSERT`, `UPDATE` or `DELETE` the logical table needs `SELECT, INSERT, UPDATE,
+    /// DELETE`, whatever the write (an insert into a ring is an upsert).
+    Write,
 }
 
 /// Why [`RuleSpec::schema`] did not produce a migration.

@@ -180,16 +180,10 @@ impl Engine {
         introduce_sharing_rules(&rules, &patterns);
         let prefilter = Prefilter::new(patterns.iter().map(|p| &p.name))
             .map_err(|e| EngineError::Prefilter(e.to_string()))?;
-        // As the server quotes them in messages: `db`.`table`.`column`.
         let message_names: Vec<(Vec<u8>, Vec<u8>)> = rules
             .iter()
             .flat_map(|r| r.physical_tables())
-            .map(|(physical, logical)| {
-                (
-                    format!("`.`{physical}`.`").into_bytes(),
-                    format!("`.`{logical}`.`").into_bytes(),
-                )
-            })
+            .flat_map(|(physical, logical)| message_renames(&physical, &logical))
             .collect();
         Ok(Engine {
             rules,
@@ -1140,6 +1134,70 @@ fn introduce_sharing_rules(rules: &[Arc<dyn Rule>], patterns: &[Pattern]) {
             let list: Vec<Arc<dyn Rule>> = list.iter().map(|&o| Arc::clone(&rules[o])).collect();
             rules[ri].cooperate(&list);
         }
+    }
+}
+
+/// How the server names a physical table in its messages, and the same with the
+/// logical name: `` `db`.`table` `` (also as `` `db`.`table`.`column` ``: 1142,
+/// 4025, conversion errors), `` in table 'table' `` (1143), and a foreign key the
+/// ring copied from the log, `` CONSTRAINT `ring__fk` `` (1452), and a column-level
+/// CHECK, `` CONSTRAINT `table.column` `` (4025).
+fn message_renames(physical: &str, logical: &str) -> [(Vec<u8>, Vec<u8>); 4] {
+    [
+        (
+            format!("CONSTRAINT `{physical}.").into_bytes(),
+            format!("CONSTRAINT `{logical}.").into_bytes(),
+        ),
+        (
+            format!("`.`{physical}`").into_bytes(),
+            format!("`.`{logical}`").into_bytes(),
+        ),
+        (
+            format!("in table '{physical}'").into_bytes(),
+            format!("in table '{logical}'").into_bytes(),
+        ),
+        (
+            format!("CONSTRAINT `{physical}__").into_bytes(),
+            b"CONSTRAINT `".to_vec(),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod rename_tests {
+    use super::message_renames;
+    use crate::wire::packets::renamed;
+
+    #[test]
+    fn messages_name_the_logical_table() {
+        let names: Vec<(Vec<u8>, Vec<u8>)> = message_renames("ev_ring", "ev").into();
+        for (server, shown) in [
+            (
+                "INSERT command denied to user 'u'@'localhost' for table `d`.`ev_ring`",
+                "INSERT command denied to user 'u'@'localhost' for table `d`.`ev`",
+            ),
+            (
+                "SELECT command denied to user 'u'@'localhost' for column 'seq' in table 'ev_ring'",
+                "SELECT command denied to user 'u'@'localhost' for column 'seq' in table 'ev'",
+            ),
+            (
+                "CONSTRAINT `ev_ring.n` failed for `d`.`ev_ring`",
+                "CONSTRAINT `ev.n` failed for `d`.`ev`",
+            ),
+            (
+                "Cannot add or update a child row: a foreign key constraint fails (`d`.`ev_ring`, CONSTRAINT `ev_ring__fk` FOREIGN KEY (`uid`) REFERENCES `users` (`id`))",
+                "Cannot add or update a child row: a foreign key constraint fails (`d`.`ev`, CONSTRAINT `fk` FOREIGN KEY (`uid`) REFERENCES `users` (`id`))",
+            ),
+            (
+                "Incorrect integer value: 'x' for column `d`.`ev_ring`.`n` at row 1",
+                "Incorrect integer value: 'x' for column `d`.`ev`.`n` at row 1",
+            ),
+        ] {
+            let got = renamed(server.as_bytes(), &names).unwrap_or_else(|| server.into());
+            assert_eq!(String::from_utf8_lossy(&got), shown);
+        }
+        // Another table whose name starts alike is left alone.
+        assert!(renamed(b"for table `d`.`ev_ring2`", &names).is_none());
     }
 }
 

@@ -73,6 +73,11 @@ impl RuleSpec for CounterSpec {
         vec![self.slot_table.clone()]
     }
 
+    /// Increments upsert slot rows, sets and deletes clear them, reads sum them.
+    fn client_tables(&self) -> Vec<(String, crate::kinds::SideAccess)> {
+        vec![(self.slot_table.clone(), crate::kinds::SideAccess::Write)]
+    }
+
     fn rule(&self) -> std::result::Result<Arc<dyn Rule>, String> {
         self.validate()?;
         Ok(Arc::new(CounterRule::new(self)?))

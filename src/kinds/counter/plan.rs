@@ -799,6 +799,13 @@ impl Rule for CounterRule {
         self.coalesce
     }
 
+    fn physical_tables(&self) -> Vec<(String, String)> {
+        vec![(
+            self.slot_table.name.clone(),
+            self.logical.name().name.to_string(),
+        )]
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

@@ -117,6 +117,8 @@ pub(crate) async fn check_rule(
     let key_cols = counter_key_columns(spec, &table, &logical, &mut notes)?;
     let key: Vec<String> = key_cols.iter().map(|c| c.name.clone()).collect();
     let columns = counter_columns(spec, &table, &logical)?;
+    let enforced = enforced(conn, &logical).await?;
+    refuse_unkept_constraints(&logical, &slot, &enforced, &columns)?;
     note_engine(&table, &logical, &mut notes);
     let create_table = plan_slot_table(conn, spec, &slot, &table, &key_cols, &columns).await?;
 
@@ -147,6 +149,51 @@ pub(crate) async fn check_rule(
         trigger,
         notes,
     })
+}
+
+/// Refuses what the slot rows would bypass: a CHECK constraint that reads a counter
+/// column (increments add to slot rows, so the base row's CHECK never sees the
+/// total), a foreign key that deletes or changes the counter's rows by itself (its
+/// slot rows would be left behind, and come back with a new row of that key), and an
+/// `UPDATE` trigger (increments do not update the counter's row).
+fn refuse_unkept_constraints(
+    logical: &TableName,
+    slot: &TableName,
+    enforced: &Enforced,
+    columns: &[String],
+) -> SchemaResult<()> {
+    for c in columns {
+        if let Some(check) = enforced.checks.iter().find(|k| k.reads(c)) {
+            return Err(SchemaError::Refused(format!(
+                "counter column `{c}` of {} is under CHECK constraint {} ({}), which \
+                 increments bypass (they add to slot rows in {}, not to the row the \
+                 constraint checks): drop the constraint or leave `{c}` out of the rule",
+                logical.quoted(),
+                quote(&check.name),
+                check.clause,
+                slot.quoted()
+            )));
+        }
+    }
+    refuse_changing_foreign_keys(
+        logical,
+        enforced,
+        &format!("its slot rows in {}", slot.quoted()),
+    )?;
+    if let Some(t) = enforced
+        .triggers
+        .iter()
+        .find(|t| t.event.eq_ignore_ascii_case("UPDATE"))
+    {
+        return Err(SchemaError::Refused(format!(
+            "trigger {} on {} would not fire for increments (they add to slot rows in {}): \
+             drop the trigger or the rule",
+            t.describe(),
+            logical.quoted(),
+            slot.quoted()
+        )));
+    }
+    Ok(())
 }
 
 /// Reads the logical table; refused when it is missing or not a base table.

@@ -65,6 +65,12 @@ impl RuleSpec for RingSpec {
         vec![self.ring_table.clone(), self.seq_table_name()]
     }
 
+    /// Inserts upsert the ring, reads, updates and deletes use it; only the ring's
+    /// trigger writes the sequence table.
+    fn client_tables(&self) -> Vec<(String, crate::kinds::SideAccess)> {
+        vec![(self.ring_table.clone(), crate::kinds::SideAccess::Write)]
+    }
+
     fn rule(&self) -> std::result::Result<Arc<dyn Rule>, String> {
         self.validate()?;
         Ok(Arc::new(RingRule::new(self)?))
@@ -125,6 +131,17 @@ impl Migration for schema::CheckedRing {
                     "trigger {} on {} is missing or differs, so rows appended to the log by writers that bypass heatsink would not reach the ring (`heatsink migrate` creates it)",
                     self.trigger_name.quoted(),
                     self.logical.quoted()
+                ),
+            ));
+        }
+        for t in self.copied_triggers.iter().filter(|t| !t.exists) {
+            out.push((
+                Severity::Error,
+                format!(
+                    "trigger {} on {} (a copy of the log's {}) is missing, so inserts the log's trigger refuses or changes would be kept as sent (`heatsink migrate` creates it)",
+                    t.name.quoted(),
+                    self.ring.quoted(),
+                    t.original.quoted()
                 ),
             ));
         }

@@ -125,8 +125,37 @@ pub(crate) struct CheckedRing {
     pub trigger_name: TableName,
     /// What to do about that trigger.
     pub trigger: TriggerPlan,
+    /// The log's BEFORE INSERT triggers, copied to the ring (rows inserted through
+    /// heatsink go there), created after the numbering trigger and before it in
+    /// firing order.
+    pub copied_triggers: Vec<CopiedTrigger>,
     /// Remarks for the operator (printed as comments).
     pub notes: Vec<String>,
+}
+
+/// A trigger of the log copied to the ring table.
+#[derive(Debug, Clone)]
+pub(crate) struct CopiedTrigger {
+    /// The log's trigger, for messages.
+    pub original: TableName,
+    /// The copy's name: `<ring>__<trigger>`.
+    pub name: TableName,
+    /// Its `CREATE TRIGGER` statement.
+    pub create: String,
+    /// Whether it exists already.
+    pub exists: bool,
+}
+
+/// What the ring table keeps of what the log enforces: the log's CHECK constraints
+/// and foreign keys as `CREATE TABLE` elements (name, definition).
+#[derive(Debug, Clone, Default)]
+struct KeptConstraints {
+    /// Table-level CHECKs: (name, definition).
+    checks: Vec<(String, String)>,
+    /// Column-level CHECKs, kept on the same column (the server's message names them
+    /// `table.column`): (column, clause).
+    column_checks: Vec<(String, String)>,
+    foreign_keys: Vec<(String, String)>,
 }
 
 /// Resolves a ring rule's tables to a database: the rule's prefix, else
@@ -164,9 +193,14 @@ pub(crate) async fn check_ring(
     let order_by = order_by_column(spec, &table, &logical)?;
     note_engine(&table, &logical, &mut notes);
     let auto_inc = auto_increment_column(&table, &mut notes);
+    let log_enforced = enforced(conn, &logical).await?;
+    let kept = kept_constraints(&logical, &ring, &log_enforced, &key)?;
 
     let existing_ring = inspect_table(conn, &ring).await?;
-    let create_ring = plan_ring_table(spec, &ring, existing_ring.as_ref(), &table, &key)?;
+    let create_ring = plan_ring_table(spec, &ring, existing_ring.as_ref(), &table, &key, &kept)?;
+    if existing_ring.is_some() {
+        missing_constraints(conn, &ring, &kept).await?;
+    }
     let existing_seq = inspect_table(conn, &seq).await?;
     let create_seq = plan_seq_table(spec, &seq, existing_seq.as_ref(), &table, &key_cols)?;
 
@@ -190,6 +224,14 @@ pub(crate) async fn check_ring(
         plan_seq_trigger(conn, spec, &ring, &seq, &key_cols, &mut notes).await?;
     let (trigger_name, trigger) =
         plan_log_trigger(conn, spec, (&logical, &ring), &table, &key_cols, &mut notes).await?;
+    let copied_triggers = copied_triggers(
+        conn,
+        (&logical, &ring),
+        &log_enforced,
+        &trigger_name,
+        &seq_trigger_name,
+    )
+    .await?;
 
     let unenforced_unique = unenforced_unique_keys(&table, &auto_inc);
     Ok(CheckedRing {
@@ -210,8 +252,176 @@ pub(crate) async fn check_ring(
         create_seq_trigger,
         trigger_name,
         trigger,
+        copied_triggers,
         notes,
     })
+}
+
+/// The log's CHECK constraints and foreign keys, as the ring table keeps them: every
+/// CHECK under its own name (the server's 4025 then names the same constraint), and
+/// every foreign key under `<ring>__<name>` (foreign key names are per database).
+/// Refused when the log is referenced by another table (rows inserted through
+/// heatsink never reach the log, so rows referencing them would be refused), or a
+/// foreign key's action would change the ring's rows in a way the ring cannot keep:
+/// `ON UPDATE CASCADE` or `SET NULL` of a key column (a key's rows would move to
+/// another key's ring, whose sequence does not know them), or an `ON DELETE` action
+/// that deletes or changes some of a key's rows (`ON DELETE CASCADE` on columns that
+/// are not all key columns).
+fn kept_constraints(
+    logical: &TableName,
+    ring: &TableName,
+    enforced: &Enforced,
+    key: &[String],
+) -> SchemaResult<KeptConstraints> {
+    let refuse = SchemaError::Refused;
+    if let Some(fk) = enforced.referenced_by.first() {
+        return Err(refuse(format!(
+            "foreign key {} of {} references {}, but rows inserted through heatsink are kept \
+             in the ring {}, never in the log, so rows referencing them would be refused \
+             (1452): drop the constraint or the rule",
+            fk.describe(),
+            fk.child.quoted(),
+            logical.quoted(),
+            ring.quoted()
+        )));
+    }
+    let mut kept = KeptConstraints::default();
+    for fk in &enforced.foreign_keys {
+        let on_key = fk.columns.iter().any(|c| is_in(key, c));
+        let all_key = fk.columns.iter().all(|c| is_in(key, c));
+        let delete = fk.on_delete.to_ascii_uppercase();
+        let reason = if changes_rows(&fk.on_update) && on_key {
+            Some("its ON UPDATE action changes key columns, which would move rows to another key's ring without their sequence")
+        } else if changes_rows(&delete) && delete != "CASCADE" && on_key {
+            Some("its ON DELETE action changes key columns, which are NOT NULL in the ring")
+        } else if delete == "CASCADE" && !all_key {
+            Some("ON DELETE CASCADE on columns that are not all key columns deletes some of a key's rows, after which the ring and the log keep different rows")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(refuse(format!(
+                "foreign key {} of {}: {reason}: make it ON DELETE RESTRICT ON UPDATE \
+                 RESTRICT (and delete the log's rows explicitly, whole keys at a time), or \
+                 drop the rule",
+                fk.describe(),
+                logical.quoted()
+            )));
+        }
+        let name = suffixed_name(&format!("{}__{}", ring.name, fk.name), "");
+        let def = fk.definition(&name);
+        kept.foreign_keys.push((name, def));
+    }
+    for c in &enforced.checks {
+        if c.level.eq_ignore_ascii_case("Column") {
+            kept.column_checks.push((c.name.clone(), c.clause.clone()));
+        } else {
+            kept.checks.push((c.name.clone(), c.definition()));
+        }
+    }
+    Ok(kept)
+}
+
+/// Refuses an existing ring table that lacks one of the log's CHECK constraints or
+/// foreign keys, with the statement that adds it.
+async fn missing_constraints(
+    conn: &mut Conn,
+    ring: &TableName,
+    kept: &KeptConstraints,
+) -> SchemaResult<()> {
+    let have = enforced(conn, ring).await?;
+    let column_checks: Vec<(String, String)> = kept
+        .column_checks
+        .iter()
+        .map(|(col, clause)| {
+            (
+                col.clone(),
+                format!("CONSTRAINT {} CHECK ({clause})", quote(col)),
+            )
+        })
+        .collect();
+    let missing = kept
+        .checks
+        .iter()
+        .chain(&column_checks)
+        .filter(|(n, _)| !have.checks.iter().any(|c| c.name.eq_ignore_ascii_case(n)))
+        .chain(kept.foreign_keys.iter().filter(|(n, _)| {
+            !have
+                .foreign_keys
+                .iter()
+                .any(|f| f.name.eq_ignore_ascii_case(n))
+        }))
+        .map(|(_, def)| format!("ALTER TABLE {} ADD {def}", ring.quoted()))
+        .collect::<Vec<_>>();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(SchemaError::Refused(format!(
+        "ring table {} lacks constraints of the log, so inserts the log refuses would be \
+         kept; add them: {}",
+        ring.quoted(),
+        missing.join("; ")
+    )))
+}
+
+/// The log's triggers other than the rule's own: a `BEFORE INSERT` trigger is copied
+/// to the ring (rows inserted through heatsink go there) unless its body names the
+/// log; any other trigger is refused, since nothing heatsink runs would fire it.
+async fn copied_triggers(
+    conn: &mut Conn,
+    (logical, ring): (&TableName, &TableName),
+    enforced: &Enforced,
+    own: &TableName,
+    seq_trigger: &TableName,
+) -> SchemaResult<Vec<CopiedTrigger>> {
+    let refuse = SchemaError::Refused;
+    let mut out = Vec::new();
+    let own = [own.name.as_str()];
+    for t in enforced.other_triggers(&own) {
+        let before_insert =
+            t.timing.eq_ignore_ascii_case("BEFORE") && t.event.eq_ignore_ascii_case("INSERT");
+        if !before_insert {
+            return Err(refuse(format!(
+                "trigger {} on {} would not fire for the rows heatsink keeps in the ring {}: \
+                 drop it or the rule (BEFORE INSERT triggers are copied to the ring)",
+                t.describe(),
+                logical.quoted(),
+                ring.quoted()
+            )));
+        }
+        if t.body
+            .to_ascii_lowercase()
+            .contains(&logical.name.to_ascii_lowercase())
+        {
+            return Err(refuse(format!(
+                "trigger {} on {} reads or names the log, which heatsink's inserts do not \
+                 write (they go to the ring {}), so its copy on the ring would not do the \
+                 same: drop it or the rule",
+                t.describe(),
+                logical.quoted(),
+                ring.quoted()
+            )));
+        }
+        let name = TableName {
+            db: ring.db.clone(),
+            name: suffixed_name(&format!("{}__{}", ring.name, t.name.name), ""),
+        };
+        let create = format!(
+            "CREATE TRIGGER IF NOT EXISTS {} BEFORE INSERT ON {} FOR EACH ROW PRECEDES {} {}",
+            name.quoted(),
+            ring.quoted(),
+            quote(&seq_trigger.name),
+            t.body
+        );
+        let exists = existing_trigger(conn, &name).await?.is_some();
+        out.push(CopiedTrigger {
+            original: t.name.clone(),
+            name,
+            create,
+            exists,
+        });
+    }
+    Ok(out)
 }
 
 /// Reads the log table; refused when it is missing, not a base table, or has
@@ -330,9 +540,10 @@ fn plan_ring_table(
     existing: Option<&Table>,
     table: &Table,
     key: &[String],
+    kept: &KeptConstraints,
 ) -> SchemaResult<Option<String>> {
     let Some(existing) = existing else {
-        return Ok(Some(create_ring_sql(spec, ring, table, key)));
+        return Ok(Some(create_ring_sql(spec, ring, table, key, kept)));
     };
     let problems = ring_table_problems(spec, existing, table, key);
     if !problems.is_empty() {
@@ -589,11 +800,23 @@ fn slot_type(size: u32) -> &'static str {
 }
 
 /// `CREATE TABLE IF NOT EXISTS` for the ring table.
-fn create_ring_sql(spec: &RingSpec, ring: &TableName, logical: &Table, key: &[String]) -> String {
+fn create_ring_sql(
+    spec: &RingSpec,
+    ring: &TableName,
+    logical: &Table,
+    key: &[String],
+    kept: &KeptConstraints,
+) -> String {
     let mut lines: Vec<String> = logical
         .columns
         .iter()
-        .map(|c| ring_column_sql(c, is_in(key, &c.name)))
+        .map(|c| {
+            let mut line = ring_column_sql(c, is_in(key, &c.name));
+            for (_, clause) in kept.column_checks.iter().filter(|(n, _)| n == &c.name) {
+                line.push_str(&format!(" CHECK ({clause})"));
+            }
+            line
+        })
         .collect();
     lines.push(format!(
         "  {} {} NOT NULL",
@@ -616,6 +839,9 @@ fn create_ring_sql(spec: &RingSpec, ring: &TableName, logical: &Table, key: &[St
         .find(|c| c.extra.contains("auto_increment"))
     {
         lines.push(format!("  KEY ({})", quote(&ai.name)));
+    }
+    for (_, def) in kept.checks.iter().chain(&kept.foreign_keys) {
+        lines.push(format!("  {def}"));
     }
     format!(
         "CREATE TABLE IF NOT EXISTS {} (\n{}\n) {}",
@@ -937,6 +1163,11 @@ async fn apply_ring_locked(conn: &mut Conn, rule: &CheckedRing) -> Result<RingAp
             // The numbering trigger would renumber the copied rows.
             let drop = format!("DROP TRIGGER IF EXISTS {}", rule.seq_trigger_name.quoted());
             run_sql(conn, name, &drop).await?;
+            // So would the log's copied triggers (they may change NEW).
+            for t in &rule.copied_triggers {
+                let drop = format!("DROP TRIGGER IF EXISTS {}", t.name.quoted());
+                run_sql(conn, name, &drop).await?;
+            }
             Some(run_all(conn, name, &[ring_sql, seq_sql]).await?)
         }
         (None, true) => {
@@ -963,6 +1194,12 @@ async fn apply_ring_locked(conn: &mut Conn, rule: &CheckedRing) -> Result<RingAp
     if backfilled.is_some() || matches!(rule.seq_trigger, TriggerPlan::Create(_)) {
         run_sql(conn, name, &rule.create_seq_trigger).await?;
         created.push(rule.seq_trigger_name.quoted());
+    }
+    for t in &rule.copied_triggers {
+        if backfilled.is_some() || !t.exists {
+            run_sql(conn, name, &t.create).await?;
+            created.push(t.name.quoted());
+        }
     }
     if let TriggerPlan::Create(ddl) = &rule.trigger {
         run_sql(conn, name, ddl).await?;
@@ -995,7 +1232,11 @@ pub(crate) async fn print_and_apply_ring(
             emit(out, &format!("-- trigger {} exists", t.quoted()))?;
         }
     }
-    if !(rule.backfill_due || create_seq_trigger || create_log_trigger) {
+    for t in rule.copied_triggers.iter().filter(|t| t.exists) {
+        emit(out, &format!("-- trigger {} exists", t.name.quoted()))?;
+    }
+    let copy_triggers = rule.copied_triggers.iter().any(|t| !t.exists);
+    if !(rule.backfill_due || create_seq_trigger || create_log_trigger || copy_triggers) {
         // Nothing to lock for; at most the counter to raise.
         print_and_apply_raise(conn, rule, apply, out).await?;
         return emit(out, "");
@@ -1148,6 +1389,9 @@ fn print_locked_script(rule: &CheckedRing, lock: &str, out: &mut dyn Write) -> R
                 &format!("DROP TRIGGER IF EXISTS {};", rule.seq_trigger_name.quoted()),
             )?;
         }
+        for t in rule.copied_triggers.iter().filter(|t| t.exists) {
+            emit(out, &format!("DROP TRIGGER IF EXISTS {};", t.name.quoted()))?;
+        }
         emit(
             out,
             &format!(
@@ -1172,6 +1416,19 @@ fn print_locked_script(rule: &CheckedRing, lock: &str, out: &mut dyn Write) -> R
     }
     if let TriggerPlan::Create(ddl) = &rule.trigger {
         emit(out, &format!("{ddl};;"))?;
+    }
+    for t in &rule.copied_triggers {
+        if backfill.is_some() || !t.exists {
+            emit(
+                out,
+                &format!(
+                    "-- trigger {}: a copy of {}",
+                    t.name.quoted(),
+                    t.original.quoted()
+                ),
+            )?;
+            emit(out, &format!("{};;", t.create))?;
+        }
     }
     emit(out, "DELIMITER ;")?;
     emit(out, "COMMIT;")?;
@@ -1306,7 +1563,8 @@ mod tests {
                 &spec[0],
                 &TableName::parse("d.r").unwrap(),
                 &table,
-                &["uid".into()]
+                &["uid".into()],
+                &KeptConstraints::default()
             ),
             "CREATE TABLE IF NOT EXISTS `d`.`r` (\n  `id` int(11) NOT NULL AUTO_INCREMENT,\n  `uid` int(11) NOT NULL,\n  \
              `v` int(11) NOT NULL,\n  `slot` SMALLINT UNSIGNED NOT NULL,\n  `seq` BIGINT UNSIGNED NOT NULL,\n  \
@@ -1344,5 +1602,71 @@ mod tests {
             ring_trigger_body(&spec[0], &ring, &table, &[not_null]),
             upsert
         );
+    }
+
+    fn fk(name: &str, columns: &[&str], on_delete: &str, on_update: &str) -> ForeignKey {
+        ForeignKey {
+            name: name.into(),
+            child: TableName::parse("d.ev").unwrap(),
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            parent: TableName::parse("d.users").unwrap(),
+            parent_columns: columns.iter().map(|_| "id".to_string()).collect(),
+            on_delete: on_delete.into(),
+            on_update: on_update.into(),
+        }
+    }
+
+    #[test]
+    fn ring_keeps_the_constraints_it_can() {
+        let (log, ring) = (
+            TableName::parse("d.ev").unwrap(),
+            TableName::parse("d.ev_ring").unwrap(),
+        );
+        let key = vec!["uid".to_string()];
+        let kept = |fks: Vec<ForeignKey>| {
+            let enforced = Enforced {
+                foreign_keys: fks,
+                checks: vec![
+                    CheckConstraint {
+                        name: "n".into(),
+                        level: "Column".into(),
+                        clause: "`n` >= 0".into(),
+                    },
+                    CheckConstraint {
+                        name: "small".into(),
+                        level: "Table".into(),
+                        clause: "`n` < 100".into(),
+                    },
+                ],
+                ..Enforced::default()
+            };
+            kept_constraints(&log, &ring, &enforced, &key)
+        };
+        let ok = kept(vec![
+            fk("by_user", &["uid"], "CASCADE", "RESTRICT"),
+            fk("by_other", &["other"], "SET NULL", "CASCADE"),
+        ])
+        .unwrap_or_else(|_| panic!("refused"));
+        assert_eq!(
+            ok.column_checks,
+            [("n".to_string(), "`n` >= 0".to_string())]
+        );
+        assert_eq!(ok.checks[0].1, "CONSTRAINT `small` CHECK (`n` < 100)");
+        assert_eq!(
+            ok.foreign_keys[0].1,
+            "CONSTRAINT `ev_ring__by_user` FOREIGN KEY (`uid`) REFERENCES `d`.`users` (`id`) ON DELETE CASCADE ON UPDATE RESTRICT"
+        );
+        for refused in [
+            fk("a", &["uid"], "RESTRICT", "CASCADE"),
+            fk("b", &["uid"], "SET NULL", "RESTRICT"),
+            fk("c", &["other"], "CASCADE", "RESTRICT"),
+            fk("d", &["uid", "other"], "CASCADE", "RESTRICT"),
+        ] {
+            let name = refused.name.clone();
+            match kept(vec![refused]) {
+                Err(SchemaError::Refused(r)) => assert!(r.contains(&format!("`{name}`")), "{r}"),
+                _ => panic!("{name} kept"),
+            }
+        }
     }
 }

@@ -109,6 +109,13 @@ impl Rule for RollupRule {
         self.coalesce
     }
 
+    fn physical_tables(&self) -> Vec<(String, String)> {
+        vec![(
+            self.rollup_table.name.clone(),
+            self.logical.name().name.to_string(),
+        )]
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

@@ -84,8 +84,9 @@ use mysql_async::Conn;
 use crate::kinds::SchemaError;
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
-    inspect_base_table, inspect_table, integer_max, needed_trigger, resolve_tables, suffixed_name,
-    table_has_rows, table_options, Column, Table, MAX_IDENT,
+    enforced, inspect_base_table, inspect_table, integer_max, needed_trigger,
+    refuse_changing_foreign_keys, resolve_tables, suffixed_name, table_has_rows, table_options,
+    Column, Table, MAX_IDENT,
 };
 
 use super::spec::{Measure, RollupSpec};
@@ -150,6 +151,9 @@ pub(crate) async fn check(
     spec.validate().map_err(refuse)?;
     let (log, rollup) = resolve(spec, default_db)?;
     let table = inspect_log(conn, &log).await?;
+    // Its triggers keep the rollup; a cascade changes the log without them.
+    let kept = format!("the rollup table {}", rollup.quoted());
+    refuse_changing_foreign_keys(&log, &enforced(conn, &log).await?, &kept)?;
     let (time, utc) = time_column(spec, &table, &log)?;
     let dims = dimensions(spec, &table, &log)?;
     let measures = measured(spec, &table, &log)?;

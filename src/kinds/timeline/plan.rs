@@ -504,6 +504,13 @@ fn id_column(meta: &[ColumnDef]) -> Option<String> {
 }
 
 impl Rule for TimelineRule {
+    fn physical_tables(&self) -> Vec<(String, String)> {
+        self.mailbox
+            .iter()
+            .map(|m| (m.name.clone(), self.messages.name().name.to_string()))
+            .collect()
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

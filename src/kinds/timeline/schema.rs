@@ -65,9 +65,9 @@ use crate::error::{Error, Result, Source};
 use crate::kinds::{JobContext, JobReport, Migration, SchemaError};
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
-    emit, existing_and_missing, inspect_base_table, inspect_table, needed_trigger, resolve_tables,
-    run_sql, schema_err, suffixed_name, table_has_rows, text, Column, NeededTrigger, Table,
-    TriggerState,
+    emit, enforced, existing_and_missing, inspect_base_table, inspect_table, needed_trigger,
+    refuse_changing_foreign_keys, resolve_tables, run_sql, schema_err, suffixed_name,
+    table_has_rows, text, Column, NeededTrigger, Table, TriggerState,
 };
 
 /// The mailbox's reader column.
@@ -187,6 +187,13 @@ pub(crate) async fn check(
                 "`{c}` is not a column of {}",
                 follows.quoted()
             )));
+        }
+    }
+    if let Some(mb) = others.get(1) {
+        // The mailbox is kept by triggers on both tables; a cascade skips them.
+        let kept = format!("the mailbox {}", mb.quoted());
+        for t in [&messages, &follows] {
+            refuse_changing_foreign_keys(t, &enforced(conn, t).await?, &kept)?;
         }
     }
     let index = author_id_index(conn, &messages, &spec.message_author, &id_col.name).await?;

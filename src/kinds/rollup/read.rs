@@ -1261,6 +1261,18 @@ impl<'q> Shape<'q> {
             }) else {
                 return false;
             };
+            // Columns assumed without a database (`explain` alone) are of a type
+            // nobody knows: either kind of literal is taken. (A real dimension is
+            // never a VARCHAR primary key: the log's key is one integer column.)
+            let assumed = {
+                let key = crate::kinds::logical::assumed_column(
+                    "",
+                    "",
+                    crate::kinds::logical::Assumed::Key,
+                );
+                (col.column_type, col.charset, col.length, col.flags)
+                    == (key.column_type, key.charset, key.length, key.flags)
+            };
             let integer = matches!(
                 col.column_type,
                 types::TINY | types::SHORT | types::INT24 | types::LONG | types::LONGLONG
@@ -1300,7 +1312,9 @@ impl<'q> Shape<'q> {
                 let Some(lit) = ctx.literal(v) else {
                     return false;
                 };
-                let fits = if integer {
+                let fits = if assumed {
+                    lit.as_i64().is_some() || !signed && lit.kind == LiteralKind::String
+                } else if integer {
                     lit.as_i64().is_some()
                 } else {
                     string && !signed && lit.kind == LiteralKind::String

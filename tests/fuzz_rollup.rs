@@ -262,6 +262,13 @@ impl Kind for Rollup {
                 s.sql(format!("SET time_zone = {tz}"));
                 s.text_only = true;
             }
+            2 if g.chance(50) => {
+                // Zero dates: TRADITIONAL and NO_ZERO_DATE read and refuse them.
+                let mode = *g.pick(&["TRADITIONAL", "NO_ZERO_DATE", "NO_ENGINE_SUBSTITUTION"]);
+                s.sql(format!("SET sql_mode = '{mode}'"));
+                g.session.sql_mode = mode.to_string();
+                s.text_only = true;
+            }
             2..=14 => insert(g, &mut s),
             15..=19 => update(g, &mut s),
             20..=23 => delete(g, &mut s),
@@ -332,6 +339,10 @@ fn time_text(g: &mut Gen) -> String {
 fn time_lit(g: &mut Gen) -> Lit {
     if g.chance(4) {
         return null();
+    }
+    if g.chance(3) {
+        // A zero date: stored outside NO_ZERO_DATE, refused under TRADITIONAL.
+        return g.string_lit(b"0000-00-00 00:00:00");
     }
     let t = time_text(g);
     // A bucket boundary now and then.
@@ -414,6 +425,22 @@ fn time_range(g: &mut Gen, s: &mut Stmt, t: &str) {
         g.string_lit(t.as_bytes())
     };
     let pair = |g: &mut Gen| (lit(g), lit(g));
+    if g.chance(8) {
+        // Numbers and zero dates as bounds, and the top of the DATETIME range.
+        let b = *g.pick(&[
+            "0",
+            "20240310",
+            "'0000-00-00'",
+            "'9999-12-31 23:59:59'",
+            "'2024-02-30'",
+        ]);
+        match g.below(3) {
+            0 => s.sql(format!("{t} >= {b}")),
+            1 => s.sql(format!("{t} BETWEEN {b} AND NOW()")),
+            _ => s.sql(format!("{t} BETWEEN '2024-03-10 10:30:00' AND {b}")),
+        };
+        return;
+    }
     match g.below(7) {
         0 => {
             let (lo, hi) = pair(g);
@@ -511,7 +538,12 @@ fn read(g: &mut Gen, s: &mut Stmt) {
     };
     if fixed_track {
         and(s);
-        s.sql(format!("{q}track_id = ")).lit(track_lit(g));
+        if g.chance(5) {
+            // A decimal key: MariaDB converts it as its plan decides.
+            s.sql(format!("{q}track_id = {}", g.pick(&["2.4", "1.0", "'1'"])));
+        } else {
+            s.sql(format!("{q}track_id = ")).lit(track_lit(g));
+        }
     }
     if g.chance(20) {
         and(s);
@@ -552,6 +584,7 @@ fn read(g: &mut Gen, s: &mut Stmt) {
 fn fallback_read(g: &mut Gen, s: &mut Stmt) {
     let q = *g.pick(&[
         "SELECT COUNT(*) FROM plays WHERE track_id = 1",
+        "SELECT count( * ), COUNT(user_id) FROM plays WHERE track_id = 2 AND created_at >= '2024-03-10'",
         "SELECT user_id, COUNT(*) AS n FROM plays GROUP BY user_id ORDER BY user_id",
         "SELECT track_id, SUM(user_id) AS s FROM plays GROUP BY track_id",
         "SELECT track_id, AVG(user_id) AS a FROM plays GROUP BY track_id",

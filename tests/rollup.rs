@@ -931,3 +931,116 @@ fn reads_up_to_now_take_literal_bounds_and_match_the_log() {
     assert_eq!(literal + declined, reads, "{m:?}");
     assert!(literal >= reads - 3 * minutes.len() as u64, "{m:?}");
 }
+
+/// The plays log of [`PLAYS`] with its [`rules`], for differential scripts: rows on
+/// zero dates, on `9999-12-31` and on hour boundaries.
+struct Reads;
+
+impl common::differential::Kind for Reads {
+    fn name(&self) -> &'static str {
+        "rollupreads"
+    }
+
+    fn schema(&self) -> String {
+        format!(
+            "{PLAYS} {SEED_ROWS} SET SESSION sql_mode = ''; \
+             INSERT INTO plays (created_at, track_id, user_id, country) VALUES \
+             ('0000-00-00 00:00:00', 1, 1, 'US'), ('0000-00-00 00:00:00', 2, NULL, NULL), \
+             ('2024-00-00 00:00:00', 1, 3, 'DE'), ('9999-12-31 23:59:59', 2, 4, 'US'), \
+             ('2024-05-03 00:00:00', 2, 5, 'FR'); \
+             INSERT INTO plays (created_at, track_id, user_id, country) \
+             SELECT '2024-05-01' + INTERVAL (seq * 611) SECOND, seq % 50, seq % 7, \
+                    ELT(1 + seq % 3, 'US', 'DE', NULL) FROM seq_1_to_3000;"
+        )
+    }
+
+    fn rule_toml(&self) -> String {
+        rules()
+    }
+
+    fn state_query(&self) -> String {
+        "SELECT id, created_at, track_id, user_id, country FROM plays ORDER BY id".into()
+    }
+
+    fn statement(&self, _g: &mut common::differential::Gen) -> common::differential::Stmt {
+        common::differential::Stmt::new()
+    }
+}
+
+/// Runs each read of `reads` in both protocols after `setup`, through heatsink and
+/// directly; panics with every difference.
+fn reads_match(diff: &common::differential::Differential<'_>, setup: &[&str], reads: &[&str]) {
+    use common::differential::Protocol;
+    let mut script: Vec<(&str, Protocol)> = setup.iter().map(|s| (*s, Protocol::Text)).collect();
+    for r in reads {
+        script.push((r, Protocol::Text));
+        script.push((r, Protocol::Binary));
+    }
+    let report = diff.run_script(&script);
+    assert!(
+        report.mismatches.is_empty(),
+        "{} differences\n{}",
+        report.mismatches.len(),
+        report.details()
+    );
+}
+
+/// Under NO_ZERO_DATE (TRADITIONAL includes it) a zero date or a number as a time
+/// bound made the one-step form's boundaries NULL to `IS NULL` and not NULL to the
+/// comparisons, so the rollup and the log both counted the range (2 vs 4); a bound
+/// near 9999 overflowed `+ INTERVAL 1 HOUR` with warnings the log's read does not
+/// give. Text reads now forward the statement when the bounds' values decline the
+/// literal form; prepared reads with such bounds fall back.
+#[test]
+fn zero_dates_numbers_and_year_9999_as_bounds_match_the_log() {
+    let diff = common::differential::Differential::start(&Reads);
+    let reads = [
+        "SELECT COUNT(*) AS n FROM plays WHERE created_at BETWEEN '0000-00-00' AND '2026-11-24'",
+        "SELECT COUNT(*) AS n FROM plays WHERE created_at >= 0",
+        "SELECT COUNT(*) AS n FROM plays WHERE created_at BETWEEN 0 AND NOW()",
+        "SELECT COUNT(*) AS n FROM plays WHERE track_id IN (1, 2) AND created_at > 20240502",
+        "SELECT COUNT(*) AS n FROM plays WHERE created_at >= '9999-12-31 23:59:59'",
+        "SELECT COUNT(*) AS n FROM plays WHERE created_at >= '9999-12-31 23:00:00'",
+        "SELECT COUNT(*) AS n FROM plays WHERE created_at BETWEEN '2024-05-02 10:30' AND '9999-12-31'",
+        "SELECT COUNT(*) AS n FROM plays WHERE created_at < '2024-00-00 10:00:00'",
+        "SELECT COUNT(*) AS n FROM plays WHERE created_at >= '2024-02-30'",
+        "SELECT country, COUNT(*) AS n FROM plays WHERE created_at >= '2024-05-02 10:30' GROUP BY country",
+    ];
+    for mode in ["TRADITIONAL", "NO_ZERO_DATE", "NO_ZERO_IN_DATE", ""] {
+        reads_match(&diff, &[&format!("SET sql_mode = '{mode}'")], &reads);
+    }
+}
+
+/// A dimension compared with a value of another kind: MariaDB answers `track_id =
+/// 2.4` with the `track_id = 2` rows when it reads through the index; heatsink
+/// answered from the rollup with none. Such reads go to the log.
+#[test]
+fn dimension_values_of_another_kind_match_the_log() {
+    let diff = common::differential::Differential::start(&Reads);
+    reads_match(
+        &diff,
+        &[],
+        &[
+            "SELECT COUNT(*) AS n FROM plays WHERE track_id = 2.4",
+            "SELECT COUNT(*) AS n, SUM(user_id) AS s FROM plays WHERE track_id = 2.0 AND country = 'US'",
+            "SELECT track_id, COUNT(*) AS n FROM plays WHERE track_id IN (2.4, 3) GROUP BY track_id",
+            "SELECT COUNT(*) AS n FROM plays WHERE track_id = '2'",
+            "SELECT COUNT(*) AS n FROM plays WHERE country = 0",
+            "SELECT COUNT(*) AS n FROM plays WHERE track_id = 2",
+        ],
+    );
+}
+
+/// Time series over zero-in-date rows (`2024-00-00`) under NO_ZERO_IN_DATE: the
+/// groups are right but the outer `DATE_FORMAT(MIN(…))` labels the `2024-00` group
+/// `0000-00`. Open (docs/design.md, rollup section).
+#[test]
+#[ignore = "open: zero-in-date groups of a time series are labelled 0000-00 under NO_ZERO_IN_DATE"]
+fn zero_in_date_groups_of_a_time_series_match_the_log() {
+    let diff = common::differential::Differential::start(&Reads);
+    reads_match(
+        &diff,
+        &["SET sql_mode = 'TRADITIONAL'"],
+        &["SELECT DATE_FORMAT(created_at, '%Y-%m') AS m, COUNT(*) AS n FROM plays GROUP BY m"],
+    );
+}

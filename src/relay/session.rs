@@ -78,6 +78,7 @@ pub async fn serve_client(
         shared,
         info,
         answered_error: false,
+        fell_back: false,
         state: SessionState::new(false),
         peer,
         backend_id: 0,
@@ -174,6 +175,10 @@ pub(super) struct Session {
     pub(super) info: Registration,
     /// A backend response during the current rewrite was an error (per-rule `errors`).
     pub(super) answered_error: bool,
+    /// The current rewrite forwarded the original statement instead (its prelude
+    /// declined the literal form: [`crate::rewrite::Prelude::original_on_decline`]);
+    /// counted as the rule's fallback, not as a rewrite.
+    pub(super) fell_back: bool,
     /// What the relay knows of the backend session's state (status flags, default
     /// database, character set and `sql_mode` for the lexer, Galera share, whether
     /// it may share merged writes): see [`SessionState`].
@@ -1066,9 +1071,16 @@ impl Session {
                 }
                 let rule = rw.rule.clone();
                 self.answered_error = false;
+                self.fell_back = false;
                 self.rewrite_names = engine.message_names();
                 let r = self.run_rewrite(rw, c.last_seq).await;
-                self.record_rewrite(&rule, started, r.is_err());
+                if self.fell_back {
+                    if let Some(stats) = self.shared.rules.load().get(&rule) {
+                        stats.fallbacks.fetch_add(1, Relaxed);
+                    }
+                } else {
+                    self.record_rewrite(&rule, started, r.is_err());
+                }
                 r
             }
         }

@@ -397,7 +397,24 @@ impl Session {
             return self.run_returning(rw, &column, cmd_seq).await;
         }
         let with_literals = match &rw.prelude {
-            Some(p) => self.run_prelude(p).await?,
+            Some(p) => match (self.run_prelude(p).await?, &p.original) {
+                (None, Some(original)) => {
+                    // The one-step form is not exact for these values: the
+                    // statement runs as the client sent it.
+                    self.fell_back = true;
+                    let next = self
+                        .link
+                        .backend
+                        .write_packet(0, &query_payload(original))
+                        .await?;
+                    let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
+                    return self
+                        .relay_response(ResponseKind::Generic, shift, cmd_seq)
+                        .await
+                        .map(|_| ());
+                }
+                (literal, _) => literal,
+            },
             None => None,
         };
         let statements = with_literals.as_deref().unwrap_or(&rw.statements);

@@ -36,6 +36,8 @@ pub struct PreludeTemplate {
     pub values: Arc<dyn crate::rewrite::PreludeValues>,
     /// The statements.
     pub statements: Vec<Vec<Segment>>,
+    /// Forward the original statement when the row declines the literals.
+    pub original_on_decline: bool,
 }
 
 impl PartialEq for PreludeTemplate {
@@ -43,6 +45,7 @@ impl PartialEq for PreludeTemplate {
         self.query == other.query
             && *self.values == *other.values
             && self.statements == other.statements
+            && self.original_on_decline == other.original_on_decline
     }
 }
 
@@ -172,6 +175,7 @@ impl Template {
                 query,
                 values,
                 statements: then,
+                original_on_decline,
             }) if !prepared => {
                 let mut holes = Vec::new();
                 let query = render_segments(query, sql, literals, &mut holes, None, share)?;
@@ -195,6 +199,7 @@ impl Template {
                     query,
                     values: values.clone(),
                     statements,
+                    original: original_on_decline.then(|| sql.to_vec()),
                 }))
             }
             _ => None,

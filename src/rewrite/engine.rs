@@ -796,6 +796,7 @@ impl Engine {
                                 query: one.clone(),
                                 values: p.values.clone(),
                                 statements: then.statements,
+                                original_on_decline: p.original_on_decline,
                             }),
                             _ => Err("the prelude is not one query and its statements".to_string()),
                         }

@@ -651,6 +651,10 @@ pub struct RenderedPrelude {
     pub values: Arc<dyn PreludeValues>,
     /// The statements to run then, with their holes.
     pub statements: Vec<Holed>,
+    /// The original statement (its bytes as the client sent them), forwarded
+    /// unchanged in place of the one-step form when the row declines the literals
+    /// (see [`Prelude::original_on_decline`]).
+    pub original: Option<Vec<u8>>,
 }
 
 impl PartialEq for RenderedPrelude {
@@ -658,6 +662,7 @@ impl PartialEq for RenderedPrelude {
         self.query == other.query
             && *self.values == *other.values
             && self.statements == other.statements
+            && self.original == other.original
     }
 }
 
@@ -939,6 +944,11 @@ pub struct Prelude {
     pub values: Arc<dyn PreludeValues>,
     /// The statements to run with the literals.
     pub statements: Vec<Statement>,
+    /// When the query fails or warns, or the values decline the row, the original
+    /// statement is forwarded unchanged (counted as the rule's fallback) instead of
+    /// [`Plan::statements`]: for rewrites whose one-step form is exact only for the
+    /// values the prelude accepts.
+    pub original_on_decline: bool,
 }
 
 impl PartialEq for Prelude {
@@ -946,6 +956,7 @@ impl PartialEq for Prelude {
         self.query == other.query
             && *self.values == *other.values
             && self.statements == other.statements
+            && self.original_on_decline == other.original_on_decline
     }
 }
 

@@ -137,6 +137,12 @@ impl Wall {
     }
 }
 
+/// The year of a valid `YYYY-MM-DD HH:MM:SS[.f…]` value from year 1000 on.
+pub(super) fn valid_year(text: &[u8]) -> Option<i64> {
+    let w = Wall::parse(text)?;
+    Some(civil(w.days).0)
+}
+
 impl PreludeValues for Bounds {
     fn name(&self) -> &'static str {
         "rollup bounds"
@@ -189,13 +195,17 @@ impl PreludeValues for Bounds {
         let mut picked: Vec<(Option<Wall>, Option<Wall>)> = Vec::with_capacity(self.levels.len());
         let (mut finer_lo, mut finer_hi) = (lower, upper);
         for &b in self.levels.iter().rev() {
-            let lo = lower.map(|l| l.round(b));
+            // Any boundary on the grid is exact: one past 9999 gives way to the
+            // one below.
+            let printable = |w: Wall, v: Wall| if w.literal().is_some() { w } else { v.floor(b) };
+            let lo = lower.map(|l| printable(l.round(b), l));
             let hi = upper.map(|u| {
-                if now.is_some_and(|n| u >= n) {
+                let w = if now.is_some_and(|n| u >= n) {
                     u.ceil(b)
                 } else {
                     u.round(b)
-                }
+                };
+                printable(w, u)
             });
             let pair = match (lo, hi, finer_lo, finer_hi) {
                 (Some(l), Some(h), Some(fl), Some(fh))

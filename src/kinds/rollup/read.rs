@@ -39,6 +39,7 @@ use std::sync::Arc;
 use sqlparser::ast::{
     BinaryOperator, DuplicateTreatment, Expr, FunctionArg, FunctionArgExpr, FunctionArguments,
     GroupByExpr, LimitClause, ObjectName, OrderByKind, Query, SelectItem, SetExpr, TableWithJoins,
+    UnaryOperator,
 };
 
 use super::plan::{RollupRule, Tier};
@@ -73,6 +74,24 @@ pub(super) fn plan_read(
         // buckets.
         return Ok(Some(Plan::fallback()));
     }
+    if !shape.filters_compare_as_stored(rule, &meta, ctx) {
+        return Ok(Some(Plan::fallback()));
+    }
+    // The one-step form computes bucket boundaries from the bounds' expressions,
+    // which a zero date, a number or a year near 9999 turn into NULLs that
+    // comparisons and `IS NULL` read differently under NO_ZERO_DATE, or into
+    // warnings the log's read does not give. Prepared statements and TIMESTAMP
+    // logs have only that form: other bounds fall back. Text reads check the
+    // values in their prelude and forward the statement when it declines them.
+    let one_step_only = ctx.prepared || shape.utc;
+    if one_step_only
+        && [&shape.lower, &shape.upper]
+            .into_iter()
+            .flatten()
+            .any(|b| !plain_bound(b.expr, ctx))
+    {
+        return Ok(Some(Plan::fallback()));
+    }
     let sql = shape.sql(rule);
     let statements = parse_statements(&sql)
         .map_err(|e| format!("internal error: the rollup read does not parse ({e})"))?;
@@ -88,6 +107,7 @@ pub(super) fn plan_read(
             statements: parse_statements(&then).map_err(|e| {
                 format!("internal error: the rollup read with literal bounds does not parse ({e})")
             })?,
+            original_on_decline: true,
         }),
         None => None,
     };
@@ -1215,6 +1235,98 @@ impl<'q> Shape<'q> {
         }
     }
 
+    /// Whether every value a dimension is compared with is of the dimension's own
+    /// kind: an integer literal for an integer column, a string literal for a
+    /// string column (or a parameter). Another kind (`track_id = 2.4`,
+    /// `country = 0`) is compared after a conversion whose result depends on the
+    /// plan (MariaDB answers `track_id = 2.4` with the `track_id = 2` rows when it
+    /// reads through an index) and may warn once per row compared: such reads go
+    /// to the log.
+    fn filters_compare_as_stored(
+        &self,
+        rule: &RollupRule,
+        meta: &[ColumnDef],
+        ctx: &PlanContext<'_>,
+    ) -> bool {
+        use crate::rewrite::{LiteralKind, Slot};
+        for f in &self.filters {
+            let Filter::Value { dim, expr, .. } = f else {
+                continue;
+            };
+            let Some(col) = meta.iter().find(|d| {
+                eq(
+                    &String::from_utf8_lossy(&d.org_name),
+                    &rule.logical.key()[*dim],
+                )
+            }) else {
+                return false;
+            };
+            // Columns assumed without a database (`explain` alone) are of a type
+            // nobody knows: either kind of literal is taken. (A real dimension is
+            // never a VARCHAR primary key: the log's key is one integer column.)
+            let assumed = {
+                let key = crate::kinds::logical::assumed_column(
+                    "",
+                    "",
+                    crate::kinds::logical::Assumed::Key,
+                );
+                (col.column_type, col.charset, col.length, col.flags)
+                    == (key.column_type, key.charset, key.length, key.flags)
+            };
+            let integer = matches!(
+                col.column_type,
+                types::TINY | types::SHORT | types::INT24 | types::LONG | types::LONGLONG
+            );
+            // VARCHAR, VAR_STRING, STRING (CHAR, ENUM, SET).
+            let string = matches!(col.column_type, 0x0f | 0xfd | 0xfe);
+            let values: Vec<&Expr> = match expr {
+                Expr::BinaryOp { left, right, .. } => {
+                    if self.dim_of(rule, left).is_some() {
+                        vec![right.as_ref()]
+                    } else {
+                        vec![left.as_ref()]
+                    }
+                }
+                Expr::InList { list, .. } => list.iter().collect(),
+                _ => return false,
+            };
+            for v in values {
+                let mut v = v;
+                let mut signed = false;
+                loop {
+                    match v {
+                        Expr::Nested(inner) => v = inner,
+                        Expr::UnaryOp {
+                            op: UnaryOperator::Minus | UnaryOperator::Plus,
+                            expr,
+                        } if !signed => {
+                            signed = true;
+                            v = expr;
+                        }
+                        _ => break,
+                    }
+                }
+                if matches!(ctx.slot(v), Some(Slot::Param(_))) && !signed {
+                    continue;
+                }
+                let Some(lit) = ctx.literal(v) else {
+                    return false;
+                };
+                let fits = if assumed {
+                    lit.as_i64().is_some() || !signed && lit.kind == LiteralKind::String
+                } else if integer {
+                    lit.as_i64().is_some()
+                } else {
+                    string && !signed && lit.kind == LiteralKind::String
+                };
+                if !fits {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     /// Whether the WHERE clause fixes dimension `dim` to one value (`d = v`).
     fn is_const(&self, dim: usize) -> bool {
         self.filters
@@ -1481,6 +1593,135 @@ fn aggregate(rule: &RollupRule, shape: &Shape<'_>, e: &Expr) -> Option<Measure> 
             })
         }
         _ => None,
+    }
+}
+
+/// Whether the server turns the time bound `e` into a valid DATETIME without a
+/// warning in any sql_mode, so that the one-step form's boundary expressions
+/// (`CAST(DATE_FORMAT(e, …) AS DATETIME)`, `+ INTERVAL 1 DAY`) are neither NULL
+/// nor out of range: a `'YYYY-MM-DD[ HH:MM:SS[.f]]'` literal of a valid date in
+/// the years 1000–9998, or `NOW()` and its kin (`CURDATE()`, `UTC_TIMESTAMP()`, …),
+/// each under `DATE(…)` and `± INTERVAL n unit` with an integer literal `n`, all
+/// intervals together at most 200 years (a literal then at least 200 years from
+/// either end). Walked as a chain, without recursion.
+fn plain_bound(e: &Expr, ctx: &PlanContext<'_>) -> bool {
+    use sqlparser::ast::DateTimeField as F;
+    const NOW: &[&str] = &[
+        "NOW",
+        "CURRENT_TIMESTAMP",
+        "LOCALTIME",
+        "LOCALTIMESTAMP",
+        "CURDATE",
+        "CURRENT_DATE",
+        "UTC_TIMESTAMP",
+        "UTC_DATE",
+    ];
+    const DAY: u64 = 86_400;
+    const LIMIT: u64 = 200 * 365 * DAY;
+    let mut e = e;
+    let mut shift: u64 = 0;
+    loop {
+        match e {
+            Expr::Nested(inner) => e = inner,
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::Plus | BinaryOperator::Minus,
+                right,
+            } => {
+                let Expr::Interval(i) = right.as_ref() else {
+                    return false;
+                };
+                if i.last_field.is_some()
+                    || i.leading_precision.is_some()
+                    || i.fractional_seconds_precision.is_some()
+                {
+                    return false;
+                }
+                let unit = match &i.leading_field {
+                    Some(F::Second) => 1,
+                    Some(F::Minute) => 60,
+                    Some(F::Hour) => 3_600,
+                    Some(F::Day) => DAY,
+                    Some(F::Week(None)) => 7 * DAY,
+                    Some(F::Month) => 31 * DAY,
+                    Some(F::Quarter) => 92 * DAY,
+                    Some(F::Year) => 366 * DAY,
+                    _ => return false,
+                };
+                let Some(n) = ctx.literal(&i.value).and_then(|l| l.as_i64()) else {
+                    return false;
+                };
+                shift = shift.saturating_add(n.unsigned_abs().saturating_mul(unit));
+                if shift > LIMIT {
+                    return false;
+                }
+                e = left;
+            }
+            Expr::Function(f) => {
+                let [name] = f.name.0.as_slice() else {
+                    return false;
+                };
+                let Some(name) = name.as_ident().map(|i| i.value.to_ascii_uppercase()) else {
+                    return false;
+                };
+                if f.over.is_some() || f.filter.is_some() {
+                    return false;
+                }
+                let args: Vec<&FunctionArg> = match &f.args {
+                    FunctionArguments::None => Vec::new(),
+                    FunctionArguments::List(l)
+                        if l.duplicate_treatment.is_none() && l.clauses.is_empty() =>
+                    {
+                        l.args.iter().collect()
+                    }
+                    _ => return false,
+                };
+                fn arg<'x>(a: &&'x FunctionArg) -> Option<&'x Expr> {
+                    match a {
+                        FunctionArg::Unnamed(FunctionArgExpr::Expr(x)) => Some(x),
+                        _ => None,
+                    }
+                }
+                match (name.as_str(), args.as_slice()) {
+                    ("DATE", [a]) => match arg(a) {
+                        Some(x) => e = x,
+                        None => return false,
+                    },
+                    (n, []) if NOW.contains(&n) => return true,
+                    (n, [a]) if NOW.contains(&n) => {
+                        // The fractional-seconds precision.
+                        return arg(a)
+                            .and_then(|x| ctx.literal(x))
+                            .and_then(|l| l.as_i64())
+                            .is_some_and(|p| (0..=6).contains(&p));
+                    }
+                    _ => return false,
+                }
+            }
+            _ => {
+                let Some(lit) = ctx.literal(e) else {
+                    return false;
+                };
+                let Some(inner) = lit
+                    .text
+                    .strip_prefix(b"'")
+                    .and_then(|t| t.strip_suffix(b"'"))
+                else {
+                    return false;
+                };
+                let full = if inner.len() == 10 {
+                    [inner, b" 00:00:00"].concat()
+                } else {
+                    inner.to_vec()
+                };
+                let Some(year) = super::bounds::valid_year(&full) else {
+                    return false;
+                };
+                let margin = if shift == 0 { 1 } else { 201 };
+                return (1000 + margin..=9999 - margin).contains(&year)
+                    || (shift == 0 && year == 1000);
+            }
+        }
     }
 }
 
@@ -1792,6 +2033,78 @@ mod tests {
         let series =
             "SELECT DATE(created_at) AS d, COUNT(*) AS n FROM plays WHERE track_id = 7 GROUP BY d";
         assert!(matches!(decide(&e, series), Decision::Fallback(_)));
+    }
+
+    /// Bounds whose one-step boundaries could be NULL (read differently by
+    /// comparisons and `IS NULL` under NO_ZERO_DATE) or overflow with warnings:
+    /// prepared reads fall back; text reads keep the two-step form and forward the
+    /// statement as sent when the bounds' values decline it.
+    #[test]
+    fn bounds_the_one_step_form_cannot_take_exactly() {
+        use crate::rewrite::testutil::decide_prepared;
+        let e = engine();
+        let read = |w: &str| format!("SELECT COUNT(*) AS n FROM plays WHERE track_id = 7 AND {w}");
+        let fallback = [
+            "created_at BETWEEN '0000-00-00' AND '2026-11-24'",
+            "created_at >= 0",
+            "created_at BETWEEN 0 AND NOW()",
+            "created_at >= '9999-12-31 23:59:59'",
+            "created_at >= '2024-02-30'",
+            "created_at >= 20240301",
+            "created_at >= ?",
+            "created_at >= NOW() - INTERVAL (DATEDIFF(NOW(), '2024-03-15') * 24) HOUR",
+            "created_at >= NOW() - INTERVAL 300 YEAR",
+            "created_at >= '1100-01-01' - INTERVAL 1 DAY",
+        ];
+        for w in fallback {
+            let sql = read(w);
+            assert!(
+                matches!(decide_prepared(&e, &sql), Decision::Fallback(_)),
+                "{sql}"
+            );
+            if !w.contains('?') {
+                let rw = rewrite(&e, &sql);
+                let p = rw.prelude.as_deref().expect("a two-step form");
+                assert!(p.original.is_some(), "{sql}");
+            }
+        }
+        let rewritten = [
+            "created_at BETWEEN '2024-03-01' AND '2024-03-09 10:30:00'",
+            "created_at >= NOW() - INTERVAL 7 DAY",
+            "created_at < DATE(UTC_TIMESTAMP(6)) + INTERVAL 1 MONTH",
+            "created_at >= '2024-03-25 13:27:00' - INTERVAL 3 DAY",
+            "created_at > CURDATE()",
+        ];
+        for w in rewritten {
+            let sql = read(w);
+            assert!(
+                matches!(decide_prepared(&e, &sql), Decision::Rewrite(_)),
+                "{sql}"
+            );
+        }
+    }
+
+    /// A dimension compared with a value of another kind is converted as the
+    /// plan decides (`track_id = 2.4` through an index finds the `2` rows).
+    #[test]
+    fn values_of_another_kind_than_the_dimension_fall_back() {
+        let e = engine();
+        assert_fallbacks(
+            &e,
+            &[
+                "SELECT COUNT(*) AS n FROM plays WHERE track_id = 2.4",
+                "SELECT COUNT(*) AS n FROM plays WHERE track_id = '2'",
+                "SELECT COUNT(*) AS n FROM plays WHERE track_id IN (1, 2e0)",
+                "SELECT COUNT(*) AS n FROM plays WHERE country = 0",
+                "SELECT COUNT(*) AS n FROM plays WHERE -country = 'x'",
+            ],
+        );
+        for sql in [
+            "SELECT COUNT(*) AS n FROM plays WHERE track_id = -2",
+            "SELECT COUNT(*) AS n FROM plays WHERE track_id IN (1, 2) AND country = 'DE'",
+        ] {
+            assert!(matches!(decide(&e, sql), Decision::Rewrite(_)), "{sql}");
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 # heatsink as a container: compiled in the Rust image, shipped as one stripped binary
 # on Debian slim, running as an unprivileged user.
 #
-#   docker build -t heatsink .
+#   docker build -t heatsink --build-arg HEATSINK_GIT_COMMIT="$(git rev-parse HEAD)" .
 #   docker run -p 6033:6033 -p 9633:9633 -v "$PWD/rules:/etc/heatsink/rules:ro" \
 #     -e HEATSINK_BACKEND=db:3306 heatsink
 #
@@ -13,10 +13,13 @@
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
-# Everything `cargo build --locked` reads for the binary: the manifest, the lock file
-# and the sources (no build script; examples, tests and benches are not needed).
-COPY Cargo.toml Cargo.lock ./
+# Everything `cargo build --locked` reads for the binary: the manifest, the lock file,
+# the build script and the sources (examples, tests and benches are not needed).
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
+# .git is not in the build context: the commit `heatsink --version` and
+# heatsink_build_info show comes from this argument (empty: "unknown").
+ARG HEATSINK_GIT_COMMIT=""
 # The registry and target directories are build caches, so a rebuild after a source
 # change does not recompile the dependencies. The binary is copied out of the cache.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -14,7 +14,7 @@ use crate::error::Error;
 
 /// heatsink: a MySQL wire-protocol proxy that rewrites hot-spot statements.
 #[derive(Debug, Parser)]
-#[command(name = "heatsink", version, about)]
+#[command(name = "heatsink", version = crate::VERSION_LONG, about)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -72,6 +72,15 @@ use crate::error::{Error, Result, Source};
 /// this, a release build far less. Pages are only touched as used.
 pub const WORKER_STACK_BYTES: usize = 16 << 20;
 
+/// The package version (`Cargo.toml`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git commit the binary was built from, or empty when the build did not know it
+/// (no `.git` and no `HEATSINK_GIT_COMMIT`; see `build.rs`).
+pub const GIT_COMMIT: &str = env!("HEATSINK_GIT_COMMIT");
+/// What `heatsink --version` prints after the name: the version, and the commit's
+/// first 12 digits when known.
+pub const VERSION_LONG: &str = env!("HEATSINK_VERSION_LONG");
+
 /// Runs the command the user asked for.
 pub fn run(cli: cli::Cli) -> Result<()> {
     match cli.command {

@@ -38,7 +38,8 @@ RUN apt-get update \
 COPY --from=build /out/heatsink /usr/local/bin/heatsink
 # Numeric, so that runAsNonRoot-style checks can verify it without /etc/passwd.
 USER 10001:10001
-# An empty rules directory means pure passthrough; mount rule files over it.
+# HEATSINK_RULES names the directory to mount rule files over; left empty, heatsink is
+# a pure passthrough (and says so in its "listening on" log line).
 ENV HEATSINK_LISTEN=0.0.0.0:6033 \
     HEATSINK_RULES=/etc/heatsink/rules \
     HEATSINK_METRICS=0.0.0.0:9633

@@ -183,7 +183,8 @@ pub struct ServeArgs {
     /// MySQL/MariaDB server address [default: 127.0.0.1:3306].
     #[arg(long, env = "HEATSINK_BACKEND")]
     pub backend: Option<String>,
-    /// Rule file or directory of *.toml rule files [default: rules].
+    /// Rule file or directory of *.toml rule files [default: none: no rules, every
+    /// statement passes through unchanged].
     #[arg(long, env = "HEATSINK_RULES")]
     pub rules: Option<PathBuf>,
     /// How a client connection's node is chosen among several backends

@@ -167,7 +167,10 @@ fn maintenance_runtime() -> Result<tokio::runtime::Runtime> {
 
 /// Starts the proxy with `config` and serves until `shutdown` resolves.
 pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-    let (snapshot, engine) = reload::load(&config.rules, config.plan_cache_size);
+    let (snapshot, engine) = match &config.rules {
+        Some(path) => reload::load(path, config.plan_cache_size),
+        None => (reload::Snapshot::none(), Ok(rewrite::Engine::empty())),
+    };
     let engine = engine?;
     let tls = tls::Tls::load(&config)?;
     let shared = relay::Shared::with_tls(config, engine, tls);
@@ -189,33 +192,46 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
     let addr = listener
         .local_addr()
         .map_err(|e| Error::with_cause(Source::Internal, "reading listen address", e))?;
+    let rules = match &config.rules {
+        Some(p) => p.display().to_string(),
+        None => "none".to_string(),
+    };
     info!(
+        version = VERSION,
+        commit = if GIT_COMMIT.is_empty() { "unknown" } else { GIT_COMMIT },
         backend = %config.backend,
-        rules = %config.rules.display(),
+        rules = %rules,
         rules_loaded = shared.engine.load().has_rules(),
         rule_names = ?reloader.catalog().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
-        "listening on {addr}"
+        "listening on {addr}{}",
+        if config.rules.is_none() {
+            " with no rules (no --rules given): a pure passthrough, every statement is forwarded unchanged"
+        } else {
+            ""
+        }
     );
-    let watcher = tokio::spawn(reload::watch(Arc::clone(&reloader), reload::POLL_INTERVAL));
+    // Without a rules path there are no files to watch.
+    let watcher = config
+        .rules
+        .is_some()
+        .then(|| tokio::spawn(reload::watch(Arc::clone(&reloader), reload::POLL_INTERVAL)));
     if let Some(l) = metrics {
         tokio::spawn(metrics::serve(l, Arc::clone(&shared)));
     }
     if let Some(l) = admin {
         tokio::spawn(admin::serve(l, Arc::clone(&shared), reloader));
     }
-    if let Some(url) = &config.maintain_url {
-        maintain::periodic(
-            config.rules.clone(),
-            url.0.clone(),
-            config.maintain_interval,
-        )?;
+    if let (Some(url), Some(rules)) = (&config.maintain_url, &config.rules) {
+        maintain::periodic(rules.clone(), url.0.clone(), config.maintain_interval)?;
     }
     let health = tokio::spawn(backends::health_loop(
         Arc::clone(&shared.backends),
         health_config,
     ));
     let served = server::run(listener, Arc::clone(&shared), shutdown).await;
-    watcher.abort();
+    if let Some(w) = watcher {
+        w.abort();
+    }
     health.abort();
     served
 }

@@ -452,6 +452,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn no_rules_unless_given() {
+        let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
+        assert_eq!(c.rules, None);
+        let file = FileConfig::from_str("rules = \"/etc/heatsink/rules\"\n", "t").unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(c.rules, Some(PathBuf::from("/etc/heatsink/rules")));
+        let maintain = Overrides {
+            maintain_url: Some(Secret("mysql://u:p@h/db".into())),
+            ..Default::default()
+        };
+        let e = Config::resolve(maintain.clone(), FileConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("needs rules"), "{e}");
+        let with_rules = Overrides {
+            rules: Some(PathBuf::from("rules")),
+            ..maintain
+        };
+        assert!(Config::resolve(with_rules, FileConfig::default()).is_ok());
+    }
+
+    #[test]
     fn precedence_flag_over_file_over_default() {
         let file = FileConfig::from_str(
             "listen = \"127.0.0.1:1\"\nbackend = \"b:2\"\nmax_connections = 7\n",

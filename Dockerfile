@@ -2,7 +2,7 @@
 # heatsink as a container: compiled in the Rust image, shipped as one stripped binary
 # on Debian slim, running as an unprivileged user.
 #
-#   docker build -t heatsink .
+#   docker build -t heatsink --build-arg HEATSINK_GIT_COMMIT="$(git rev-parse HEAD)" .
 #   docker run -p 6033:6033 -p 9633:9633 -v "$PWD/rules:/etc/heatsink/rules:ro" \
 #     -e HEATSINK_BACKEND=db:3306 heatsink
 #
@@ -13,10 +13,13 @@
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
-# Everything `cargo build --locked` reads for the binary: the manifest, the lock file
-# and the sources (no build script; examples, tests and benches are not needed).
-COPY Cargo.toml Cargo.lock ./
+# Everything `cargo build --locked` reads for the binary: the manifest, the lock file,
+# the build script and the sources (examples, tests and benches are not needed).
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
+# .git is not in the build context: the commit `heatsink --version` and
+# heatsink_build_info show comes from this argument (empty: "unknown").
+ARG HEATSINK_GIT_COMMIT=""
 # The registry and target directories are build caches, so a rebuild after a source
 # change does not recompile the dependencies. The binary is copied out of the cache.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
@@ -35,7 +38,8 @@ RUN apt-get update \
 COPY --from=build /out/heatsink /usr/local/bin/heatsink
 # Numeric, so that runAsNonRoot-style checks can verify it without /etc/passwd.
 USER 10001:10001
-# An empty rules directory means pure passthrough; mount rule files over it.
+# HEATSINK_RULES names the directory to mount rule files over; left empty, heatsink is
+# a pure passthrough (and says so in its "listening on" log line).
 ENV HEATSINK_LISTEN=0.0.0.0:6033 \
     HEATSINK_RULES=/etc/heatsink/rules \
     HEATSINK_METRICS=0.0.0.0:9633

@@ -14,7 +14,7 @@ use crate::error::Error;
 
 /// heatsink: a MySQL wire-protocol proxy that rewrites hot-spot statements.
 #[derive(Debug, Parser)]
-#[command(name = "heatsink", version, about)]
+#[command(name = "heatsink", version = crate::VERSION_LONG, about)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -187,7 +187,8 @@ pub struct ServeArgs {
     /// MySQL/MariaDB server address [default: 127.0.0.1:3306].
     #[arg(long, env = "HEATSINK_BACKEND")]
     pub backend: Option<String>,
-    /// Rule file or directory of *.toml rule files [default: rules].
+    /// Rule file or directory of *.toml rule files [default: none: no rules, every
+    /// statement passes through unchanged].
     #[arg(long, env = "HEATSINK_RULES")]
     pub rules: Option<PathBuf>,
     /// How a client connection's node is chosen among several backends

@@ -92,8 +92,9 @@ pub struct Config {
     pub health_user: Option<String>,
     /// Password of `health_user`.
     pub health_password: Secret,
-    /// Rule file, or directory of `*.toml` rule files.
-    pub rules: PathBuf,
+    /// Rule file, or directory of `*.toml` rule files; `None` (the default): no rules,
+    /// a pure passthrough proxy.
+    pub rules: Option<PathBuf>,
     /// Admin port (MySQL protocol), off when `None`.
     pub admin: Option<String>,
     /// User name the admin port accepts.
@@ -162,7 +163,7 @@ impl Default for Config {
             health_timeout: Duration::from_millis(1000),
             health_user: None,
             health_password: Secret::default(),
-            rules: PathBuf::from("rules"),
+            rules: None,
             admin: None,
             admin_user: DEFAULT_ADMIN_USER.into(),
             admin_password: Secret::default(),
@@ -315,7 +316,7 @@ impl Config {
                 .health_password
                 .or(file.health_password)
                 .unwrap_or(d.health_password),
-            rules: cli.rules.or(file.rules).unwrap_or(d.rules),
+            rules: cli.rules.or(file.rules).or(d.rules),
             admin: cli.admin.or(file.admin),
             admin_user: cli.admin_user.or(file.admin_user).unwrap_or(d.admin_user),
             admin_password: cli
@@ -395,6 +396,9 @@ impl Config {
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1");
         }
+        if self.maintain_url.is_some() && self.rules.is_none() {
+            return bad("maintain_url runs the rules' maintenance jobs: it needs rules (--rules)");
+        }
         if self.maintain_url.is_some() && self.maintain_interval.is_zero() {
             return bad("maintain_interval must be at least 1 second");
         }
@@ -446,6 +450,26 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_rules_unless_given() {
+        let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
+        assert_eq!(c.rules, None);
+        let file = FileConfig::from_str("rules = \"/etc/heatsink/rules\"\n", "t").unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(c.rules, Some(PathBuf::from("/etc/heatsink/rules")));
+        let maintain = Overrides {
+            maintain_url: Some(Secret("mysql://u:p@h/db".into())),
+            ..Default::default()
+        };
+        let e = Config::resolve(maintain.clone(), FileConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("needs rules"), "{e}");
+        let with_rules = Overrides {
+            rules: Some(PathBuf::from("rules")),
+            ..maintain
+        };
+        assert!(Config::resolve(with_rules, FileConfig::default()).is_ok());
+    }
 
     #[test]
     fn precedence_flag_over_file_over_default() {

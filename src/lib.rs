@@ -72,6 +72,15 @@ use crate::error::{Error, Result, Source};
 /// this, a release build far less. Pages are only touched as used.
 pub const WORKER_STACK_BYTES: usize = 16 << 20;
 
+/// The package version (`Cargo.toml`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git commit the binary was built from, or empty when the build did not know it
+/// (no `.git` and no `HEATSINK_GIT_COMMIT`; see `build.rs`).
+pub const GIT_COMMIT: &str = env!("HEATSINK_GIT_COMMIT");
+/// What `heatsink --version` prints after the name: the version, and the commit's
+/// first 12 digits when known.
+pub const VERSION_LONG: &str = env!("HEATSINK_VERSION_LONG");
+
 /// Runs the command the user asked for.
 pub fn run(cli: cli::Cli) -> Result<()> {
     match cli.command {
@@ -159,7 +168,10 @@ fn maintenance_runtime() -> Result<tokio::runtime::Runtime> {
 
 /// Starts the proxy with `config` and serves until `shutdown` resolves.
 pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-    let (snapshot, engine) = reload::load(&config.rules, config.plan_cache_size);
+    let (snapshot, engine) = match &config.rules {
+        Some(path) => reload::load(path, config.plan_cache_size),
+        None => (reload::Snapshot::none(), Ok(rewrite::Engine::empty())),
+    };
     let engine = engine?;
     let tls = tls::Tls::load(&config)?;
     let shared = relay::Shared::with_tls(config, engine, tls);
@@ -181,33 +193,46 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
     let addr = listener
         .local_addr()
         .map_err(|e| Error::with_cause(Source::Internal, "reading listen address", e))?;
+    let rules = match &config.rules {
+        Some(p) => p.display().to_string(),
+        None => "none".to_string(),
+    };
     info!(
+        version = VERSION,
+        commit = if GIT_COMMIT.is_empty() { "unknown" } else { GIT_COMMIT },
         backend = %config.backend,
-        rules = %config.rules.display(),
+        rules = %rules,
         rules_loaded = shared.engine.load().has_rules(),
         rule_names = ?reloader.catalog().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
-        "listening on {addr}"
+        "listening on {addr}{}",
+        if config.rules.is_none() {
+            " with no rules (no --rules given): a pure passthrough, every statement is forwarded unchanged"
+        } else {
+            ""
+        }
     );
-    let watcher = tokio::spawn(reload::watch(Arc::clone(&reloader), reload::POLL_INTERVAL));
+    // Without a rules path there are no files to watch.
+    let watcher = config
+        .rules
+        .is_some()
+        .then(|| tokio::spawn(reload::watch(Arc::clone(&reloader), reload::POLL_INTERVAL)));
     if let Some(l) = metrics {
         tokio::spawn(metrics::serve(l, Arc::clone(&shared)));
     }
     if let Some(l) = admin {
         tokio::spawn(admin::serve(l, Arc::clone(&shared), reloader));
     }
-    if let Some(url) = &config.maintain_url {
-        maintain::periodic(
-            config.rules.clone(),
-            url.0.clone(),
-            config.maintain_interval,
-        )?;
+    if let (Some(url), Some(rules)) = (&config.maintain_url, &config.rules) {
+        maintain::periodic(rules.clone(), url.0.clone(), config.maintain_interval)?;
     }
     let health = tokio::spawn(backends::health_loop(
         Arc::clone(&shared.backends),
         health_config,
     ));
     let served = server::run(listener, Arc::clone(&shared), shutdown).await;
-    watcher.abort();
+    if let Some(w) = watcher {
+        w.abort();
+    }
     health.abort();
     served
 }

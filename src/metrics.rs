@@ -26,6 +26,7 @@ use crate::rewrite::merge::MergeMetric;
 pub fn render(shared: &Shared) -> String {
     let s = &shared.stats;
     let mut out = String::with_capacity(1024);
+    write_build_info(&mut out);
     // (name, help, type, value) of the metrics that are a single number.
     let scalars = [
         (
@@ -223,6 +224,24 @@ fn write_rule_statements(out: &mut String, table: &RuleTable) {
             );
         }
     }
+}
+
+/// `heatsink_build_info{version,commit} 1`: which build this is (the commit is
+/// `unknown` when the build did not know it).
+fn write_build_info(out: &mut String) {
+    let commit = if crate::GIT_COMMIT.is_empty() {
+        "unknown"
+    } else {
+        crate::GIT_COMMIT
+    };
+    let _ = writeln!(
+        out,
+        "# HELP heatsink_build_info The running build: version and git commit (always 1).\n\
+         # TYPE heatsink_build_info gauge\n\
+         heatsink_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+        label_value(crate::VERSION),
+        label_value(commit)
+    );
 }
 
 /// Escapes a Prometheus label value (backslash, double quote, newline).

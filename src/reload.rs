@@ -44,6 +44,10 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// How long the files must stay unchanged before a change is loaded.
 pub const SETTLE: Duration = Duration::from_millis(200);
 
+/// The answer to a reload when the proxy was started without `--rules`.
+pub const NO_RULES_PATH: &str =
+    "no rules path: heatsink was started without --rules and is a pure passthrough; restart it with --rules PATH to load rules";
+
 /// What asked for a reload (for logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trigger {
@@ -90,6 +94,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// No rule files: the proxy was started without a rules path.
+    pub fn none() -> Snapshot {
+        Snapshot {
+            fingerprint: 0,
+            files: Vec::new(),
+        }
+    }
+
     /// Reads the rule files under `path` (a file, or a directory's `*.toml`).
     pub fn read(path: &Path) -> Snapshot {
         let mut h = DefaultHasher::new();
@@ -216,7 +228,10 @@ impl Reloader {
     }
 
     async fn reload_locked(&self, trigger: Trigger, last: &mut u64) -> Result<Vec<String>, String> {
-        let path = self.shared.config.rules.clone();
+        let Some(path) = self.shared.config.rules.clone() else {
+            info!(%trigger, "rule reload skipped: {NO_RULES_PATH}");
+            return Err(NO_RULES_PATH.to_string());
+        };
         let cap = self.shared.config.plan_cache_size;
         let loaded = tokio::task::spawn_blocking(move || load(&path, cap)).await;
         let (snapshot, engine) = match loaded {
@@ -258,7 +273,9 @@ impl Reloader {
     /// One watcher step: reload if the files differ from what was last tried and
     /// have settled.
     async fn check(&self) {
-        let path = self.shared.config.rules.clone();
+        let Some(path) = self.shared.config.rules.clone() else {
+            return;
+        };
         let Some(first) = fingerprint(path.clone()).await else {
             return;
         };
@@ -366,7 +383,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("a.toml"), COUNTER).unwrap();
         let config = crate::config::Config {
-            rules: d.path().to_path_buf(),
+            rules: Some(d.path().to_path_buf()),
             ..Default::default()
         };
         let (snap, engine) = load(d.path(), 10);

@@ -30,6 +30,10 @@ pub struct ProxyBuilder {
     backend: Option<String>,
     /// `--rules`; default: a fresh empty directory (pure passthrough).
     rules: Option<PathBuf>,
+    /// No `--rules` at all (and no `HEATSINK_RULES`): the binary's own default.
+    no_rules: bool,
+    /// Working directory of the process; default: the test's.
+    current_dir: Option<PathBuf>,
     /// `--listen` port; default: a free port.
     port: Option<u16>,
     /// Extra arguments appended after the standard ones.
@@ -48,6 +52,19 @@ impl ProxyBuilder {
     /// `--rules PATH` (a file or a directory of *.toml).
     pub fn rules_dir(mut self, path: impl AsRef<Path>) -> Self {
         self.rules = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// Starts the proxy without `--rules` (and without `HEATSINK_RULES` in its
+    /// environment), so it runs with the binary's default.
+    pub fn no_rules(mut self) -> Self {
+        self.no_rules = true;
+        self
+    }
+
+    /// Runs the proxy in `dir` (e.g. a directory that has a `rules/` of its own).
+    pub fn current_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.current_dir = Some(dir.as_ref().to_path_buf());
         self
     }
 
@@ -129,10 +146,16 @@ impl ProxyBuilder {
                 .arg("--listen")
                 .arg(listen.to_string())
                 .arg("--backend")
-                .arg(&backend)
-                .arg("--rules")
-                .arg(&rules)
-                .args(&self.args)
+                .arg(&backend);
+            if self.no_rules {
+                cmd.env_remove("HEATSINK_RULES");
+            } else {
+                cmd.arg("--rules").arg(&rules);
+            }
+            if let Some(d) = &self.current_dir {
+                cmd.current_dir(d);
+            }
+            cmd.args(&self.args)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().expect("clone log handle"))
                 .stderr(log);

@@ -182,7 +182,8 @@ enum Target {
     /// A proxy with a rule that merges writes (on a table the scripts never name):
     /// its sessions run with the server's session state tracking turned on for the
     /// proxy, which no client may see.
-    Tracking(Proxy, tempfile::TempDir),
+    /// (The rules directory lives as long as the proxy.)
+    Tracking(Proxy, #[allow(dead_code)] tempfile::TempDir),
     Direct,
 }
 

@@ -463,9 +463,13 @@ impl Session {
     }
 
     /// `statement [RETURNING column]` as the proxy runs it on its own:
-    /// - a merged write of several sessions (`merged`) under `SET STATEMENT lock_wait_timeout = …,
-    ///   innodb_lock_wait_timeout = … FOR`, so that it gives up on a lock after
-    ///   [`MERGE_LOCK_WAIT`] (its members then run alone, see `write_merged`);
+    /// - a merged write of several sessions (`merged`) under `SET STATEMENT
+    ///   lock_wait_timeout = … FOR`, so that it gives up on a metadata lock (`LOCK
+    ///   TABLES`, `FLUSH TABLES WITH READ LOCK`, `BACKUP STAGE` of any session) after
+    ///   [`MERGE_LOCK_WAIT`] (its members then run alone, see `write_merged`). Row
+    ///   locks are not bounded: only a transaction holds them past its statement,
+    ///   and a session in one never merges, so a merged write waits for row locks
+    ///   only where each member's own statement would wait too;
     /// - with `RETURNING` on a Galera node, with the server's own retry of an
     ///   autocommit statement that failed certification switched off
     ///   (`wsrep_retry_autocommit = 0`): the server sends the failed attempt's rows
@@ -476,9 +480,10 @@ impl Session {
         let mut sql = Vec::with_capacity(statement.len() + 128);
         let mut settings: Vec<String> = Vec::new();
         if merged {
-            let s = MERGE_LOCK_WAIT.as_secs().max(1);
-            settings.push(format!("lock_wait_timeout = {s}"));
-            settings.push(format!("innodb_lock_wait_timeout = {s}"));
+            settings.push(format!(
+                "lock_wait_timeout = {}",
+                MERGE_LOCK_WAIT.as_secs().max(1)
+            ));
         }
         if returning.is_some() && self.state.galera {
             settings.push("wsrep_retry_autocommit = 0".to_string());
@@ -562,8 +567,8 @@ impl Session {
     }
 }
 
-/// How long a merged write waits for a lock (metadata or row) before it gives up
-/// and its members run alone on their own connections.
+/// How long a merged write of several sessions waits for a metadata lock before it
+/// gives up and its members run alone on their own connections.
 pub(super) const MERGE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How much client input a session waiting for a merged write buffers while it

@@ -155,7 +155,8 @@ pub struct Hazards(u16);
 impl Hazards {
     /// `@name` (not `@@`): a user variable, read or assigned.
     pub const USER_VARIABLE: u16 = 1;
-    /// `LOCK TABLE(S)`, `FLUSH`, `BACKUP`.
+    /// `LOCK TABLE(S)`, `FLUSH`, `BACKUP`, `XA …` (a prepared XA transaction keeps
+    /// its row locks outside any transaction of the session).
     pub const TABLE_LOCK: u16 = 1 << 1;
     /// `CALL`, `EXECUTE`, `PREPARE`.
     pub const DYNAMIC_SQL: u16 = 1 << 2;
@@ -297,7 +298,7 @@ impl Hazards {
                         {
                             h |= Self::TABLE_LOCK;
                         }
-                    } else if is(b"flush") || is(b"backup") {
+                    } else if is(b"flush") || is(b"backup") || (words == 0 && is(b"xa")) {
                         h |= Self::TABLE_LOCK;
                     } else if is(b"call") || is(b"execute") || is(b"prepare") {
                         h |= Self::DYNAMIC_SQL;
@@ -338,6 +339,88 @@ impl Hazards {
         }
         Hazards(h)
     }
+}
+
+/// The variable a `SET` assigns when it assigns exactly one system variable:
+/// `SET [SESSION | LOCAL] name = …` or `SET @@session.name = …` / `@@local.`, also in
+/// a leading versioned comment, with no comma outside parentheses and strings after
+/// it. Lowercase; `None` for anything else (a backslash anywhere included).
+fn single_set_target(sql: &[u8]) -> Option<Vec<u8>> {
+    if sql.contains(&b'\\') {
+        return None;
+    }
+    let mut i = 0;
+    let n = sql.len();
+    // Leading white space, comments and a versioned comment's marker.
+    loop {
+        while i < n && sql[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if sql[i..].starts_with(b"/*!") {
+            i += 3;
+            while i < n && sql[i].is_ascii_digit() {
+                i += 1;
+            }
+        } else if sql[i..].starts_with(b"/*") {
+            let end = sql[i + 2..].windows(2).position(|w| w == b"*/")?;
+            i += 2 + end + 2;
+        } else {
+            break;
+        }
+    }
+    let word = next_word(sql, i);
+    if !word.eq_ignore_ascii_case(b"set") {
+        return None;
+    }
+    i = word.as_ptr() as usize - sql.as_ptr() as usize + word.len();
+    let mut name = next_word(sql, i);
+    if name.eq_ignore_ascii_case(b"session") || name.eq_ignore_ascii_case(b"local") {
+        i = name.as_ptr() as usize - sql.as_ptr() as usize + name.len();
+        name = next_word(sql, i);
+    } else if name.is_empty() {
+        // `@@session.name` / `@@local.name`.
+        while i < n && sql[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let rest = sql.get(i..)?;
+        let scope = [&b"@@session."[..], b"@@local."]
+            .into_iter()
+            .find(|p| rest.len() >= p.len() && rest[..p.len()].eq_ignore_ascii_case(p))?;
+        i += scope.len();
+        name = next_word(sql, i);
+    }
+    if name.first().is_none_or(u8::is_ascii_digit) {
+        return None;
+    }
+    i = name.as_ptr() as usize - sql.as_ptr() as usize + name.len();
+    while i < n && sql[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    if sql[i..].starts_with(b":=") {
+        i += 2;
+    } else if sql.get(i) == Some(&b'=') {
+        i += 1;
+    } else {
+        return None;
+    }
+    // No second assignment: no comma outside parentheses and strings.
+    let mut depth = 0usize;
+    while i < n {
+        match sql[i] {
+            q @ (b'\'' | b'"' | b'`') => {
+                i += 1;
+                while i < n && sql[i] != q {
+                    i += 1;
+                }
+            }
+            b'(' => depth += 1,
+            b')' => depth = depth.saturating_sub(1),
+            b',' if depth == 0 => return None,
+            _ => {}
+        }
+        i += 1;
+    }
+    Some(name.to_ascii_lowercase())
 }
 
 fn is_word(b: u8) -> bool {
@@ -466,6 +549,10 @@ pub struct SessionState {
     digest: Vec<u8>,
     /// The hazards of the command in flight.
     current: Hazards,
+    /// The one system variable the command in flight assigns, when it is a `SET` of
+    /// exactly one (lowercase name); asked only while the server reports the
+    /// client's own list of variables (`all_variables` false).
+    current_target: Option<Vec<u8>>,
     /// The server reports every system variable (`session_track_system_variables =
     /// '*'`); otherwise only the client's own list, and a change the proxy cannot
     /// attribute ends merging.
@@ -495,6 +582,7 @@ impl SessionState {
             variables: BTreeMap::new(),
             digest: Vec::new(),
             current: Hazards::default(),
+            current_target: None,
             all_variables: true,
         }
     }
@@ -543,6 +631,7 @@ impl SessionState {
     /// for it is that.
     pub fn before_proxy_statement(&mut self) {
         self.current = Hazards(Hazards::NOT_TEXT | Hazards::PROXY);
+        self.current_target = None;
     }
 
     /// The proxy's tracking is not in force (no merging rule, the setup failed,
@@ -576,6 +665,9 @@ impl SessionState {
     pub fn before_statement(&mut self, sql: &[u8]) {
         let h = Hazards::scan(sql);
         self.current = h;
+        self.current_target = (!self.all_variables && h.plain_set())
+            .then(|| single_set_target(sql))
+            .flatten();
         if let Some(r) = h.alone_reason() {
             if r == AloneReason::Untracked {
                 // The client may change its tracking settings: show it the server's
@@ -589,6 +681,7 @@ impl SessionState {
     /// Before a command that is not a statement text.
     pub fn before_command(&mut self) {
         self.current = Hazards::not_text();
+        self.current_target = None;
     }
 
     /// Whether this session's statement may join a merged write, and with whom:
@@ -667,10 +760,11 @@ impl SessionState {
                         self.leave(AloneReason::Untracked);
                     } else if is_one_of(&name, &ONE_SHOT_VARIABLES)
                         || !self.current.plain_set()
-                        || !self.all_variables
+                        || (!self.all_variables
+                            && self.current_target.as_deref() != Some(&name[..]))
                     {
-                        // Without every variable reported, a SET may have changed
-                        // others too.
+                        // Without every variable reported, only a SET of this one
+                        // variable alone is known to have changed nothing else.
                         self.leave(AloneReason::SessionState);
                     } else {
                         self.variables.insert(name, value.to_vec());
@@ -722,6 +816,7 @@ mod tests {
             ("FLUSH TABLES WITH READ LOCK", Some(TableLock)),
             ("BACKUP STAGE START", Some(TableLock)),
             ("BACKUP LOCK t", Some(TableLock)),
+            ("XA START 'x'", Some(TableLock)),
             ("CALL p()", Some(DynamicSql)),
             (
                 "EXECUTE IMMEDIATE 'SET TIME_ZONE=''+10:00'''",
@@ -819,9 +914,9 @@ mod tests {
             assert!(shown.is_some());
         }
         assert!(!a.merge_class().unwrap().is_empty());
-        // The tracking client keeps its own list: the server reports only its
-        // variables, so a SET cannot be shown to have changed nothing else.
-        assert_eq!(b.merge_class(), Err(AloneReason::SessionState));
+        // The tracking client keeps its own list: a SET of one of its variables
+        // alone is known all the same.
+        assert_eq!(a.merge_class(), b.merge_class());
         // The tracking client is shown its own list's variable, not the state entry.
         let mut c = tracked(true);
         c.before_statement(b"SET time_zone = '+10:00'");
@@ -874,6 +969,15 @@ mod tests {
         s.before_command();
         s.tracked_ok(&ok_with(&[state()]), true);
         assert_eq!(s.merge_class(), Err(AloneReason::SessionState));
+        // A tracking client's own list in force: a SET of one listed variable is
+        // known; a SET of several is not, even if only a listed one is reported.
+        let mut s = tracked(true);
+        s.before_statement(b"SET SESSION time_zone = '+10:00'");
+        s.tracked_ok(&ok_with(&[var("time_zone", "+10:00"), state()]), true);
+        assert!(s.merge_class().is_ok_and(|c| !c.is_empty()));
+        s.before_statement(b"SET time_zone = '+01:00', sql_mode = ''");
+        s.tracked_ok(&ok_with(&[var("time_zone", "+01:00"), state()]), true);
+        assert_eq!(s.merge_class(), Err(AloneReason::SessionState));
         // A transaction.
         let mut s = tracked(false);
         s.set_status(status::AUTOCOMMIT | status::IN_TRANS);
@@ -886,6 +990,30 @@ mod tests {
         assert_eq!(s.merge_class(), Err(AloneReason::Untracked));
         s.tracking_started(None);
         assert_eq!(s.merge_class(), Ok(&[][..]));
+    }
+
+    #[test]
+    fn single_assignments() {
+        for (sql, want) in [
+            ("SET time_zone = '+10:00'", Some("time_zone")),
+            ("set SESSION Time_Zone='+10:00'", Some("time_zone")),
+            (
+                "SET @@session.sql_mode := CONCAT(@@sql_mode, ',STRICT')",
+                Some("sql_mode"),
+            ),
+            ("/*!40103 SET TIME_ZONE='+00:00' */", Some("time_zone")),
+            ("SET time_zone = '+1', sql_mode = ''", None),
+            ("SET NAMES utf8mb4", None),
+            ("SET @@time_zone = 'x'", None),
+            ("SET a = 'x\\', b = 1", None),
+            ("SELECT 1", None),
+        ] {
+            assert_eq!(
+                single_set_target(sql.as_bytes()).as_deref(),
+                want.map(str::as_bytes),
+                "{sql}"
+            );
+        }
     }
 
     #[test]

@@ -1596,6 +1596,18 @@ fn aggregate(rule: &RollupRule, shape: &Shape<'_>, e: &Expr) -> Option<Measure> 
     }
 }
 
+/// The server's clock functions: the same value for every row of a statement.
+const NOW: &[&str] = &[
+    "NOW",
+    "CURRENT_TIMESTAMP",
+    "LOCALTIME",
+    "LOCALTIMESTAMP",
+    "CURDATE",
+    "CURRENT_DATE",
+    "UTC_TIMESTAMP",
+    "UTC_DATE",
+];
+
 /// Whether the server turns the time bound `e` into a valid DATETIME without a
 /// warning in any sql_mode, so that the one-step form's boundary expressions
 /// (`CAST(DATE_FORMAT(e, …) AS DATETIME)`, `+ INTERVAL 1 DAY`) are neither NULL
@@ -1606,16 +1618,6 @@ fn aggregate(rule: &RollupRule, shape: &Shape<'_>, e: &Expr) -> Option<Measure> 
 /// either end). Walked as a chain, without recursion.
 fn plain_bound(e: &Expr, ctx: &PlanContext<'_>) -> bool {
     use sqlparser::ast::DateTimeField as F;
-    const NOW: &[&str] = &[
-        "NOW",
-        "CURRENT_TIMESTAMP",
-        "LOCALTIME",
-        "LOCALTIMESTAMP",
-        "CURDATE",
-        "CURRENT_DATE",
-        "UTC_TIMESTAMP",
-        "UTC_DATE",
-    ];
     const DAY: u64 = 86_400;
     const LIMIT: u64 = 200 * 365 * DAY;
     let mut e = e;
@@ -1730,14 +1732,6 @@ fn plain_bound(e: &Expr, ctx: &PlanContext<'_>) -> bool {
 /// arithmetic over them. Walked with an explicit stack.
 fn constant(e: &Expr) -> bool {
     const FUNCTIONS: &[&str] = &[
-        "NOW",
-        "CURRENT_TIMESTAMP",
-        "LOCALTIME",
-        "LOCALTIMESTAMP",
-        "CURDATE",
-        "CURRENT_DATE",
-        "UTC_TIMESTAMP",
-        "UTC_DATE",
         "DATE",
         "TIMESTAMP",
         "DATE_SUB",
@@ -1771,7 +1765,9 @@ fn constant(e: &Expr) -> bool {
             Expr::Function(f) => {
                 let known = match f.name.0.as_slice() {
                     [n] => n.as_ident().is_some_and(|i| {
-                        FUNCTIONS.iter().any(|k| k.eq_ignore_ascii_case(&i.value))
+                        NOW.iter()
+                            .chain(FUNCTIONS)
+                            .any(|k| k.eq_ignore_ascii_case(&i.value))
                     }),
                     _ => false,
                 };

@@ -97,13 +97,17 @@ impl Session {
     /// A prepared execute as the text rewrite it makes, each parameter written as a
     /// literal (`wire::literal`) into the rewrite's pieces, for a merged write or a
     /// run with `RETURNING`. `None` when the statement has no pieces, a value has no
-    /// exact literal, or the session's character set is unknown or was changed by a
-    /// `SET` (string parameters are sent in it).
+    /// exact literal, or the session's character set is not known (string
+    /// parameters are sent in it).
     pub(super) fn execute_as_text(&mut self, id: u32, payload: &[u8]) -> Option<Rewritten> {
-        if self.state.charset_changed() {
-            return None;
-        }
-        let charset = literal::charset_name(*self.identity.last()?)?;
+        // String parameters arrive in the connection's character set: the one the
+        // server last reported, else the handshake's while nothing may have changed
+        // it.
+        let charset = match self.state.lexing {
+            Some(l) => literal::charset_of_name(l.charset.name)?,
+            None if !self.state.charset_changed() => literal::charset_name(*self.identity.last()?)?,
+            None => return None,
+        };
         let p = self.prepared.get_mut(&id)?;
         p.merge.as_ref()?;
         let values = execute_params(payload, p).ok()?;

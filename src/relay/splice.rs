@@ -930,7 +930,14 @@ impl Session {
             .checks
             .iter()
             .any(|(_, c)| matches!(c, crate::rewrite::ParamCheck::String { .. }));
-        if strings && self.state.lexing.is_none() && !self.learn_lexing(cmd_seq).await? {
+        // An execute that may become a text statement (merged, or run with
+        // RETURNING) writes its string values as literals of the connection's
+        // character set, which must then be known.
+        let as_text = p.merge.is_some() && self.state.charset_changed();
+        if (strings || as_text)
+            && self.state.lexing.is_none()
+            && !self.learn_lexing(cmd_seq).await?
+        {
             return Ok(());
         }
         let charset = self.state.lexing.map(|l| l.charset);

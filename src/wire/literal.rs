@@ -36,6 +36,19 @@ pub fn charset_name(collation: u8) -> Option<&'static str> {
     })
 }
 
+/// The introducer name of a client character set the server reported by name
+/// (`@@character_set_client`), for the character sets [`charset_name`] knows.
+pub fn charset_of_name(name: &str) -> Option<&'static str> {
+    Some(match name.to_ascii_lowercase().as_str() {
+        "latin1" => "latin1",
+        "ascii" => "ascii",
+        "utf8" | "utf8mb3" => "utf8mb3",
+        "utf8mb4" => "utf8mb4",
+        "binary" => "binary",
+        _ => return None,
+    })
+}
+
 /// One parameter value as a SQL literal: `type_` is the two-byte parameter type the
 /// client bound, `value` the value's bytes (`None`: NULL), `charset` the name of the
 /// connection's character set (strings are sent in it).

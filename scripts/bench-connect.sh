@@ -16,7 +16,7 @@ ROUNDS=${ROUNDS:-3}
 N=${N:-1000}
 OUT=bench/results/connect.md
 
-cargo build --release --quiet --bin heatsink
+[[ ${SKIP_BUILD:-0} == 1 ]] || cargo build --release --quiet --bin heatsink
 # shellcheck source=lib/mariadb.sh
 source scripts/lib/mariadb.sh
 hs_install_traps

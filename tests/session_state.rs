@@ -368,8 +368,8 @@ fn differences(proxied: &Observed, direct: &Observed, dbs: (&str, &str)) -> Vec<
     }
     for ((q, p), (_, d)) in proxied.stored.iter().zip(&direct.stored) {
         if p != d {
-            let only_p: Vec<_> = multiset_minus(p, d);
-            let only_d: Vec<_> = multiset_minus(d, p);
+            let only_p: Vec<_> = common::differential::multiset_minus(p, d);
+            let only_d: Vec<_> = common::differential::multiset_minus(d, p);
             out.push(format!(
                 "stored rows differ: {q}\n    only through heatsink ({}): {:?}\n    only directly ({}): {:?}",
                 only_p.len(),
@@ -377,24 +377,6 @@ fn differences(proxied: &Observed, direct: &Observed, dbs: (&str, &str)) -> Vec<
                 only_d.len(),
                 &only_d[..only_d.len().min(8)]
             ));
-        }
-    }
-    out
-}
-
-/// The rows of `a` left after taking away one of `b` for each.
-fn multiset_minus(
-    a: &[Vec<Option<String>>],
-    b: &[Vec<Option<String>>],
-) -> Vec<Vec<Option<String>>> {
-    let mut rest: Vec<&Vec<Option<String>>> = b.iter().collect();
-    let mut out = Vec::new();
-    for row in a {
-        match rest.iter().position(|r| *r == row) {
-            Some(k) => {
-                rest.swap_remove(k);
-            }
-            None => out.push(row.clone()),
         }
     }
     out

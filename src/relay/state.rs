@@ -663,6 +663,14 @@ impl SessionState {
 
     /// Before a statement text runs (COM_QUERY, COM_STMT_PREPARE): what it may do.
     pub fn before_statement(&mut self, sql: &[u8]) {
+        if self.alone.is_some() && !self.client.filter {
+            // Nothing the text could say changes this session until it is reset:
+            // it runs alone already, and its client sees the server's tracking as
+            // it is (also every session of a proxy without a merging rule).
+            self.current = Hazards::default();
+            self.current_target = None;
+            return;
+        }
         let h = Hazards::scan(sql);
         self.current = h;
         self.current_target = (!self.all_variables && h.plain_set())

@@ -1919,8 +1919,8 @@ impl Differential<'_> {
             let msg = format!(
                 "logical state differs after the sessions ({})\n  only through heatsink:\n{}  only in the reference:\n{}",
                 q,
-                show_items(&items_minus(&ps, &rs)),
-                show_items(&items_minus(&rs, &ps))
+                show_items(&multiset_minus(&ps, &rs)),
+                show_items(&multiset_minus(&rs, &ps))
             );
             self.mismatch(&mut report, cfg, 0, &classes, msg);
         }
@@ -2000,9 +2000,10 @@ impl Differential<'_> {
     }
 }
 
-/// The items of `a` left after taking away one equal item of `b` for each.
-fn items_minus(a: &[Item], b: &[Item]) -> Vec<Item> {
-    let mut rest: Vec<&Item> = b.iter().collect();
+/// The items of `a` left after taking away one equal item of `b` for each (`a` and
+/// `b` compared as multisets).
+pub fn multiset_minus<T: PartialEq + Clone>(a: &[T], b: &[T]) -> Vec<T> {
+    let mut rest: Vec<&T> = b.iter().collect();
     let mut out = Vec::new();
     for it in a {
         match rest.iter().position(|r| *r == it) {

@@ -145,10 +145,10 @@ hs_tmpdir_into sqldir sql
 
 BASE_METRICS=$(hs_free_port)
 HEATSINK_BIN=$BASE_BIN HS_RULES_DIR=$rules heatsink_start "$MARIADB_PORT" --metrics "127.0.0.1:$BASE_METRICS"
-BASE_PORT=$HEATSINK_PORT
+BASE_PORT=$HEATSINK_PORT BASE_PID=$HEATSINK_PID
 CUR_METRICS=$(hs_free_port)
 HEATSINK_BIN=$CUR_BIN HS_RULES_DIR=$rules heatsink_start "$MARIADB_PORT" --metrics "127.0.0.1:$CUR_METRICS"
-CUR_PORT=$HEATSINK_PORT
+CUR_PORT=$HEATSINK_PORT CUR_PID=$HEATSINK_PID
 
 echo "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'hot'" >"$sqldir/counter.sql"
 {
@@ -182,6 +182,9 @@ def parse(t):
 a, b = parse(sys.argv[1]), parse(sys.argv[2])
 print(json.dumps({k: int(v - a.get(k, 0)) for k, v in b.items() if v != a.get(k, 0)}))' "$1" "$2"
 }
+# CPU time (user + system) a process has used so far, in microseconds.
+CLK_TCK=$(getconf CLK_TCK)
+cpu_us() { awk -v t="$CLK_TCK" '{ printf "%d\n", ($14 + $15) * 1000000 / t }' "/proc/$1/stat"; }
 jget() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 # loadgen KIND PORT LABEL ARGS... -> one JSON line on stdout
 loadgen() {
@@ -199,12 +202,15 @@ trap 'rm -f "$results" "$mixed"; hs_cleanup' EXIT
 check_failed=0
 # leg KIND BIN ROUND -> one timed leg, its totals check, a line in $results.
 leg() {
-  local kind=$1 bin=$2 round=$3 port mport before after m0 m1 json ops grew ok=1
-  if [[ $bin == base ]]; then port=$BASE_PORT mport=$BASE_METRICS; else port=$CUR_PORT mport=$CUR_METRICS; fi
+  local kind=$1 bin=$2 round=$3 port mport pid before after m0 m1 c0 c1 json ops grew ok=1
+  if [[ $bin == base ]]; then port=$BASE_PORT mport=$BASE_METRICS pid=$BASE_PID; else port=$CUR_PORT mport=$CUR_METRICS pid=$CUR_PID; fi
   before=$(total "$kind")
   m0=$(metrics "$mport")
+  c0=$(cpu_us "$pid")
   json=$(loadgen "$kind" "$port" "${kind}_$bin" -c "$CONNS" -d "$DURATION")
+  c1=$(cpu_us "$pid")
   m1=$(metrics "$mport")
+  m1+=$'\n'"proxy_cpu_us $((c1 - c0))"
   after=$(total "$kind")
   ops=$(jget "$json" ops)
   grew=$((after - before))
@@ -367,16 +373,33 @@ for k in kinds:
     L.append(f"| {k} | **{statistics.median(rs):.2f}** | {', '.join(f'{x:.2f}' for x in rs)} |"
              f" {statistics.median(rate(k, 'base', r) for r in range(1, rounds + 1)):,.0f} |"
              f" {statistics.median(rate(k, 'cur', r) for r in range(1, rounds + 1)):,.0f} |")
+def cpu(k, b, r):
+    j = runs[(k, b, r)]
+    return j["delta"].get("proxy_cpu_us", 0) / max(j["ops"], 1)
 L += [
     "",
     "The ratio is taken within each round (the two legs ran back to back), the median over rounds.",
+    "",
+    "## Proxy CPU per acknowledged write (user + system, from /proc)",
+    "",
+    "| kind | baseline median µs | current median µs | **median ratio** | per round (current / baseline) |",
+    "|---|---:|---:|---:|---|",
+]
+for k in kinds:
+    rr = range(1, rounds + 1)
+    cs = [cpu(k, "cur", r) / max(cpu(k, "base", r), 1e-9) for r in rr]
+    L.append(f"| {k} | {statistics.median(cpu(k, 'base', r) for r in rr):.1f} | {statistics.median(cpu(k, 'cur', r) for r in rr):.1f} |"
+             f" **{statistics.median(cs):.2f}** | {', '.join(f'{x:.2f}' for x in cs)} |")
+L += [
+    "",
+    "The same legs as the throughput table; the proxy's CPU time over the leg divided by the writes it acknowledged.",
     "",
     "## Raw numbers",
     "",
     "Merged: writes of the leg that went out as part of a merged statement (the kind's item counter: increments, ring rows, rollup rows), and the merged statements (`heatsink_coalesced_writes_total`); alone: `heatsink_merge_alone_total` over the leg, all reasons (current only).",
     "",
-    "| round | kind | proxy | ops/s | p50 µs | p95 µs | p99 µs | errors | total exact | merged writes | merged statements | writes per statement | alone |",
-    "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+    "| round | kind | proxy | ops/s | p50 µs | p95 µs | p99 µs | errors | total exact | merged writes | merged statements | writes per statement | alone | proxy CPU µs per write |",
+    "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
 ]
 for r in range(1, rounds + 1):
     for k in kinds:
@@ -386,7 +409,7 @@ for r in range(1, rounds + 1):
             merged, stmts = d.get(items[k], 0), d.get("coalesced_writes_total", 0)
             alone = sum(v for n, v in d.items() if n.startswith("alone_"))
             L.append(f"| {r} | {k} | {'baseline' if b == 'base' else 'current'} | {j['ops_per_sec']:,.0f} | {j['p50_us']:,.0f} | {j['p95_us']:,.0f} | {j['p99_us']:,.0f} | {j['errors']} |"
-                     f" {'yes' if j['ok'] else '**no** (%d of %d)' % (j['grew'], j['ops'])} | {merged:,} ({merged / max(j['ops'], 1):.0%}) | {stmts:,} | {merged / stmts if stmts else 0:.1f} | {'-' if b == 'base' else alone} |")
+                     f" {'yes' if j['ok'] else '**no** (%d of %d)' % (j['grew'], j['ops'])} | {merged:,} ({merged / max(j['ops'], 1):.0%}) | {stmts:,} | {merged / stmts if stmts else 0:.1f} | {'-' if b == 'base' else alone} | {cpu(k, b, r):.1f} |")
 errs = sorted({e for j in runs.values() for e in j["error_samples"]})
 if errs:
     L += ["", "Error samples:", ""] + [f"- `{e}`" for e in errs]

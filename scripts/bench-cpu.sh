@@ -10,6 +10,9 @@
 #   ring          INSERT INTO log (…) VALUES (…), half on 10 keys    THREADS_RING (64)
 #   rollup        INSERT INTO plays (…) VALUES (NOW(), …), two rollups (hour, day),
 #                 half of the plays on one track                    THREADS_ROLLUP (32)
+# With TRANSPORTS="tcp unix" (the default) every workload also runs with both proxies
+# on Unix sockets at both ends (sysbench on the proxy's socket, the proxy on
+# MariaDB's): the sidecar deployment, clients and server on the proxy's host.
 # Per leg: statements (sysbench events, one statement each), statements/s, the proxy's
 # CPU time (user + system from /proc/PID/stat) over the leg, and with perf (PERF=1,
 # default when `perf` works) the proxy's system calls and context switches over the
@@ -35,6 +38,7 @@ THREADS_COUNTER=${THREADS_COUNTER:-64}
 THREADS_RING=${THREADS_RING:-64}
 THREADS_ROLLUP=${THREADS_ROLLUP:-32}
 PROFILE=${PROFILE:-1}
+TRANSPORTS=${TRANSPORTS:-"tcp unix"}
 OUT=${OUT:-bench/results/cpu.md}
 TABLES=4
 TABLE_SIZE=10000
@@ -115,6 +119,35 @@ EOF
 
 HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT"
 haproxy_start "$MARIADB_PORT"
+PROXIES="haproxy heatsink"
+if [[ $TRANSPORTS == *unix* ]]; then
+  HS_UNIX_SOCK=$WORK/heatsink.sock
+  TCP_HS_PORT=$HEATSINK_PORT TCP_HS_PID=$HEATSINK_PID
+  HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --listen-unix "$HS_UNIX_SOCK"
+  HSU_PID=$HEATSINK_PID
+  HEATSINK_PORT=$TCP_HS_PORT HEATSINK_PID=$TCP_HS_PID
+  HAPROXY_UNIX_SOCK=$WORK/haproxy.sock
+  cat >"$WORK/haproxy-unix.cfg" <<EOF
+global
+    maxconn 4096
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 1h
+    timeout server 1h
+frontend mysql_in
+    bind unix@$HAPROXY_UNIX_SOCK
+    default_backend mysql_out
+backend mysql_out
+    server db unix@$MARIADB_SOCKET
+EOF
+  setsid haproxy -f "$WORK/haproxy-unix.cfg" -db >"$WORK/haproxy-unix.log" 2>&1 &
+  HAU_PID=$!
+  hs_register_pid "$HAU_PID"
+  for ((i = 0; i < 100; i++)); do [[ -S $HAPROXY_UNIX_SOCK ]] && break; sleep 0.1; done
+  [[ -S $HAPROXY_UNIX_SOCK ]] || hs_die "haproxy did not listen on $HAPROXY_UNIX_SOCK"
+  PROXIES="haproxy heatsink haproxy_unix heatsink_unix"
+fi
 
 # One Lua workload per write statement: one statement per sysbench event.
 lua() { # NAME STATEMENT-FORMAT ARGS-LUA
@@ -148,11 +181,30 @@ threads_of() {
 CLK_TCK=$(getconf CLK_TCK)
 cpu_us() { awk -v t="$CLK_TCK" '{ printf "%d\n", ($14 + $15) * 1000000 / t }' "/proc/$1/stat"; }
 
-# sysbench WORKLOAD PORT SECONDS LOG
+# The proxy a leg measures: its pid and sysbench's connection options.
+proxy_pid() {
+  case $1 in
+  haproxy) echo "$HAPROXY_PID" ;;
+  heatsink) echo "$HEATSINK_PID" ;;
+  haproxy_unix) echo "$HAU_PID" ;;
+  heatsink_unix) echo "$HSU_PID" ;;
+  esac
+}
+proxy_conn() {
+  case $1 in
+  haproxy) echo "--mysql-host=127.0.0.1 --mysql-port=$HAPROXY_PORT" ;;
+  heatsink) echo "--mysql-host=127.0.0.1 --mysql-port=$HEATSINK_PORT" ;;
+  haproxy_unix) echo "--mysql-socket=$HAPROXY_UNIX_SOCK" ;;
+  heatsink_unix) echo "--mysql-socket=$HS_UNIX_SOCK" ;;
+  esac
+}
+
+# sysbench WORKLOAD PROXY SECONDS LOG
 run_sysbench() {
-  local w=$1 port=$2 secs=$3 log=$4 test
+  local w=$1 proxy=$2 secs=$3 log=$4 test conn
   if [[ $w == point_select ]]; then test=oltp_point_select; else test=$WORK/$w.lua; fi
-  hs_run sysbench "$test" --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$port" \
+  read -r -a conn <<<"$(proxy_conn "$proxy")"
+  hs_run sysbench "$test" --db-driver=mysql "${conn[@]}" \
     --mysql-user="$SB_USER" --mysql-password="$SB_PASSWORD" --mysql-db="$SB_DB" \
     --tables=$TABLES --table-size=$TABLE_SIZE --threads="$(threads_of "$w")" --time="$secs" \
     --report-interval=0 run >"$log" 2>&1
@@ -160,8 +212,8 @@ run_sysbench() {
 
 # leg ROUND WORKLOAD PROXY -> a line in $RAW
 leg() {
-  local round=$1 w=$2 proxy=$3 port pid log c0 c1 perfout events secs sc=0 cs=0
-  if [[ $proxy == haproxy ]]; then port=$HAPROXY_PORT pid=$HAPROXY_PID; else port=$HEATSINK_PORT pid=$HEATSINK_PID; fi
+  local round=$1 w=$2 proxy=$3 pid log c0 c1 perfout events secs sc=0 cs=0
+  pid=$(proxy_pid "$proxy")
   log=$WORK/$w-$proxy-$round.log
   perfout=$WORK/$w-$proxy-$round.perf
   c0=$(cpu_us "$pid")
@@ -170,7 +222,7 @@ leg() {
     local perf_pid=$!
     hs_register_pid "$perf_pid"
   fi
-  run_sysbench "$w" "$port" "$DURATION" "$log" || { tail -n 20 "$log" >&2; hs_die "sysbench $w through $proxy failed"; }
+  run_sysbench "$w" "$proxy" "$DURATION" "$log" || { tail -n 20 "$log" >&2; hs_die "sysbench $w through $proxy failed"; }
   c1=$(cpu_us "$pid")
   if [[ $PERF == 1 ]]; then
     kill -INT "$perf_pid" 2>/dev/null || true
@@ -187,15 +239,14 @@ leg() {
 
 # Warm-up: every workload through both proxies, unrecorded.
 for w in $WORKLOADS; do
-  for proxy in haproxy heatsink; do
-    if [[ $proxy == haproxy ]]; then port=$HAPROXY_PORT; else port=$HEATSINK_PORT; fi
-    run_sysbench "$w" "$port" 3 "$WORK/warmup.log" || { tail -n 20 "$WORK/warmup.log" >&2; hs_die "warm-up $w through $proxy failed"; }
+  for proxy in $PROXIES; do
+    run_sysbench "$w" "$proxy" 3 "$WORK/warmup.log" || { tail -n 20 "$WORK/warmup.log" >&2; hs_die "warm-up $w through $proxy failed"; }
   done
 done
 
 for ((round = 1; round <= ROUNDS; round++)); do
   for w in $WORKLOADS; do
-    if ((round % 2)); then order="haproxy heatsink"; else order="heatsink haproxy"; fi
+    if ((round % 2)); then order=$PROXIES; else order=$(echo "$PROXIES" | tr ' ' '\n' | tac | tr '\n' ' '); fi
     for proxy in $order; do leg "$round" "$w" "$proxy"; done
   done
 done
@@ -208,7 +259,7 @@ if [[ $PROFILE == 1 ]]; then
     perf record -F 499 -g -p "$HEATSINK_PID" -o "$WORK/$w.data" >"$WORK/$w.record.log" 2>&1 &
     rec=$!
     hs_register_pid "$rec"
-    run_sysbench "$w" "$HEATSINK_PORT" "$DURATION" "$WORK/$w-profile.log" || true
+    run_sysbench "$w" heatsink "$DURATION" "$WORK/$w-profile.log" || true
     kill -INT "$rec" 2>/dev/null || true
     wait "$rec" 2>/dev/null || true
     hs_forget_pid "$rec"
@@ -216,7 +267,7 @@ if [[ $PROFILE == 1 ]]; then
     perf trace -s -p "$HEATSINK_PID" -o "$WORK/$w.trace" >/dev/null 2>&1 &
     rec=$!
     hs_register_pid "$rec"
-    run_sysbench "$w" "$HEATSINK_PORT" "$DURATION" "$WORK/$w-trace.log" || true
+    run_sysbench "$w" heatsink "$DURATION" "$WORK/$w-trace.log" || true
     kill -INT "$rec" 2>/dev/null || true
     wait "$rec" 2>/dev/null || true
     hs_forget_pid "$rec"
@@ -254,7 +305,7 @@ SB_VERSION=$(sysbench --version | awk '{print $2}')
 B_REV=$REV B_VERSION=$MARIADB_VERSION B_HAPROXY=$HAPROXY_VERSION B_SYSBENCH=$SB_VERSION \
   B_LOAD_START=$load_start B_LOAD_END=$load_end B_DURATION=$DURATION B_ROUNDS=$ROUNDS \
   B_THREADS="point_select=$THREADS_PS counter=$THREADS_COUNTER ring=$THREADS_RING rollup=$THREADS_ROLLUP" \
-  B_PERF=$PERF B_WORKLOADS=$WORKLOADS python3 - "$RAW" "$PROFILES" "$OUT" <<'PY'
+  B_PERF=$PERF B_WORKLOADS=$WORKLOADS B_PROXIES=$PROXIES python3 - "$RAW" "$PROFILES" "$OUT" <<'PY'
 import datetime, os, statistics, sys
 raw, profiles, out = sys.argv[1:4]
 E = os.environ
@@ -295,12 +346,24 @@ for w in workloads:
         line += (f" {med(per(r, w, 'haproxy', 'sc') for r in rr):.2f}, {med(per(r, w, 'heatsink', 'sc') for r in rr):.2f} |"
                  f" {med(per(r, w, 'haproxy', 'cs') for r in rr):.2f}, {med(per(r, w, 'heatsink', 'cs') for r in rr):.2f} |")
     L.append(line)
+proxies = E["B_PROXIES"].split()
+if "heatsink_unix" in proxies:
+    L += ["", "## Unix sockets at both ends (sysbench on the proxy's socket, the proxy on MariaDB's)", "",
+          "| workload | haproxy_unix µs | heatsink_unix µs | heatsink_unix / haproxy_unix | heatsink_unix / haproxy (TCP) | heatsink_unix / heatsink (TCP) | throughput heatsink_unix / haproxy_unix |",
+          "|---|---:|---:|---:|---:|---:|---:|"]
+    for w in workloads:
+        def m(p): return med(per(r, w, p, "cpu") for r in rr)
+        def ratio(a, b): return med(per(r, w, a, "cpu") / max(per(r, w, b, "cpu"), 1e-9) for r in rr)
+        tput = med(rate(r, w, "heatsink_unix") / max(rate(r, w, "haproxy_unix"), 1e-9) for r in rr)
+        L.append(f"| {w} | {m('haproxy_unix'):.1f} | {m('heatsink_unix'):.1f} | **{ratio('heatsink_unix', 'haproxy_unix'):.2f}** |"
+                 f" **{ratio('heatsink_unix', 'haproxy'):.2f}** | {ratio('heatsink_unix', 'heatsink'):.2f} | {tput:.2f} |")
+    L += ["", "Ratios are medians of per-round ratios (the legs of a round ran back to back)."]
 L += ["", "## Raw numbers", "",
       "| round | workload | proxy | statements | statements/s | proxy CPU ms | CPU µs per statement | syscalls | context switches |",
       "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
 for r in rr:
     for w in workloads:
-        for p in ("haproxy", "heatsink"):
+        for p in proxies:
             x = rows[(r, w, p)]
             L.append(f"| {r} | {w} | {p} | {x['events']:,} | {rate(r, w, p):,.0f} | {x['cpu'] / 1000:,.0f} | {per(r, w, p, 'cpu'):.1f} | {x['sc']:,} | {x['cs']:,} |")
 prof = open(profiles).read().strip()

@@ -447,6 +447,9 @@ fn reply_text(reply: &Reply, statements: usize) -> String {
         } => {
             let mut s = match affected_rows {
                 Affected::Fixed(n) => format!("OK, {}", rows(*n)),
+                Affected::WrittenOf { rows: n, .. } => {
+                    format!("OK, the rows of {} the server wrote (a row it skips counts nothing)", rows(*n))
+                }
                 Affected::InsertedOrUpdated { .. } => {
                     "OK, 1 row affected when the row is new, 2 when it existed (as the original statement reports)".to_string()
                 }

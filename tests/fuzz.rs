@@ -399,7 +399,12 @@ impl Kind for Counter {
          INSERT INTO hits VALUES ('home', 10, 'front'), ('about', 3, NULL), ('blog', 7, 'b'),
              ('中文', 1, 'zh'), ('café', 0, NULL), ('tmp1', 5, NULL);
          INSERT INTO pages VALUES ('home', 'Home'), ('blog', 'Blog'), ('contact', 'Contact'),
-             ('tmp1', 'Temp');"
+             ('tmp1', 'Temp');
+         ALTER TABLE hits ADD CONSTRAINT hits_note CHECK (note IS NULL OR note <> 'forbidden');
+         CREATE TABLE hit_notes (slug VARCHAR(64) NOT NULL, body VARCHAR(20), \
+             FOREIGN KEY (slug) REFERENCES hits (slug) ON DELETE RESTRICT ON UPDATE CASCADE) \
+             DEFAULT CHARSET=utf8mb4;
+         INSERT INTO hit_notes VALUES ('home', 'pinned'), ('tmp1', 'held');"
             .into()
     }
 
@@ -1090,10 +1095,14 @@ impl Kind for Ring {
 
     fn schema(&self) -> String {
         format!(
-            "CREATE TABLE {LOG} (id INT AUTO_INCREMENT PRIMARY KEY, uid INT NOT NULL, \
-                 visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL, KEY(uid));
-             CREATE TABLE users (uid INT PRIMARY KEY, name VARCHAR(20) NOT NULL);
+            "CREATE TABLE users (uid INT PRIMARY KEY, name VARCHAR(20) NOT NULL);
              INSERT INTO users VALUES (1, 'ann'), (2, 'bob'), (3, 'cy'), (4, 'di');
+             CREATE TABLE {LOG} (id INT AUTO_INCREMENT PRIMARY KEY, uid INT NOT NULL, \
+                 visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL, KEY(uid), \
+                 CONSTRAINT visits_user FOREIGN KEY (uid) REFERENCES users (uid), \
+                 CONSTRAINT visits_visitor CHECK (visitor_uid <> 666));
+             CREATE TRIGGER {LOG}_seven BEFORE INSERT ON {LOG} FOR EACH ROW
+                 SET NEW.visitor_uid = IF(NEW.visitor_uid = 7, 70, NEW.visitor_uid);
              INSERT INTO {LOG} (uid, visitor_uid, last_update) VALUES
                  (1, 101, '2024-01-01 00:00:01'), (1, 102, '2024-01-01 00:00:02'),
                  (2, 201, '2024-01-01 00:00:03'), (1, 103, '2024-01-01 00:00:04'),

@@ -202,8 +202,12 @@ impl Merger for Inserts {
         (p.row_count()? > 1).then_some(ai)
     }
 
-    fn alone_after_failure(&self, _members: usize) -> bool {
-        true
+    fn alone_after_failure(&self, members: usize) -> bool {
+        // The error may be one member's doing (a foreign key, a CHECK, a duplicate
+        // key). A lone member's write is its own insert with its rows in its own
+        // order: it gets the error, and runs once (a second run would take the
+        // AUTO_INCREMENT values a failed insert already used up a second time).
+        members > 1
     }
 
     fn routes_warnings(&self) -> bool {

@@ -628,6 +628,21 @@ impl Session {
                             _ => 2,
                         }
                     }
+                    Affected::WrittenOf { probe, rows } => {
+                        let c = results.get(*probe);
+                        match c.and_then(Collected::ok) {
+                            // One row: 0 skipped, 1 inserted, 2 updated.
+                            Some(o) if *rows == 1 => u64::from(o.affected_rows > 0),
+                            Some(o) => {
+                                let dups = c
+                                    .and_then(Collected::info)
+                                    .and_then(|i| packets::info_count(&i, b"Duplicates: "))
+                                    .unwrap_or(0);
+                                o.affected_rows.saturating_sub(dups).min(*rows)
+                            }
+                            None => *rows,
+                        }
+                    }
                 };
                 let id = last_insert_id
                     .and_then(|i| results.get(i))

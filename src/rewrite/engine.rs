@@ -1145,25 +1145,29 @@ fn introduce_sharing_rules(rules: &[Arc<dyn Rule>], patterns: &[Pattern]) {
 /// 4025, conversion errors), `` in table 'table' `` (1143), and a foreign key the
 /// ring copied from the log, `` CONSTRAINT `ring__fk` `` (1452), and a column-level
 /// CHECK, `` CONSTRAINT `table.column` `` (4025).
-fn message_renames(physical: &str, logical: &str) -> [(Vec<u8>, Vec<u8>); 4] {
-    [
-        (
-            format!("CONSTRAINT `{physical}.").into_bytes(),
-            format!("CONSTRAINT `{logical}.").into_bytes(),
-        ),
-        (
-            format!("`.`{physical}`").into_bytes(),
-            format!("`.`{logical}`").into_bytes(),
-        ),
-        (
-            format!("in table '{physical}'").into_bytes(),
-            format!("in table '{logical}'").into_bytes(),
-        ),
-        (
-            format!("CONSTRAINT `{physical}__").into_bytes(),
-            b"CONSTRAINT `".to_vec(),
-        ),
-    ]
+fn message_renames(physical: &str, logical: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    // The server quotes identifiers in messages with backticks, or with double quotes
+    // under ANSI_QUOTES.
+    let mut out = Vec::with_capacity(7);
+    for q in ['`', '"'] {
+        out.push((
+            format!("CONSTRAINT {q}{physical}.").into_bytes(),
+            format!("CONSTRAINT {q}{logical}.").into_bytes(),
+        ));
+        out.push((
+            format!("{q}.{q}{physical}{q}").into_bytes(),
+            format!("{q}.{q}{logical}{q}").into_bytes(),
+        ));
+        out.push((
+            format!("CONSTRAINT {q}{physical}__").into_bytes(),
+            format!("CONSTRAINT {q}").into_bytes(),
+        ));
+    }
+    out.push((
+        format!("in table '{physical}'").into_bytes(),
+        format!("in table '{logical}'").into_bytes(),
+    ));
+    out
 }
 
 #[cfg(test)]
@@ -1173,7 +1177,7 @@ mod rename_tests {
 
     #[test]
     fn messages_name_the_logical_table() {
-        let names: Vec<(Vec<u8>, Vec<u8>)> = message_renames("ev_ring", "ev").into();
+        let names: Vec<(Vec<u8>, Vec<u8>)> = message_renames("ev_ring", "ev");
         for (server, shown) in [
             (
                 "INSERT command denied to user 'u'@'localhost' for table `d`.`ev_ring`",
@@ -1194,6 +1198,15 @@ mod rename_tests {
             (
                 "Incorrect integer value: 'x' for column `d`.`ev_ring`.`n` at row 1",
                 "Incorrect integer value: 'x' for column `d`.`ev`.`n` at row 1",
+            ),
+            // Under ANSI_QUOTES.
+            (
+                "Cannot add or update a child row: a foreign key constraint fails (\"d\".\"ev_ring\", CONSTRAINT \"ev_ring__fk\" FOREIGN KEY (\"uid\") REFERENCES \"users\" (\"id\"))",
+                "Cannot add or update a child row: a foreign key constraint fails (\"d\".\"ev\", CONSTRAINT \"fk\" FOREIGN KEY (\"uid\") REFERENCES \"users\" (\"id\"))",
+            ),
+            (
+                "CONSTRAINT \"ev_ring.n\" failed for \"d\".\"ev_ring\"",
+                "CONSTRAINT \"ev.n\" failed for \"d\".\"ev\"",
             ),
         ] {
             let got = renamed(server.as_bytes(), &names).unwrap_or_else(|| server.into());

@@ -849,6 +849,16 @@ pub enum Affected {
         /// The statement whose affected rows tell whether the row was new.
         probe: usize,
     },
+    /// The rows an `INSERT IGNORE … ON DUPLICATE KEY UPDATE` of `rows` rows wrote
+    /// (inserted or updated; a row the server skipped, for a foreign key or a CHECK,
+    /// counts nothing): from statement `probe`'s affected rows (1 per insert, 2 per
+    /// update) less its duplicates (the updates, from its info).
+    WrittenOf {
+        /// The upsert.
+        probe: usize,
+        /// Its rows.
+        rows: u64,
+    },
 }
 
 /// Column definitions to restore in a rewritten read.

@@ -96,6 +96,18 @@ pub fn ok_info(payload: &[u8]) -> Option<Vec<u8>> {
     (!info.is_empty()).then(|| info.to_vec())
 }
 
+/// The number after `label` in an OK packet's info (`Records: 3  Duplicates: 1
+/// Warnings: 0`).
+pub fn info_count(info: &[u8], label: &[u8]) -> Option<u64> {
+    let at = info.windows(label.len()).position(|w| w == label)? + label.len();
+    let digits: Vec<u8> = info[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .copied()
+        .collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
 /// Status flag: session state information follows in the OK packet.
 pub const SESSION_STATE_CHANGED: u16 = 0x4000;
 

@@ -184,7 +184,10 @@ impl RingRule {
         // session (LAST_INSERT_ID(), @variables, CONNECTION_ID(), …) or that give the
         // AUTO_INCREMENT column a value of their own are never merged. Prepared
         // statements keep `?` in the pieces; each execute fills in its values.
+        // Nor are `INSERT IGNORE`s: a row the server skips (a foreign key, a CHECK,
+        // a duplicate) leaves no trace in a merged write's `RETURNING` of whose it was.
         let mergeable = self.coalesce
+            && !ins.ignore
             && !ai_column
                 .as_deref()
                 .is_some_and(|ai| cols.iter().any(|c| eq(c, ai)))
@@ -218,7 +221,13 @@ impl RingRule {
         Ok(Some(Plan {
             statements,
             reply: Reply::Ok {
-                affected_rows: Affected::Fixed(n),
+                // IGNORE: a row the server skips (a foreign key, a CHECK) is not
+                // written, and not counted.
+                affected_rows: if ins.ignore {
+                    Affected::WrittenOf { probe: 0, rows: n }
+                } else {
+                    Affected::Fixed(n)
+                },
                 info: (n > 1).then(|| format!("Records: {n}  Duplicates: 0  Warnings: 0")),
                 last_insert_id: ai_column.is_some().then_some(0),
             },

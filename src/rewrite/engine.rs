@@ -288,6 +288,15 @@ impl Engine {
         }
     }
 
+    /// Whether the rule of this name lets statements it cannot read run as sent
+    /// ([`Rule::runs_unread`]).
+    pub fn rule_runs_unread(&self, rule: &str) -> bool {
+        self.names
+            .iter()
+            .zip(&self.rules)
+            .any(|(n, r)| &**n == rule && r.runs_unread())
+    }
+
     /// Whether the rule of this name runs in shadow mode.
     fn is_shadow(&self, rule: &str) -> bool {
         self.names
@@ -325,6 +334,9 @@ impl Engine {
             Ok(t) => t,
             Err(e) => return reject_mention(format!("cannot be read ({e})")),
         };
+        if let Some(for_at) = set_statement_for(sql, &tokens) {
+            return self.decide_set_statement(sql, &tokens, for_at, ctx, hits, lexing);
+        }
         if let Some(word) = explain_modifier(sql, &tokens) {
             // `EXPLAIN PARTITIONS | EXTENDED <statement>`, which the parser does not
             // read: planned without the word, which goes back into the rewrite.
@@ -339,6 +351,103 @@ impl Engine {
             return with_explain_modifier(d, &sql[word.start..word.end]);
         }
         self.decide_lexed(sql, tokens, ctx, hits, lexing)
+    }
+
+    /// `SET STATEMENT <variable> = <value>, … FOR <statement>` (`for_at`: the index
+    /// of the `FOR` token). The inner statement is decided as if sent alone; its
+    /// rewrite keeps the prefix on every statement it runs when each variable is one
+    /// a rewrite is exact under ([`PREFIXABLE`]: the rewrite must already be exact
+    /// under any session value of it). Otherwise a statement the rules' tables
+    /// answer as sent runs as sent (the rule's fallback), and others are refused.
+    fn decide_set_statement(
+        &self,
+        sql: &[u8],
+        tokens: &[Token],
+        for_at: usize,
+        ctx: &StatementContext<'_>,
+        hits: &[usize],
+        lexing: Lexing,
+    ) -> Decision {
+        let inner_start = tokens[for_at + 1].start;
+        let inner = &sql[inner_start..];
+        let prefix_end = tokens[for_at].end;
+        let variables = set_statement_variables(sql, &tokens[2..for_at]);
+        let rejection = |rule: usize, why: &str| {
+            Decision::Reject(Rejection {
+                rule: self.names[rule].clone(),
+                reason: format!(
+                    "the statement mentions table '{}' but {why}",
+                    String::from_utf8_lossy(&self.patterns[hits[0]].name)
+                ),
+            })
+        };
+        let first_rule = self.patterns[hits[0]].tables[0].0;
+        let reads_alike = variables.as_ref().is_some_and(|v| {
+            !v.iter()
+                .any(|name| LEXING_VARIABLES.contains(&name.as_str()))
+        });
+        let inner_tokens = match sqltok::lex(inner, lexing.mode) {
+            Ok(t) if reads_alike => t,
+            Ok(t) => {
+                // The statement may be read differently under the prefix's settings:
+                // only rules that answer anything as sent let it run.
+                let mut rules: Vec<usize> = hits
+                    .iter()
+                    .flat_map(|&h| self.patterns[h].tables.iter().map(|(r, _)| *r))
+                    .collect();
+                rules.sort_unstable();
+                rules.dedup();
+                if self.runs_unread(inner, &t, &rules) {
+                    return Decision::Fallback(self.names[first_rule].clone());
+                }
+                return rejection(
+                    first_rule,
+                    "its SET STATEMENT prefix sets a variable that changes how heatsink reads the statement (sql_mode), so the rule cannot be applied safely",
+                );
+            }
+            Err(e) => return rejection(first_rule, &format!("cannot be read ({e})")),
+        };
+        let Some((rules, _, _)) = self.named_rules(inner, &inner_tokens, hits, ctx.current_db)
+        else {
+            return Decision::Passthrough;
+        };
+        let d = self.decide_lexed(inner, inner_tokens.clone(), ctx, hits, lexing);
+        let Decision::Rewrite(rw) = d else {
+            return d;
+        };
+        let params = tokens[2..for_at].iter().any(|t| t.kind == TokenKind::Param);
+        let why_not = match &variables {
+            _ if params => Some("its SET STATEMENT prefix has a parameter".to_string()),
+            Some(v) => v
+                .iter()
+                .find(|name| !PREFIXABLE.contains(&name.as_str()))
+                .map(|name| {
+                    format!("SET STATEMENT {name} may change what the rewritten statements mean")
+                }),
+            None => Some("its SET STATEMENT prefix cannot be read".to_string()),
+        }
+        .or_else(|| {
+            rw.merge
+                .as_ref()
+                .is_some_and(|m| m.returning_alone(&rw.aux).is_some())
+                .then(|| {
+                    "its rewrite needs the write's own RETURNING, which SET STATEMENT cannot carry"
+                        .to_string()
+                })
+        });
+        match why_not {
+            None => Decision::Rewrite(with_prefix(rw, &sql[..prefix_end], sql)),
+            Some(_) if self.runs_unread(inner, &inner_tokens, &rules) => {
+                Decision::Fallback(rw.rule)
+            }
+            Some(why) => Decision::Reject(Rejection {
+                rule: rw.rule,
+                reason: format!("the statement names table '{}' but {why}", {
+                    let t = &self.patterns[hits[0]].name;
+                    String::from_utf8_lossy(t).into_owned()
+                }),
+            }),
+        }
     }
 
     /// The part of [`Engine::decide_named`] after the statement was lexed.
@@ -641,6 +750,10 @@ impl Engine {
         let mut stmts = match parse_statements(&text) {
             Ok(s) => s,
             Err(_) if self.is_maintenance(st) => return Cached::Passthrough,
+            Err(_) if self.runs_unread(st.sql, &st.tokens, &st.rules) => {
+                // A read or row write the rules' tables answer exactly as sent.
+                return Cached::Fallback(self.names[st.rules[0]].clone());
+            }
             Err(e) => {
                 return self.reject_named(st, &format!("cannot be parsed ({e})"));
             }
@@ -669,6 +782,27 @@ impl Engine {
             }),
             other => other,
         }
+    }
+
+    /// Whether a statement the planner cannot read may run as sent: every rule whose
+    /// table it names allows it ([`Rule::runs_unread`]) and it is a read or a row
+    /// write (`SELECT`, `WITH`, `INSERT`, `REPLACE`, `UPDATE`, `DELETE`, `LOAD`,
+    /// `VALUES`, or a parenthesised query), never DDL, whose effects on the rules'
+    /// own tables no trigger follows.
+    fn runs_unread(&self, sql: &[u8], tokens: &[Token], rules: &[usize]) -> bool {
+        const WORDS: &[&[u8]] = &[
+            b"SELECT", b"WITH", b"INSERT", b"REPLACE", b"UPDATE", b"DELETE", b"LOAD", b"VALUES",
+        ];
+        let reads_or_writes_rows = tokens.first().is_some_and(|t| match t.kind {
+            TokenKind::Word => WORDS
+                .iter()
+                .any(|w| w.eq_ignore_ascii_case(&sql[t.start..t.end])),
+            TokenKind::Punct => &sql[t.start..t.end] == b"(",
+            _ => false,
+        });
+        reads_or_writes_rows
+            && !rules.is_empty()
+            && rules.iter().all(|&r| self.rules[r].runs_unread())
     }
 
     /// Whether the statement is one of the administrative commands that neither read
@@ -875,6 +1009,122 @@ impl Engine {
             &format!("holds {n} statements; send statements that touch it one at a time"),
         )
     }
+}
+
+/// Variables whose statement-scoped value (`SET STATEMENT v = … FOR`) may be given to
+/// each statement of a rewrite: the rewrites are exact under any session value of
+/// them, and they do not change how a statement is read or what the proxy knows of
+/// the session.
+const PREFIXABLE: &[&str] = &[
+    "time_zone",
+    "timestamp",
+    "div_precision_increment",
+    "lock_wait_timeout",
+    "innodb_lock_wait_timeout",
+    "optimizer_switch",
+    "join_buffer_size",
+    "sort_buffer_size",
+    "tmp_table_size",
+    "max_heap_table_size",
+];
+
+/// Variables that change how the statement after `SET STATEMENT … FOR` is read.
+const LEXING_VARIABLES: &[&str] = &["sql_mode"];
+
+/// The index of the `FOR` of `SET STATEMENT <assignments> FOR <statement>` (the
+/// first `FOR` outside parentheses; MariaDB reserves the word), if the statement is
+/// one and has a statement after it.
+fn set_statement_for(sql: &[u8], tokens: &[Token]) -> Option<usize> {
+    let word = |t: &Token, w: &[u8]| {
+        t.kind == TokenKind::Word && w.eq_ignore_ascii_case(&sql[t.start..t.end])
+    };
+    if !(word(tokens.first()?, b"SET") && word(tokens.get(1)?, b"STATEMENT")) {
+        return None;
+    }
+    let mut depth = 0usize;
+    for (i, t) in tokens.iter().enumerate().skip(2) {
+        match t.kind {
+            TokenKind::Punct if &sql[t.start..t.end] == b"(" => depth += 1,
+            TokenKind::Punct if &sql[t.start..t.end] == b")" => depth = depth.saturating_sub(1),
+            TokenKind::Word if depth == 0 && word(t, b"FOR") => {
+                return (i + 1 < tokens.len()).then_some(i);
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The variable names (lowercase) a `SET STATEMENT` prefix assigns (`tokens`: those
+/// between `STATEMENT` and `FOR`), or `None` when an assignment does not start with
+/// `name =`.
+fn set_statement_variables(sql: &[u8], tokens: &[Token]) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    let mut depth = 0usize;
+    let mut at_start = true;
+    for (i, t) in tokens.iter().enumerate() {
+        let text = &sql[t.start..t.end];
+        if at_start {
+            let assigns = tokens
+                .get(i + 1)
+                .is_some_and(|n| n.kind == TokenKind::Punct && &sql[n.start..n.end] == b"=");
+            if t.kind != TokenKind::Word || !assigns {
+                return None;
+            }
+            names.push(String::from_utf8_lossy(text).to_ascii_lowercase());
+            at_start = false;
+            continue;
+        }
+        match (t.kind, text) {
+            (TokenKind::Punct, b"(") => depth += 1,
+            (TokenKind::Punct, b")") => depth = depth.saturating_sub(1),
+            (TokenKind::Punct, b",") if depth == 0 => at_start = true,
+            _ => {}
+        }
+    }
+    (!names.is_empty() && !at_start).then_some(names)
+}
+
+/// A rewrite of the statement after `SET STATEMENT … FOR` with the prefix (`prefix`:
+/// the statement up to and including `FOR`) on every statement it runs, the prelude's
+/// query included; `original` is the whole statement, forwarded when a prelude
+/// declines. It runs alone: a merged write would lose the prefix.
+fn with_prefix(
+    mut rw: crate::rewrite::Rewritten,
+    prefix: &[u8],
+    original: &[u8],
+) -> crate::rewrite::Rewritten {
+    let join = |text: &[u8]| {
+        let mut out = Vec::with_capacity(prefix.len() + 1 + text.len());
+        out.extend_from_slice(prefix);
+        out.push(b' ');
+        out.extend_from_slice(text);
+        out
+    };
+    let shift = prefix.len() + 1;
+    rw.statements = rw.statements.iter().map(|s| join(s)).collect();
+    if let Some(p) = rw.prelude.take() {
+        let mut p = (*p).clone();
+        p.query = join(&p.query);
+        p.statements = p
+            .statements
+            .iter()
+            .map(|(text, holes)| {
+                (
+                    join(text),
+                    holes.iter().map(|&(at, i)| (at + shift, i)).collect(),
+                )
+            })
+            .collect();
+        if p.original.is_some() {
+            p.original = Some(original.to_vec());
+        }
+        rw.prelude = Some(Arc::new(p));
+    }
+    rw.merge = None;
+    rw.aux.clear();
+    rw.aux_holes.clear();
+    rw
 }
 
 /// The `PARTITIONS` or `EXTENDED` word of `EXPLAIN PARTITIONS <statement>` /

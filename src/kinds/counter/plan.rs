@@ -1533,4 +1533,39 @@ mod tests {
         );
         assert!(reject(&e, "SELECT cnt FROM hits").contains("integer"));
     }
+
+    #[test]
+    fn statements_the_parser_cannot_read_are_refused() {
+        let e = engine(&["slug"]);
+        for sql in [
+            "LOAD DATA LOCAL INFILE 'h.csv' INTO TABLE hits",
+            "SELECT cnt FROM hits WHERE slug = 'a' INTO @a",
+            "SELECT cnt FROM hits INTO OUTFILE '/tmp/x'",
+            "SELECT cnt FROM hits WHERE NOW() > NOW() - INTERVAL '1:30' HOUR_MINUTE",
+            "SET STATEMENT sql_mode = '' FOR UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'",
+            "SET STATEMENT max_statement_time = 10 FOR UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'",
+        ] {
+            let r = reject(&e, sql);
+            assert!(r.contains("heatsink rule 'page_hits'"), "{sql}: {r}");
+        }
+    }
+
+    #[test]
+    fn set_statement_of_a_rewritable_variable_keeps_the_rewrite() {
+        let e = engine(&["slug"]);
+        let inc = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'";
+        let plain = rewrite(&e, inc);
+        let prefixed = rewrite(
+            &e,
+            &format!("SET STATEMENT lock_wait_timeout = 5 FOR {inc}"),
+        );
+        assert!(prefixed.merge.is_none() && prefixed.aux.is_empty());
+        assert_eq!(plain.statements.len(), prefixed.statements.len());
+        for (a, b) in plain.statements.iter().zip(&prefixed.statements) {
+            assert_eq!(
+                b,
+                &[&b"SET STATEMENT lock_wait_timeout = 5 FOR "[..], a].concat()
+            );
+        }
+    }
 }

@@ -2116,4 +2116,78 @@ mod tests {
             Decision::Shadow(_)
         ));
     }
+
+    #[test]
+    fn statements_the_parser_cannot_read_run_as_sent() {
+        let e = engine();
+        assert_fallbacks(
+            &e,
+            &[
+                "LOAD DATA LOCAL INFILE 'plays.csv' INTO TABLE plays FIELDS TERMINATED BY ','",
+                "LOAD DATA INFILE '/tmp/p' REPLACE INTO TABLE plays (created_at, track_id) SET country = 'US'",
+                "SELECT COUNT(*) AS n FROM plays WHERE created_at >= NOW() - INTERVAL '1:30' HOUR_MINUTE",
+                "SELECT COUNT(*) AS n FROM plays INTO @a",
+                "SELECT track_id FROM plays INTO OUTFILE '/tmp/x'",
+                "SELECT COUNT(*) AS n INTO @a FROM plays",
+                "SET STATEMENT max_statement_time = 10 FOR SELECT COUNT(*) AS n FROM plays",
+                "SET STATEMENT sql_mode = 'ANSI_QUOTES' FOR SELECT COUNT(*) AS n FROM plays",
+            ],
+        );
+        // DDL the parser cannot read is still refused: no trigger follows it.
+        let r = reject(&e, "ALTER TABLE plays TRUNCATE PARTITION p0");
+        assert!(r.contains("cannot be parsed"), "{r}");
+    }
+
+    #[test]
+    fn set_statement_keeps_its_prefix_on_every_statement() {
+        let e = engine();
+        let read = "SELECT track_id, COUNT(*) AS n FROM plays WHERE track_id = 7 \
+                    AND created_at >= '2024-03-01 10:30:00' GROUP BY track_id";
+        let plain = rewrite(&e, read);
+        let prefixed = rewrite(
+            &e,
+            &format!("SET STATEMENT time_zone = '+10:00', div_precision_increment = 6 FOR {read}"),
+        );
+        assert_eq!(plain.statements.len(), prefixed.statements.len());
+        for (a, b) in plain.statements.iter().zip(&prefixed.statements) {
+            let want = [
+                b"SET STATEMENT time_zone = '+10:00', div_precision_increment = 6 FOR ".to_vec(),
+                a.clone(),
+            ]
+            .concat();
+            assert_eq!(b, &want);
+        }
+        let (pa, pb) = (
+            plain.prelude.as_deref().expect("a two-step form"),
+            prefixed.prelude.as_deref().expect("a two-step form"),
+        );
+        assert!(pb.query.starts_with(
+            b"SET STATEMENT time_zone = '+10:00', div_precision_increment = 6 FOR SELECT"
+        ));
+        assert_eq!(&pb.query[pb.query.len() - pa.query.len()..], &pa.query[..]);
+        // The holes moved with the text: the same literals land in the same places.
+        let row: [Option<&[u8]>; 3] = [
+            Some(b"2024-03-01 10:30:00.000000"),
+            Some(b"2024-03-05 00:00:00.000000"),
+            Some(b"2024-03-04 12:00:00"),
+        ];
+        let types = [0x0c, 0x0c, 0x0c];
+        let (sa, sb) = (
+            pa.statements_for(&row, &types),
+            pb.statements_for(&row, &types),
+        );
+        if let (Some(sa), Some(sb)) = (sa, sb) {
+            for (a, b) in sa.iter().zip(&sb) {
+                assert!(b.ends_with(a) && b.starts_with(b"SET STATEMENT time_zone"));
+                assert_eq!(
+                    crate::rewrite::testutil::parsed(&[a]),
+                    crate::rewrite::testutil::parsed(&[&b[b.len() - a.len()..]])
+                );
+            }
+        }
+        assert!(pb
+            .original
+            .as_deref()
+            .is_some_and(|o| o.starts_with(b"SET STATEMENT time_zone")));
+    }
 }

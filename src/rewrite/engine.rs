@@ -334,6 +334,38 @@ impl Engine {
             Ok(t) => t,
             Err(e) => return reject_mention(format!("cannot be read ({e})")),
         };
+        if let Some(split) = split_units(sql, &tokens) {
+            // `INTERVAL x HOUR_MINUTE`, whose unit the parser does not read: planned
+            // as `INTERVAL x HOUR TO MINUTE`, which the rewrite prints back joined.
+            let tokens = match sqltok::lex(&split, lexing.mode) {
+                Ok(t) => t,
+                Err(e) => return reject_mention(format!("cannot be read ({e})")),
+            };
+            let d = self.decide_tokens(&split, tokens, ctx, hits, lexing);
+            return join_units(d, sql, lexing.mode);
+        }
+        self.decide_tokens(sql, tokens, ctx, hits, lexing)
+    }
+
+    /// The part of [`Engine::decide_named`] after the statement was lexed.
+    fn decide_tokens(
+        &self,
+        sql: &[u8],
+        tokens: Vec<Token>,
+        ctx: &StatementContext<'_>,
+        hits: &[usize],
+        lexing: Lexing,
+    ) -> Decision {
+        let reject_mention = |what: String| {
+            let (rule, _) = &self.patterns[hits[0]].tables[0];
+            Decision::Reject(Rejection {
+                rule: self.names[*rule].clone(),
+                reason: format!(
+                    "the statement mentions table '{}' but {what}",
+                    String::from_utf8_lossy(&self.patterns[hits[0]].name)
+                ),
+            })
+        };
         if let Some(for_at) = set_statement_for(sql, &tokens) {
             return self.decide_set_statement(sql, &tokens, for_at, ctx, hits, lexing);
         }
@@ -1009,6 +1041,212 @@ impl Engine {
             &format!("holds {n} statements; send statements that touch it one at a time"),
         )
     }
+}
+
+/// MariaDB's compound interval units, which the parser does not read, with the
+/// standard `<first> TO <last>` form it reads in their place.
+const COMPOUND_UNITS: &[(&str, &str, &str)] = &[
+    ("SECOND_MICROSECOND", "SECOND", "MICROSECOND"),
+    ("MINUTE_MICROSECOND", "MINUTE", "MICROSECOND"),
+    ("MINUTE_SECOND", "MINUTE", "SECOND"),
+    ("HOUR_MICROSECOND", "HOUR", "MICROSECOND"),
+    ("HOUR_SECOND", "HOUR", "SECOND"),
+    ("HOUR_MINUTE", "HOUR", "MINUTE"),
+    ("DAY_MICROSECOND", "DAY", "MICROSECOND"),
+    ("DAY_SECOND", "DAY", "SECOND"),
+    ("DAY_MINUTE", "DAY", "MINUTE"),
+    ("DAY_HOUR", "DAY", "HOUR"),
+    ("YEAR_MONTH", "YEAR", "MONTH"),
+];
+
+/// Interval units the parser reads.
+const SIMPLE_UNITS: &[&str] = &[
+    "MICROSECOND",
+    "SECOND",
+    "MINUTE",
+    "HOUR",
+    "DAY",
+    "WEEK",
+    "MONTH",
+    "QUARTER",
+    "YEAR",
+];
+
+/// The statement with each compound unit of an `INTERVAL` (`HOUR_MINUTE`: the first
+/// unit word after `INTERVAL` at its parenthesis depth) written `HOUR TO MINUTE`, or
+/// `None` when it has none, or has a `TO` of its own (which MariaDB never reads in an
+/// interval, and which the way back must not mistake for one of these).
+fn split_units(sql: &[u8], tokens: &[Token]) -> Option<Vec<u8>> {
+    let text = |t: &Token| &sql[t.start..t.end];
+    let is = |t: &Token, w: &str| {
+        t.kind == TokenKind::Word && w.as_bytes().eq_ignore_ascii_case(text(t))
+    };
+    if !tokens.iter().any(|t| {
+        t.kind == TokenKind::Word
+            && COMPOUND_UNITS
+                .iter()
+                .any(|(c, _, _)| c.as_bytes().eq_ignore_ascii_case(text(t)))
+    }) || tokens.iter().any(|t| is(t, "TO"))
+    {
+        return None;
+    }
+    let mut depth = 0usize;
+    // Depths of `INTERVAL`s still waiting for their unit.
+    let mut open: Vec<usize> = Vec::new();
+    let mut splits: Vec<(usize, &str, &str)> = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        match t.kind {
+            TokenKind::Punct if text(t) == b"(" => depth += 1,
+            TokenKind::Punct if text(t) == b")" => {
+                depth = depth.saturating_sub(1);
+                while open.last().is_some_and(|&d| d > depth) {
+                    open.pop();
+                }
+            }
+            TokenKind::Word if is(t, "INTERVAL") => open.push(depth),
+            TokenKind::Word if open.last() == Some(&depth) => {
+                let after_dot = i > 0 && text(&tokens[i - 1]) == b".";
+                if after_dot {
+                    continue;
+                }
+                if let Some(&(_, first, last)) = COMPOUND_UNITS
+                    .iter()
+                    .find(|(c, _, _)| c.as_bytes().eq_ignore_ascii_case(text(t)))
+                {
+                    splits.push((i, first, last));
+                    open.pop();
+                } else if SIMPLE_UNITS.iter().any(|u| is(t, u)) {
+                    open.pop();
+                }
+            }
+            _ => {}
+        }
+    }
+    if splits.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(sql.len() + 4 * splits.len());
+    let mut at = 0;
+    for (i, first, last) in splits {
+        let t = &tokens[i];
+        out.extend_from_slice(&sql[at..t.start]);
+        out.extend_from_slice(first.as_bytes());
+        out.extend_from_slice(b" TO ");
+        out.extend_from_slice(last.as_bytes());
+        at = t.end;
+    }
+    out.extend_from_slice(&sql[at..]);
+    Some(out)
+}
+
+/// `text` with every `<first> TO <last>` of [`COMPOUND_UNITS`] joined back into the
+/// compound unit, and a map of its byte offsets: `(offset in text, bytes removed
+/// before it)` at each join. `None` if the text cannot be lexed.
+fn join_text(text: &[u8], mode: sqltok::LexMode) -> Option<(Vec<u8>, Shifts)> {
+    let tokens = sqltok::lex(text, mode).ok()?;
+    let word = |t: &Token| (t.kind == TokenKind::Word).then(|| &text[t.start..t.end]);
+    let mut out = Vec::with_capacity(text.len());
+    let mut shifts = Vec::new();
+    let (mut at, mut removed, mut i) = (0, 0, 0);
+    while i + 2 < tokens.len() {
+        let (a, to, b) = (&tokens[i], &tokens[i + 1], &tokens[i + 2]);
+        let joined = match (word(a), word(to), word(b)) {
+            (Some(x), Some(w), Some(y)) if w.eq_ignore_ascii_case(b"TO") => COMPOUND_UNITS
+                .iter()
+                .find(|(_, f, l)| {
+                    f.as_bytes().eq_ignore_ascii_case(x) && l.as_bytes().eq_ignore_ascii_case(y)
+                })
+                .map(|(c, _, _)| *c),
+            _ => None,
+        };
+        let Some(unit) = joined else {
+            i += 1;
+            continue;
+        };
+        out.extend_from_slice(&text[at..a.start]);
+        out.extend_from_slice(unit.as_bytes());
+        removed += (b.end - a.start) - unit.len();
+        shifts.push((b.end, removed));
+        at = b.end;
+        i += 3;
+    }
+    out.extend_from_slice(&text[at..]);
+    Some((out, shifts))
+}
+
+/// Where [`join_text`] shortened a text: (offset in the text, bytes removed up to it).
+type Shifts = Vec<(usize, usize)>;
+
+/// An offset of a text given to [`join_text`], in its output.
+fn joined_offset(offset: usize, shifts: &[(usize, usize)]) -> usize {
+    let removed = shifts
+        .iter()
+        .take_while(|(end, _)| *end <= offset)
+        .last()
+        .map_or(0, |(_, r)| *r);
+    offset - removed
+}
+
+/// The decision for a statement planned with its compound units split
+/// ([`split_units`]): a rewrite's texts get the units back (their holes moved), and a
+/// prelude declining its literals forwards `original`. Other decisions stand (a
+/// fallback forwards the client's own bytes).
+fn join_units(d: Decision, original: &[u8], mode: sqltok::LexMode) -> Decision {
+    let Decision::Rewrite(mut rw) = d else {
+        return d;
+    };
+    let internal = |rule: Arc<str>| {
+        Decision::Reject(Rejection {
+            rule,
+            reason: "internal error: a rewritten statement cannot be read back".into(),
+        })
+    };
+    let mut statements = Vec::with_capacity(rw.statements.len());
+    for s in &rw.statements {
+        let Some((joined, _)) = join_text(s, mode) else {
+            return internal(rw.rule);
+        };
+        statements.push(joined);
+    }
+    rw.statements = statements;
+    for (text, holes) in rw.aux.iter_mut().zip(rw.aux_holes.iter_mut()) {
+        let Some((joined, shifts)) = join_text(text, mode) else {
+            return internal(rw.rule);
+        };
+        *text = joined;
+        for h in holes.iter_mut() {
+            h.0 = joined_offset(h.0, &shifts);
+        }
+    }
+    if rw.aux_holes.is_empty() {
+        for text in rw.aux.iter_mut() {
+            let Some((joined, _)) = join_text(text, mode) else {
+                return internal(rw.rule);
+            };
+            *text = joined;
+        }
+    }
+    if let Some(p) = rw.prelude.take() {
+        let mut p = (*p).clone();
+        let Some((query, _)) = join_text(&p.query, mode) else {
+            return internal(rw.rule);
+        };
+        p.query = query;
+        for (text, holes) in p.statements.iter_mut() {
+            let Some((joined, shifts)) = join_text(text, mode) else {
+                return internal(rw.rule);
+            };
+            *text = joined;
+            for h in holes.iter_mut() {
+                h.0 = joined_offset(h.0, &shifts);
+            }
+        }
+        if p.original.is_some() {
+            p.original = Some(original.to_vec());
+        }
+        rw.prelude = Some(Arc::new(p));
+    }
+    Decision::Rewrite(rw)
 }
 
 /// Variables whose statement-scoped value (`SET STATEMENT v = … FOR`) may be given to
@@ -2293,5 +2531,48 @@ mod tests {
         let r = rejected(e.decide(b"SELECT a FROM t WHERE s = ''", &ctx));
         assert!(r.reason.contains("EMPTY_STRING_IS_NULL"), "{}", r.reason);
         assert_eq!(e.decide(b"SELECT 't' FROM u", &ctx), Decision::Passthrough);
+    }
+
+    #[test]
+    fn compound_units_are_split_for_the_parser_and_joined_back() {
+        let split = |sql: &str| {
+            let tokens = sqltok::lex(sql.as_bytes(), sqltok::LexMode::default()).unwrap();
+            split_units(sql.as_bytes(), &tokens).map(|s| latin1(&s))
+        };
+        assert_eq!(
+            split("SELECT day_hour FROM t WHERE x.hour_minute = 1 AND c > NOW() - INTERVAL 2 DAY_HOUR").as_deref(),
+            Some("SELECT day_hour FROM t WHERE x.hour_minute = 1 AND c > NOW() - INTERVAL 2 DAY TO HOUR")
+        );
+        assert_eq!(
+            split("SELECT DATE_ADD(c, INTERVAL (1 + 1) minute_second), c + INTERVAL '1-2' YEAR_MONTH FROM t").as_deref(),
+            Some("SELECT DATE_ADD(c, INTERVAL (1 + 1) MINUTE TO SECOND), c + INTERVAL '1-2' YEAR TO MONTH FROM t")
+        );
+        // A plain unit ends the interval; a `TO` of the statement's own stops it all;
+        // EXTRACT's units are not an interval's.
+        assert_eq!(
+            split("SELECT c + INTERVAL 1 HOUR, hour_minute FROM t"),
+            None
+        );
+        assert_eq!(
+            split("SELECT c + INTERVAL '1:30' HOUR_MINUTE FROM t WHERE a = 'TO' OR `to` = 1"),
+            Some(
+                "SELECT c + INTERVAL '1:30' HOUR TO MINUTE FROM t WHERE a = 'TO' OR `to` = 1"
+                    .into()
+            )
+        );
+        assert_eq!(split("SELECT c + INTERVAL '1:30' HOUR_MINUTE FROM t WHERE a = 1 AND b IN (SELECT x FROM y) AND TO_DAYS(c) > 1"), Some("SELECT c + INTERVAL '1:30' HOUR TO MINUTE FROM t WHERE a = 1 AND b IN (SELECT x FROM y) AND TO_DAYS(c) > 1".into()));
+        assert_eq!(split("SELECT EXTRACT(DAY_HOUR FROM c) FROM t"), None);
+        // The way back joins words only, and moves offsets after each join.
+        let (joined, shifts) = join_text(
+            b"SELECT c + INTERVAL ? HOUR TO MINUTE, 'HOUR TO MINUTE', x FROM t WHERE d < ",
+            sqltok::LexMode::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            latin1(&joined),
+            "SELECT c + INTERVAL ? HOUR_MINUTE, 'HOUR TO MINUTE', x FROM t WHERE d < "
+        );
+        assert_eq!(joined_offset(20, &shifts), 20);
+        assert_eq!(joined_offset(70, &shifts), 67);
     }
 }

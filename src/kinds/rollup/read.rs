@@ -2125,7 +2125,6 @@ mod tests {
             &[
                 "LOAD DATA LOCAL INFILE 'plays.csv' INTO TABLE plays FIELDS TERMINATED BY ','",
                 "LOAD DATA INFILE '/tmp/p' REPLACE INTO TABLE plays (created_at, track_id) SET country = 'US'",
-                "SELECT COUNT(*) AS n FROM plays WHERE created_at >= NOW() - INTERVAL '1:30' HOUR_MINUTE",
                 "SELECT COUNT(*) AS n FROM plays INTO @a",
                 "SELECT track_id FROM plays INTO OUTFILE '/tmp/x'",
                 "SELECT COUNT(*) AS n INTO @a FROM plays",
@@ -2136,6 +2135,47 @@ mod tests {
         // DDL the parser cannot read is still refused: no trigger follows it.
         let r = reject(&e, "ALTER TABLE plays TRUNCATE PARTITION p0");
         assert!(r.contains("cannot be parsed"), "{r}");
+    }
+
+    #[test]
+    fn compound_interval_units_are_read() {
+        let e = engine();
+        let r = rewrite(
+            &e,
+            "SELECT COUNT(*) AS n FROM plays WHERE created_at >= NOW() - INTERVAL '1:30' hour_minute \
+             AND created_at < DATE_ADD('2024-05-01', INTERVAL (1 + 1) DAY_HOUR)",
+        );
+        let p = r.prelude.as_deref().expect("a two-step form");
+        let query = String::from_utf8_lossy(&p.query);
+        assert!(
+            query.contains("INTERVAL ?1 HOUR_MINUTE")
+                || query.contains("INTERVAL '1:30' HOUR_MINUTE"),
+            "{query}"
+        );
+        assert!(query.contains("(1 + 1) DAY_HOUR"), "{query}");
+        for s in r
+            .statements
+            .iter()
+            .chain(p.statements.iter().map(|(t, _)| t))
+        {
+            let text = String::from_utf8_lossy(s);
+            assert!(!text.contains(" TO "), "{text}");
+        }
+        // A statement spelling the standard form is not touched (MariaDB refuses it),
+        // and a column named like a unit stays a column.
+        let r = rewrite(&e, "SELECT COUNT(*) AS n FROM plays WHERE created_at >= NOW() - INTERVAL '1:30' HOUR TO MINUTE");
+        assert!(r
+            .statements
+            .iter()
+            .any(|s| String::from_utf8_lossy(s).contains("HOUR TO MINUTE")));
+        // Prepared reads have only the one-step form, which takes plain units only.
+        assert!(matches!(
+            crate::rewrite::testutil::decide_prepared(
+                &e,
+                "SELECT COUNT(*) AS n FROM plays WHERE created_at >= ? - INTERVAL '1:30' HOUR_MINUTE"
+            ),
+            Decision::Fallback(_)
+        ));
     }
 
     #[test]

@@ -33,6 +33,9 @@ enum Act {
     Execute(&'static str, Vec<RawParam>),
     /// COM_STMT_EXECUTE relying on the types bound before.
     ExecuteUnbound(&'static str, Vec<RawParam>),
+    /// COM_STMT_EXECUTE without parameters of a `LOAD DATA LOCAL INFILE`, answered
+    /// with these bytes.
+    ExecuteInfile(&'static str, Vec<u8>),
     /// COM_STMT_SEND_LONG_DATA (no response).
     LongData(&'static str, u16, Vec<u8>),
     /// COM_STMT_RESET.
@@ -100,6 +103,10 @@ fn run_script(addr: SocketAddr, db: &str, steps: &[Step]) -> Vec<Vec<Packet>> {
             }),
             Act::Execute(name, params) => c.execute(id(name), params),
             Act::ExecuteUnbound(name, params) => c.execute_with(id(name), params, false, 0),
+            Act::ExecuteInfile(name, data) => {
+                c.set_local_infile(data.clone());
+                c.execute(id(name), &[])
+            }
             Act::LongData(name, param, data) => c
                 .send_long_data(id(name), *param, data)
                 .map(|()| Vec::new()),
@@ -412,6 +419,20 @@ fn rollup_logs_take_what_the_parser_cannot_read_as_mariadb_does() {
                 "set_statement",
                 vec![RawParam::str("2024-05-01 10:30:00")],
             )),
+            step(Act::Prepare(
+                "into",
+                "SELECT COUNT(*), SUM(user_id) FROM plays WHERE track_id = ? INTO @g, @h".into(),
+            )),
+            step(Act::Execute("into", vec![RawParam::Int(6)])),
+            q("SELECT @g, @h"),
+            step(Act::Prepare(
+                "load",
+                "LOAD DATA LOCAL INFILE 'plays.tsv' INTO TABLE plays (created_at, track_id)".into(),
+            )),
+            step(Act::ExecuteInfile(
+                "load",
+                b"2024-05-05 10:00:00\t8\n2024-05-05 11:00:00\t9\n".to_vec(),
+            )),
             q("SELECT id, created_at, track_id, user_id, referer, country FROM plays ORDER BY id"),
         ]);
         s
@@ -576,6 +597,19 @@ fn partition_tables_take_what_the_parser_cannot_read_as_mariadb_does() {
                 key(1)
             )),
             q("SELECT @id, @day, @id2"),
+            step(Act::Prepare(
+                "lookup",
+                "SET STATEMENT time_zone = '+10:00' FOR SELECT ID, Message FROM Messages WHERE UUID = ?".into(),
+            )),
+            step(Act::Execute("lookup", vec![RawParam::str(&key(1))])),
+            step(Act::Prepare(
+                "interval",
+                "SELECT COUNT(*) AS n FROM Messages WHERE UUID = ? AND Inserted >= ? - INTERVAL '1 12' DAY_HOUR".into(),
+            )),
+            step(Act::Execute(
+                "interval",
+                vec![RawParam::str(&key(2)), RawParam::str(&day)],
+            )),
             q("SELECT ID, UUID, Message, Inserted FROM Messages ORDER BY ID"),
         ]
     };
@@ -615,6 +649,14 @@ fn timeline_tables_take_what_the_parser_cannot_read_as_mariadb_does() {
             q(read),
             q(format!("SET STATEMENT time_zone = '+10:00' FOR {read}")),
             q(format!("SET STATEMENT sql_mode = '' FOR {read}")),
+            step(Act::Prepare(
+                "read",
+                format!(
+                    "SET STATEMENT time_zone = '+10:00' FOR {}",
+                    read.replace("f.user_id = 1", "f.user_id = ?")
+                ),
+            )),
+            step(Act::Execute("read", vec![RawParam::Int(1)])),
             q("SELECT COUNT(*) FROM message WHERE user_id = 3 INTO @n"),
             q("SELECT @n"),
             q("SELECT id, user_id, body FROM message ORDER BY id"),

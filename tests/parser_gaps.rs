@@ -825,6 +825,16 @@ fn counter_and_ring_tables_refuse_what_they_cannot_read() {
         "the increment after the refused one"
     );
 
+    // `SELECT … INTO @v FROM t`, which the parser reads, keeps its targets.
+    let r = c
+        .query("SELECT cnt, slug INTO @c, @s FROM hits WHERE slug = 'home'")
+        .expect("query");
+    assert_eq!(err_code(&r), None, "{r:?}");
+    assert_eq!(
+        text_rows(&c.query("SELECT @c, @s").expect("query")),
+        vec![vec![Some("16".to_string()), Some("home".to_string())]]
+    );
+
     // A SET STATEMENT of a variable every rewrite is exact under keeps the rewrite.
     let r = c
         .query("SET STATEMENT lock_wait_timeout = 5 FOR UPDATE hits SET cnt = cnt + 2 WHERE slug = 'about'")

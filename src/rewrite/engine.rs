@@ -1165,7 +1165,7 @@ fn join_text(text: &[u8], mode: sqltok::LexMode) -> Option<(Vec<u8>, Shifts)> {
         };
         out.extend_from_slice(&text[at..a.start]);
         out.extend_from_slice(unit.as_bytes());
-        removed += (b.end - a.start) - unit.len();
+        removed += (b.end - a.start).saturating_sub(unit.len());
         shifts.push((b.end, removed));
         at = b.end;
         i += 3;
@@ -1184,7 +1184,7 @@ fn joined_offset(offset: usize, shifts: &[(usize, usize)]) -> usize {
         .take_while(|(end, _)| *end <= offset)
         .last()
         .map_or(0, |(_, r)| *r);
-    offset - removed
+    offset.saturating_sub(removed)
 }
 
 /// The decision for a statement planned with its compound units split

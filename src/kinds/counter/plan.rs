@@ -1581,4 +1581,19 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn select_into_variables_keeps_its_targets() {
+        let e = engine(&["slug"]);
+        let r = rewrite(
+            &e,
+            "SELECT cnt, slug INTO @a, @b FROM hits WHERE slug = 'a'",
+        );
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT cnt, slug INTO @a, @b FROM {DERIVED} AS hits WHERE slug = 'a'"
+            )],
+        );
+    }
 }

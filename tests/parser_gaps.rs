@@ -825,6 +825,30 @@ fn counter_and_ring_tables_refuse_what_they_cannot_read() {
         "the increment after the refused one"
     );
 
+    // The same for a rewritten ring insert.
+    let before = snapshot(db, &tables);
+    let (id, prep) = c
+        .prepare("INSERT INTO profile_visits (uid, visitor_uid, last_update) VALUES (?, ?, ?)")
+        .expect("prepare");
+    assert!(prep[0].header() == 0, "{prep:?}");
+    c.send_long_data(id, 2, b"2024-05-03 00:00:00").expect("long data");
+    let r = c
+        .execute(
+            id,
+            &[
+                RawParam::Int(1),
+                RawParam::Int(5),
+                RawParam::Typed {
+                    ty: types::BLOB,
+                    unsigned: false,
+                    value: Vec::new(),
+                },
+            ],
+        )
+        .expect("execute");
+    assert_eq!(err_code(&r), Some(1105), "{r:?}");
+    assert_eq!(snapshot(db, &tables), before, "a refused execute changed something");
+
     // `SELECT … INTO @v FROM t`, which the parser reads, keeps its targets.
     let r = c
         .query("SELECT cnt, slug INTO @c, @s FROM hits WHERE slug = 'home'")

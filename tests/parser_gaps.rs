@@ -831,7 +831,8 @@ fn counter_and_ring_tables_refuse_what_they_cannot_read() {
         .prepare("INSERT INTO profile_visits (uid, visitor_uid, last_update) VALUES (?, ?, ?)")
         .expect("prepare");
     assert!(prep[0].header() == 0, "{prep:?}");
-    c.send_long_data(id, 2, b"2024-05-03 00:00:00").expect("long data");
+    c.send_long_data(id, 2, b"2024-05-03 00:00:00")
+        .expect("long data");
     let r = c
         .execute(
             id,
@@ -847,7 +848,11 @@ fn counter_and_ring_tables_refuse_what_they_cannot_read() {
         )
         .expect("execute");
     assert_eq!(err_code(&r), Some(1105), "{r:?}");
-    assert_eq!(snapshot(db, &tables), before, "a refused execute changed something");
+    assert_eq!(
+        snapshot(db, &tables),
+        before,
+        "a refused execute changed something"
+    );
 
     // `SELECT … INTO @v FROM t`, which the parser reads, keeps its targets.
     let r = c

@@ -1081,8 +1081,11 @@ fn split_units(sql: &[u8], tokens: &[Token]) -> Option<Vec<u8>> {
     let is = |t: &Token, w: &str| {
         t.kind == TokenKind::Word && w.as_bytes().eq_ignore_ascii_case(text(t))
     };
+    // Every compound unit has an underscore: most words are passed over at that test
+    // (this runs for every statement on a ruled table).
     if !tokens.iter().any(|t| {
         t.kind == TokenKind::Word
+            && text(t).contains(&b'_')
             && COMPOUND_UNITS
                 .iter()
                 .any(|(c, _, _)| c.as_bytes().eq_ignore_ascii_case(text(t)))

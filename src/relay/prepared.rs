@@ -28,15 +28,101 @@ pub struct PreparedRewrite {
     pub types: Option<Vec<u8>>,
     /// How replies are shaped.
     pub reply: Reply,
-    /// The client sent COM_STMT_SEND_LONG_DATA, which rewritten statements do not
-    /// support; the next execute fails with a clear error.
-    pub long_data: bool,
+    /// COM_STMT_SEND_LONG_DATA chunks the client sent since the last execute or
+    /// COM_STMT_RESET, in order: (parameter, bytes). The next execute runs the
+    /// client's own statement with them (see [`PreparedRewrite::original`]), or
+    /// fails with a clear error when the rule cannot allow that.
+    pub long_data: LongData,
+    /// The client's statement text, when its rule lets it run as sent
+    /// ([`crate::rewrite::Rule::runs_unread`]): an execute with long data runs it as
+    /// the server's own prepared statement.
+    pub original: Option<Vec<u8>>,
     /// Checks of each execute's parameter values (see [`Rewritten::param_checks`]).
     pub checks: Vec<(usize, crate::rewrite::ParamCheck)>,
     /// A rewrite with a merger: the plan's pieces, with holes for the parameters
     /// (see [`Rewritten::aux_holes`]), from which an execute becomes a text
     /// statement when it merges or needs `RETURNING`.
     pub merge: Option<PreparedMerge>,
+}
+
+/// Long data of a prepared rewrite, buffered until its execute (the command has no
+/// response, so nothing can be refused when it arrives).
+#[derive(Debug, Default)]
+pub struct LongData {
+    /// (parameter, bytes) of each COM_STMT_SEND_LONG_DATA, in order.
+    pub chunks: Vec<(u16, Vec<u8>)>,
+    /// Bytes buffered in all.
+    pub bytes: usize,
+    /// More than [`LONG_DATA_LIMIT`] bytes were sent: the chunks were dropped and
+    /// the execute fails.
+    pub overflow: bool,
+}
+
+/// The most long data buffered for one prepared rewrite between two executes.
+pub const LONG_DATA_LIMIT: usize = 64 << 20;
+
+impl LongData {
+    /// Buffers the payload of a COM_STMT_SEND_LONG_DATA (command byte, statement id,
+    /// parameter, data); a payload too short to name a parameter is ignored, as
+    /// the server ignores it.
+    pub fn add(&mut self, payload: &[u8]) {
+        let (Some(param), Some(data)) = (payload.get(5..7), payload.get(7..)) else {
+            return;
+        };
+        if self.overflow {
+            return;
+        }
+        self.bytes += data.len();
+        if self.bytes > LONG_DATA_LIMIT {
+            self.chunks = Vec::new();
+            self.overflow = true;
+            return;
+        }
+        self.chunks
+            .push((u16::from_le_bytes([param[0], param[1]]), data.to_vec()));
+    }
+
+    /// Whether anything was sent since the last execute or reset.
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty() && !self.overflow
+    }
+}
+
+/// The client's COM_STMT_EXECUTE for the server's own statement `id` of the client's
+/// text: the statement id replaced, cursor flags cleared (the client fetches from
+/// its own statement id, not this one), and the parameter types put in when the
+/// execute relies on types bound earlier (the new statement has none). Records the
+/// types when the execute binds them. Values are not read: parameters sent as long
+/// data have none in the packet.
+pub(super) fn original_execute(payload: &[u8], id: u32, p: &mut PreparedRewrite) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 2 * p.client_params + 8);
+    out.push(cmd::STMT_EXECUTE);
+    out.extend_from_slice(&id.to_le_bytes());
+    let Some(flags_iter) = payload.get(5..10) else {
+        // Malformed: the server answers it.
+        out.extend_from_slice(payload.get(5..).unwrap_or_default());
+        return out;
+    };
+    out.push(flags_iter[0] & !CURSOR_TYPE_MASK);
+    out.extend_from_slice(&flags_iter[1..]);
+    let n = p.client_params;
+    let bitmap_end = 10 + n.div_ceil(8);
+    match (n, payload.get(bitmap_end)) {
+        (1.., Some(&1)) => {
+            if let Some(t) = payload.get(bitmap_end + 1..bitmap_end + 1 + 2 * n) {
+                p.types = Some(t.to_vec());
+            }
+            out.extend_from_slice(&payload[10..]);
+        }
+        (1.., Some(&0)) if p.types.is_some() => {
+            out.extend_from_slice(&payload[10..bitmap_end]);
+            out.push(1);
+            out.extend_from_slice(p.types.as_deref().unwrap_or_default());
+            out.extend_from_slice(&payload[bitmap_end + 1..]);
+        }
+        _ => out.extend_from_slice(&payload[10..]),
+    }
+    out
 }
 
 /// The merge pieces of a prepared rewrite.
@@ -229,7 +315,8 @@ mod tests {
             types: None,
             reply: Reply::Last,
             atomic: false,
-            long_data: false,
+            long_data: LongData::default(),
+            original: None,
             checks: Vec::new(),
             merge: None,
         }

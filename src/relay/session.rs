@@ -722,9 +722,9 @@ impl Session {
             }
             cmd::STMT_SEND_LONG_DATA => {
                 if let Some(id) = statement_id(&c.payload()) {
-                    if self.prepared.contains_key(&id) {
-                        // No response is allowed; the error surfaces at execute time.
-                        self.prepared.entry(id).and_modify(|p| p.long_data = true);
+                    if let Some(p) = self.prepared.get_mut(&id) {
+                        // No response is allowed: buffered for the next execute.
+                        p.long_data.add(&c.payload());
                         return Ok(true);
                     }
                 }
@@ -732,6 +732,15 @@ impl Session {
                 return Ok(true);
             }
             cmd::STMT_EXECUTE => return self.stmt_execute(&c).await.map(|_| true),
+            cmd::STMT_RESET => {
+                // Discards the statement's long data, as on the server.
+                if let Some(p) =
+                    statement_id(&c.payload()).and_then(|id| self.prepared.get_mut(&id))
+                {
+                    p.long_data = Default::default();
+                }
+                ResponseKind::Single
+            }
             cmd::CHANGE_USER => return self.change_user(&c).await.map(|_| true),
             cmd::PROCESS_INFO => ResponseKind::Generic,
             cmd::STMT_BULK_EXECUTE => {
@@ -759,7 +768,6 @@ impl Session {
             | cmd::PING
             | cmd::STATISTICS
             | cmd::RESET_CONNECTION
-            | cmd::STMT_RESET
             | cmd::SET_OPTION
             | cmd::REFRESH
             | cmd::PROCESS_KILL

@@ -16,7 +16,10 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 
-use super::prepared::{param_violation, remap_execute, PreparedMerge, PreparedRewrite};
+use super::prepared::{
+    original_execute, param_violation, remap_execute, LongData, PreparedMerge, PreparedRewrite,
+    LONG_DATA_LIMIT,
+};
 use super::response::{ResponseKind, ResponseParser};
 use super::session::{Diagnostics, Session};
 use crate::error::{Error, Result, Source};
@@ -887,7 +890,13 @@ impl Session {
                 types: None,
                 reply: rw.reply.clone(),
                 atomic: rw.atomic,
-                long_data: false,
+                long_data: LongData::default(),
+                original: self
+                    .shared
+                    .engine
+                    .load()
+                    .rule_runs_unread(&rw.rule)
+                    .then(|| c.payload()[1..].to_vec()),
                 checks: rw.param_checks.clone(),
                 merge: rw
                     .merge
@@ -901,6 +910,64 @@ impl Session {
             },
         );
         self.link.client.write_all(&out).await
+    }
+
+    /// COM_STMT_EXECUTE of a prepared rewrite with long data, whose rule lets its
+    /// statements run as sent: the client's own statement is prepared on the server,
+    /// given the long data as the client sent it, executed with the client's
+    /// parameters, and closed. The client sees the server's answer to its own
+    /// statement, as without the proxy; counted as the rule's fallback.
+    async fn execute_original(
+        &mut self,
+        id: u32,
+        c: &crate::wire::io::Logical,
+        chunks: Vec<(u16, Vec<u8>)>,
+    ) -> Result<()> {
+        let cmd_seq = c.last_seq;
+        let Some(p) = self.prepared.get(&id) else {
+            return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
+        };
+        let (rule, Some(sql)) = (p.rule.clone(), p.original.clone()) else {
+            return Err(Error::new(
+                Source::Internal,
+                "prepared rewrite lost its text",
+            ));
+        };
+        self.restore_insert_id().await?;
+        let mut prepare = Vec::with_capacity(sql.len() + 1);
+        prepare.push(cmd::STMT_PREPARE);
+        prepare.extend_from_slice(&sql);
+        self.link.backend.write_packet(0, &prepare).await?;
+        let (prep, pkts) = self.collect_response(ResponseKind::Prepare).await?;
+        let Some(ok) = prep.prepare_ok else {
+            // The statement no longer prepares (its table changed): the server's
+            // own error.
+            let payload = pkts.first().map(|p| p.payload.to_vec()).unwrap_or_default();
+            return self.reply(cmd_seq, &payload).await;
+        };
+        for (param, data) in &chunks {
+            let mut long = Vec::with_capacity(data.len() + 7);
+            long.push(cmd::STMT_SEND_LONG_DATA);
+            long.extend_from_slice(&ok.statement_id.to_le_bytes());
+            long.extend_from_slice(&param.to_le_bytes());
+            long.extend_from_slice(data);
+            self.link.backend.write_packet(0, &long).await?;
+        }
+        let Some(p) = self.prepared.get_mut(&id) else {
+            return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
+        };
+        let execute = original_execute(&c.payload(), ok.statement_id, p);
+        let next = self.link.backend.write_packet(0, &execute).await?;
+        let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
+        let relayed = self
+            .relay_response(ResponseKind::execute(&execute), shift, cmd_seq)
+            .await;
+        self.close_backend_statement(ok.statement_id).await?;
+        relayed?;
+        if let Some(stats) = self.shared.rules.load().get(&rule) {
+            stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// COM_STMT_CLOSE of a backend statement (no response).
@@ -933,12 +1000,22 @@ impl Session {
         let Some(p) = self.prepared.get_mut(&id) else {
             return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
         };
-        if p.long_data {
-            p.long_data = false;
-            let msg = format!(
-                "heatsink rule '{}': COM_STMT_SEND_LONG_DATA is not supported for rewritten statements",
-                p.rule
-            );
+        if !p.long_data.is_empty() {
+            let long_data = std::mem::take(&mut p.long_data);
+            let msg = if long_data.overflow {
+                format!(
+                    "heatsink rule '{}': more than {} MiB of COM_STMT_SEND_LONG_DATA for one execute",
+                    p.rule,
+                    LONG_DATA_LIMIT >> 20
+                )
+            } else if p.original.is_some() {
+                return self.execute_original(id, c, long_data.chunks).await;
+            } else {
+                format!(
+                    "heatsink rule '{}': COM_STMT_SEND_LONG_DATA is not supported for statements this rule rewrites; send the value in the execute",
+                    p.rule
+                )
+            };
             return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
         }
         let strings = p

@@ -288,6 +288,15 @@ impl Engine {
         }
     }
 
+    /// Whether the rule of this name lets statements it cannot read run as sent
+    /// ([`Rule::runs_unread`]).
+    pub fn rule_runs_unread(&self, rule: &str) -> bool {
+        self.names
+            .iter()
+            .zip(&self.rules)
+            .any(|(n, r)| &**n == rule && r.runs_unread())
+    }
+
     /// Whether the rule of this name runs in shadow mode.
     fn is_shadow(&self, rule: &str) -> bool {
         self.names
@@ -325,6 +334,41 @@ impl Engine {
             Ok(t) => t,
             Err(e) => return reject_mention(format!("cannot be read ({e})")),
         };
+        if let Some(split) = split_units(sql, &tokens) {
+            // `INTERVAL x HOUR_MINUTE`, whose unit the parser does not read: planned
+            // as `INTERVAL x HOUR TO MINUTE`, which the rewrite prints back joined.
+            let tokens = match sqltok::lex(&split, lexing.mode) {
+                Ok(t) => t,
+                Err(e) => return reject_mention(format!("cannot be read ({e})")),
+            };
+            let d = self.decide_tokens(&split, tokens, ctx, hits, lexing);
+            return join_units(d, sql, lexing.mode);
+        }
+        self.decide_tokens(sql, tokens, ctx, hits, lexing)
+    }
+
+    /// The part of [`Engine::decide_named`] after the statement was lexed.
+    fn decide_tokens(
+        &self,
+        sql: &[u8],
+        tokens: Vec<Token>,
+        ctx: &StatementContext<'_>,
+        hits: &[usize],
+        lexing: Lexing,
+    ) -> Decision {
+        let reject_mention = |what: String| {
+            let (rule, _) = &self.patterns[hits[0]].tables[0];
+            Decision::Reject(Rejection {
+                rule: self.names[*rule].clone(),
+                reason: format!(
+                    "the statement mentions table '{}' but {what}",
+                    String::from_utf8_lossy(&self.patterns[hits[0]].name)
+                ),
+            })
+        };
+        if let Some(for_at) = set_statement_for(sql, &tokens) {
+            return self.decide_set_statement(sql, &tokens, for_at, ctx, hits, lexing);
+        }
         if let Some(word) = explain_modifier(sql, &tokens) {
             // `EXPLAIN PARTITIONS | EXTENDED <statement>`, which the parser does not
             // read: planned without the word, which goes back into the rewrite.
@@ -339,6 +383,103 @@ impl Engine {
             return with_explain_modifier(d, &sql[word.start..word.end]);
         }
         self.decide_lexed(sql, tokens, ctx, hits, lexing)
+    }
+
+    /// `SET STATEMENT <variable> = <value>, … FOR <statement>` (`for_at`: the index
+    /// of the `FOR` token). The inner statement is decided as if sent alone; its
+    /// rewrite keeps the prefix on every statement it runs when each variable is one
+    /// a rewrite is exact under ([`PREFIXABLE`]: the rewrite must already be exact
+    /// under any session value of it). Otherwise a statement the rules' tables
+    /// answer as sent runs as sent (the rule's fallback), and others are refused.
+    fn decide_set_statement(
+        &self,
+        sql: &[u8],
+        tokens: &[Token],
+        for_at: usize,
+        ctx: &StatementContext<'_>,
+        hits: &[usize],
+        lexing: Lexing,
+    ) -> Decision {
+        let inner_start = tokens[for_at + 1].start;
+        let inner = &sql[inner_start..];
+        let prefix_end = tokens[for_at].end;
+        let variables = set_statement_variables(sql, &tokens[2..for_at]);
+        let rejection = |rule: usize, why: &str| {
+            Decision::Reject(Rejection {
+                rule: self.names[rule].clone(),
+                reason: format!(
+                    "the statement mentions table '{}' but {why}",
+                    String::from_utf8_lossy(&self.patterns[hits[0]].name)
+                ),
+            })
+        };
+        let first_rule = self.patterns[hits[0]].tables[0].0;
+        let reads_alike = variables.as_ref().is_some_and(|v| {
+            !v.iter()
+                .any(|name| LEXING_VARIABLES.contains(&name.as_str()))
+        });
+        let inner_tokens = match sqltok::lex(inner, lexing.mode) {
+            Ok(t) if reads_alike => t,
+            Ok(t) => {
+                // The statement may be read differently under the prefix's settings:
+                // only rules that answer anything as sent let it run.
+                let mut rules: Vec<usize> = hits
+                    .iter()
+                    .flat_map(|&h| self.patterns[h].tables.iter().map(|(r, _)| *r))
+                    .collect();
+                rules.sort_unstable();
+                rules.dedup();
+                if self.runs_unread(inner, &t, &rules) {
+                    return Decision::Fallback(self.names[first_rule].clone());
+                }
+                return rejection(
+                    first_rule,
+                    "its SET STATEMENT prefix sets a variable that changes how heatsink reads the statement (sql_mode), so the rule cannot be applied safely",
+                );
+            }
+            Err(e) => return rejection(first_rule, &format!("cannot be read ({e})")),
+        };
+        let Some((rules, _, _)) = self.named_rules(inner, &inner_tokens, hits, ctx.current_db)
+        else {
+            return Decision::Passthrough;
+        };
+        let d = self.decide_lexed(inner, inner_tokens.clone(), ctx, hits, lexing);
+        let Decision::Rewrite(rw) = d else {
+            return d;
+        };
+        let params = tokens[2..for_at].iter().any(|t| t.kind == TokenKind::Param);
+        let why_not = match &variables {
+            _ if params => Some("its SET STATEMENT prefix has a parameter".to_string()),
+            Some(v) => v
+                .iter()
+                .find(|name| !PREFIXABLE.contains(&name.as_str()))
+                .map(|name| {
+                    format!("SET STATEMENT {name} may change what the rewritten statements mean")
+                }),
+            None => Some("its SET STATEMENT prefix cannot be read".to_string()),
+        }
+        .or_else(|| {
+            rw.merge
+                .as_ref()
+                .is_some_and(|m| m.returning_alone(&rw.aux).is_some())
+                .then(|| {
+                    "its rewrite needs the write's own RETURNING, which SET STATEMENT cannot carry"
+                        .to_string()
+                })
+        });
+        match why_not {
+            None => Decision::Rewrite(with_prefix(rw, &sql[..prefix_end], sql)),
+            Some(_) if self.runs_unread(inner, &inner_tokens, &rules) => {
+                Decision::Fallback(rw.rule)
+            }
+            Some(why) => Decision::Reject(Rejection {
+                rule: rw.rule,
+                reason: format!("the statement names table '{}' but {why}", {
+                    let t = &self.patterns[hits[0]].name;
+                    String::from_utf8_lossy(t).into_owned()
+                }),
+            }),
+        }
     }
 
     /// The part of [`Engine::decide_named`] after the statement was lexed.
@@ -642,6 +783,10 @@ impl Engine {
         let mut stmts = match parse_statements(&text) {
             Ok(s) => s,
             Err(_) if self.is_maintenance(st) => return Cached::Passthrough,
+            Err(_) if self.runs_unread(st.sql, &st.tokens, &st.rules) => {
+                // A read or row write the rules' tables answer exactly as sent.
+                return Cached::Fallback(self.names[st.rules[0]].clone());
+            }
             Err(e) => {
                 return self.reject_named(st, &format!("cannot be parsed ({e})"));
             }
@@ -671,6 +816,27 @@ impl Engine {
             }),
             other => other,
         }
+    }
+
+    /// Whether a statement the planner cannot read may run as sent: every rule whose
+    /// table it names allows it ([`Rule::runs_unread`]) and it is a read or a row
+    /// write (`SELECT`, `WITH`, `INSERT`, `REPLACE`, `UPDATE`, `DELETE`, `LOAD`,
+    /// `VALUES`, or a parenthesised query), never DDL, whose effects on the rules'
+    /// own tables no trigger follows.
+    fn runs_unread(&self, sql: &[u8], tokens: &[Token], rules: &[usize]) -> bool {
+        const WORDS: &[&[u8]] = &[
+            b"SELECT", b"WITH", b"INSERT", b"REPLACE", b"UPDATE", b"DELETE", b"LOAD", b"VALUES",
+        ];
+        let reads_or_writes_rows = tokens.first().is_some_and(|t| match t.kind {
+            TokenKind::Word => WORDS
+                .iter()
+                .any(|w| w.eq_ignore_ascii_case(&sql[t.start..t.end])),
+            TokenKind::Punct => &sql[t.start..t.end] == b"(",
+            _ => false,
+        });
+        reads_or_writes_rows
+            && !rules.is_empty()
+            && rules.iter().all(|&r| self.rules[r].runs_unread())
     }
 
     /// Whether the statement is one of the administrative commands that neither read
@@ -877,6 +1043,331 @@ impl Engine {
             &format!("holds {n} statements; send statements that touch it one at a time"),
         )
     }
+}
+
+/// MariaDB's compound interval units, which the parser does not read, with the
+/// standard `<first> TO <last>` form it reads in their place.
+const COMPOUND_UNITS: &[(&str, &str, &str)] = &[
+    ("SECOND_MICROSECOND", "SECOND", "MICROSECOND"),
+    ("MINUTE_MICROSECOND", "MINUTE", "MICROSECOND"),
+    ("MINUTE_SECOND", "MINUTE", "SECOND"),
+    ("HOUR_MICROSECOND", "HOUR", "MICROSECOND"),
+    ("HOUR_SECOND", "HOUR", "SECOND"),
+    ("HOUR_MINUTE", "HOUR", "MINUTE"),
+    ("DAY_MICROSECOND", "DAY", "MICROSECOND"),
+    ("DAY_SECOND", "DAY", "SECOND"),
+    ("DAY_MINUTE", "DAY", "MINUTE"),
+    ("DAY_HOUR", "DAY", "HOUR"),
+    ("YEAR_MONTH", "YEAR", "MONTH"),
+];
+
+/// Interval units the parser reads.
+const SIMPLE_UNITS: &[&str] = &[
+    "MICROSECOND",
+    "SECOND",
+    "MINUTE",
+    "HOUR",
+    "DAY",
+    "WEEK",
+    "MONTH",
+    "QUARTER",
+    "YEAR",
+];
+
+/// The statement with each compound unit of an `INTERVAL` (`HOUR_MINUTE`: the first
+/// unit word after `INTERVAL` at its parenthesis depth) written `HOUR TO MINUTE`, or
+/// `None` when it has none, or has a `TO` of its own (which MariaDB never reads in an
+/// interval, and which the way back must not mistake for one of these).
+fn split_units(sql: &[u8], tokens: &[Token]) -> Option<Vec<u8>> {
+    let text = |t: &Token| &sql[t.start..t.end];
+    let is = |t: &Token, w: &str| {
+        t.kind == TokenKind::Word && w.as_bytes().eq_ignore_ascii_case(text(t))
+    };
+    // Every compound unit has an underscore: most words are passed over at that test
+    // (this runs for every statement on a ruled table).
+    if !tokens.iter().any(|t| {
+        t.kind == TokenKind::Word
+            && text(t).contains(&b'_')
+            && COMPOUND_UNITS
+                .iter()
+                .any(|(c, _, _)| c.as_bytes().eq_ignore_ascii_case(text(t)))
+    }) || tokens.iter().any(|t| is(t, "TO"))
+    {
+        return None;
+    }
+    let mut depth = 0usize;
+    // Depths of `INTERVAL`s still waiting for their unit.
+    let mut open: Vec<usize> = Vec::new();
+    let mut splits: Vec<(usize, &str, &str)> = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        match t.kind {
+            TokenKind::Punct if text(t) == b"(" => depth += 1,
+            TokenKind::Punct if text(t) == b")" => {
+                depth = depth.saturating_sub(1);
+                while open.last().is_some_and(|&d| d > depth) {
+                    open.pop();
+                }
+            }
+            TokenKind::Word if is(t, "INTERVAL") => open.push(depth),
+            TokenKind::Word if open.last() == Some(&depth) => {
+                let after_dot = i > 0 && text(&tokens[i - 1]) == b".";
+                if after_dot {
+                    continue;
+                }
+                if let Some(&(_, first, last)) = COMPOUND_UNITS
+                    .iter()
+                    .find(|(c, _, _)| c.as_bytes().eq_ignore_ascii_case(text(t)))
+                {
+                    splits.push((i, first, last));
+                    open.pop();
+                } else if SIMPLE_UNITS.iter().any(|u| is(t, u)) {
+                    open.pop();
+                }
+            }
+            _ => {}
+        }
+    }
+    if splits.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(sql.len() + 4 * splits.len());
+    let mut at = 0;
+    for (i, first, last) in splits {
+        let t = &tokens[i];
+        out.extend_from_slice(&sql[at..t.start]);
+        out.extend_from_slice(first.as_bytes());
+        out.extend_from_slice(b" TO ");
+        out.extend_from_slice(last.as_bytes());
+        at = t.end;
+    }
+    out.extend_from_slice(&sql[at..]);
+    Some(out)
+}
+
+/// `text` with every `<first> TO <last>` of [`COMPOUND_UNITS`] joined back into the
+/// compound unit, and a map of its byte offsets: `(offset in text, bytes removed
+/// before it)` at each join. `None` if the text cannot be lexed.
+fn join_text(text: &[u8], mode: sqltok::LexMode) -> Option<(Vec<u8>, Shifts)> {
+    let tokens = sqltok::lex(text, mode).ok()?;
+    let word = |t: &Token| (t.kind == TokenKind::Word).then(|| &text[t.start..t.end]);
+    let mut out = Vec::with_capacity(text.len());
+    let mut shifts = Vec::new();
+    let (mut at, mut removed, mut i) = (0, 0, 0);
+    while i + 2 < tokens.len() {
+        let (a, to, b) = (&tokens[i], &tokens[i + 1], &tokens[i + 2]);
+        let joined = match (word(a), word(to), word(b)) {
+            (Some(x), Some(w), Some(y)) if w.eq_ignore_ascii_case(b"TO") => COMPOUND_UNITS
+                .iter()
+                .find(|(_, f, l)| {
+                    f.as_bytes().eq_ignore_ascii_case(x) && l.as_bytes().eq_ignore_ascii_case(y)
+                })
+                .map(|(c, _, _)| *c),
+            _ => None,
+        };
+        let Some(unit) = joined else {
+            i += 1;
+            continue;
+        };
+        out.extend_from_slice(&text[at..a.start]);
+        out.extend_from_slice(unit.as_bytes());
+        removed += (b.end - a.start).saturating_sub(unit.len());
+        shifts.push((b.end, removed));
+        at = b.end;
+        i += 3;
+    }
+    out.extend_from_slice(&text[at..]);
+    Some((out, shifts))
+}
+
+/// Where [`join_text`] shortened a text: (offset in the text, bytes removed up to it).
+type Shifts = Vec<(usize, usize)>;
+
+/// An offset of a text given to [`join_text`], in its output.
+fn joined_offset(offset: usize, shifts: &[(usize, usize)]) -> usize {
+    let removed = shifts
+        .iter()
+        .take_while(|(end, _)| *end <= offset)
+        .last()
+        .map_or(0, |(_, r)| *r);
+    offset.saturating_sub(removed)
+}
+
+/// The decision for a statement planned with its compound units split
+/// ([`split_units`]): a rewrite's texts get the units back (their holes moved), and a
+/// prelude declining its literals forwards `original`. Other decisions stand (a
+/// fallback forwards the client's own bytes).
+fn join_units(d: Decision, original: &[u8], mode: sqltok::LexMode) -> Decision {
+    let Decision::Rewrite(mut rw) = d else {
+        return d;
+    };
+    let internal = |rule: Arc<str>| {
+        Decision::Reject(Rejection {
+            rule,
+            reason: "internal error: a rewritten statement cannot be read back".into(),
+        })
+    };
+    let mut statements = Vec::with_capacity(rw.statements.len());
+    for s in &rw.statements {
+        let Some((joined, _)) = join_text(s, mode) else {
+            return internal(rw.rule);
+        };
+        statements.push(joined);
+    }
+    rw.statements = statements;
+    for (text, holes) in rw.aux.iter_mut().zip(rw.aux_holes.iter_mut()) {
+        let Some((joined, shifts)) = join_text(text, mode) else {
+            return internal(rw.rule);
+        };
+        *text = joined;
+        for h in holes.iter_mut() {
+            h.0 = joined_offset(h.0, &shifts);
+        }
+    }
+    if rw.aux_holes.is_empty() {
+        for text in rw.aux.iter_mut() {
+            let Some((joined, _)) = join_text(text, mode) else {
+                return internal(rw.rule);
+            };
+            *text = joined;
+        }
+    }
+    if let Some(p) = rw.prelude.take() {
+        let mut p = (*p).clone();
+        let Some((query, _)) = join_text(&p.query, mode) else {
+            return internal(rw.rule);
+        };
+        p.query = query;
+        for (text, holes) in p.statements.iter_mut() {
+            let Some((joined, shifts)) = join_text(text, mode) else {
+                return internal(rw.rule);
+            };
+            *text = joined;
+            for h in holes.iter_mut() {
+                h.0 = joined_offset(h.0, &shifts);
+            }
+        }
+        if p.original.is_some() {
+            p.original = Some(original.to_vec());
+        }
+        rw.prelude = Some(Arc::new(p));
+    }
+    Decision::Rewrite(rw)
+}
+
+/// Variables whose statement-scoped value (`SET STATEMENT v = … FOR`) may be given to
+/// each statement of a rewrite: the rewrites are exact under any session value of
+/// them, and they do not change how a statement is read or what the proxy knows of
+/// the session.
+const PREFIXABLE: &[&str] = &[
+    "time_zone",
+    "timestamp",
+    "div_precision_increment",
+    "lock_wait_timeout",
+    "innodb_lock_wait_timeout",
+    "optimizer_switch",
+    "join_buffer_size",
+    "sort_buffer_size",
+    "tmp_table_size",
+    "max_heap_table_size",
+];
+
+/// Variables that change how the statement after `SET STATEMENT … FOR` is read.
+const LEXING_VARIABLES: &[&str] = &["sql_mode"];
+
+/// The index of the `FOR` of `SET STATEMENT <assignments> FOR <statement>` (the
+/// first `FOR` outside parentheses; MariaDB reserves the word), if the statement is
+/// one and has a statement after it.
+fn set_statement_for(sql: &[u8], tokens: &[Token]) -> Option<usize> {
+    let word = |t: &Token, w: &[u8]| {
+        t.kind == TokenKind::Word && w.eq_ignore_ascii_case(&sql[t.start..t.end])
+    };
+    if !(word(tokens.first()?, b"SET") && word(tokens.get(1)?, b"STATEMENT")) {
+        return None;
+    }
+    let mut depth = 0usize;
+    for (i, t) in tokens.iter().enumerate().skip(2) {
+        match t.kind {
+            TokenKind::Punct if &sql[t.start..t.end] == b"(" => depth += 1,
+            TokenKind::Punct if &sql[t.start..t.end] == b")" => depth = depth.saturating_sub(1),
+            TokenKind::Word if depth == 0 && word(t, b"FOR") => {
+                return (i + 1 < tokens.len()).then_some(i);
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The variable names (lowercase) a `SET STATEMENT` prefix assigns (`tokens`: those
+/// between `STATEMENT` and `FOR`), or `None` when an assignment does not start with
+/// `name =`.
+fn set_statement_variables(sql: &[u8], tokens: &[Token]) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    let mut depth = 0usize;
+    let mut at_start = true;
+    for (i, t) in tokens.iter().enumerate() {
+        let text = &sql[t.start..t.end];
+        if at_start {
+            let assigns = tokens
+                .get(i + 1)
+                .is_some_and(|n| n.kind == TokenKind::Punct && &sql[n.start..n.end] == b"=");
+            if t.kind != TokenKind::Word || !assigns {
+                return None;
+            }
+            names.push(String::from_utf8_lossy(text).to_ascii_lowercase());
+            at_start = false;
+            continue;
+        }
+        match (t.kind, text) {
+            (TokenKind::Punct, b"(") => depth += 1,
+            (TokenKind::Punct, b")") => depth = depth.saturating_sub(1),
+            (TokenKind::Punct, b",") if depth == 0 => at_start = true,
+            _ => {}
+        }
+    }
+    (!names.is_empty() && !at_start).then_some(names)
+}
+
+/// A rewrite of the statement after `SET STATEMENT … FOR` with the prefix (`prefix`:
+/// the statement up to and including `FOR`) on every statement it runs, the prelude's
+/// query included; `original` is the whole statement, forwarded when a prelude
+/// declines. It runs alone: a merged write would lose the prefix.
+fn with_prefix(
+    mut rw: crate::rewrite::Rewritten,
+    prefix: &[u8],
+    original: &[u8],
+) -> crate::rewrite::Rewritten {
+    let join = |text: &[u8]| {
+        let mut out = Vec::with_capacity(prefix.len() + 1 + text.len());
+        out.extend_from_slice(prefix);
+        out.push(b' ');
+        out.extend_from_slice(text);
+        out
+    };
+    let shift = prefix.len() + 1;
+    rw.statements = rw.statements.iter().map(|s| join(s)).collect();
+    if let Some(p) = rw.prelude.take() {
+        let mut p = (*p).clone();
+        p.query = join(&p.query);
+        p.statements = p
+            .statements
+            .iter()
+            .map(|(text, holes)| {
+                (
+                    join(text),
+                    holes.iter().map(|&(at, i)| (at + shift, i)).collect(),
+                )
+            })
+            .collect();
+        if p.original.is_some() {
+            p.original = Some(original.to_vec());
+        }
+        rw.prelude = Some(Arc::new(p));
+    }
+    rw.merge = None;
+    rw.aux.clear();
+    rw.aux_holes.clear();
+    rw
 }
 
 /// The `PARTITIONS` or `EXTENDED` word of `EXPLAIN PARTITIONS <statement>` /
@@ -2058,5 +2549,48 @@ mod tests {
         let r = rejected(e.decide(b"SELECT a FROM t WHERE s = ''", &ctx));
         assert!(r.reason.contains("EMPTY_STRING_IS_NULL"), "{}", r.reason);
         assert_eq!(e.decide(b"SELECT 't' FROM u", &ctx), Decision::Passthrough);
+    }
+
+    #[test]
+    fn compound_units_are_split_for_the_parser_and_joined_back() {
+        let split = |sql: &str| {
+            let tokens = sqltok::lex(sql.as_bytes(), sqltok::LexMode::default()).unwrap();
+            split_units(sql.as_bytes(), &tokens).map(|s| latin1(&s))
+        };
+        assert_eq!(
+            split("SELECT day_hour FROM t WHERE x.hour_minute = 1 AND c > NOW() - INTERVAL 2 DAY_HOUR").as_deref(),
+            Some("SELECT day_hour FROM t WHERE x.hour_minute = 1 AND c > NOW() - INTERVAL 2 DAY TO HOUR")
+        );
+        assert_eq!(
+            split("SELECT DATE_ADD(c, INTERVAL (1 + 1) minute_second), c + INTERVAL '1-2' YEAR_MONTH FROM t").as_deref(),
+            Some("SELECT DATE_ADD(c, INTERVAL (1 + 1) MINUTE TO SECOND), c + INTERVAL '1-2' YEAR TO MONTH FROM t")
+        );
+        // A plain unit ends the interval; a `TO` of the statement's own stops it all;
+        // EXTRACT's units are not an interval's.
+        assert_eq!(
+            split("SELECT c + INTERVAL 1 HOUR, hour_minute FROM t"),
+            None
+        );
+        assert_eq!(
+            split("SELECT c + INTERVAL '1:30' HOUR_MINUTE FROM t WHERE a = 'TO' OR `to` = 1"),
+            Some(
+                "SELECT c + INTERVAL '1:30' HOUR TO MINUTE FROM t WHERE a = 'TO' OR `to` = 1"
+                    .into()
+            )
+        );
+        assert_eq!(split("SELECT c + INTERVAL '1:30' HOUR_MINUTE FROM t WHERE a = 1 AND b IN (SELECT x FROM y) AND TO_DAYS(c) > 1"), Some("SELECT c + INTERVAL '1:30' HOUR TO MINUTE FROM t WHERE a = 1 AND b IN (SELECT x FROM y) AND TO_DAYS(c) > 1".into()));
+        assert_eq!(split("SELECT EXTRACT(DAY_HOUR FROM c) FROM t"), None);
+        // The way back joins words only, and moves offsets after each join.
+        let (joined, shifts) = join_text(
+            b"SELECT c + INTERVAL ? HOUR TO MINUTE, 'HOUR TO MINUTE', x FROM t WHERE d < ",
+            sqltok::LexMode::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            latin1(&joined),
+            "SELECT c + INTERVAL ? HOUR_MINUTE, 'HOUR TO MINUTE', x FROM t WHERE d < "
+        );
+        assert_eq!(joined_offset(20, &shifts), 20);
+        assert_eq!(joined_offset(70, &shifts), 67);
     }
 }

@@ -1056,6 +1056,17 @@ pub trait Rule: Send + Sync {
         true
     }
 
+    /// Whether a read or row write of this rule's tables that the parser cannot
+    /// read (`LOAD DATA`, `SELECT … INTO OUTFILE`, a compound `INTERVAL` unit, …) may
+    /// run as the client sent it, counted as the rule's fallback. True for rules
+    /// whose tables the application names still hold all the data any statement
+    /// touches and whose other tables the database keeps (triggers): running such
+    /// a statement unchanged keeps MariaDB's exact meaning. False (the default):
+    /// such statements are refused, since the rule cannot tell what they mean.
+    fn runs_unread(&self) -> bool {
+        false
+    }
+
     /// Whether the rule's rewrites may merge concurrent executions into one write
     /// (group commit): sessions then run with the server's session state tracking
     /// on for the proxy (`relay::state`), which only such rules need.

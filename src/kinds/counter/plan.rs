@@ -1533,4 +1533,80 @@ mod tests {
         );
         assert!(reject(&e, "SELECT cnt FROM hits").contains("integer"));
     }
+
+    #[test]
+    fn statements_the_parser_cannot_read_are_refused() {
+        let e = engine(&["slug"]);
+        for sql in [
+            "LOAD DATA LOCAL INFILE 'h.csv' INTO TABLE hits",
+            "SELECT cnt FROM hits WHERE slug = 'a' INTO @a",
+            "SELECT cnt FROM hits INTO OUTFILE '/tmp/x'",
+            "SET STATEMENT sql_mode = '' FOR UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'",
+            "SET STATEMENT max_statement_time = 10 FOR UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'",
+        ] {
+            let r = reject(&e, sql);
+            assert!(r.contains("heatsink rule 'page_hits'"), "{sql}: {r}");
+        }
+    }
+
+    #[test]
+    fn compound_interval_units_are_kept() {
+        let e = engine(&["slug"]);
+        let r = rewrite(
+            &e,
+            "SELECT cnt, NOW() - INTERVAL '1:30' HOUR_MINUTE AS t FROM hits WHERE slug = 'a'",
+        );
+        // The reference: the standard spelling, which the parser reads as it is.
+        let want = rewrite(
+            &e,
+            "SELECT cnt, NOW() - INTERVAL '1:30' HOUR TO MINUTE AS t FROM hits WHERE slug = 'a'",
+        );
+        let text = String::from_utf8_lossy(&r.statements[0]);
+        assert!(text.contains("HOUR_MINUTE"), "{text}");
+        let read_back = text.replace("HOUR_MINUTE", "HOUR TO MINUTE");
+        assert_eq!(
+            crate::rewrite::testutil::parsed(&[read_back]),
+            crate::rewrite::testutil::parsed(&want.statements)
+        );
+    }
+
+    #[test]
+    fn set_statement_of_a_rewritable_variable_keeps_the_rewrite() {
+        let e = engine(&["slug"]);
+        let inc = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'";
+        let plain = rewrite(&e, inc);
+        let prefixed = rewrite(
+            &e,
+            &format!("SET STATEMENT lock_wait_timeout = 5 FOR {inc}"),
+        );
+        assert!(prefixed.merge.is_none() && prefixed.aux.is_empty());
+        let prefix: &[u8] = b"SET STATEMENT lock_wait_timeout = 5 FOR ";
+        let rest: Vec<Vec<u8>> = prefixed
+            .statements
+            .iter()
+            .map(|t| {
+                assert!(t.starts_with(prefix), "{}", String::from_utf8_lossy(t));
+                t[prefix.len()..].to_vec()
+            })
+            .collect();
+        assert_eq!(
+            crate::rewrite::testutil::parsed(&rest),
+            crate::rewrite::testutil::parsed(&plain.statements)
+        );
+    }
+
+    #[test]
+    fn select_into_variables_keeps_its_targets() {
+        let e = engine(&["slug"]);
+        let r = rewrite(
+            &e,
+            "SELECT cnt, slug INTO @a, @b FROM hits WHERE slug = 'a'",
+        );
+        assert_sql(
+            &r,
+            &[&format!(
+                "SELECT cnt, slug INTO @a, @b FROM {DERIVED} AS hits WHERE slug = 'a'"
+            )],
+        );
+    }
 }

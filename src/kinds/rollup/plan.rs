@@ -133,6 +133,12 @@ impl Rule for RollupRule {
         false
     }
 
+    /// The log holds every row and the triggers keep the rollups, whatever the
+    /// statement.
+    fn runs_unread(&self) -> bool {
+        true
+    }
+
     fn sharing(&self) -> Option<u32> {
         Some(self.rank())
     }

@@ -1826,7 +1826,7 @@ mod tests {
 
     use super::super::testutil::{engine_of, DAY_RULE};
     use crate::rewrite::testutil::{
-        assert_fallbacks, assert_passthrough, assert_sql, decide, reject, rewrite,
+        assert_fallbacks, assert_passthrough, assert_sql, decide, parsed, reject, rewrite,
     };
     use crate::rewrite::{Decision, Engine, Reply};
 
@@ -2185,5 +2185,118 @@ mod tests {
             decide(&e, "TRUNCATE TABLE plays"),
             Decision::Shadow(_)
         ));
+    }
+
+    #[test]
+    fn statements_the_parser_cannot_read_run_as_sent() {
+        let e = engine();
+        assert_fallbacks(
+            &e,
+            &[
+                "LOAD DATA LOCAL INFILE 'plays.csv' INTO TABLE plays FIELDS TERMINATED BY ','",
+                "LOAD DATA INFILE '/tmp/p' REPLACE INTO TABLE plays (created_at, track_id) SET country = 'US'",
+                "SELECT COUNT(*) AS n FROM plays INTO @a",
+                "SELECT track_id FROM plays INTO OUTFILE '/tmp/x'",
+                "SELECT COUNT(*) AS n INTO @a FROM plays",
+                "SET STATEMENT max_statement_time = 10 FOR SELECT COUNT(*) AS n FROM plays",
+                "SET STATEMENT sql_mode = 'ANSI_QUOTES' FOR SELECT COUNT(*) AS n FROM plays",
+            ],
+        );
+        // DDL the parser cannot read is still refused: no trigger follows it.
+        let r = reject(&e, "ALTER TABLE plays TRUNCATE PARTITION p0");
+        assert!(r.contains("cannot be parsed"), "{r}");
+    }
+
+    #[test]
+    fn compound_interval_units_are_read() {
+        let e = engine();
+        let compound = "SELECT COUNT(*) AS n FROM plays WHERE created_at >= NOW() - INTERVAL '1:30' hour_minute \
+                        AND created_at < DATE_ADD('2024-05-01', INTERVAL (1 + 1) DAY_HOUR)";
+        // The standard spelling, which the parser reads (and MariaDB refuses): the
+        // engine leaves it as written, so its rewrite is the reference.
+        let standard = "SELECT COUNT(*) AS n FROM plays WHERE created_at >= NOW() - INTERVAL '1:30' HOUR TO MINUTE \
+                        AND created_at < DATE_ADD('2024-05-01', INTERVAL (1 + 1) DAY TO HOUR)";
+        let (r, want) = (rewrite(&e, compound), rewrite(&e, standard));
+        // Every text of the rewrite has the units as MariaDB reads them; read with
+        // the standard spelling, it is the reference rewrite.
+        let standard_of = |text: &[u8]| {
+            let text = String::from_utf8_lossy(text);
+            assert!(!text.contains(" TO "), "{text}");
+            text.replace("HOUR_MINUTE", "HOUR TO MINUTE")
+                .replace("DAY_HOUR", "DAY TO HOUR")
+        };
+        let texts = |r: &crate::rewrite::Rewritten| -> Vec<Vec<u8>> {
+            let p = r.prelude.as_deref().expect("a two-step form");
+            let mut all = r.statements.clone();
+            all.push(p.query.clone());
+            all.extend(p.statements.iter().map(|(t, holes)| {
+                // Holes (where the bounds go) become a literal, the same in both.
+                let mut out = Vec::new();
+                let mut at = 0;
+                for &(offset, _) in holes {
+                    out.extend_from_slice(&t[at..offset]);
+                    out.extend_from_slice(b"'2024-05-01'");
+                    at = offset;
+                }
+                out.extend_from_slice(&t[at..]);
+                out
+            }));
+            all
+        };
+        let got: Vec<String> = texts(&r).iter().map(|t| standard_of(t)).collect();
+        assert_eq!(parsed(&got), parsed(&texts(&want)));
+        // Prepared reads have only the one-step form, which takes plain units only.
+        assert!(matches!(
+            crate::rewrite::testutil::decide_prepared(
+                &e,
+                "SELECT COUNT(*) AS n FROM plays WHERE created_at >= ? - INTERVAL '1:30' HOUR_MINUTE"
+            ),
+            Decision::Fallback(_)
+        ));
+    }
+
+    #[test]
+    fn set_statement_keeps_its_prefix_on_every_statement() {
+        let e = engine();
+        let read = "SELECT track_id, COUNT(*) AS n FROM plays WHERE track_id = 7 \
+                    AND created_at >= '2024-03-01 10:30:00' GROUP BY track_id";
+        let plain = rewrite(&e, read);
+        let prefixed = rewrite(
+            &e,
+            &format!("SET STATEMENT time_zone = '+10:00', div_precision_increment = 6 FOR {read}"),
+        );
+        let prefix: &[u8] = b"SET STATEMENT time_zone = '+10:00', div_precision_increment = 6 FOR ";
+        let rest = |texts: &[Vec<u8>]| -> Vec<Vec<u8>> {
+            texts
+                .iter()
+                .map(|t| {
+                    assert!(t.starts_with(prefix), "{}", String::from_utf8_lossy(t));
+                    t[prefix.len()..].to_vec()
+                })
+                .collect()
+        };
+        assert_eq!(
+            parsed(&rest(&prefixed.statements)),
+            parsed(&plain.statements)
+        );
+        let (pa, pb) = (
+            plain.prelude.as_deref().expect("a two-step form"),
+            prefixed.prelude.as_deref().expect("a two-step form"),
+        );
+        assert_eq!(
+            parsed(&rest(std::slice::from_ref(&pb.query))),
+            parsed(&[&pa.query])
+        );
+        // The holes moved with the text: the same literals land in the same places.
+        // (The read has a lower bound only: the row is that bound.)
+        let row: [Option<&[u8]>; 1] = [Some(b"2024-03-01 10:30:00.000000")];
+        let types = [0x0c];
+        let sa = pa.statements_for(&row, &types).expect("the row's literals");
+        let sb = pb.statements_for(&row, &types).expect("the row's literals");
+        assert_eq!(parsed(&rest(&sb)), parsed(&sa));
+        assert!(pb
+            .original
+            .as_deref()
+            .is_some_and(|o| o.starts_with(b"SET STATEMENT time_zone")));
     }
 }

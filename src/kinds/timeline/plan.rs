@@ -528,6 +528,12 @@ impl Rule for TimelineRule {
         false
     }
 
+    /// The messages and follows hold the data and the triggers keep the mailbox,
+    /// whatever the statement.
+    fn runs_unread(&self) -> bool {
+        true
+    }
+
     fn metadata_query(&self, current_db: Option<&str>) -> Option<String> {
         self.messages.metadata_query(current_db)
     }

@@ -123,6 +123,9 @@ pub struct Config {
     pub log_literals: bool,
     /// Number of statement plans cached per rule set.
     pub plan_cache_size: u64,
+    /// Statement shapes kept by each of `SHOW REFUSALS` and `SHOW FALLBACKS` (the
+    /// least recently seen is evicted); zero keeps none and logs none.
+    pub shape_table_size: usize,
     /// A client command whose payload is this many bytes or more is refused the way
     /// the server refuses it (ERR 1153, then the connection closes), without the proxy
     /// buffering the rest. Same meaning as the server's `max_allowed_packet`. `None`:
@@ -177,6 +180,7 @@ impl Default for Config {
             log_level: "info".into(),
             log_literals: false,
             plan_cache_size: 10_000,
+            shape_table_size: crate::refusals::DEFAULT_SHAPES,
             max_client_packet: None,
             maintain_url: None,
             maintain_interval: Duration::from_secs(DEFAULT_MAINTAIN_INTERVAL),
@@ -216,6 +220,7 @@ pub struct FileConfig {
     pub log_level: Option<String>,
     pub log_literals: Option<bool>,
     pub plan_cache_size: Option<u64>,
+    pub shape_table_size: Option<usize>,
     pub max_client_packet: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -277,6 +282,7 @@ pub struct Overrides {
     pub log_level: Option<String>,
     pub log_literals: Option<bool>,
     pub plan_cache_size: Option<u64>,
+    pub shape_table_size: Option<usize>,
     pub max_client_packet: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -358,6 +364,10 @@ impl Config {
                 .plan_cache_size
                 .or(file.plan_cache_size)
                 .unwrap_or(d.plan_cache_size),
+            shape_table_size: cli
+                .shape_table_size
+                .or(file.shape_table_size)
+                .unwrap_or(d.shape_table_size),
             max_client_packet: cli.max_client_packet.or(file.max_client_packet),
             tls_cert: cli.tls_cert.or(file.tls_cert),
             tls_key: cli.tls_key.or(file.tls_key),
@@ -417,6 +427,12 @@ impl Config {
         }
         if self.health_interval.is_zero() || self.health_timeout.is_zero() {
             return bad("health_interval_ms and health_timeout_ms must be at least 1");
+        }
+        if self.shape_table_size > crate::refusals::MAX_SHAPES {
+            return bad(&format!(
+                "shape_table_size must be at most {}",
+                crate::refusals::MAX_SHAPES
+            ));
         }
         if self.admin.is_some() && self.admin_user.is_empty() {
             return bad("admin_user must not be empty");

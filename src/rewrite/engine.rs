@@ -720,10 +720,10 @@ impl Engine {
                 Ok(Some(plan)) => {
                     if let Some((first, earlier)) = &found {
                         // A fallback gives way to a plan that answers.
-                        if plan.fallback {
+                        if plan.fallback.is_some() {
                             continue;
                         }
-                        if earlier.fallback {
+                        if earlier.fallback.is_some() {
                             found = Some((ri, plan));
                             continue;
                         }
@@ -763,8 +763,8 @@ impl Engine {
             Ok(Some(found)) => found,
         };
         let rule = self.names[ri].clone();
-        if plan.fallback {
-            return Cached::Fallback(rule);
+        if let Some(reason) = plan.fallback {
+            return Cached::Fallback(crate::rewrite::Fallback { rule, reason });
         }
         if plan.statements.is_empty() {
             return Cached::Reject(Rejection {
@@ -828,7 +828,7 @@ impl Engine {
     fn decision(&self, outcome: &Cached, st: &Named<'_, '_>) -> Decision {
         match outcome {
             Cached::Passthrough => Decision::Passthrough,
-            Cached::Fallback(rule) => Decision::Fallback(rule.clone()),
+            Cached::Fallback(f) => Decision::Fallback(f.clone()),
             Cached::Reject(r) => Decision::Reject(r.clone()),
             Cached::Rewrite { rule, template } => {
                 if let Some(reason) = invalid_string(st) {

@@ -226,7 +226,7 @@ impl RingRule {
             aux,
             merge,
             param_checks,
-            fallback: false,
+            fallback: None,
             prelude: None,
         }))
     }

@@ -1037,7 +1037,7 @@ impl AdminShim {
                 "fallback".into(),
                 f.rule.to_string(),
                 format!(
-                    "the rule cannot answer this statement exactly ({}); it is forwarded unchanged",
+                    "the rule cannot answer this statement exactly: {}; it is forwarded unchanged",
                     f.reason
                 ),
             ]],

@@ -308,7 +308,7 @@ impl Planner {
             Decision::Fallback(f) => {
                 let mut e = Explained::new(sql, db, Outcome::Passthrough);
                 e.reason = Some(format!(
-                    "rule '{}' cannot answer this statement exactly ({}); it is forwarded unchanged and counted as the rule's fallback",
+                    "rule '{}' cannot answer this statement exactly: {}; it is forwarded unchanged and counted as the rule's fallback",
                     f.rule, f.reason
                 ));
                 e.rule = Some(f.rule.to_string());

@@ -52,7 +52,7 @@ use crate::wire::resultset::{types, ColumnDef};
 /// Why a read that aggregates the log in a shape no rollup of the rule answers
 /// falls back.
 const SHAPE_NOT_ANSWERED: &str =
-    "the rollup cannot answer this read's shape (its groups, aggregates, filters or clauses)";
+    "the rollup cannot answer this read's shape: its groups, aggregates, filters or clauses";
 
 /// Bit of `hs_nulls` set when the time column is NULL.
 const TIME_NULL_BIT: u64 = 1 << 31;

@@ -515,6 +515,27 @@ mod tests {
     }
 
     #[test]
+    fn shape_table_size_from_file_and_flag() {
+        let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
+        assert_eq!(c.shape_table_size, crate::refusals::DEFAULT_SHAPES);
+        let file = FileConfig::from_str("shape_table_size = 50\n", "t").unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(c.shape_table_size, 50);
+        let flag = Overrides {
+            shape_table_size: Some(0),
+            ..Default::default()
+        };
+        let file = FileConfig::from_str("shape_table_size = 50\n", "t").unwrap();
+        assert_eq!(Config::resolve(flag, file).unwrap().shape_table_size, 0);
+        let huge = Overrides {
+            shape_table_size: Some(crate::refusals::MAX_SHAPES + 1),
+            ..Default::default()
+        };
+        let e = Config::resolve(huge, FileConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("shape_table_size"), "{e}");
+    }
+
+    #[test]
     fn tls_settings() {
         let file = FileConfig::from_str(
             "tls_cert = \"c.pem\"\ntls_key = \"k.pem\"\nbackend_tls = \"required\"\nbackend_tls_ca = \"ca.pem\"\n",

@@ -77,8 +77,10 @@ pub struct Seen<'a> {
     pub shadow: bool,
     /// The statement as the client sent it, in the connection's character set.
     pub sql: &'a [u8],
-    /// How the session's `sql_mode` reads its quotes and backslashes.
-    pub mode: LexMode,
+    /// How the session's `sql_mode` reads its quotes and backslashes; `None` when
+    /// the connection's character set is one the lexer cannot read (a byte 0x5C or
+    /// a quote may be part of a character): the statement then shows only its size.
+    pub mode: Option<LexMode>,
 }
 
 /// A statement's shape, computed outside any lock.
@@ -91,9 +93,17 @@ struct Shape {
 
 /// Fingerprint of every statement that does not lex: one shape.
 const UNLEXED: &[u8] = b"<a statement that does not lex>";
+/// Fingerprint of every statement in a character set the lexer cannot read.
+const UNREADABLE: &[u8] = b"<a statement in a character set heatsink cannot read>";
 
 impl Shape {
-    fn of(sql: &[u8], mode: LexMode) -> Shape {
+    fn of(sql: &[u8], mode: Option<LexMode>) -> Shape {
+        let Some(mode) = mode else {
+            return Shape {
+                fingerprint: UNREADABLE.to_vec(),
+                tokens: None,
+            };
+        };
         match sqltok::lex(sql, mode) {
             Ok(toks) => {
                 let mut fingerprint = Vec::with_capacity(sql.len());
@@ -137,6 +147,10 @@ impl Shape {
     fn example(&self, sql: &[u8]) -> String {
         match &self.tokens {
             Some(toks) => masked(sql, toks, MAX_EXAMPLE),
+            None if self.fingerprint == UNREADABLE => format!(
+                "<{} bytes in a character set heatsink cannot read>",
+                sql.len()
+            ),
             None => format!("<{} bytes that do not lex>", sql.len()),
         }
     }
@@ -629,12 +643,12 @@ mod tests {
             reason,
             shadow: false,
             sql: sql.as_bytes(),
-            mode: LexMode::default(),
+            mode: Some(LexMode::default()),
         }
     }
 
     fn example(sql: &str, mode: LexMode) -> String {
-        Shape::of(sql.as_bytes(), mode).example(sql.as_bytes())
+        Shape::of(sql.as_bytes(), Some(mode)).example(sql.as_bytes())
     }
 
     #[test]
@@ -669,8 +683,16 @@ mod tests {
         };
         assert_eq!(example("SELECT \"c\" FROM t", ansi), "SELECT \"c\" FROM t");
         assert_eq!(example("SELECT \"c\" FROM t", d), "SELECT ? FROM t");
-        // A statement that does not lex shows only its size.
+        // A statement that does not lex shows only its size, as does one in a
+        // character set the lexer cannot read (gbk: 0x5C may end a character).
         assert_eq!(example("SELECT 'open", d), "<12 bytes that do not lex>");
+        let gbk = b"SELECT '\x95\\', 'secret'";
+        let s = Shape::of(gbk, None);
+        assert_eq!(
+            s.example(gbk),
+            "<21 bytes in a character set heatsink cannot read>"
+        );
+        assert_eq!(s.id(), Shape::of(b"SELECT 1", None).id());
     }
 
     #[test]

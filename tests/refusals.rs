@@ -454,3 +454,53 @@ fn shadow_refusals_and_eviction_at_a_small_maximum() {
         assert_eq!(stats[0][col], "5");
     });
 }
+
+/// The example is read as the session reads the statement: under its `sql_mode`
+/// (`'x\'` is a whole string under NO_BACKSLASH_ESCAPES, so what follows is no
+/// value to show), and not at all in a character set the lexer cannot read.
+#[test]
+fn examples_follow_the_sessions_sql_mode_and_character_set() {
+    let db = "rf_modes";
+    create_counter_db(db, "", "('home', 10), ('about', 3)");
+    let env = Env::builder(db)
+        .rule("hits.toml", counter_rule(COUNTER))
+        .metrics()
+        .admin(ADMIN_PW)
+        .start();
+    run(LIMIT, async {
+        let mut admin = connect(&admin_url(env.admin_addr())).await;
+        let mut p = env.proxied().await;
+        p.query_drop("SET sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')")
+            .await
+            .unwrap();
+        assert_refused_by(
+            &mut p,
+            "UPDATE hits SET cnt = cnt * 2 WHERE slug = 'x\\' OR slug = 'secret-nbe'",
+            COUNTER,
+        )
+        .await;
+        let mut g = env.proxied().await;
+        g.query_drop("SET NAMES gbk").await.unwrap();
+        let gbk = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'secret-gbk'";
+        let e = assert_refused_by(&mut g, gbk, COUNTER).await;
+        assert!(e.message.contains("gbk"), "{e:?}");
+        let rows = shapes(&mut admin, "SHOW REFUSALS").await;
+        let mut examples: Vec<&str> = rows.iter().map(|s| s.example.as_str()).collect();
+        examples.sort();
+        assert_eq!(
+            examples,
+            [
+                format!(
+                    "<{} bytes in a character set heatsink cannot read>",
+                    gbk.len()
+                )
+                .as_str(),
+                "UPDATE hits SET cnt = cnt * ? WHERE slug = ? OR slug = ?",
+            ]
+        );
+        let log = env.proxy.log_text();
+        assert!(!format!("{rows:?}").contains("secret"), "{rows:?}");
+        assert!(!log.contains("secret"), "{log}");
+        assert_eq!(log_lines(&env, &[REFUSED_LINE]), 2, "{}", env.tail());
+    });
+}

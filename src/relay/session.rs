@@ -945,7 +945,7 @@ impl Session {
     /// `SHOW REFUSALS`, a rule's fallback in `SHOW FALLBACKS`, by shape: read under
     /// the settings the decision was made under.
     fn record_shape(&self, d: &Decision, sql: &[u8]) {
-        let mode = self.state.lexing.unwrap_or_default().mode;
+        let mode = self.shape_mode();
         let shapes = &self.shared.shapes;
         let refused = |r: &crate::rewrite::Rejection, shadow| {
             shapes.refused(&Seen {
@@ -972,6 +972,13 @@ impl Session {
             }),
             _ => {}
         }
+    }
+
+    /// How [`Seen::sql`] is read: under the session's `sql_mode`, unless its
+    /// character set is one the lexer cannot read.
+    fn shape_mode(&self) -> Option<crate::rewrite::LexMode> {
+        let lexing = self.state.lexing.unwrap_or_default();
+        (lexing.charset.class != crate::rewrite::CharsetClass::Refused).then_some(lexing.mode)
     }
 
     /// Rewritten statements as logs may show them: with their literal values only
@@ -1120,7 +1127,7 @@ impl Session {
                         reason: crate::rewrite::PRELUDE_DECLINED,
                         shadow: false,
                         sql: &c.payload()[1..],
-                        mode: self.state.lexing.unwrap_or_default().mode,
+                        mode: self.shape_mode(),
                     });
                 } else {
                     self.record_rewrite(&rule, started, r.is_err());

@@ -18,10 +18,11 @@
 //!
 //! The first time a shape is seen, one `info` line names the rule, the reason and the
 //! example ([`LogLimiter`]): never more than one line per shape (a shape evicted or
-//! reset and seen again is not logged again, as long as [`LOGGED_MEMORY`] shapes
-//! later), and at most [`LOG_LINES_PER_MINUTE`] such lines per minute in all, so a
-//! flood of distinct shapes cannot flood the log. A line the cap held back is tried
-//! again the next time its shape is seen; the next line says how many were held back.
+//! reset and seen again is not logged again, unless [`LOGGED_MEMORY`] other shapes
+//! were logged since), and at most [`LOG_LINES_PER_MINUTE`] such lines per minute in
+//! all, so a flood of distinct shapes cannot flood the log. A line the cap held back
+//! is tried again the next time its shape is seen; the next line says how many were
+//! held back.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};

@@ -71,7 +71,7 @@ pub struct Registry {
 
 impl Registry {
     /// Adds a session; it is removed when the returned registration is dropped.
-    pub fn register(&self, peer: SocketAddr) -> Registration {
+    pub fn register(&self, peer: crate::server::Peer) -> Registration {
         let id = self.next_id.fetch_add(1, Relaxed) + 1;
         let info = Arc::new(SessionInfo {
             id,
@@ -108,7 +108,7 @@ pub struct SessionInfo {
     /// The proxy's session id (not the backend's connection id).
     pub id: u64,
     /// The client's address.
-    pub peer: SocketAddr,
+    pub peer: crate::server::Peer,
     /// The backend connection id (what the client sees as CONNECTION_ID()).
     backend_id: AtomicU32,
     /// Handshake, idle (waiting for a command) or busy (running one).
@@ -1225,8 +1225,8 @@ mod tests {
     #[test]
     fn registry_removes_dropped_sessions() {
         let r = Registry::default();
-        let a = r.register("127.0.0.1:1".parse().unwrap());
-        let b = r.register("127.0.0.1:2".parse().unwrap());
+        let a = r.register(crate::server::Peer::Tcp("127.0.0.1:1".parse().unwrap()));
+        let b = r.register(crate::server::Peer::Unix);
         a.set_user("u");
         a.set_db(Some("d"));
         a.set_busy(true);

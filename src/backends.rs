@@ -282,19 +282,36 @@ pub async fn check_all(backends: &Arc<Backends>, config: &Arc<Config>) {
     while checks.join_next().await.is_some() {}
 }
 
+/// The socket path of a backend address written `unix:PATH` (a server on this host,
+/// reached without TCP); `None` for `host:port`.
+pub fn unix_path(addr: &str) -> Option<&str> {
+    addr.strip_prefix("unix:").filter(|p| !p.is_empty())
+}
+
+/// The first five bytes a server sends on `addr` (TCP or `unix:PATH`).
+async fn greeting_head(addr: &str) -> Result<[u8; 5], String> {
+    let mut head = [0u8; 5];
+    let read = match unix_path(addr) {
+        Some(path) => match tokio::net::UnixStream::connect(path).await {
+            Ok(mut s) => s.read_exact(&mut head).await,
+            Err(e) => return Err(format!("unreachable: {e}")),
+        },
+        None => match TcpStream::connect(addr).await {
+            Ok(mut s) => s.read_exact(&mut head).await,
+            Err(e) => return Err(format!("unreachable: {e}")),
+        },
+    };
+    read.map(|_| head).map_err(|e| format!("no greeting: {e}"))
+}
+
 /// One check of `addr`: (up, what was found).
 async fn check(addr: &str, config: &Config) -> (bool, String) {
-    let mut s = match TcpStream::connect(addr).await {
-        Ok(s) => s,
-        Err(e) => return (false, format!("unreachable: {e}")),
-    };
     // A greeting: 4-byte header, then protocol version 10 (an ERR, 0xFF, when the
     // server refuses connections, e.g. too many).
-    let mut head = [0u8; 5];
-    if let Err(e) = s.read_exact(&mut head).await {
-        return (false, format!("no greeting: {e}"));
-    }
-    drop(s);
+    let head = match greeting_head(addr).await {
+        Ok(h) => h,
+        Err(why) => return (false, why),
+    };
     if head[4] != 10 {
         return (false, "refuses connections".into());
     }
@@ -326,6 +343,7 @@ async fn galera_state(
     let opts = mysql_async::OptsBuilder::default()
         .ip_or_hostname(host.to_string())
         .tcp_port(port)
+        .socket(unix_path(addr))
         .user(Some(user))
         .pass(Some(password))
         .prefer_socket(false)

@@ -184,6 +184,10 @@ pub struct ServeArgs {
     /// Address to accept client connections on [default: 127.0.0.1:6033].
     #[arg(long, env = "HEATSINK_LISTEN")]
     pub listen: Option<String>,
+    /// Also accept clients on this Unix socket (applications on the same host, e.g.
+    /// a sidecar's; the file is created, and removed at shutdown) [default: none].
+    #[arg(long, env = "HEATSINK_LISTEN_UNIX")]
+    pub listen_unix: Option<PathBuf>,
     /// MySQL/MariaDB server address [default: 127.0.0.1:3306].
     #[arg(long, env = "HEATSINK_BACKEND")]
     pub backend: Option<String>,
@@ -304,6 +308,7 @@ impl ServeArgs {
         };
         let o = Overrides {
             listen: self.listen,
+            listen_unix: self.listen_unix,
             backend: self.backend,
             backend_policy: self.backend_policy,
             health_interval_ms: self.health_interval_ms,

@@ -76,6 +76,9 @@ pub const DEFAULT_ADMIN_USER: &str = "admin";
 pub struct Config {
     /// Address clients connect to.
     pub listen: String,
+    /// A Unix socket clients on this host may connect to as well (a sidecar's
+    /// application skips the TCP stack); off when `None`.
+    pub listen_unix: Option<PathBuf>,
     /// The MySQL/MariaDB server(s) client connections are relayed to: one address, or
     /// a comma-separated list (the nodes of a cluster); each client connection gets
     /// one healthy node (see [`crate::backends`]).
@@ -160,6 +163,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: "127.0.0.1:6033".into(),
+            listen_unix: None,
             backend: "127.0.0.1:3306".into(),
             backend_policy: BackendPolicy::LeastConnections,
             health_interval: Duration::from_millis(1000),
@@ -200,6 +204,7 @@ impl Default for Config {
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub listen: Option<String>,
+    pub listen_unix: Option<PathBuf>,
     pub backend: Option<String>,
     pub backend_policy: Option<BackendPolicy>,
     pub health_interval_ms: Option<u64>,
@@ -262,6 +267,7 @@ impl FileConfig {
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
     pub listen: Option<String>,
+    pub listen_unix: Option<PathBuf>,
     pub backend: Option<String>,
     pub backend_policy: Option<BackendPolicy>,
     pub health_interval_ms: Option<u64>,
@@ -302,6 +308,7 @@ impl Config {
         let secs = Duration::from_secs;
         let c = Config {
             listen: cli.listen.or(file.listen).unwrap_or(d.listen),
+            listen_unix: cli.listen_unix.or(file.listen_unix),
             backend: cli.backend.or(file.backend).unwrap_or(d.backend),
             backend_policy: cli
                 .backend_policy

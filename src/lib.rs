@@ -191,6 +191,10 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
     let health_config = Arc::new(config.clone());
     backends::check_all(&shared.backends, &health_config).await;
     let listener = server::bind(&config.listen).await?;
+    let unix = match &config.listen_unix {
+        Some(path) => Some(server::bind_unix(path).await?),
+        None => None,
+    };
     let addr = listener
         .local_addr()
         .map_err(|e| Error::with_cause(Source::Internal, "reading listen address", e))?;
@@ -202,6 +206,7 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
         version = VERSION,
         commit = if GIT_COMMIT.is_empty() { "unknown" } else { GIT_COMMIT },
         backend = %config.backend,
+        unix_socket = %config.listen_unix.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "none".into()),
         rules = %rules,
         rules_loaded = shared.engine.load().has_rules(),
         rule_names = ?reloader.catalog().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
@@ -230,7 +235,7 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
         Arc::clone(&shared.backends),
         health_config,
     ));
-    let served = server::run(listener, Arc::clone(&shared), shutdown).await;
+    let served = server::run(listener, unix, Arc::clone(&shared), shutdown).await;
     if let Some(w) = watcher {
         w.abort();
     }

@@ -1,4 +1,6 @@
-//! The accept loop: connection limit, one task per client, graceful shutdown.
+//! The accept loop: connection limit, one task per client, graceful shutdown. Clients
+//! come over TCP, and over a Unix socket when one is configured (`listen_unix`: a
+//! sidecar's application on the same host skips the TCP stack).
 //!
 //! Shutdown (SIGINT/SIGTERM or the future passed to [`run`]): stop accepting, tell
 //! every session through a watch channel, let in-flight statements finish (idle
@@ -8,13 +10,14 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use crate::error::{Error, Result, Source};
 use crate::relay::{serve_client, Shared};
+use crate::tls::Stream;
 use crate::wire::io::frame_into;
 use crate::wire::packets::{err_of, errors};
 
@@ -25,9 +28,70 @@ pub async fn bind(addr: &str) -> Result<TcpListener> {
         .map_err(|e| Error::with_cause(Source::Internal, format!("binding {addr}"), e))
 }
 
-/// Serves clients from `listener` until `shutdown` resolves, then drains.
+/// Where a client connected from, for logs and the admin port's session list.
+#[derive(Debug, Clone)]
+pub enum Peer {
+    /// A TCP client's address.
+    Tcp(SocketAddr),
+    /// A client on the Unix socket (on this host).
+    Unix,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Tcp(a) => a.fmt(f),
+            Peer::Unix => f.write_str("unix socket"),
+        }
+    }
+}
+
+/// Binds the Unix socket clients may connect to. A file left at `path` by a proxy
+/// that is gone is replaced; a socket another process still answers on is not.
+pub async fn bind_unix(path: &std::path::Path) -> Result<UnixListener> {
+    let shown = path.display();
+    if path.exists() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(Error::new(
+                Source::Internal,
+                format!("binding {shown}: another process listens on this socket"),
+            ));
+        }
+        let is_socket = {
+            use std::os::unix::fs::FileTypeExt;
+            std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+        };
+        if !is_socket {
+            return Err(Error::new(
+                Source::Internal,
+                format!("binding {shown}: the path exists and is not a socket"),
+            ));
+        }
+        std::fs::remove_file(path).map_err(|e| {
+            Error::with_cause(
+                Source::Internal,
+                format!("removing stale socket {shown}"),
+                e,
+            )
+        })?;
+    }
+    UnixListener::bind(path)
+        .map_err(|e| Error::with_cause(Source::Internal, format!("binding {shown}"), e))
+}
+
+/// The next client of an optional Unix listener (pending forever without one).
+async fn accept_unix(listener: Option<&UnixListener>) -> std::io::Result<Stream> {
+    match listener {
+        Some(l) => l.accept().await.map(|(s, _)| Stream::Unix(s)),
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves clients from `listener` (and `unix`, when given) until `shutdown`
+/// resolves, then drains.
 pub async fn run(
     listener: TcpListener,
+    unix: Option<UnixListener>,
     shared: Arc<Shared>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
@@ -41,7 +105,10 @@ pub async fn run(
             Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
             accepted = listener.accept() => {
                 let (socket, peer) = match accepted {
-                    Ok(x) => x,
+                    Ok((socket, peer)) => {
+                        let _ = socket.set_nodelay(true);
+                        (Stream::Plain(socket), Peer::Tcp(peer))
+                    }
                     Err(e) => {
                         // Out of file descriptors and the like: back off briefly.
                         warn!(error = %e, "accept failed");
@@ -49,24 +116,28 @@ pub async fn run(
                         continue;
                     }
                 };
-                shared.stats.connections_total.fetch_add(1, Relaxed);
-                let Ok(permit) = limit.clone().try_acquire_owned() else {
-                    shared.stats.connections_refused.fetch_add(1, Relaxed);
-                    tokio::spawn(refuse(socket, peer));
-                    continue;
-                };
-                let shared = shared.clone();
-                let stop = stop_rx.clone();
-                sessions.spawn(async move {
-                    shared.stats.connections_active.fetch_add(1, Relaxed);
-                    serve_client(socket, peer, shared.clone(), stop).await;
-                    shared.stats.connections_active.fetch_sub(1, Relaxed);
-                    drop(permit);
-                });
+                start(&mut sessions, &limit, &shared, &stop_rx, socket, peer);
+            }
+            accepted = accept_unix(unix.as_ref()) => {
+                match accepted {
+                    Ok(socket) => start(&mut sessions, &limit, &shared, &stop_rx, socket, Peer::Unix),
+                    Err(e) => {
+                        warn!(error = %e, "accept failed (unix socket)");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
             }
         }
     }
     drop(listener);
+    if let Some(path) = unix
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .and_then(|a| a.as_pathname().map(|p| p.to_path_buf()))
+    {
+        drop(unix);
+        let _ = std::fs::remove_file(path);
+    }
     let open = sessions.len();
     info!(open, "shutting down: draining sessions");
     let _ = stop_tx.send(true);
@@ -86,9 +157,35 @@ pub async fn run(
     Ok(())
 }
 
+/// Starts a session for an accepted client, or refuses it when the connection limit
+/// is reached.
+fn start(
+    sessions: &mut JoinSet<()>,
+    limit: &Arc<Semaphore>,
+    shared: &Arc<Shared>,
+    stop: &watch::Receiver<bool>,
+    socket: Stream,
+    peer: Peer,
+) {
+    shared.stats.connections_total.fetch_add(1, Relaxed);
+    let Ok(permit) = limit.clone().try_acquire_owned() else {
+        shared.stats.connections_refused.fetch_add(1, Relaxed);
+        tokio::spawn(refuse(socket, peer));
+        return;
+    };
+    let shared = shared.clone();
+    let stop = stop.clone();
+    sessions.spawn(async move {
+        shared.stats.connections_active.fetch_add(1, Relaxed);
+        serve_client(socket, peer, shared.clone(), stop).await;
+        shared.stats.connections_active.fetch_sub(1, Relaxed);
+        drop(permit);
+    });
+}
+
 /// Answers a connection over the limit with "Too many connections", as MySQL does
 /// (an ERR packet instead of the greeting).
-async fn refuse(mut socket: TcpStream, peer: SocketAddr) {
+async fn refuse(mut socket: Stream, peer: Peer) {
     use tokio::io::AsyncWriteExt;
     warn!(%peer, "connection refused: too many connections");
     let mut out = bytes::BytesMut::new();

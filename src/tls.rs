@@ -7,8 +7,10 @@
 //! the client towards the backend, and upgrades each leg on its own (the handshake
 //! itself is in `relay::session`).
 //!
-//! [`Stream`] is the socket type of both legs: plain TCP or TLS, one enum dispatch per
-//! read or write, no allocation on the data path.
+//! [`Stream`] is the socket type of both legs: plain TCP, a Unix socket (clients of a
+//! sidecar on the same host, a backend on the same host), or TLS over TCP, one enum
+//! dispatch per read or write, no allocation on the data path. A Unix socket is never
+//! upgraded: it does not leave the host.
 
 use std::io;
 use std::path::Path;
@@ -17,7 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::client::danger::{
     HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
@@ -44,6 +46,8 @@ pub const ERR_BACKEND_TLS: (u16, &[u8; 5]) = (1429, b"HY000");
 pub enum Stream {
     /// Plain TCP (the default, and every connection before an upgrade).
     Plain(TcpStream),
+    /// A Unix domain socket (never upgraded).
+    Unix(UnixStream),
     /// A client connection whose TLS the proxy terminated (boxed: the TLS state is a
     /// few kilobytes, allocated once per connection).
     Server(Box<tokio_rustls::server::TlsStream<TcpStream>>),
@@ -55,6 +59,11 @@ pub enum Stream {
 }
 
 impl Stream {
+    /// True for a Unix domain socket (a peer on the same host).
+    pub fn is_unix(&self) -> bool {
+        matches!(self, Stream::Unix(_))
+    }
+
     /// True when the connection is encrypted.
     pub fn is_tls(&self) -> bool {
         matches!(self, Stream::Server(_) | Stream::Client(_))
@@ -90,6 +99,7 @@ impl AsyncRead for Stream {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Server(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Stream::Client(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Stream::Closed => Poll::Ready(Ok(())),
@@ -106,6 +116,7 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Server(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Stream::Client(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Stream::Closed => Poll::Ready(Err(closed())),
@@ -120,6 +131,7 @@ impl AsyncWrite for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Stream::Server(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
             Stream::Client(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
             Stream::Closed => Poll::Ready(Err(closed())),
@@ -129,6 +141,7 @@ impl AsyncWrite for Stream {
     fn is_write_vectored(&self) -> bool {
         match self {
             Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Unix(s) => s.is_write_vectored(),
             Stream::Server(s) => s.is_write_vectored(),
             Stream::Client(s) => s.is_write_vectored(),
             Stream::Closed => false,
@@ -139,6 +152,7 @@ impl AsyncWrite for Stream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
             Stream::Server(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Stream::Client(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Stream::Closed => Poll::Ready(Ok(())),
@@ -148,6 +162,7 @@ impl AsyncWrite for Stream {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Server(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Stream::Client(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Stream::Closed => Poll::Ready(Ok(())),

@@ -1044,3 +1044,70 @@ fn zero_in_date_groups_of_a_time_series_match_the_log() {
         &["SELECT DATE_FORMAT(created_at, '%Y-%m') AS m, COUNT(*) AS n FROM plays GROUP BY m"],
     );
 }
+
+/// An unaliased aggregate — `SELECT COUNT(*) FROM plays WHERE track_id = 2`, the
+/// simplest read there is — is answered from the rollup, its column named as the
+/// client spelt it (MariaDB keeps case and whitespace, leaves comments out); spellings
+/// that share a fingerprint get their own names; an item with a comment goes to the
+/// log. Text and prepared, rows and column definitions as directly.
+#[test]
+fn unaliased_aggregates_are_answered_from_the_rollup_as_spelt() {
+    let diff = common::differential::Differential::start(&Reads);
+    let rewritten = |outcome: &str| -> f64 {
+        let body = common::http_get(diff.metrics_addr(), "/metrics").1;
+        ["plays_hourly", "plays_daily"]
+            .iter()
+            .map(|rule| {
+                common::sample(
+                    &body,
+                    &format!(
+                        "heatsink_rule_statements_total{{rule=\"{rule}\",outcome=\"{outcome}\"}}"
+                    ),
+                )
+                .unwrap_or(0.0)
+            })
+            .sum()
+    };
+    let (before, fallbacks) = (rewritten("rewritten"), rewritten("fallback"));
+    let answered = [
+        "SELECT COUNT(*) FROM plays WHERE track_id = 2",
+        "SELECT COUNT( * ) FROM plays WHERE track_id = 3",
+        "SELECT COUNT(\n  *) FROM plays WHERE track_id = 3",
+        "SELECT count(*) FROM plays",
+        "SELECT track_id, COUNT(*), SUM(user_id), COUNT(user_id) FROM plays WHERE track_id IN (1, 2) GROUP BY track_id",
+        "SELECT COUNT(*) FROM plays p WHERE p.track_id = 4",
+    ];
+    let mut before = before;
+    for read in answered {
+        reads_match(&diff, &[], &[read]);
+        let after = rewritten("rewritten");
+        assert_eq!(
+            after - before,
+            2.0,
+            "{read}: answered from a rollup, text and prepared"
+        );
+        before = after;
+    }
+    assert_eq!(rewritten("fallback"), fallbacks, "no read fell back");
+    // With a time range: compared only (whether a text read takes literal bounds or
+    // runs as sent depends on its bounds, see
+    // `reads_up_to_now_take_literal_bounds_and_match_the_log`).
+    reads_match(
+        &diff,
+        &[],
+        &[
+            "SELECT country, COUNT(*) AS n, SUM(user_id) FROM plays WHERE created_at >= '2024-05-02 10:30' GROUP BY country",
+            "SELECT COUNT(*) FROM plays p WHERE p.track_id = 4 AND created_at < '2024-05-10'",
+        ],
+    );
+    // A comment in the item: not part of MariaDB's name; the read goes to the log.
+    reads_match(
+        &diff,
+        &[],
+        &[
+            "SELECT COUNT(/* all */ *) FROM plays WHERE track_id = 2",
+            "SELECT COUNT(*) AS hs_agg0 FROM plays WHERE track_id = 2",
+            "SELECT track_id, COUNT(*) FROM plays GROUP BY track_id ORDER BY hs_agg1 LIMIT 3",
+        ],
+    );
+}

@@ -12,12 +12,11 @@
 //!    and stream the response back, packet boundaries found by [`ResponseParser`].
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -30,6 +29,7 @@ use crate::admin::Registration;
 use crate::error::{Error, Result, Source};
 use crate::refusals::Seen;
 use crate::rewrite::{Decision, Engine, StatementContext};
+use crate::server::Peer;
 use crate::tls::{self, Stream, Tls};
 use crate::wire::handshake::{
     patch_client_hello, patch_greeting, set_client_ssl, ClientHello, Greeting,
@@ -38,16 +38,16 @@ use crate::wire::io::{shift_seq, Framed, Logical, Packet, PacketIo};
 use crate::wire::packets::{self, err_of, errors, Renames};
 use crate::wire::{caps, cmd, status, MAX_PAYLOAD};
 
-/// Serves one accepted client connection to completion. Never panics on bad input:
-/// errors end the session and are logged with their source.
+/// Serves one accepted client connection (TCP with TCP_NODELAY set, or a Unix socket)
+/// to completion. Never panics on bad input: errors end the session and are logged
+/// with their source.
 pub async fn serve_client(
-    client: TcpStream,
-    peer: SocketAddr,
+    client: Stream,
+    peer: Peer,
     shared: Arc<Shared>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let _ = client.set_nodelay(true);
-    let mut client = PacketIo::new(Stream::Plain(client), Source::Client);
+    let mut client = PacketIo::new(client, Source::Client);
     let (backend, lease) = match connect_backend(&shared).await {
         Ok(b) => b,
         Err((addr, e)) => {
@@ -68,11 +68,11 @@ pub async fn serve_client(
             return;
         }
     };
-    let info = shared.sessions.register(peer);
+    let info = shared.sessions.register(peer.clone());
     let mut s = Session {
         link: Link {
             client,
-            backend: PacketIo::new(Stream::Plain(backend), Source::Backend),
+            backend: PacketIo::new(backend, Source::Backend),
             deprecate_eof: false,
             extended_metadata: false,
         },
@@ -119,7 +119,7 @@ pub async fn serve_client(
 /// refuses is marked down and the next one is tried. `Err` names the last address.
 async fn connect_backend(
     shared: &Arc<Shared>,
-) -> std::result::Result<(TcpStream, crate::backends::Lease), (String, Error)> {
+) -> std::result::Result<(Stream, crate::backends::Lease), (String, Error)> {
     let backends = &shared.backends;
     let mut last = None;
     for index in backends.candidates() {
@@ -148,8 +148,18 @@ async fn connect_backend(
     }))
 }
 
-async fn connect_addr(addr: &str, limit: Duration) -> Result<TcpStream> {
-    let fut = TcpStream::connect(addr);
+/// Connects to one backend address: `host:port` over TCP (TCP_NODELAY set), or
+/// `unix:PATH` over a Unix socket ([`crate::backends::unix_path`]).
+async fn connect_addr(addr: &str, limit: Duration) -> Result<Stream> {
+    let fut = async {
+        match crate::backends::unix_path(addr) {
+            Some(path) => UnixStream::connect(path).await.map(Stream::Unix),
+            None => TcpStream::connect(addr).await.map(|s| {
+                let _ = s.set_nodelay(true);
+                Stream::Plain(s)
+            }),
+        }
+    };
     match tokio::time::timeout(limit, fut).await {
         Err(_) => Err(Error::with_cause(
             Source::Backend,
@@ -157,10 +167,7 @@ async fn connect_addr(addr: &str, limit: Duration) -> Result<TcpStream> {
             std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
         )),
         Ok(Err(e)) => Err(Error::with_cause(Source::Backend, "connecting", e)),
-        Ok(Ok(s)) => {
-            let _ = s.set_nodelay(true);
-            Ok(s)
-        }
+        Ok(Ok(s)) => Ok(s),
     }
 }
 
@@ -185,7 +192,7 @@ pub(super) struct Session {
     /// it may share merged writes): see [`SessionState`].
     pub(super) state: SessionState,
     /// Client address, for logs.
-    pub(super) peer: SocketAddr,
+    pub(super) peer: Peer,
     /// Backend connection id, for logs (the client sees the same id).
     pub(super) backend_id: u32,
     /// Prepared statements that were rewritten, by statement id (the backend's id of
@@ -261,8 +268,10 @@ impl Session {
         let shared = Arc::clone(&self.shared);
         let tls = &shared.tls;
         let shared_addr = &self.lease.addr().to_string();
-        // CLIENT_SSL towards the client says what the proxy offers, not the backend.
-        let (clear, set) = if tls.acceptor.is_some() {
+        // CLIENT_SSL towards the client says what the proxy offers, not the backend;
+        // a client on a Unix socket is on this host, and is offered none.
+        let local = self.link.client.io.is_unix();
+        let (clear, set) = if tls.acceptor.is_some() && !local {
             (caps::UNSUPPORTED, caps::SSL)
         } else {
             (caps::UNSUPPORTED | caps::SSL, 0)
@@ -375,6 +384,8 @@ impl Session {
         backend: &str,
     ) -> Result<Option<&'t tls::BackendTls>> {
         Ok(match &tls.backend {
+            // A backend on a Unix socket is on this host: the socket is not upgraded.
+            Some(_) if self.link.backend.io.is_unix() => None,
             Some(b) if info.backend_capabilities & caps::SSL != 0 => Some(b),
             Some(b) if b.required => {
                 // Refused before the client says anything: an ERR instead of a greeting.
@@ -428,7 +439,9 @@ impl Session {
                 return Err(Error::client("second SSLRequest"));
             }
             client_extra = 1;
-        } else if tls.required {
+        } else if tls.required && !self.link.client.io.is_unix() {
+            // `tls_required` is about the network: as MariaDB's
+            // `require_secure_transport`, it accepts a local Unix socket.
             let msg =
                 "Connections using insecure transport are prohibited: this proxy requires TLS";
             let _ = self

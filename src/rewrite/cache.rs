@@ -322,12 +322,32 @@ pub fn key_header(
 
 /// Turn a fingerprint key into the key of its value-dependent entry: the fingerprint
 /// key, then each listed literal's index and bytes, all length-prefixed.
-pub fn depends_key(fp_key: &[u8], sql: &[u8], literals: &[Token], deps: &[usize]) -> Vec<u8> {
+pub fn depends_key(
+    fp_key: &[u8],
+    sql: &[u8],
+    literals: &[Token],
+    tokens: &[Token],
+    deps: &[usize],
+) -> Vec<u8> {
     let mut key = Vec::with_capacity(fp_key.len() + 40);
     key.push(KeyKind::Depends as u8);
     key.extend_from_slice(&(fp_key.len() as u32).to_le_bytes());
     key.extend_from_slice(fp_key);
     for &i in deps {
+        if i == super::SPELLING {
+            // The select list as spelt (see `PlanContext::spelt_item`).
+            key.extend_from_slice(&u32::MAX.to_le_bytes());
+            match sqltok::select_list(sql, tokens) {
+                Some(items) => {
+                    for r in items {
+                        key.extend_from_slice(&(r.len() as u32).to_le_bytes());
+                        key.extend_from_slice(&sql[r]);
+                    }
+                }
+                None => key.extend_from_slice(&u32::MAX.to_le_bytes()),
+            }
+            continue;
+        }
         key.extend_from_slice(&(i as u32).to_le_bytes());
         match literals.get(i) {
             Some(t) => {

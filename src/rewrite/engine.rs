@@ -466,7 +466,7 @@ impl Engine {
             None => self.plan_marked(st, key, None),
             Some(found) => match &*found {
                 Cached::DependsOn(deps) => {
-                    let dk = cache::depends_key(&key, st.sql, &st.literals, deps);
+                    let dk = cache::depends_key(&key, st.sql, &st.literals, &st.tokens, deps);
                     match self.cache.get(&dk) {
                         Some(o) => o,
                         None => self.plan_marked(st, key, Some(deps)),
@@ -584,6 +584,7 @@ impl Engine {
             st.sql,
             &st.literals,
         )
+        .with_tokens(&st.tokens)
         .with_qualifiers(st.qualifiers.clone());
         let result = self.run_rules(&stmt, &pctx, &st.rules);
         let (reads, dynamics) = pctx.finish();
@@ -591,7 +592,7 @@ impl Engine {
         match known {
             None if reads.is_empty() => self.cache.insert(fp_key, out.clone()),
             None => {
-                let dk = cache::depends_key(&fp_key, st.sql, &st.literals, &reads);
+                let dk = cache::depends_key(&fp_key, st.sql, &st.literals, &st.tokens, &reads);
                 self.cache
                     .insert(fp_key, Arc::new(Cached::DependsOn(reads.into())));
                 self.cache.insert(dk, out.clone());
@@ -599,7 +600,7 @@ impl Engine {
             Some(deps) => {
                 // Cache only if the values this plan depends on are all in the key.
                 if reads.iter().all(|r| deps.contains(r)) {
-                    let dk = cache::depends_key(&fp_key, st.sql, &st.literals, deps);
+                    let dk = cache::depends_key(&fp_key, st.sql, &st.literals, &st.tokens, deps);
                     self.cache.insert(dk, out.clone());
                 }
             }
@@ -659,6 +660,7 @@ impl Engine {
             st.sql,
             &st.literals,
         )
+        .with_tokens(&st.tokens)
         .with_qualifiers(st.qualifiers.clone());
         let result = self.run_rules(&stmt, &pctx, &st.rules);
         let (_, dynamics) = pctx.finish();

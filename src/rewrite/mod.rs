@@ -1136,6 +1136,10 @@ impl Literal<'_> {
     }
 }
 
+/// The dependency a plan takes on by reading a select item's spelling
+/// ([`PlanContext::spelt_item`]), among the literal indices it read.
+pub(crate) const SPELLING: usize = usize::MAX;
+
 /// A value the proxy chooses each time a rewrite is rendered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Dynamic {
@@ -1162,6 +1166,8 @@ pub struct PlanContext<'a> {
     sql: &'a [u8],
     /// The original statement's literal tokens, in text order.
     literals: &'a [sqltok::Token],
+    /// All of the original statement's tokens (see [`PlanContext::spelt_item`]).
+    tokens: &'a [sqltok::Token],
     /// (table, database) of each db-qualified table name in the statement, as
     /// written; see [`PlanContext::table_db`].
     qualifiers: Vec<(String, String)>,
@@ -1187,10 +1193,40 @@ impl<'a> PlanContext<'a> {
             slots,
             sql,
             literals,
+            tokens: &[],
             qualifiers: Vec::new(),
             reads: RefCell::new(Vec::new()),
             dynamics: RefCell::new(Vec::new()),
         }
+    }
+
+    /// All of the statement's tokens, for [`PlanContext::spelt_item`].
+    pub(crate) fn with_tokens(mut self, tokens: &'a [sqltok::Token]) -> Self {
+        self.tokens = tokens;
+        self
+    }
+
+    /// Select item `i` as the client spelt it, which is how MariaDB names an
+    /// unaliased item in the result (`COUNT( * )`, whitespace and case kept):
+    /// `None` unless the statement is a plain `SELECT … FROM`, the item holds no
+    /// comment (MariaDB leaves comments out of the name), only printable ASCII, and
+    /// at most 64 bytes. Reading it makes the plan depend on the spelling of the
+    /// whole select list: the outcome is then cached per spelling, as for
+    /// [`PlanContext::literal`] per value.
+    pub fn spelt_item(&self, i: usize) -> Option<String> {
+        let items = sqltok::select_list(self.sql, self.tokens)?;
+        let range = items.get(i)?;
+        if range.len() > 64 || !sqltok::spelt_plainly(self.sql, self.tokens, range) {
+            return None;
+        }
+        let text = std::str::from_utf8(&self.sql[range.clone()])
+            .ok()?
+            .to_string();
+        let mut reads = self.reads.borrow_mut();
+        if !reads.contains(&SPELLING) {
+            reads.push(SPELLING);
+        }
+        Some(text)
     }
 
     /// The statement's db-qualified table names, (table, database) as written.

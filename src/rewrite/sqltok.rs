@@ -989,9 +989,133 @@ fn is_operator_word(w: &[u8]) -> bool {
     w.len() <= 9 && OPS.iter().any(|o| o.eq_ignore_ascii_case(w))
 }
 
+/// The byte ranges of the items of a `SELECT` statement's select list, each from its
+/// first token's start to its last token's end, as the client spelt it: the items at
+/// nesting depth zero between the leading `SELECT` (and its `ALL`/`DISTINCT`
+/// modifiers) and the `FROM` at depth zero. `None` when the statement does not start
+/// with `SELECT`, has no `FROM` at depth zero, or an item is empty. MariaDB names an
+/// unaliased select item by exactly this text (a comment inside an item is not part
+/// of the name, see [`spelt_plainly`]).
+pub fn select_list(sql: &[u8], toks: &[Token]) -> Option<Vec<std::ops::Range<usize>>> {
+    let word = |t: &Token, w: &[u8]| {
+        t.kind == TokenKind::Word && sql[t.start..t.end].eq_ignore_ascii_case(w)
+    };
+    let first = toks.first()?;
+    if !word(first, b"SELECT") {
+        return None;
+    }
+    let mut at = 1;
+    while toks
+        .get(at)
+        .is_some_and(|t| word(t, b"ALL") || word(t, b"DISTINCT"))
+    {
+        at += 1;
+    }
+    let mut items = Vec::new();
+    let mut depth = 0usize;
+    let mut item_start: Option<usize> = None;
+    let mut item_end = 0usize;
+    for t in &toks[at..] {
+        if depth == 0 && (word(t, b"FROM") || is_punct(sql, t, b",")) {
+            items.push(item_start.take()?..item_end);
+            if word(t, b"FROM") {
+                return Some(items);
+            }
+            continue;
+        }
+        if is_punct(sql, t, b"(") {
+            depth += 1;
+        } else if is_punct(sql, t, b")") {
+            depth = depth.checked_sub(1)?;
+        }
+        item_start.get_or_insert(t.start);
+        item_end = t.end;
+    }
+    None
+}
+
+/// Whether `range` of `sql` holds only whole tokens of `toks` separated by
+/// whitespace (no comment: MariaDB leaves comments out of an item's name) and
+/// printable ASCII: text that names a column the same in every character set.
+pub fn spelt_plainly(sql: &[u8], toks: &[Token], range: &std::ops::Range<usize>) -> bool {
+    let Some(text) = sql.get(range.clone()) else {
+        return false;
+    };
+    if !text
+        .iter()
+        .all(|&b| (0x20..0x7f).contains(&b) || is_space(b))
+    {
+        return false;
+    }
+    let mut at = range.start;
+    for t in toks
+        .iter()
+        .filter(|t| t.start >= range.start && t.end <= range.end)
+    {
+        if !sql[at..t.start].iter().all(|&b| is_space(b)) {
+            return false;
+        }
+        at = t.end;
+    }
+    at == range.end
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn select_list_items_as_spelt() {
+        let sql = b"SELECT DISTINCT track_id, count( *\n ), SUM(IF(a, 1, 2))  , x AS y FROM plays WHERE a = (SELECT 1, 2)";
+        let toks = lex(sql, LexMode::default()).unwrap();
+        let items: Vec<&[u8]> = select_list(sql, &toks)
+            .unwrap()
+            .into_iter()
+            .map(|r| &sql[r])
+            .collect();
+        assert_eq!(
+            items,
+            [
+                &b"track_id"[..],
+                b"count( *\n )",
+                b"SUM(IF(a, 1, 2))",
+                b"x AS y"
+            ]
+        );
+        let toks_of = |s: &[u8]| lex(s, LexMode::default()).unwrap();
+        for bad in [
+            &b"UPDATE t SET a = 1"[..],
+            b"SELECT 1",
+            b"SELECT , a FROM t",
+            b"SELECT (a FROM t",
+        ] {
+            assert_eq!(
+                select_list(bad, &toks_of(bad)),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn plain_spelling_has_no_comment_and_only_ascii() {
+        for (sql, plain) in [
+            (&b"SELECT COUNT( * ) FROM t"[..], true),
+            (b"SELECT COUNT(/*x*/*) FROM t", false),
+            (b"SELECT COUNT(/*!*/*) FROM t", false),
+            (b"SELECT SUM(\xc3\xa9) FROM t", false),
+        ] {
+            let toks = lex(sql, LexMode::default()).unwrap();
+            let items = select_list(sql, &toks).unwrap();
+            assert_eq!(
+                spelt_plainly(sql, &toks, &items[0]),
+                plain,
+                "{}",
+                String::from_utf8_lossy(sql)
+            );
+        }
+    }
 
     fn kinds(sql: &str) -> Vec<(TokenKind, String)> {
         let b = sql.as_bytes();

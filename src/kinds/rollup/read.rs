@@ -10,9 +10,11 @@
 //!  [GROUP BY <dims…>] [ORDER BY …] [LIMIT …]
 //! ```
 //!
-//! where every filtered and grouped column is one of the rollup's dimensions and
-//! every aggregate is aliased (an unaliased aggregate is named by its text as the
-//! client spelt it, which a cached plan cannot know). It becomes
+//! where every filtered and grouped column is one of the rollup's dimensions. An
+//! unaliased aggregate is named by MariaDB by its text as the client spelt it
+//! (`count( * )`): it is computed under an alias of the proxy's own and renamed to
+//! that text in the outer query, and the plan is cached per spelling of the select
+//! list ([`PlanContext::spelt_item`]). It becomes
 //!
 //! ```sql
 //! SELECT x.<dim> AS <dim as written>…, x.a FROM (
@@ -156,8 +158,13 @@ fn aggregates(q: &Query) -> bool {
 enum Item<'q> {
     /// A dimension (index into the rule's dimensions), named as written.
     Dim { dim: usize, name: String },
-    /// An aggregate under its alias.
-    Agg { measure: Measure, alias: String },
+    /// An aggregate under its alias; `name`: the client's spelling of an unaliased
+    /// one, the output column's name (the alias is then the proxy's `hs_agg<i>`).
+    Agg {
+        measure: Measure,
+        alias: String,
+        name: Option<String>,
+    },
     /// The time series: `DATE(time)` or `DATE_FORMAT(time, fmt)` under its alias.
     Time {
         format: Option<&'q Expr>,
@@ -392,7 +399,7 @@ impl<'q> Shape<'q> {
         ctx: &PlanContext<'_>,
     ) -> Option<()> {
         let mut names: Vec<String> = Vec::new();
-        for item in items {
+        for (position, item) in items.iter().enumerate() {
             let (expr, alias) = match item {
                 SelectItem::UnnamedExpr(e) => (e, None),
                 SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
@@ -413,9 +420,18 @@ impl<'q> Shape<'q> {
                     None => Item::Agg {
                         measure: aggregate(rule, self, expr)?,
                         alias,
+                        name: None,
                     },
                 },
-                (None, None) => return None,
+                // An unaliased aggregate, named as spelt.
+                (None, None) => {
+                    let measure = aggregate(rule, self, expr)?;
+                    Item::Agg {
+                        measure,
+                        alias: format!("hs_agg{position}"),
+                        name: Some(ctx.spelt_item(position)?),
+                    }
+                }
             };
             let inner = match &item {
                 Item::Dim { dim, .. } => rule.logical.key()[*dim].to_ascii_lowercase(),
@@ -424,7 +440,8 @@ impl<'q> Shape<'q> {
             let computed = !matches!(item, Item::Dim { .. });
             // Inner column names must not collide (a dimension twice is fine).
             let dup = names.contains(&inner);
-            if dup && computed || reserved(&inner) || eq(&inner, &rule.time) {
+            let own = matches!(item, Item::Agg { name: Some(_), .. });
+            if dup && computed || (reserved(&inner) && !own) || eq(&inner, &rule.time) {
                 return None;
             }
             if computed {
@@ -543,7 +560,10 @@ impl<'q> Shape<'q> {
                 let plain = e.with_fill.is_none() && e.options.nulls_first.is_none();
                 let output = match &e.expr {
                     Expr::Value(_) => true, // a position
-                    other => self.column_of(other).is_some(),
+                    // Not the proxy's own names: directly, they name no column.
+                    other => self
+                        .column_of(other)
+                        .is_some_and(|c| !reserved(&c.to_ascii_lowercase())),
                 };
                 if !plain || !output {
                     return None;
@@ -580,6 +600,11 @@ impl<'q> Shape<'q> {
             .iter()
             .map(|i| match i {
                 Item::Dim { dim: d, name } => format!("{a}.{} AS {}", dim(*d), quote(name)),
+                Item::Agg {
+                    alias,
+                    name: Some(name),
+                    ..
+                } => format!("{a}.{} AS {}", quote(alias), quote(name)),
                 Item::Agg { alias, .. } => format!("{a}.{}", quote(alias)),
                 Item::Time { format, alias } => format!(
                     "{} AS {}",
@@ -712,7 +737,7 @@ impl<'q> Shape<'q> {
             }
         }
         for i in &self.items {
-            let Item::Agg { measure, alias } = i else {
+            let Item::Agg { measure, alias, .. } = i else {
                 continue;
             };
             let count = |column: &str| {
@@ -1168,9 +1193,12 @@ impl<'q> Shape<'q> {
                     def.flags = mode.column_flags(def.flags, self.is_const(*dim));
                     computed.push((name.to_ascii_lowercase(), def));
                 }
+                // Found by the name the derived table gives the column (the alias;
+                // the client's name of an unaliased one is only the outer `AS`).
                 Item::Agg {
                     measure: Measure::Sum(c),
                     alias,
+                    ..
                 } => {
                     let col = meta
                         .iter()
@@ -1873,7 +1901,8 @@ mod tests {
     fn other_reads_fall_back_and_writes_pass() {
         let e = engine();
         let fallbacks = [
-            "SELECT COUNT(*) FROM plays WHERE track_id = 1",
+            // A comment in an unaliased item: MariaDB names it without the comment.
+            "SELECT COUNT(/* all */ *) FROM plays WHERE track_id = 1",
             "SELECT user_id, COUNT(*) AS n FROM plays GROUP BY user_id",
             "SELECT track_id, COUNT(*) AS n FROM plays GROUP BY track_id HAVING n > 1",
             "SELECT track_id, COUNT(*) AS n FROM plays WHERE created_at > RAND() GROUP BY track_id",
@@ -1892,6 +1921,47 @@ mod tests {
         assert_passthrough(&e, &passed);
         assert!(reject(&e, "TRUNCATE TABLE plays").contains("fires no trigger"));
         assert!(reject(&e, "ALTER TABLE plays ADD COLUMN x INT").contains("rollup"));
+    }
+
+    /// An unaliased aggregate is computed under the proxy's alias and named as the
+    /// client spelt it; two spellings of one fingerprint get their own names (the
+    /// plan is cached per spelling), and other literals share the spelling's plan.
+    #[test]
+    fn unaliased_aggregates_are_named_as_spelt() {
+        use sqlparser::ast::{SelectItem, SetExpr, Statement};
+        let e = engine();
+        let outer_names = |sql: &str| -> Vec<String> {
+            let rw = rewrite(&e, sql);
+            let text = String::from_utf8(rw.statements[0].clone()).expect("utf-8");
+            let stmt = crate::rewrite::parse_statements(&text)
+                .expect("parses")
+                .remove(0);
+            let Statement::Query(q) = stmt else {
+                panic!("{text}: not a query")
+            };
+            let SetExpr::Select(sel) = *q.body else {
+                panic!("{text}: not a select")
+            };
+            sel.projection
+                .iter()
+                .map(|i| match i {
+                    SelectItem::ExprWithAlias { alias, .. } => alias.value.clone(),
+                    other => other.to_string(),
+                })
+                .collect()
+        };
+        assert_eq!(
+            outer_names("SELECT COUNT(*) FROM plays WHERE track_id = 1"),
+            ["COUNT(*)"]
+        );
+        assert_eq!(
+            outer_names("SELECT COUNT( *\n) FROM plays WHERE track_id = 2"),
+            ["COUNT( *\n)"]
+        );
+        assert_eq!(
+            outer_names("SELECT track_id, COUNT(*) AS n, count(*) FROM plays GROUP BY track_id"),
+            ["track_id", "`plays`.`n`", "count(*)"]
+        );
     }
 
     /// An hour rollup with the read's dimensions (in another order) gives the whole

@@ -1,0 +1,374 @@
+#!/usr/bin/env bash
+# What the proxy costs per client statement: heatsink's CPU time per statement against
+# haproxy's (TCP mode) per forwarded statement, in the same run, against one private
+# MariaDB, driven by sysbench (its Lua client costs CPU as real drivers do).
+#
+# Workloads (each through haproxy to the plain tables, and through heatsink with its
+# rules at their defaults, group commit on):
+#   point_select  sysbench oltp_point_select (prepared), no rule     THREADS_PS (16)
+#   counter       UPDATE hits SET cnt = cnt + 1 WHERE slug = 'hot'   THREADS_COUNTER (64)
+#   ring          INSERT INTO log (…) VALUES (…), half on 10 keys    THREADS_RING (64)
+#   rollup        INSERT INTO plays (…) VALUES (NOW(), …), two rollups (hour, day),
+#                 half of the plays on one track                    THREADS_ROLLUP (32)
+# With TRANSPORTS="tcp unix" (the default) every workload also runs with both proxies
+# on Unix sockets at both ends (sysbench on the proxy's socket, the proxy on
+# MariaDB's): the sidecar deployment, clients and server on the proxy's host.
+# Per leg: statements (sysbench events, one statement each), statements/s, the proxy's
+# CPU time (user + system from /proc/PID/stat) over the leg, and with perf (PERF=1,
+# default when `perf` works) the proxy's system calls and context switches over the
+# leg. Legs alternate (odd rounds haproxy first). Then, with PROFILE=1 (default), one
+# extra heatsink leg per workload under `perf record`, its flat profile in the report.
+#
+#   scripts/bench-cpu.sh                     # about 6 minutes
+#   ROUNDS=1 DURATION=5 PROFILE=0 scripts/bench-cpu.sh
+#
+# Environment: DURATION (10 s), ROUNDS (3), WORKLOADS, THREADS_*, SKIP_BUILD=1,
+# HEATSINK_BIN (default target/release/heatsink), OUT (bench/results/cpu.md).
+set -euo pipefail
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib/mariadb.sh
+source "$SCRIPT_DIR/lib/mariadb.sh"
+cd "$HS_REPO_DIR"
+
+DURATION=${DURATION:-10}
+ROUNDS=${ROUNDS:-3}
+WORKLOADS=${WORKLOADS:-"point_select counter ring rollup"}
+THREADS_PS=${THREADS_PS:-16}
+THREADS_COUNTER=${THREADS_COUNTER:-64}
+THREADS_RING=${THREADS_RING:-64}
+THREADS_ROLLUP=${THREADS_ROLLUP:-32}
+PROFILE=${PROFILE:-1}
+TRANSPORTS=${TRANSPORTS:-"tcp unix"}
+OUT=${OUT:-bench/results/cpu.md}
+TABLES=4
+TABLE_SIZE=10000
+export MARIADB_EXTRA_ARGS=${MARIADB_EXTRA_ARGS:---innodb-buffer-pool-size=512M}
+
+hs_install_traps
+[[ ${SKIP_BUILD:-0} == 1 ]] || cargo build --release --quiet --bin heatsink
+HEATSINK_BIN=${HEATSINK_BIN:-$HS_REPO_DIR/target/release/heatsink}
+export HEATSINK_BIN
+REV=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo " (uncommitted changes)")
+PERF=${PERF:-$(perf stat -e raw_syscalls:sys_enter true >/dev/null 2>&1 && echo 1 || echo 0)}
+[[ $PERF == 1 ]] || PROFILE=0
+
+hs_tmpdir_into WORK cpu
+RAW=$WORK/raw.tsv # round workload proxy events seconds cpu_us syscalls cswitches
+: >"$RAW"
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+
+mariadb_start
+mariadb_root "$SB_DB" -e "
+  CREATE TABLE hits (slug VARCHAR(64) NOT NULL PRIMARY KEY, cnt BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB;
+  INSERT INTO hits VALUES ('hot', 0);
+  CREATE TABLE log (
+    id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    uid INT NOT NULL, visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL,
+    KEY by_uid (uid, id)) ENGINE=InnoDB;
+  CREATE TABLE plays (
+    id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at DATETIME DEFAULT NULL,
+    track_id INT DEFAULT NULL, user_id INT DEFAULT NULL, referer TEXT,
+    country VARCHAR(255) DEFAULT NULL, api_consumer_key VARCHAR(255) DEFAULT NULL,
+    KEY (track_id), KEY (user_id), KEY (created_at)) ENGINE=InnoDB;"
+hs_log "sysbench prepare ($TABLES tables × $TABLE_SIZE rows)"
+sysbench oltp_point_select --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$MARIADB_PORT" \
+  --mysql-user="$SB_USER" --mysql-password="$SB_PASSWORD" --mysql-db="$SB_DB" \
+  --tables=$TABLES --table-size=$TABLE_SIZE prepare >"$WORK/prepare.log" 2>&1 ||
+  { cat "$WORK/prepare.log" >&2; hs_die "sysbench prepare failed"; }
+
+hs_tmpdir_into RULES rules
+cat >"$RULES/rules.toml" <<'EOF'
+[[counter]]
+name = "hot"
+table = "hits"
+key = ["slug"]
+columns = ["cnt"]
+slots = 16
+slot_table = "hits_slots"
+
+[[ring]]
+name = "visits"
+table = "log"
+key = ["uid"]
+size = 5
+ring_table = "log_ring"
+seq_table = "log_seq"
+order_by = "id"
+
+[[rollup]]
+name = "plays_by_country_hour"
+table = "plays"
+rollup_table = "plays_by_country_hour"
+time = "created_at"
+bucket = "hour"
+dimensions = ["track_id", "country"]
+slots = 8
+
+[[rollup]]
+name = "plays_by_country_day"
+table = "plays"
+rollup_table = "plays_by_country_day"
+time = "created_at"
+bucket = "day"
+dimensions = ["track_id", "country"]
+slots = 8
+EOF
+"$HEATSINK_BIN" migrate --rules "$RULES" \
+  --backend-url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$MARIADB_PORT/$SB_DB" --apply \
+  >"$WORK/migrate.log" 2>&1 || { cat "$WORK/migrate.log" >&2; hs_die "heatsink migrate failed"; }
+
+HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT"
+haproxy_start "$MARIADB_PORT"
+PROXIES="haproxy heatsink"
+if [[ $TRANSPORTS == *unix* ]]; then
+  HS_UNIX_SOCK=$WORK/heatsink.sock
+  TCP_HS_PORT=$HEATSINK_PORT TCP_HS_PID=$HEATSINK_PID
+  HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --listen-unix "$HS_UNIX_SOCK"
+  HSU_PID=$HEATSINK_PID
+  HEATSINK_PORT=$TCP_HS_PORT HEATSINK_PID=$TCP_HS_PID
+  HAPROXY_UNIX_SOCK=$WORK/haproxy.sock
+  cat >"$WORK/haproxy-unix.cfg" <<EOF
+global
+    maxconn 4096
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 1h
+    timeout server 1h
+frontend mysql_in
+    bind unix@$HAPROXY_UNIX_SOCK
+    default_backend mysql_out
+backend mysql_out
+    server db unix@$MARIADB_SOCKET
+EOF
+  setsid haproxy -f "$WORK/haproxy-unix.cfg" -db >"$WORK/haproxy-unix.log" 2>&1 &
+  HAU_PID=$!
+  hs_register_pid "$HAU_PID"
+  for ((i = 0; i < 100; i++)); do [[ -S $HAPROXY_UNIX_SOCK ]] && break; sleep 0.1; done
+  [[ -S $HAPROXY_UNIX_SOCK ]] || hs_die "haproxy did not listen on $HAPROXY_UNIX_SOCK"
+  PROXIES="haproxy heatsink haproxy_unix heatsink_unix"
+fi
+
+# One Lua workload per write statement: one statement per sysbench event.
+lua() { # NAME STATEMENT-FORMAT ARGS-LUA
+  cat >"$WORK/$1.lua" <<EOF
+function thread_init()
+  drv = sysbench.sql.driver()
+  con = drv:connect()
+end
+function event()
+  con:query(string.format("$2", $3))
+end
+function thread_done()
+  con:disconnect()
+end
+EOF
+}
+lua counter "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'hot'" "nil"
+lua ring "INSERT INTO log (uid, visitor_uid, last_update) VALUES (%d, %d, NOW(6))" \
+  "(sysbench.rand.uniform(1, 2) == 1) and sysbench.rand.uniform(1, 10) or sysbench.rand.uniform(11, 1000), sysbench.rand.uniform(1, 1000000)"
+lua rollup "INSERT INTO plays (created_at, track_id, user_id, country) VALUES (NOW(), %d, %d, '%s')" \
+  "(sysbench.rand.uniform(1, 2) == 1) and 123 or sysbench.rand.uniform(1000, 100999), sysbench.rand.uniform(1, 1000000), ({'US','GB','DE','FR','BR','JP','IN','MX','ES','SE'})[sysbench.rand.uniform(1, 10)]"
+
+threads_of() {
+  case $1 in
+  point_select) echo "$THREADS_PS" ;;
+  counter) echo "$THREADS_COUNTER" ;;
+  ring) echo "$THREADS_RING" ;;
+  rollup) echo "$THREADS_ROLLUP" ;;
+  esac
+}
+CLK_TCK=$(getconf CLK_TCK)
+cpu_us() { awk -v t="$CLK_TCK" '{ printf "%d\n", ($14 + $15) * 1000000 / t }' "/proc/$1/stat"; }
+
+# The proxy a leg measures: its pid and sysbench's connection options.
+proxy_pid() {
+  case $1 in
+  haproxy) echo "$HAPROXY_PID" ;;
+  heatsink) echo "$HEATSINK_PID" ;;
+  haproxy_unix) echo "$HAU_PID" ;;
+  heatsink_unix) echo "$HSU_PID" ;;
+  esac
+}
+proxy_conn() {
+  case $1 in
+  haproxy) echo "--mysql-host=127.0.0.1 --mysql-port=$HAPROXY_PORT" ;;
+  heatsink) echo "--mysql-host=127.0.0.1 --mysql-port=$HEATSINK_PORT" ;;
+  haproxy_unix) echo "--mysql-socket=$HAPROXY_UNIX_SOCK" ;;
+  heatsink_unix) echo "--mysql-socket=$HS_UNIX_SOCK" ;;
+  esac
+}
+
+# sysbench WORKLOAD PROXY SECONDS LOG
+run_sysbench() {
+  local w=$1 proxy=$2 secs=$3 log=$4 test conn
+  if [[ $w == point_select ]]; then test=oltp_point_select; else test=$WORK/$w.lua; fi
+  read -r -a conn <<<"$(proxy_conn "$proxy")"
+  hs_run sysbench "$test" --db-driver=mysql "${conn[@]}" \
+    --mysql-user="$SB_USER" --mysql-password="$SB_PASSWORD" --mysql-db="$SB_DB" \
+    --tables=$TABLES --table-size=$TABLE_SIZE --threads="$(threads_of "$w")" --time="$secs" \
+    --report-interval=0 run >"$log" 2>&1
+}
+
+# leg ROUND WORKLOAD PROXY -> a line in $RAW
+leg() {
+  local round=$1 w=$2 proxy=$3 pid log c0 c1 perfout events secs sc=0 cs=0
+  pid=$(proxy_pid "$proxy")
+  log=$WORK/$w-$proxy-$round.log
+  perfout=$WORK/$w-$proxy-$round.perf
+  c0=$(cpu_us "$pid")
+  if [[ $PERF == 1 ]]; then
+    perf stat -e raw_syscalls:sys_enter,context-switches -x, -o "$perfout" -p "$pid" &
+    local perf_pid=$!
+    hs_register_pid "$perf_pid"
+  fi
+  run_sysbench "$w" "$proxy" "$DURATION" "$log" || { tail -n 20 "$log" >&2; hs_die "sysbench $w through $proxy failed"; }
+  c1=$(cpu_us "$pid")
+  if [[ $PERF == 1 ]]; then
+    kill -INT "$perf_pid" 2>/dev/null || true
+    wait "$perf_pid" 2>/dev/null || true
+    hs_forget_pid "$perf_pid"
+    sc=$(awk -F, '/raw_syscalls:sys_enter/ { print $1 }' "$perfout")
+    cs=$(awk -F, '/context-switches/ { print $1 }' "$perfout")
+  fi
+  events=$(sed -n 's/^ *total number of events: *\([0-9]*\)/\1/p' "$log" | sed -n 1p)
+  secs=$(sed -n 's/^ *total time: *\([0-9.]*\)s/\1/p' "$log" | sed -n 1p)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$w" "$proxy" "$events" "$secs" "$((c1 - c0))" "${sc:-0}" "${cs:-0}" >>"$RAW"
+  hs_log "round $round $w $proxy: $events statements in ${secs}s, proxy CPU $(((c1 - c0) / (events > 0 ? events : 1))) µs per statement"
+}
+
+# Warm-up: every workload through both proxies, unrecorded.
+for w in $WORKLOADS; do
+  for proxy in $PROXIES; do
+    run_sysbench "$w" "$proxy" 3 "$WORK/warmup.log" || { tail -n 20 "$WORK/warmup.log" >&2; hs_die "warm-up $w through $proxy failed"; }
+  done
+done
+
+for ((round = 1; round <= ROUNDS; round++)); do
+  for w in $WORKLOADS; do
+    if ((round % 2)); then order=$PROXIES; else order=$(echo "$PROXIES" | tr ' ' '\n' | tac | tr '\n' ' '); fi
+    for proxy in $order; do leg "$round" "$w" "$proxy"; done
+  done
+done
+
+# Profiles: one more heatsink leg per workload under perf record.
+PROFILES=$WORK/profiles.txt
+: >"$PROFILES"
+if [[ $PROFILE == 1 ]]; then
+  for w in $WORKLOADS; do
+    perf record -F 499 -g -p "$HEATSINK_PID" -o "$WORK/$w.data" >"$WORK/$w.record.log" 2>&1 &
+    rec=$!
+    hs_register_pid "$rec"
+    run_sysbench "$w" heatsink "$DURATION" "$WORK/$w-profile.log" || true
+    kill -INT "$rec" 2>/dev/null || true
+    wait "$rec" 2>/dev/null || true
+    hs_forget_pid "$rec"
+    # The system calls of the same workload, counted per statement.
+    perf trace -s -p "$HEATSINK_PID" -o "$WORK/$w.trace" >/dev/null 2>&1 &
+    rec=$!
+    hs_register_pid "$rec"
+    run_sysbench "$w" heatsink "$DURATION" "$WORK/$w-trace.log" || true
+    kill -INT "$rec" 2>/dev/null || true
+    wait "$rec" 2>/dev/null || true
+    hs_forget_pid "$rec"
+    traced=$(sed -n 's/^ *total number of events: *\([0-9]*\)/\1/p' "$WORK/$w-trace.log" | sed -n 1p)
+    {
+      echo "### $w"
+      echo
+      echo "Flat profile (symbols above 1.5 %):"
+      echo
+      echo '```'
+      perf report -i "$WORK/$w.data" --stdio --no-children --sort dso,symbol --percent-limit 1.5 2>/dev/null |
+        grep -E '^ +[0-9.]+%' | head -n 40 | sed -E 's/ +$//' | cut -c1-150
+      echo '```'
+      echo
+      echo "Callers of the kernel's top symbols (where the scheduler and wake-up time comes from):"
+      echo
+      echo '```'
+      perf report -i "$WORK/$w.data" --stdio --no-children --sort symbol -G --percent-limit 10 2>/dev/null |
+        grep -vE '^#|^$' | grep -E '[0-9.]+%' | head -n 40 | sed -E 's/ +$//' | cut -c1-150
+      echo '```'
+      echo
+      echo "System calls per statement (\`perf trace -s\`, one more leg of ${traced:-0} statements, under tracing):"
+      echo
+      awk -v n="${traced:-0}" '$2 ~ /^[0-9]+$/ && $1 ~ /^[a-z_0-9]+$/ && NF >= 7 { c[$1] += $2 }
+        END { for (k in c) if (n > 0 && c[k] / n >= 0.01) printf "| %s | %.2f |\n", k, c[k] / n }' "$WORK/$w.trace" |
+        sort -t'|' -k3 -rn | { echo "| system call | per statement |"; echo "|---|---:|"; cat; }
+      echo
+    } >>"$PROFILES"
+  done
+fi
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+HAPROXY_VERSION=$(haproxy -v 2>/dev/null | sed -n '1s/^HAProxy version \([^ ]*\).*/\1/p')
+SB_VERSION=$(sysbench --version | awk '{print $2}')
+
+B_REV=$REV B_VERSION=$MARIADB_VERSION B_HAPROXY=$HAPROXY_VERSION B_SYSBENCH=$SB_VERSION \
+  B_LOAD_START=$load_start B_LOAD_END=$load_end B_DURATION=$DURATION B_ROUNDS=$ROUNDS \
+  B_THREADS="point_select=$THREADS_PS counter=$THREADS_COUNTER ring=$THREADS_RING rollup=$THREADS_ROLLUP" \
+  B_PERF=$PERF B_WORKLOADS=$WORKLOADS B_PROXIES=$PROXIES python3 - "$RAW" "$PROFILES" "$OUT" <<'PY'
+import datetime, os, statistics, sys
+raw, profiles, out = sys.argv[1:4]
+E = os.environ
+rows = {}
+for line in open(raw):
+    r, w, p, ev, secs, cpu, sc, cs = line.rstrip("\n").split("\t")
+    rows[(int(r), w, p)] = dict(events=int(ev or 0), secs=float(secs or 0), cpu=int(cpu), sc=int(sc or 0), cs=int(cs or 0))
+rounds, workloads = int(E["B_ROUNDS"]), E["B_WORKLOADS"].split()
+perf = E["B_PERF"] == "1"
+def per(r, w, p, k):
+    x = rows[(r, w, p)]
+    return x[k] / max(x["events"], 1)
+def rate(r, w, p):
+    x = rows[(r, w, p)]
+    return x["events"] / max(x["secs"], 1e-9)
+med = statistics.median
+rr = range(1, rounds + 1)
+L = [
+    "# Proxy CPU per client statement: heatsink against haproxy",
+    "",
+    f"- date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC; heatsink {E['B_REV']}; MariaDB {E['B_VERSION']}, HAProxy {E['B_HAPROXY']} (TCP mode), sysbench {E['B_SYSBENCH']}",
+    f"- machine: {os.cpu_count()} cores, shared by sysbench, both proxies and the server; load average (1/5/15 min) at the start {E['B_LOAD_START']}, at the end {E['B_LOAD_END']}",
+    f"- {rounds} rounds of {E['B_DURATION']} s per leg, haproxy and heatsink back to back (order alternating); threads: {E['B_THREADS']}",
+    "- CPU: user + system time of the proxy process over the leg (`/proc/PID/stat`), divided by the statements sysbench completed (one statement per event)",
+    "- haproxy forwards to the plain tables; heatsink runs the default rules (counter 16 slots, ring size 5, two rollups; group commit on), so its statements are merged",
+    "",
+    "## CPU per statement, heatsink / haproxy",
+    "",
+    "| workload | haproxy µs | heatsink µs | **ratio** (median of rounds) | per round | throughput heatsink / haproxy |" + (" syscalls per statement (haproxy, heatsink) | context switches per statement (haproxy, heatsink) |" if perf else ""),
+    "|---|---:|---:|---:|---|---:|" + ("---|---|" if perf else ""),
+]
+for w in workloads:
+    ratios = [per(r, w, "heatsink", "cpu") / max(per(r, w, "haproxy", "cpu"), 1e-9) for r in rr]
+    tput = med(rate(r, w, "heatsink") / max(rate(r, w, "haproxy"), 1e-9) for r in rr)
+    line = (f"| {w} | {med(per(r, w, 'haproxy', 'cpu') for r in rr):.1f} | {med(per(r, w, 'heatsink', 'cpu') for r in rr):.1f} |"
+            f" **{med(ratios):.2f}** | {', '.join(f'{x:.2f}' for x in ratios)} | {tput:.2f} |")
+    if perf:
+        line += (f" {med(per(r, w, 'haproxy', 'sc') for r in rr):.2f}, {med(per(r, w, 'heatsink', 'sc') for r in rr):.2f} |"
+                 f" {med(per(r, w, 'haproxy', 'cs') for r in rr):.2f}, {med(per(r, w, 'heatsink', 'cs') for r in rr):.2f} |")
+    L.append(line)
+proxies = E["B_PROXIES"].split()
+if "heatsink_unix" in proxies:
+    L += ["", "## Unix sockets at both ends (sysbench on the proxy's socket, the proxy on MariaDB's)", "",
+          "| workload | haproxy_unix µs | heatsink_unix µs | heatsink_unix / haproxy_unix | heatsink_unix / haproxy (TCP) | heatsink_unix / heatsink (TCP) | throughput heatsink_unix / haproxy_unix |",
+          "|---|---:|---:|---:|---:|---:|---:|"]
+    for w in workloads:
+        def m(p): return med(per(r, w, p, "cpu") for r in rr)
+        def ratio(a, b): return med(per(r, w, a, "cpu") / max(per(r, w, b, "cpu"), 1e-9) for r in rr)
+        tput = med(rate(r, w, "heatsink_unix") / max(rate(r, w, "haproxy_unix"), 1e-9) for r in rr)
+        L.append(f"| {w} | {m('haproxy_unix'):.1f} | {m('heatsink_unix'):.1f} | **{ratio('heatsink_unix', 'haproxy_unix'):.2f}** |"
+                 f" **{ratio('heatsink_unix', 'haproxy'):.2f}** | {ratio('heatsink_unix', 'heatsink'):.2f} | {tput:.2f} |")
+    L += ["", "Ratios are medians of per-round ratios (the legs of a round ran back to back)."]
+L += ["", "## Raw numbers", "",
+      "| round | workload | proxy | statements | statements/s | proxy CPU ms | CPU µs per statement | syscalls | context switches |",
+      "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+for r in rr:
+    for w in workloads:
+        for p in proxies:
+            x = rows[(r, w, p)]
+            L.append(f"| {r} | {w} | {p} | {x['events']:,} | {rate(r, w, p):,.0f} | {x['cpu'] / 1000:,.0f} | {per(r, w, p, 'cpu'):.1f} | {x['sc']:,} | {x['cs']:,} |")
+prof = open(profiles).read().strip()
+if prof:
+    L += ["", "## Where heatsink's CPU goes (`perf record -g`, flat by symbol, one extra leg per workload)", "", prof]
+open(out, "w").write("\n".join(L) + "\n")
+print("\n".join(L))
+PY

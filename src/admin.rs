@@ -7,6 +7,9 @@
 //! | `SHOW RULE STATS` | per rule: matched, rewritten, rejected, errors, mean and max rewrite latency (µs) |
 //! | `SHOW SESSIONS` | id, client, user, db, backend connection id, state, statements |
 //! | `SHOW BACKENDS` | per backend node: address, state (up/down), what the last check found, connections now and since start, errors |
+//! | `SHOW REFUSALS` | per refused statement shape, most frequent first: rule, mode (on/shadow), reason, count, first and last seen (UTC), fingerprint, example with literals as `?` ([`crate::refusals`]) |
+//! | `SHOW FALLBACKS` | the same for statements forwarded unchanged as a rule's fallback (no mode) |
+//! | `RESET REFUSALS`, `RESET FALLBACKS` | OK; the table is emptied (info: how many shapes) |
 //! | `RELOAD RULES` | OK, or the error (file:line) that kept the previous rules |
 //! | `EXPLAIN REWRITE '<sql>'` | outcome, rule, and the rewritten statements or the reason |
 //!
@@ -48,6 +51,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result, Source};
+use crate::refusals::Kind;
 use crate::relay::Shared;
 use crate::reload::{Reloader, Trigger};
 use crate::rewrite::{Decision, StatementContext};
@@ -559,6 +563,16 @@ fn num_col(name: &str) -> Column {
     }
 }
 
+/// A `YYYY-MM-DD HH:MM:SS` (UTC) column.
+fn time_col(name: &str) -> Column {
+    Column {
+        table: String::new(),
+        column: name.to_string(),
+        coltype: ColumnType::MYSQL_TYPE_DATETIME,
+        colflags: ColumnFlags::NOT_NULL_FLAG | ColumnFlags::BINARY_FLAG,
+    }
+}
+
 /// One admin command, parsed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
@@ -570,6 +584,10 @@ pub enum Command {
     ShowSessions,
     /// `SHOW BACKENDS`
     ShowBackends,
+    /// `SHOW REFUSALS` or `SHOW FALLBACKS`
+    ShowShapes(crate::refusals::Kind),
+    /// `RESET REFUSALS` or `RESET FALLBACKS`
+    ResetShapes(crate::refusals::Kind),
     /// `RELOAD RULES`
     ReloadRules,
     /// `EXPLAIN REWRITE '<sql>'`
@@ -582,7 +600,7 @@ pub enum Command {
 
 /// The commands, for error messages.
 pub const COMMANDS: &str =
-    "SHOW RULES, SHOW RULE STATS, SHOW SESSIONS, SHOW BACKENDS, RELOAD RULES, EXPLAIN REWRITE '<sql>'";
+    "SHOW RULES, SHOW RULE STATS, SHOW SESSIONS, SHOW BACKENDS, SHOW REFUSALS, SHOW FALLBACKS, RESET REFUSALS, RESET FALLBACKS, RELOAD RULES, EXPLAIN REWRITE '<sql>'";
 
 /// Parses one admin command. Err: the message for the client.
 pub fn parse(query: &str) -> std::result::Result<Command, String> {
@@ -595,6 +613,10 @@ pub fn parse(query: &str) -> std::result::Result<Command, String> {
         ["SHOW", "RULE", "STATS"] => return Ok(Command::ShowRuleStats),
         ["SHOW", "SESSIONS"] => return Ok(Command::ShowSessions),
         ["SHOW", "BACKENDS"] => return Ok(Command::ShowBackends),
+        ["SHOW", "REFUSALS"] => return Ok(Command::ShowShapes(Kind::Refusal)),
+        ["SHOW", "FALLBACKS"] => return Ok(Command::ShowShapes(Kind::Fallback)),
+        ["RESET", "REFUSALS"] => return Ok(Command::ResetShapes(Kind::Refusal)),
+        ["RESET", "FALLBACKS"] => return Ok(Command::ResetShapes(Kind::Fallback)),
         ["RELOAD", "RULES"] => return Ok(Command::ReloadRules),
         ["SET", _, ..] => return Ok(Command::Set),
         ["EXPLAIN", "REWRITE", ..] => {
@@ -804,6 +826,17 @@ impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for AdminShim {
             Command::ShowRuleStats => self.show_rule_stats(results).await,
             Command::ShowSessions => self.show_sessions(results).await,
             Command::ShowBackends => self.show_backends(results).await,
+            Command::ShowShapes(kind) => self.show_shapes(kind, results).await,
+            Command::ResetShapes(kind) => {
+                let n = self.shared.shapes.table(kind).reset();
+                info!(peer = %self.peer, table = kind.label(), shapes = n, "admin reset");
+                results
+                    .completed(ok_with_info(&format!(
+                        "{}: {n} shapes cleared",
+                        kind.label()
+                    )))
+                    .await
+            }
             Command::ReloadRules => match self.reloader.reload(Trigger::Admin).await {
                 Ok(names) => {
                     let info = if names.is_empty() {
@@ -881,6 +914,42 @@ impl AdminShim {
             w.write_col(s.fallbacks.load(Relaxed))?;
             w.write_col(s.mean_latency_us().round() as u64)?;
             w.write_col(s.max_latency_us().round() as u64)?;
+            w.end_row().await?;
+        }
+        w.finish().await
+    }
+
+    async fn show_shapes<W: AsyncWrite + Send + Unpin>(
+        &self,
+        kind: Kind,
+        results: QueryResultWriter<'_, W>,
+    ) -> std::io::Result<()> {
+        let refusals = kind == Kind::Refusal;
+        let mut cols = vec![text_col("rule")];
+        if refusals {
+            cols.push(text_col("mode"));
+        }
+        cols.extend([
+            text_col("reason"),
+            num_col("count"),
+            time_col("first_seen"),
+            time_col("last_seen"),
+            text_col("fingerprint"),
+            text_col("example"),
+        ]);
+        let rows = self.shared.shapes.table(kind).rows();
+        let mut w = results.start(&cols).await?;
+        for r in rows {
+            w.write_col(&*r.rule)?;
+            if refusals {
+                w.write_col(if r.shadow { "shadow" } else { "on" })?;
+            }
+            w.write_col(r.reason)?;
+            w.write_col(r.count)?;
+            w.write_col(crate::refusals::utc(r.first_seen))?;
+            w.write_col(crate::refusals::utc(r.last_seen))?;
+            w.write_col(format!("{:016x}", r.fingerprint))?;
+            w.write_col(r.example)?;
             w.end_row().await?;
         }
         w.finish().await
@@ -964,10 +1033,13 @@ impl AdminShim {
                 "no rule applies; the statement is forwarded unchanged".into(),
             ]],
             Decision::Reject(r) => vec![["reject".into(), r.rule.to_string(), r.message()]],
-            Decision::Fallback(rule) => vec![[
+            Decision::Fallback(f) => vec![[
                 "fallback".into(),
-                rule.to_string(),
-                "the rule cannot answer this statement exactly; it is forwarded unchanged".into(),
+                f.rule.to_string(),
+                format!(
+                    "the rule cannot answer this statement exactly: {}; it is forwarded unchanged",
+                    f.reason
+                ),
             ]],
             // Never: the admin port decides under fixed settings.
             Decision::Shadow(_) | Decision::NeedSessionState => Vec::new(),
@@ -1058,6 +1130,23 @@ mod tests {
         assert_eq!(parse("SHOW SESSIONS"), Ok(Command::ShowSessions));
         assert_eq!(parse("show backends;"), Ok(Command::ShowBackends));
         assert_eq!(parse("reload rules;"), Ok(Command::ReloadRules));
+        assert_eq!(
+            parse("show refusals"),
+            Ok(Command::ShowShapes(Kind::Refusal))
+        );
+        assert_eq!(
+            parse("SHOW  Fallbacks;"),
+            Ok(Command::ShowShapes(Kind::Fallback))
+        );
+        assert_eq!(
+            parse("reset refusals"),
+            Ok(Command::ResetShapes(Kind::Refusal))
+        );
+        assert_eq!(
+            parse("RESET FALLBACKS ;"),
+            Ok(Command::ResetShapes(Kind::Fallback))
+        );
+        assert!(parse("RESET RULES").is_err());
         assert_eq!(
             parse("explain rewrite 'UPDATE hits SET cnt = cnt + 1 WHERE slug = ''a'''"),
             Ok(Command::ExplainRewrite(

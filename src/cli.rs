@@ -256,6 +256,11 @@ pub struct ServeArgs {
     /// Statement plans cached per rule set [default: 10000].
     #[arg(long, env = "HEATSINK_PLAN_CACHE_SIZE")]
     pub plan_cache_size: Option<u64>,
+    /// Statement shapes kept by each of SHOW REFUSALS and SHOW FALLBACKS on the admin
+    /// port (the least recently seen is evicted; 0: none kept, none logged)
+    /// [default: 1000].
+    #[arg(long, env = "HEATSINK_SHAPE_TABLE_SIZE")]
+    pub shape_table_size: Option<usize>,
     /// Client commands of this many bytes or more are refused with ERR 1153 and the
     /// connection is closed, as the server does [default: each session's backend
     /// max_allowed_packet, learned when a command first reaches 1 MiB].
@@ -324,6 +329,7 @@ impl ServeArgs {
             log_level: self.log_level,
             log_literals: self.log_literals,
             plan_cache_size: self.plan_cache_size,
+            shape_table_size: self.shape_table_size,
             max_client_packet: self.max_client_packet,
             tls_cert: self.tls_cert,
             tls_key: self.tls_key,

@@ -126,6 +126,9 @@ pub struct Config {
     pub log_literals: bool,
     /// Number of statement plans cached per rule set.
     pub plan_cache_size: u64,
+    /// Statement shapes kept by each of `SHOW REFUSALS` and `SHOW FALLBACKS` (the
+    /// least recently seen is evicted); zero keeps none and logs none.
+    pub shape_table_size: usize,
     /// A client command whose payload is this many bytes or more is refused the way
     /// the server refuses it (ERR 1153, then the connection closes), without the proxy
     /// buffering the rest. Same meaning as the server's `max_allowed_packet`. `None`:
@@ -181,6 +184,7 @@ impl Default for Config {
             log_level: "info".into(),
             log_literals: false,
             plan_cache_size: 10_000,
+            shape_table_size: crate::refusals::DEFAULT_SHAPES,
             max_client_packet: None,
             maintain_url: None,
             maintain_interval: Duration::from_secs(DEFAULT_MAINTAIN_INTERVAL),
@@ -221,6 +225,7 @@ pub struct FileConfig {
     pub log_level: Option<String>,
     pub log_literals: Option<bool>,
     pub plan_cache_size: Option<u64>,
+    pub shape_table_size: Option<usize>,
     pub max_client_packet: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -283,6 +288,7 @@ pub struct Overrides {
     pub log_level: Option<String>,
     pub log_literals: Option<bool>,
     pub plan_cache_size: Option<u64>,
+    pub shape_table_size: Option<usize>,
     pub max_client_packet: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -365,6 +371,10 @@ impl Config {
                 .plan_cache_size
                 .or(file.plan_cache_size)
                 .unwrap_or(d.plan_cache_size),
+            shape_table_size: cli
+                .shape_table_size
+                .or(file.shape_table_size)
+                .unwrap_or(d.shape_table_size),
             max_client_packet: cli.max_client_packet.or(file.max_client_packet),
             tls_cert: cli.tls_cert.or(file.tls_cert),
             tls_key: cli.tls_key.or(file.tls_key),
@@ -424,6 +434,12 @@ impl Config {
         }
         if self.health_interval.is_zero() || self.health_timeout.is_zero() {
             return bad("health_interval_ms and health_timeout_ms must be at least 1");
+        }
+        if self.shape_table_size > crate::refusals::MAX_SHAPES {
+            return bad(&format!(
+                "shape_table_size must be at most {}",
+                crate::refusals::MAX_SHAPES
+            ));
         }
         if self.admin.is_some() && self.admin_user.is_empty() {
             return bad("admin_user must not be empty");
@@ -503,6 +519,27 @@ mod tests {
         assert!(e.to_string().contains("listn"), "{e}");
         let file = FileConfig::from_str("max_connections = 0\n", "t").unwrap();
         assert!(Config::resolve(Overrides::default(), file).is_err());
+    }
+
+    #[test]
+    fn shape_table_size_from_file_and_flag() {
+        let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
+        assert_eq!(c.shape_table_size, crate::refusals::DEFAULT_SHAPES);
+        let file = FileConfig::from_str("shape_table_size = 50\n", "t").unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(c.shape_table_size, 50);
+        let flag = Overrides {
+            shape_table_size: Some(0),
+            ..Default::default()
+        };
+        let file = FileConfig::from_str("shape_table_size = 50\n", "t").unwrap();
+        assert_eq!(Config::resolve(flag, file).unwrap().shape_table_size, 0);
+        let huge = Overrides {
+            shape_table_size: Some(crate::refusals::MAX_SHAPES + 1),
+            ..Default::default()
+        };
+        let e = Config::resolve(huge, FileConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("shape_table_size"), "{e}");
     }
 
     #[test]

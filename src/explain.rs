@@ -305,12 +305,13 @@ impl Planner {
         ctx: &StatementContext<'_>,
     ) -> Explained {
         match decision {
-            Decision::Fallback(rule) => {
+            Decision::Fallback(f) => {
                 let mut e = Explained::new(sql, db, Outcome::Passthrough);
                 e.reason = Some(format!(
-                    "rule '{rule}' cannot answer this statement exactly; it is forwarded unchanged and counted as the rule's fallback"
+                    "rule '{}' cannot answer this statement exactly: {}; it is forwarded unchanged and counted as the rule's fallback",
+                    f.rule, f.reason
                 ));
-                e.rule = Some(rule.to_string());
+                e.rule = Some(f.rule.to_string());
                 e.reply = Some("the backend's own response".into());
                 e.assumed_columns = assumed;
                 e

@@ -50,6 +50,7 @@ pub mod kinds;
 pub mod maintain;
 pub mod metrics;
 pub mod migrate;
+pub mod refusals;
 pub mod relay;
 pub mod reload;
 pub mod rewrite;

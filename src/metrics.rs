@@ -103,6 +103,7 @@ pub fn render(shared: &Shared) -> String {
     );
     let table = shared.rules.load();
     write_rule_statements(&mut out, &table);
+    write_shapes(&mut out, &shared.shapes);
     write_labelled(
         &mut out,
         ("heatsink_rule_reloads_total", "Rule set reloads by result."),
@@ -224,6 +225,53 @@ fn write_rule_statements(out: &mut String, table: &RuleTable) {
             );
         }
     }
+}
+
+/// The tables of `SHOW REFUSALS` and `SHOW FALLBACKS`: totals only (one series per
+/// table, never one per shape).
+fn write_shapes(out: &mut String, shapes: &crate::refusals::Shapes) {
+    use crate::refusals::Kind;
+    let tables = [Kind::Refusal, Kind::Fallback].map(|k| shapes.table(k));
+    let _ = writeln!(
+        out,
+        "# HELP heatsink_shapes Statement shapes held by SHOW REFUSALS / SHOW FALLBACKS now.\n# TYPE heatsink_shapes gauge"
+    );
+    for t in tables {
+        let _ = writeln!(
+            out,
+            "heatsink_shapes{{table=\"{}\"}} {}",
+            t.kind().label(),
+            t.len()
+        );
+    }
+    let per_table = |f: fn(&crate::refusals::ShapeTable) -> u64| -> Vec<(&str, u64)> {
+        tables.iter().map(|t| (t.kind().label(), f(t))).collect()
+    };
+    write_labelled(
+        out,
+        (
+            "heatsink_shape_statements_total",
+            "Refused (shadow mode's included) and fallback statements recorded by shape.",
+        ),
+        "table",
+        &per_table(crate::refusals::ShapeTable::recorded),
+    );
+    write_labelled(
+        out,
+        (
+            "heatsink_shapes_evicted_total",
+            "Statement shapes evicted (least recently seen first) to keep shape_table_size.",
+        ),
+        "table",
+        &per_table(crate::refusals::ShapeTable::evicted),
+    );
+    write_scalar(
+        out,
+        "heatsink_shape_log_lines_held_back_total",
+        "First-seen log lines of statement shapes held back by the per-minute cap.",
+        "counter",
+        shapes.log.held_back(),
+    );
 }
 
 /// `heatsink_build_info{version,commit} 1`: which build this is (the commit is

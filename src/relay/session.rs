@@ -27,6 +27,7 @@ use super::shared::Shared;
 use super::state::SessionState;
 use crate::admin::Registration;
 use crate::error::{Error, Result, Source};
+use crate::refusals::Seen;
 use crate::rewrite::{Decision, Engine, StatementContext};
 use crate::server::Peer;
 use crate::tls::{self, Stream, Tls};
@@ -961,6 +962,46 @@ impl Session {
         }
     }
 
+    /// Shows a refused statement (also one a rule in shadow mode would refuse) in
+    /// `SHOW REFUSALS`, a rule's fallback in `SHOW FALLBACKS`, by shape: read under
+    /// the settings the decision was made under.
+    fn record_shape(&self, d: &Decision, sql: &[u8]) {
+        let mode = self.shape_mode();
+        let shapes = &self.shared.shapes;
+        let refused = |r: &crate::rewrite::Rejection, shadow| {
+            shapes.refused(&Seen {
+                rule: &r.rule,
+                reason: &r.reason,
+                shadow,
+                sql,
+                mode,
+            });
+        };
+        match d {
+            Decision::Reject(r) => refused(r, false),
+            Decision::Shadow(would) => {
+                if let Decision::Reject(r) = &**would {
+                    refused(r, true);
+                }
+            }
+            Decision::Fallback(f) => shapes.fell_back(&Seen {
+                rule: &f.rule,
+                reason: &f.reason,
+                shadow: false,
+                sql,
+                mode,
+            }),
+            _ => {}
+        }
+    }
+
+    /// How [`Seen::sql`] is read: under the session's `sql_mode`, unless its
+    /// character set is one the lexer cannot read.
+    fn shape_mode(&self) -> Option<crate::rewrite::LexMode> {
+        let lexing = self.state.lexing.unwrap_or_default();
+        (lexing.charset.class != crate::rewrite::CharsetClass::Refused).then_some(lexing.mode)
+    }
+
     /// Rewritten statements as logs may show them: with their literal values only
     /// when `log_literals` is on, otherwise fingerprinted (literals as `?`).
     fn loggable(&self, statements: &[Vec<u8>]) -> Vec<String> {
@@ -1004,6 +1045,9 @@ impl Session {
         } else {
             Some(Decision::Passthrough)
         };
+        if let Some(d) = &decision {
+            self.record_shape(d, sql);
+        }
         // After the decision, which read the statement under the settings in force
         // before it (and may just have learned them): it runs under those, and may
         // change them for the statements after it.
@@ -1016,8 +1060,8 @@ impl Session {
         }
         match &decision {
             Some(Decision::Shadow(would)) => self.shadowed(would),
-            Some(Decision::Fallback(rule)) => {
-                if let Some(r) = self.shared.rules.load().get(rule) {
+            Some(Decision::Fallback(f)) => {
+                if let Some(r) = self.shared.rules.load().get(&f.rule) {
                     r.fallbacks.fetch_add(1, Relaxed);
                 }
             }
@@ -1099,6 +1143,13 @@ impl Session {
                     if let Some(stats) = self.shared.rules.load().get(&rule) {
                         stats.fallbacks.fetch_add(1, Relaxed);
                     }
+                    self.shared.shapes.fell_back(&Seen {
+                        rule: &rule,
+                        reason: crate::rewrite::PRELUDE_DECLINED,
+                        shadow: false,
+                        sql: &c.payload()[1..],
+                        mode: self.shape_mode(),
+                    });
                 } else {
                     self.record_rewrite(&rule, started, r.is_err());
                 }

@@ -76,6 +76,8 @@ pub struct Shared {
     pub tls: Tls,
     /// The backend nodes, their health and connections.
     pub backends: Arc<crate::backends::Backends>,
+    /// Refused and fallback statements by shape (`SHOW REFUSALS`, `SHOW FALLBACKS`).
+    pub shapes: crate::refusals::Shapes,
 }
 
 impl Shared {
@@ -88,7 +90,9 @@ impl Shared {
     pub fn with_tls(config: Config, engine: Engine, tls: Tls) -> Arc<Self> {
         let rules = RuleTable::for_engine(&engine, &RuleTable::default());
         let backends = Arc::new(crate::backends::Backends::from_config(&config));
+        let shapes = crate::refusals::Shapes::new(config.shape_table_size);
         Arc::new(Shared {
+            shapes,
             backends,
             config,
             engine: ArcSwap::from_pointee(engine),

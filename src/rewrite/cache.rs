@@ -270,7 +270,7 @@ pub enum Cached {
     /// Refuse it.
     Reject(Rejection),
     /// Forward it untouched, counted as this rule's fallback.
-    Fallback(Arc<str>),
+    Fallback(crate::rewrite::Fallback),
     /// Render this template.
     Rewrite {
         /// The rule that produced it.

@@ -15,8 +15,8 @@ use super::cache::{self, Cached, KeyKind, PlanCache, Template};
 use super::prefilter::Prefilter;
 use super::sqltok::{self, Mode, Slot, Token, TokenKind};
 use super::{
-    CharsetClass, Decision, Dynamic, EngineError, Lexing, Plan, PlanContext, Rejection, Rule,
-    StatementContext,
+    CharsetClass, Decision, Dynamic, EngineError, Fallback, Lexing, Plan, PlanContext, Rejection,
+    Rule, StatementContext,
 };
 
 /// Parse SQL text the way the engine does: MySQL dialect, literals kept as written
@@ -430,7 +430,10 @@ impl Engine {
                 rules.sort_unstable();
                 rules.dedup();
                 if self.runs_unread(inner, &t, &rules) {
-                    return Decision::Fallback(self.names[first_rule].clone());
+                    return Decision::Fallback(Fallback {
+                        rule: self.names[first_rule].clone(),
+                        reason: Arc::from(SET_STATEMENT_AS_SENT),
+                    });
                 }
                 return rejection(
                     first_rule,
@@ -470,7 +473,10 @@ impl Engine {
         match why_not {
             None => Decision::Rewrite(with_prefix(rw, &sql[..prefix_end], sql)),
             Some(_) if self.runs_unread(inner, &inner_tokens, &rules) => {
-                Decision::Fallback(rw.rule)
+                Decision::Fallback(Fallback {
+                    rule: rw.rule,
+                    reason: Arc::from(SET_STATEMENT_AS_SENT),
+                })
             }
             Some(why) => Decision::Reject(Rejection {
                 rule: rw.rule,
@@ -785,7 +791,10 @@ impl Engine {
             Err(_) if self.is_maintenance(st) => return Cached::Passthrough,
             Err(_) if self.runs_unread(st.sql, &st.tokens, &st.rules) => {
                 // A read or row write the rules' tables answer exactly as sent.
-                return Cached::Fallback(self.names[st.rules[0]].clone());
+                return Cached::Fallback(Fallback {
+                    rule: self.names[st.rules[0]].clone(),
+                    reason: Arc::from(UNREAD_AS_SENT),
+                });
             }
             Err(e) => {
                 return self.reject_named(st, &format!("cannot be parsed ({e})"));
@@ -888,10 +897,10 @@ impl Engine {
                 Ok(Some(plan)) => {
                     if let Some((first, earlier)) = &found {
                         // A fallback gives way to a plan that answers.
-                        if plan.fallback {
+                        if plan.fallback.is_some() {
                             continue;
                         }
-                        if earlier.fallback {
+                        if earlier.fallback.is_some() {
                             found = Some((ri, plan));
                             continue;
                         }
@@ -931,8 +940,8 @@ impl Engine {
             Ok(Some(found)) => found,
         };
         let rule = self.names[ri].clone();
-        if plan.fallback {
-            return Cached::Fallback(rule);
+        if let Some(reason) = plan.fallback {
+            return Cached::Fallback(crate::rewrite::Fallback { rule, reason });
         }
         if plan.statements.is_empty() {
             return Cached::Reject(Rejection {
@@ -996,7 +1005,7 @@ impl Engine {
     fn decision(&self, outcome: &Cached, st: &Named<'_, '_>) -> Decision {
         match outcome {
             Cached::Passthrough => Decision::Passthrough,
-            Cached::Fallback(rule) => Decision::Fallback(rule.clone()),
+            Cached::Fallback(f) => Decision::Fallback(f.clone()),
             Cached::Reject(r) => Decision::Reject(r.clone()),
             Cached::Rewrite { rule, template } => {
                 if let Some(reason) = invalid_string(st) {
@@ -1630,6 +1639,16 @@ fn introduce_sharing_rules(rules: &[Arc<dyn Rule>], patterns: &[Pattern]) {
         }
     }
 }
+
+/// The reason of a fallback for a statement the parser cannot read, run as sent
+/// ([`Rule::runs_unread`]).
+const UNREAD_AS_SENT: &str =
+    "the parser cannot read this statement; the rule's tables answer it as sent";
+
+/// The reason of a fallback for a `SET STATEMENT … FOR` whose prefix the rewrite
+/// cannot carry, run as sent.
+const SET_STATEMENT_AS_SENT: &str =
+    "its SET STATEMENT variables change how the rewrite would run; the rule's tables answer it as sent";
 
 /// How the server names a physical table in its messages, and the same with the
 /// logical name: `` `db`.`table` `` (also as `` `db`.`table`.`column` ``: 1142,

@@ -530,7 +530,7 @@ pub enum Decision {
     Rewrite(Rewritten),
     /// Forward the original bytes untouched, counted as this rule's fallback: a
     /// statement the rule exists to answer but cannot answer exactly.
-    Fallback(Arc<str>),
+    Fallback(Fallback),
     /// The statement names the table of a rule in shadow mode: forward the original
     /// untouched, and count and log the decision the rule would have made (a
     /// `Rewrite` or a `Reject`).
@@ -602,6 +602,16 @@ impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "heatsink rule '{}': {}", self.rule, self.reason)
     }
+}
+
+/// Why a statement a rule exists to answer is forwarded unchanged (see
+/// [`Decision::Fallback`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fallback {
+    /// Name of the rule that could not answer it exactly.
+    pub rule: Arc<str>,
+    /// Why, in words a DBA can act on (never quotes the statement's values).
+    pub reason: Arc<str>,
 }
 
 /// The statements to run instead of the original one.
@@ -925,9 +935,10 @@ pub struct Plan {
     /// whose value decides whether the rewrite keeps the statement's meaning.
     pub param_checks: Vec<(usize, ParamCheck)>,
     /// The rule declines a statement it exists to answer (a read a rollup cannot
-    /// answer exactly): it is forwarded unchanged and counted as the rule's
-    /// fallback, so a DBA sees which statements miss. `statements` is empty.
-    pub fallback: bool,
+    /// answer exactly), for this reason: it is forwarded unchanged and counted as
+    /// the rule's fallback, so a DBA sees which statements miss and why (`SHOW
+    /// FALLBACKS`). `statements` is empty.
+    pub fallback: Option<Arc<str>>,
     /// A cheaper form of `statements` that needs values only the server can
     /// compute (see [`Prelude`]); text protocol only.
     pub prelude: Option<Prelude>,
@@ -961,6 +972,10 @@ pub struct Prelude {
     pub original_on_decline: bool,
 }
 
+/// The reason shown (`SHOW FALLBACKS`) for a statement forwarded unchanged because
+/// its prelude declined the values (see [`Prelude::original_on_decline`]).
+pub const PRELUDE_DECLINED: &str = "the values the server computed first for this statement (its bounds) are not exact in the one-step form";
+
 impl PartialEq for Prelude {
     fn eq(&self, other: &Self) -> bool {
         self.query == other.query
@@ -990,10 +1005,12 @@ impl PartialEq for dyn PreludeValues {
 impl Eq for dyn PreludeValues {}
 
 impl Plan {
-    /// A [`Plan::fallback`]: forward the statement unchanged, counted.
-    pub fn fallback() -> Plan {
+    /// A [`Plan::fallback`]: forward the statement unchanged, counted, for `reason`
+    /// (which must not quote the statement's values: one reason serves every
+    /// statement of the shape).
+    pub fn fallback(reason: &str) -> Plan {
         Plan {
-            fallback: true,
+            fallback: Some(Arc::from(reason)),
             ..Default::default()
         }
     }

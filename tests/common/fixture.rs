@@ -314,6 +314,7 @@ pub struct EnvBuilder {
     metrics: bool,
     admin_password: Option<String>,
     log_level_var: Option<String>,
+    args: Vec<String>,
 }
 
 impl EnvBuilder {
@@ -361,6 +362,12 @@ impl EnvBuilder {
         self
     }
 
+    /// One more argument of `heatsink serve` (after the harness's own).
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
     /// Sets up the database and the rules, then starts the proxy.
     pub fn start(self) -> Env {
         if let Some(ddl) = &self.schema {
@@ -393,6 +400,9 @@ impl EnvBuilder {
         }
         if let Some(var) = &self.log_level_var {
             builder = builder.log_level_from(var);
+        }
+        for a in &self.args {
+            builder = builder.arg(a);
         }
         let proxy = builder.start();
         Env {
@@ -430,6 +440,7 @@ impl Env {
             metrics: false,
             admin_password: None,
             log_level_var: None,
+            args: Vec::new(),
         }
     }
 

@@ -42,7 +42,7 @@
 //! - [`fixture`]: `fresh_db(db, ddl)`, `fresh_db_with(db, options, ddl)`,
 //!   `migrate_apply(db, toml)`; `Rule::counter(..)` / `Rule::ring(..)` / `Rule::rollup(..)` (rule TOML
 //!   builders); `Env::builder(db).schema(ddl).rule(file, toml).migrate().metrics()
-//!   .admin(pw).log_level_from(var).start()`: one test's database, rules directory
+//!   .admin(pw).log_level_from(var).arg(flag).start()`: one test's database, rules directory
 //!   (schema made by `heatsink migrate --apply`) and proxy, with `proxied()`,
 //!   `direct()`, `backend_rows`, `metrics()`, `write_rule`, `sighup`, …;
 //!   `create_counter_db(db, table_options, rows)` and `counter_rule(name)`: the counter

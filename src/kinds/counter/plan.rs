@@ -263,7 +263,7 @@ impl CounterRule {
                 aux,
                 merge,
                 param_checks,
-                fallback: false,
+                fallback: None,
                 prelude: None,
             }));
         }

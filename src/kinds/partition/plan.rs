@@ -492,7 +492,9 @@ impl Rule for PartitionRule {
         // The rule only ever prunes: when the table's columns do not fit it (or
         // no database is selected), statements pass through, counted.
         let Ok(types) = self.logical.columns(ctx).and_then(|m| self.types(&m)) else {
-            return Ok(Some(Plan::fallback()));
+            return Ok(Some(Plan::fallback(
+                "the table's columns do not fit the rule, or no database is selected",
+            )));
         };
         if let Statement::Insert(ins) = stmt {
             let sqlparser::ast::TableObject::TableName(name) = &ins.table else {
@@ -517,7 +519,11 @@ impl Rule for PartitionRule {
             return Err(e);
         }
         if p.pruned == 0 {
-            return Ok((p.missed > 0).then(Plan::fallback));
+            return Ok((p.missed > 0).then(|| {
+                Plan::fallback(
+                    "a lookup by key cannot be pruned to its partition (a value of another type, an expression, a long IN list or an ambiguous reference)",
+                )
+            }));
         }
         Ok(Some(Plan {
             statements: vec![out],

@@ -235,7 +235,7 @@ impl RingRule {
             aux,
             merge,
             param_checks,
-            fallback: false,
+            fallback: None,
             prelude: None,
         }))
     }

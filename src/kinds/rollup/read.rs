@@ -51,6 +51,11 @@ use crate::rewrite::{parse_statements, ColumnPatch, Plan, PlanContext, Prelude, 
 use crate::rules::spec::quote;
 use crate::wire::resultset::{types, ColumnDef};
 
+/// Why a read that aggregates the log in a shape no rollup of the rule answers
+/// falls back.
+const SHAPE_NOT_ANSWERED: &str =
+    "the rollup cannot answer this read's shape: its groups, aggregates, filters or clauses";
+
 /// Bit of `hs_nulls` set when the time column is NULL.
 const TIME_NULL_BIT: u64 = 1 << 31;
 
@@ -65,7 +70,7 @@ pub(super) fn plan_read(
     ctx: &PlanContext<'_>,
 ) -> Result<Option<Plan>, String> {
     let Some(mut shape) = Shape::of(rule, q, ctx) else {
-        return Ok(aggregates(q).then(Plan::fallback));
+        return Ok(aggregates(q).then(|| Plan::fallback(SHAPE_NOT_ANSWERED)));
     };
     let meta = rule.logical.columns(ctx)?;
     shape.utc = meta.iter().any(|d| {
@@ -74,10 +79,14 @@ pub(super) fn plan_read(
     if shape.utc && shape.time_alias().is_some() {
         // Days and hours of the session's time zone are not the rollup's UTC
         // buckets.
-        return Ok(Some(Plan::fallback()));
+        return Ok(Some(Plan::fallback(
+            "the read groups a TIMESTAMP log by days or hours of the session's time zone, which are not the rollup's UTC buckets",
+        )));
     }
     if !shape.filters_compare_as_stored(rule, &meta, ctx) {
-        return Ok(Some(Plan::fallback()));
+        return Ok(Some(Plan::fallback(
+            "a filter compares a column with a value of another kind, whose result depends on the server's plan",
+        )));
     }
     // The one-step form computes bucket boundaries from the bounds' expressions,
     // which a zero date, a number or a year near 9999 turn into NULLs that
@@ -92,13 +101,17 @@ pub(super) fn plan_read(
             .flatten()
             .any(|b| !plain_bound(b.expr, ctx))
     {
-        return Ok(Some(Plan::fallback()));
+        return Ok(Some(Plan::fallback(
+            "a time bound is not a plain date (a prepared statement or a TIMESTAMP log has only the one-step form, exact for plain dates only)",
+        )));
     }
     let sql = shape.sql(rule);
     let statements = parse_statements(&sql)
         .map_err(|e| format!("internal error: the rollup read does not parse ({e})"))?;
     let Some(patch) = shape.patch(rule, &meta) else {
-        return Ok(Some(Plan::fallback()));
+        return Ok(Some(Plan::fallback(
+            "the rollup cannot give the read's column definitions exactly as the log's read would",
+        )));
     };
     let prelude = match shape.prelude_sql(rule, &meta, ctx) {
         Some((query, values, then)) => Some(Prelude {

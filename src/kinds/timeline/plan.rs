@@ -139,7 +139,9 @@ impl TimelineRule {
 
     fn plan_read(&self, q: &Query, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
         let Some(shape) = Shape::of(self, q, ctx)? else {
-            return Ok(self.reads_both(q, ctx).then(Plan::fallback));
+            return Ok(self.reads_both(q, ctx).then(|| {
+                Plan::fallback("the read of both tables is not a shape the timeline answers")
+            }));
         };
         let sql = shape.sql(self, q);
         let statements = parse_statements(&sql)

@@ -1,0 +1,506 @@
+//! `SHOW REFUSALS` / `SHOW FALLBACKS` on the admin port, end to end against the real
+//! MariaDB: refused statements (a counter's), statements that fall back (a rollup's
+//! reads), shadow mode, the bounded tables' eviction, `RESET …`, the totals on
+//! `/metrics` and the first-seen log lines (once per shape, capped per minute).
+//!
+//! Each test has its own database (`rf_<name>`), rules directory and proxy (with
+//! `--admin` and `--metrics`).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::client::{assert_refused_by, connect, run, run_text};
+use common::fixture::{counter_rule, create_counter_db, Env, Rule};
+use common::sample;
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Row, Value};
+
+/// Time limit of each async test body.
+const LIMIT: Duration = Duration::from_secs(120);
+const COUNTER: &str = "page_hits";
+const ROLLUP: &str = "plays_daily";
+const ADMIN_PW: &str = "adm-pw";
+
+const PLAYS: &str =
+    "CREATE TABLE plays (id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at DATETIME DEFAULT NULL, \
+     track_id INT DEFAULT NULL, user_id INT DEFAULT NULL, country VARCHAR(255) DEFAULT NULL, \
+     KEY (track_id), KEY (created_at)); \
+     INSERT INTO plays (created_at, track_id, user_id, country) VALUES \
+     ('2024-03-01 10:00:00', 1, 7, 'US'), ('2024-03-01 11:00:00', 2, 7, 'DE'), \
+     ('2024-03-02 10:00:00', 2, 8, NULL), ('2024-03-03 09:00:00', 3, NULL, 'US');";
+
+/// The log line of a refused shape's first sighting.
+const REFUSED_LINE: &str = "statement shape refused for the first time";
+/// … of a shape a rule in shadow mode would refuse.
+const SHADOW_LINE: &str = "shadow: statement shape the rule would refuse";
+/// … of a fallback shape.
+const FALLBACK_LINE: &str = "statement shape fell back for the first time";
+
+fn admin_url(addr: SocketAddr) -> String {
+    format!("mysql://admin:{ADMIN_PW}@{addr}/?prefer_socket=false")
+}
+
+/// Column names and rows (as text) of an admin command.
+async fn admin_query(conn: &mut Conn, sql: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut result = conn
+        .query_iter(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let columns: Vec<String> = result
+        .columns()
+        .map(|cols| cols.iter().map(|c| c.name_str().into_owned()).collect())
+        .unwrap_or_default();
+    let rows: Vec<Row> = result.collect().await.expect("rows");
+    let rows = rows
+        .into_iter()
+        .map(|r| {
+            r.unwrap()
+                .into_iter()
+                .map(|v| match v {
+                    Value::Bytes(b) => String::from_utf8_lossy(&b).into_owned(),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        })
+        .collect();
+    (columns, rows)
+}
+
+/// One row of `SHOW REFUSALS` / `SHOW FALLBACKS`, by column name.
+#[derive(Debug, Clone)]
+struct Shape {
+    rule: String,
+    mode: Option<String>,
+    reason: String,
+    count: u64,
+    first_seen: String,
+    last_seen: String,
+    fingerprint: String,
+    example: String,
+}
+
+async fn shapes(admin: &mut Conn, command: &str) -> Vec<Shape> {
+    let (cols, rows) = admin_query(admin, command).await;
+    let refusals = command.ends_with("REFUSALS");
+    let mut want = vec!["rule"];
+    if refusals {
+        want.push("mode");
+    }
+    want.extend([
+        "reason",
+        "count",
+        "first_seen",
+        "last_seen",
+        "fingerprint",
+        "example",
+    ]);
+    assert_eq!(cols, want, "{command}");
+    let at = |name: &str| cols.iter().position(|c| c == name).unwrap();
+    let shapes: Vec<Shape> = rows
+        .iter()
+        .map(|r| Shape {
+            rule: r[at("rule")].clone(),
+            mode: refusals.then(|| r[at("mode")].clone()),
+            reason: r[at("reason")].clone(),
+            count: r[at("count")].parse().expect("a count"),
+            first_seen: r[at("first_seen")].clone(),
+            last_seen: r[at("last_seen")].clone(),
+            fingerprint: r[at("fingerprint")].clone(),
+            example: r[at("example")].clone(),
+        })
+        .collect();
+    for s in &shapes {
+        // UTC `YYYY-MM-DD HH:MM:SS`, in order; a 16-digit hex fingerprint.
+        for t in [&s.first_seen, &s.last_seen] {
+            assert_eq!(t.len(), 19, "{s:?}");
+            assert!(t.starts_with("20") && &t[10..11] == " ", "{s:?}");
+        }
+        assert!(s.first_seen <= s.last_seen, "{s:?}");
+        assert_eq!(s.fingerprint.len(), 16, "{s:?}");
+        assert!(
+            s.fingerprint.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{s:?}"
+        );
+    }
+    // Most frequent first.
+    assert!(
+        shapes.windows(2).all(|w| w[0].count >= w[1].count),
+        "{shapes:?}"
+    );
+    shapes
+}
+
+/// The proxy's log lines holding every one of `parts`.
+fn log_lines(env: &Env, parts: &[&str]) -> usize {
+    env.proxy
+        .log_text()
+        .lines()
+        .filter(|l| parts.iter().all(|p| l.contains(p)))
+        .count()
+}
+
+/// One metric series (labels included), 0 when absent.
+fn metric(env: &Env, series: &str) -> f64 {
+    let (status, body) = common::http_get(env.metrics_addr(), "/metrics");
+    assert_eq!(status, 200, "{body}");
+    sample(&body, series).unwrap_or(0.0)
+}
+
+/// The reason in a refusal's error message (`heatsink rule '<rule>': <reason>`).
+fn reason_of(e: &mysql_async::ServerError, rule: &str) -> String {
+    e.message
+        .strip_prefix(&format!("heatsink rule '{rule}': "))
+        .unwrap_or_else(|| panic!("{e:?}"))
+        .to_string()
+}
+
+#[test]
+fn refusals_and_fallbacks_by_statement_shape() {
+    let db = "rf_shapes";
+    let rollup = Rule::rollup(ROLLUP, "plays", "plays_by_country_day", "created_at", "day")
+        .dimensions(&["track_id", "country"])
+        .measures(&["count(*)", "count(user_id)", "sum(user_id)"]);
+    let env = Env::builder(db)
+        .schema(format!(
+            "CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0); \
+             INSERT INTO hits VALUES ('home', 10), ('about', 3); {PLAYS}"
+        ))
+        .rule("hits.toml", counter_rule(COUNTER))
+        .rule("plays.toml", rollup.toml())
+        .migrate()
+        .metrics()
+        .admin(ADMIN_PW)
+        .start();
+    run(LIMIT, async {
+        let started = Instant::now();
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut admin = connect(&admin_url(env.admin_addr())).await;
+
+        // Refused: one shape three times (other values), two more shapes.
+        let mut reasons = Vec::new();
+        for (k, slug) in [(2, "secret-a"), (3, "secret-b"), (4, "secret-c")] {
+            let sql = format!("UPDATE hits SET cnt = cnt * {k} WHERE slug = '{slug}'");
+            reasons.push(reason_of(
+                &assert_refused_by(&mut p, &sql, COUNTER).await,
+                COUNTER,
+            ));
+        }
+        assert!(reasons.iter().all(|r| *r == reasons[0]), "{reasons:?}");
+        let delete = reason_of(
+            &assert_refused_by(&mut p, "DELETE FROM hits WHERE cnt > 12345", COUNTER).await,
+            COUNTER,
+        );
+        // Prepared: refused at COM_STMT_PREPARE, its `?` stay.
+        match p.prep("UPDATE hits SET cnt = cnt * ? WHERE slug = ?").await {
+            Err(mysql_async::Error::Server(e)) => assert_eq!(e.code, 1105, "{e:?}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+
+        // Fallbacks: answered from the log, as MariaDB answers them directly.
+        let fallbacks = [
+            "SELECT track_id, AVG(user_id) AS a FROM plays WHERE track_id > 1 GROUP BY track_id ORDER BY track_id",
+            "SELECT track_id, AVG(user_id) AS a FROM plays WHERE track_id > 2 GROUP BY track_id ORDER BY track_id",
+            "SELECT user_id, COUNT(*) AS n FROM plays GROUP BY user_id ORDER BY user_id",
+        ];
+        for sql in fallbacks {
+            let proxied = run_text(&mut p, sql).await.unwrap();
+            let direct = run_text(&mut d, sql).await.unwrap();
+            assert_eq!(proxied, direct, "{sql}");
+        }
+        // A text read the rollup plans in two steps, whose bound the server reads as
+        // an invalid date: the second step is not exact, the read goes to the log.
+        let declined = "SELECT COUNT(*) AS n FROM plays WHERE created_at >= '2024-02-30'";
+        let proxied = run_text(&mut p, declined).await.unwrap();
+        let direct = run_text(&mut d, declined).await.unwrap();
+        assert_eq!(proxied, direct, "{declined}");
+
+        // SHOW REFUSALS: one row per shape, values masked.
+        let refusals = shapes(&mut admin, "SHOW REFUSALS").await;
+        assert_eq!(refusals.len(), 3, "{refusals:?}");
+        let top = &refusals[0];
+        assert_eq!(
+            (top.rule.as_str(), top.mode.as_deref(), top.count),
+            (COUNTER, Some("on"), 3)
+        );
+        assert_eq!(top.reason, reasons[0]);
+        assert_eq!(top.example, "UPDATE hits SET cnt = cnt * ? WHERE slug = ?");
+        let del = refusals
+            .iter()
+            .find(|s| s.example.starts_with("DELETE"))
+            .expect("the DELETE");
+        assert_eq!((del.count, del.reason.as_str()), (1, delete.as_str()));
+        assert_eq!(del.example, "DELETE FROM hits WHERE cnt > ?");
+        // The prepared statement is a shape of its own (parameters, not literals),
+        // though its example reads the same.
+        let prepared = refusals
+            .iter()
+            .find(|s| s.example == top.example && s.fingerprint != top.fingerprint)
+            .expect("the prepared statement");
+        assert_eq!(prepared.count, 1);
+        let all = format!("{refusals:?}");
+        assert!(!all.contains("secret") && !all.contains("12345"), "{all}");
+
+        // SHOW FALLBACKS.
+        let fell = shapes(&mut admin, "SHOW FALLBACKS").await;
+        assert_eq!(fell.len(), 3, "{fell:?}");
+        assert_eq!((fell[0].rule.as_str(), fell[0].count), (ROLLUP, 2));
+        assert_eq!(
+            fell[0].example,
+            "SELECT track_id, AVG(user_id) AS a FROM plays WHERE track_id > ? GROUP BY track_id ORDER BY track_id"
+        );
+        assert!(fell[0].reason.contains("cannot answer"), "{fell:?}");
+        assert!(fell[1..].iter().all(|s| s.count == 1), "{fell:?}");
+        let two_step = fell
+            .iter()
+            .find(|s| s.example == "SELECT COUNT(*) AS n FROM plays WHERE created_at >= ?")
+            .expect("the declined two-step read");
+        assert!(
+            two_step.reason.contains("not exact in the one-step form"),
+            "{two_step:?}"
+        );
+
+        // SHOW RULE STATS counts the same statements.
+        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
+        let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
+        let row = |rule: &str| stats.iter().find(|r| r[0] == rule).unwrap().clone();
+        assert_eq!(row(COUNTER)[col("rejected")], "5");
+        assert_eq!(row(ROLLUP)[col("fallbacks")], "4");
+
+        // One log line per shape, naming rule, reason and example; no value.
+        for s in &refusals {
+            assert_eq!(
+                log_lines(&env, &[REFUSED_LINE, &s.fingerprint, &s.example, COUNTER]),
+                1,
+                "{s:?}\n{}",
+                env.tail()
+            );
+        }
+        assert_eq!(log_lines(&env, &[REFUSED_LINE, &reasons[0]]), 2);
+        for s in &fell {
+            assert_eq!(
+                log_lines(&env, &[FALLBACK_LINE, &s.fingerprint, ROLLUP]),
+                1,
+                "{}",
+                env.tail()
+            );
+        }
+        let log = env.proxy.log_text();
+        for value in ["secret", "12345", "2024-02-30"] {
+            assert!(!log.contains(value), "{value}: {log}");
+        }
+        assert!(!format!("{fell:?}").contains("2024-02-30"), "{fell:?}");
+
+        // /metrics: totals per table only.
+        assert_eq!(
+            metric(&env, "heatsink_shape_statements_total{table=\"refusals\"}"),
+            5.0
+        );
+        assert_eq!(
+            metric(&env, "heatsink_shape_statements_total{table=\"fallbacks\"}"),
+            4.0
+        );
+        assert_eq!(metric(&env, "heatsink_shapes{table=\"refusals\"}"), 3.0);
+        assert_eq!(metric(&env, "heatsink_shapes{table=\"fallbacks\"}"), 3.0);
+        assert_eq!(
+            metric(&env, "heatsink_shapes_evicted_total{table=\"refusals\"}"),
+            0.0
+        );
+        let (_, body) = common::http_get(env.metrics_addr(), "/metrics");
+        assert!(!body.contains(&top.fingerprint), "{body}");
+
+        // Seen again: counted, not logged again.
+        assert_refused_by(
+            &mut p,
+            "UPDATE hits SET cnt = cnt * 9 WHERE slug = 'home'",
+            COUNTER,
+        )
+        .await;
+        let again = shapes(&mut admin, "SHOW REFUSALS").await;
+        assert_eq!(
+            (again[0].count, &again[0].fingerprint),
+            (4, &top.fingerprint)
+        );
+        assert_eq!(again[0].first_seen, top.first_seen);
+        assert_eq!(log_lines(&env, &[REFUSED_LINE, &top.fingerprint]), 1);
+
+        // RESET REFUSALS empties that table only.
+        admin.query_drop("reset refusals;").await.unwrap();
+        assert_eq!(admin.info(), "refusals: 3 shapes cleared");
+        assert!(shapes(&mut admin, "SHOW REFUSALS").await.is_empty());
+        assert_eq!(shapes(&mut admin, "SHOW FALLBACKS").await.len(), 3);
+        assert_refused_by(
+            &mut p,
+            "UPDATE hits SET cnt = cnt * 5 WHERE slug = 'home'",
+            COUNTER,
+        )
+        .await;
+        let after = shapes(&mut admin, "SHOW REFUSALS").await;
+        assert_eq!(after.len(), 1);
+        assert_eq!(
+            (after[0].count, &after[0].fingerprint),
+            (1, &top.fingerprint)
+        );
+        assert_eq!(log_lines(&env, &[REFUSED_LINE, &top.fingerprint]), 1);
+        admin.query_drop("RESET FALLBACKS").await.unwrap();
+        assert_eq!(admin.info(), "fallbacks: 3 shapes cleared");
+        assert!(shapes(&mut admin, "SHOW FALLBACKS").await.is_empty());
+
+        // A flood of distinct shapes: at most 20 first-seen lines a minute in all
+        // (6 were written above); the rest are held back and counted.
+        for i in 0..25 {
+            assert_refused_by(
+                &mut p,
+                &format!("UPDATE hits AS h{i} SET cnt = cnt * 2 WHERE slug = 'home'"),
+                COUNTER,
+            )
+            .await;
+        }
+        assert_eq!(shapes(&mut admin, "SHOW REFUSALS").await.len(), 26);
+        let written = log_lines(&env, &["for the first time"]);
+        let held_back = metric(&env, "heatsink_shape_log_lines_held_back_total") as usize;
+        assert_eq!(written + held_back, 31, "{}", env.tail());
+        if started.elapsed() < Duration::from_secs(55) {
+            assert_eq!((written, held_back), (20, 11), "{}", env.tail());
+        }
+        // Statements of other tables are in neither table.
+        p.query_drop("SELECT 1").await.unwrap();
+        assert_eq!(
+            metric(&env, "heatsink_shape_statements_total{table=\"refusals\"}"),
+            32.0
+        );
+    });
+}
+
+#[test]
+fn shadow_refusals_and_eviction_at_a_small_maximum() {
+    let db = "rf_shadow";
+    create_counter_db(db, "", "('home', 10), ('about', 3)");
+    let shadow = Rule::counter(COUNTER, "hits")
+        .slots(4)
+        .set("mode", "\"shadow\"");
+    let env = Env::builder(db)
+        .rule("hits.toml", shadow.toml())
+        .metrics()
+        .admin(ADMIN_PW)
+        .arg("--shape-table-size")
+        .arg("2")
+        .start();
+    run(LIMIT, async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut admin = connect(&admin_url(env.admin_addr())).await;
+        let a = "UPDATE hits SET cnt = cnt * 2 WHERE slug = 'home'";
+        let b = "DELETE FROM hits WHERE cnt > 1000000";
+        let c = "UPDATE hits SET cnt = cnt + cnt WHERE slug = 'about'";
+        // Shadow mode: the statements run unchanged, as they do directly.
+        for sql in [a, b, a, c] {
+            let proxied = run_text(&mut p, sql).await.unwrap();
+            let direct = run_text(&mut d, sql).await.unwrap();
+            assert_eq!(proxied, direct, "{sql}");
+        }
+        // Two shapes kept: `b`, the least recently seen, was evicted.
+        let rows = shapes(&mut admin, "SHOW REFUSALS").await;
+        let got: Vec<(&str, &str, u64)> = rows
+            .iter()
+            .map(|s| (s.example.as_str(), s.mode.as_deref().unwrap(), s.count))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("UPDATE hits SET cnt = cnt * ? WHERE slug = ?", "shadow", 2),
+                (
+                    "UPDATE hits SET cnt = cnt + cnt WHERE slug = ?",
+                    "shadow",
+                    1
+                )
+            ]
+        );
+        assert!(rows
+            .iter()
+            .all(|s| s.rule == COUNTER && !s.reason.is_empty()));
+        assert_eq!(
+            metric(&env, "heatsink_shapes_evicted_total{table=\"refusals\"}"),
+            1.0
+        );
+        // `b` again: it comes back (counted afresh) and evicts `a`, now the least
+        // recently seen.
+        run_text(&mut p, b).await.unwrap();
+        let rows = shapes(&mut admin, "SHOW REFUSALS").await;
+        let got: Vec<(&str, u64)> = rows.iter().map(|s| (s.example.as_str(), s.count)).collect();
+        assert_eq!(
+            got,
+            [
+                ("DELETE FROM hits WHERE cnt > ?", 1),
+                ("UPDATE hits SET cnt = cnt + cnt WHERE slug = ?", 1)
+            ]
+        );
+        assert_eq!(
+            metric(&env, "heatsink_shapes_evicted_total{table=\"refusals\"}"),
+            2.0
+        );
+        assert_eq!(metric(&env, "heatsink_shapes{table=\"refusals\"}"), 2.0);
+        // Three shapes, three lines: `b` was not logged again.
+        assert_eq!(log_lines(&env, &[SHADOW_LINE]), 3, "{}", env.tail());
+        assert_eq!(
+            log_lines(&env, &[SHADOW_LINE, "DELETE FROM hits WHERE cnt > ?"]),
+            1
+        );
+        assert_eq!(log_lines(&env, &[REFUSED_LINE]), 0);
+        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
+        let col = cols.iter().position(|c| c == "shadow_rejects").unwrap();
+        assert_eq!(stats[0][col], "5");
+    });
+}
+
+/// The example is read as the session reads the statement: under its `sql_mode`
+/// (`'x\'` is a whole string under NO_BACKSLASH_ESCAPES, so what follows is no
+/// value to show), and not at all in a character set the lexer cannot read.
+#[test]
+fn examples_follow_the_sessions_sql_mode_and_character_set() {
+    let db = "rf_modes";
+    create_counter_db(db, "", "('home', 10), ('about', 3)");
+    let env = Env::builder(db)
+        .rule("hits.toml", counter_rule(COUNTER))
+        .metrics()
+        .admin(ADMIN_PW)
+        .start();
+    run(LIMIT, async {
+        let mut admin = connect(&admin_url(env.admin_addr())).await;
+        let mut p = env.proxied().await;
+        p.query_drop("SET sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')")
+            .await
+            .unwrap();
+        assert_refused_by(
+            &mut p,
+            "UPDATE hits SET cnt = cnt * 2 WHERE slug = 'x\\' OR slug = 'secret-nbe'",
+            COUNTER,
+        )
+        .await;
+        let mut g = env.proxied().await;
+        g.query_drop("SET NAMES gbk").await.unwrap();
+        let gbk = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'secret-gbk'";
+        let e = assert_refused_by(&mut g, gbk, COUNTER).await;
+        assert!(e.message.contains("gbk"), "{e:?}");
+        let rows = shapes(&mut admin, "SHOW REFUSALS").await;
+        let mut examples: Vec<&str> = rows.iter().map(|s| s.example.as_str()).collect();
+        examples.sort();
+        assert_eq!(
+            examples,
+            [
+                format!(
+                    "<{} bytes in a character set heatsink cannot read>",
+                    gbk.len()
+                )
+                .as_str(),
+                "UPDATE hits SET cnt = cnt * ? WHERE slug = ? OR slug = ?",
+            ]
+        );
+        let log = env.proxy.log_text();
+        assert!(!format!("{rows:?}").contains("secret"), "{rows:?}");
+        assert!(!log.contains("secret"), "{log}");
+        assert_eq!(log_lines(&env, &[REFUSED_LINE]), 2, "{}", env.tail());
+    });
+}

@@ -8,7 +8,9 @@
 //! `Inserted` lies outside the key's date ± 1 day is refused through heatsink
 //! (and not run on the reference). The same on an hourly-partitioned table with a
 //! DATETIME column (`period = "hour"`): rows carry their key's time, and an
-//! insert more than 24 hours from the key's hour is refused.
+//! insert more than 24 hours from the key's hour is refused. The table has a CHECK
+//! constraint and a trigger of the application's own (a partitioned table cannot
+//! have foreign keys).
 
 mod common;
 
@@ -169,8 +171,11 @@ impl Kind for Partition {
         format!(
             "CREATE TABLE Messages (ID BIGINT AUTO_INCREMENT, UUID VARCHAR(40) NOT NULL, \
                Message JSON NOT NULL, Inserted {column} NOT NULL, \
-               PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted)) DEFAULT CHARSET=utf8mb4 \
+               PRIMARY KEY (ID, Inserted), UNIQUE KEY (UUID, Inserted), \
+               CONSTRAINT message_key CHECK (UUID <> '')) DEFAULT CHARSET=utf8mb4 \
                PARTITION BY RANGE COLUMNS (Inserted) ({}, PARTITION pmax VALUES LESS THAN (MAXVALUE));
+             CREATE TRIGGER messages_trim BEFORE INSERT ON Messages FOR EACH ROW
+                 SET NEW.UUID = TRIM(NEW.UUID);
              INSERT INTO Messages (UUID, Message, Inserted) VALUES {};
              CREATE TABLE notes (id INT PRIMARY KEY, label VARCHAR(10) NOT NULL) DEFAULT CHARSET=utf8mb4;
              INSERT INTO notes VALUES (0, 'zero'), (1, 'one'), (2, 'two'), (3, 'three'), (4, 'four');",

@@ -50,8 +50,10 @@ pub mod kinds;
 pub mod maintain;
 pub mod metrics;
 pub mod migrate;
+pub mod registry;
 pub mod relay;
 pub mod reload;
+pub mod revert;
 pub mod rewrite;
 pub mod rules;
 pub mod schema;
@@ -100,6 +102,17 @@ pub fn run(cli: cli::Cli) -> Result<()> {
             .build()
             .map_err(|e| Error::with_cause(Source::Internal, "starting runtime", e))?
             .block_on(metrics::probe(&url)),
+        cli::Command::Migrate(args) if args.revert.is_some() => {
+            let opts = revert::RevertOptions {
+                rules: &args.rules,
+                backend_url: &args.backend_url,
+                rule: args.revert.as_deref().unwrap_or_default(),
+                apply: args.apply,
+                observe: std::time::Duration::from_secs_f64(args.observe.max(0.0)),
+                batch: args.batch,
+            };
+            maintenance_runtime()?.block_on(revert::run(&opts, &mut std::io::stdout().lock()))
+        }
         cli::Command::Migrate(args) => {
             let opts = migrate::MigrateOptions {
                 rules: &args.rules,

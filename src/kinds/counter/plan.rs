@@ -69,6 +69,9 @@ pub struct CounterRule {
     coalesce: bool,
     /// `mode = "shadow"`: decisions are only counted and logged.
     shadow: bool,
+    /// `drain = true`: increments go to the logical table unchanged (reads, sets
+    /// and deletes as usual), so that no slot row is written any more.
+    drain: bool,
 }
 
 impl CounterRule {
@@ -85,6 +88,7 @@ impl CounterRule {
             slots: spec.slots,
             coalesce: spec.coalesce,
             shadow: spec.mode == crate::rules::spec::Mode::Shadow,
+            drain: spec.drain,
         })
     }
 
@@ -227,6 +231,10 @@ impl CounterRule {
                 return Err(
                     "an UPDATE that increments a counter may not also set other columns".into(),
                 );
+            }
+            if self.drain {
+                // The base takes the increment; reads still add the slot rows.
+                return Ok(None);
             }
             let Some((increments, keys, param_checks)) =
                 self.check_increment(u, ctx, increments)?
@@ -640,6 +648,10 @@ impl CounterRule {
             keys.push(v.clone());
         }
         let (incs, param_checks) = self.insert_increments(assignments, &cols, row, ctx)?;
+        if self.drain {
+            // The base takes the insert or the increment; reads still add the slots.
+            return Ok(None);
+        }
         // The base row: the original insert with counters at zero, ignoring a
         // duplicate key (then the row exists and only the slot grows).
         let base = self.base_insert_sql(name, &cols, row);
@@ -1370,6 +1382,38 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(decide(&e, "SELECT 1"), Decision::Passthrough));
+    }
+
+    #[test]
+    fn a_draining_rule_sends_increments_to_the_base_and_still_reads_and_clears_slots() {
+        let e = engine_with(
+            "name = \"x\"\ntable = \"hits\"\nkey = [\"slug\"]\nslot_table = \"hits_slots\"\ndrain = true\n",
+            &[col("slug", 0xfd, 0x5003), col("cnt", types::LONG, 1)],
+        );
+        for sql in [
+            "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'",
+            "INSERT INTO hits (slug, cnt) VALUES ('a', 2) ON DUPLICATE KEY UPDATE cnt = cnt + 2",
+        ] {
+            assert!(matches!(decide(&e, sql), Decision::Passthrough), "{sql}");
+        }
+        let r = rewrite(&e, "UPDATE hits SET cnt = 0 WHERE slug = 'a'");
+        assert_sql(
+            &r,
+            &[
+                "DELETE FROM `hits_slots` WHERE slug = 'a'",
+                "UPDATE hits SET cnt = 0 WHERE slug = 'a'",
+            ],
+        );
+        assert!(matches!(
+            decide(&e, "SELECT cnt FROM hits WHERE slug = 'a'"),
+            Decision::Rewrite(_)
+        ));
+        // What the rule refuses it still refuses.
+        assert!(reject(
+            &e,
+            "INSERT INTO hits (slug, cnt) VALUES ('a', 5) ON DUPLICATE KEY UPDATE cnt = 5"
+        )
+        .contains("cannot be rewritten"));
     }
 
     #[test]

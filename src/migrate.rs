@@ -134,7 +134,7 @@ async fn register(
     crate::registry::record(conn, &logical, spec).await?;
     emit(
         out,
-        &format!("-- applied: rule {} recorded in {table}", spec.name()),
+        &format!("-- rule {}: recorded in {table}", spec.name()),
     )
 }
 

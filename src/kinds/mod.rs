@@ -425,6 +425,25 @@ mod tests {
     }
 
     #[test]
+    fn recorded_rules_read_back_as_written() {
+        // Every example rule, written as `migrate --apply` records it and read back
+        // by its kind, is the same rule with the same tables.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+        let specs = crate::rules::specs(&dir).unwrap();
+        assert!(specs.len() >= 5);
+        for s in &specs {
+            let text = s.to_toml().unwrap();
+            let back = kind(s.kind()).unwrap().parse(&text).unwrap();
+            assert_eq!(back.len(), 1, "{text}");
+            assert_eq!(format!("{s:?}"), format!("{:?}", back[0]), "{text}");
+            assert_eq!(
+                s.leftovers(Some("db")).unwrap(),
+                back[0].leftovers(Some("db")).unwrap()
+            );
+        }
+    }
+
+    #[test]
     fn sections_are_unique() {
         let mut sections: Vec<&str> = KINDS.iter().map(|k| k.section()).collect();
         sections.sort_unstable();

@@ -294,6 +294,16 @@ fn a_draining_counter_folds_online_and_every_statement_stays_exact() {
             .query_drop("RELOAD RULES")
             .await
             .expect("RELOAD RULES");
+        let shown: Vec<mysql_async::Row> = admin.query("SHOW RULES").await.expect("SHOW RULES");
+        let mode = shown[0]
+            .columns_ref()
+            .iter()
+            .position(|c| c.name_str() == "mode")
+            .expect("a mode column");
+        assert_eq!(
+            shown[0].get::<String, usize>(mode).as_deref(),
+            Some("drain")
+        );
         drop(admin);
         counter_traffic(&mut p, &mut d, 6, 200).await;
         assert_same_through_proxy(&env).await;

@@ -498,8 +498,12 @@ fn counter_revert_under_load_through_two_proxies_loses_and_doubles_nothing() {
         }
         let total = count(&format!("SELECT SUM(cnt) FROM {db}.hits"));
         let acked = acked.load(Ordering::Relaxed);
+        eprintln!(
+            "two proxies: {acked} increments acknowledged ({before_reload} before the reloads), total {total}"
+        );
         assert_eq!(failed.load(Ordering::Relaxed), 0, "{out}");
         assert_eq!(total, acked, "{out}");
+        assert!(out.contains("-- applied: folded"), "{out}");
         assert!(acked > before_reload, "no increment during the revert");
         assert!(!table_exists(&db, "hits_slots"));
         drop(second);
@@ -592,7 +596,18 @@ fn ring_revert_leaves_the_newest_rows_of_each_key_in_the_log() {
             let (sql, reference) = insert(i % 7);
             both(&mut p, &mut d, &sql, &reference).await;
         }
+        let log_before = rows(&format!("SELECT * FROM {db}.visits ORDER BY id"));
+        let ring_before = rows(&format!("SELECT * FROM {db}.visits_ring ORDER BY id"));
         let printed = revert_ok(env.rules_path(), db, "recent", false);
+        assert_eq!(
+            log_before,
+            rows(&format!("SELECT * FROM {db}.visits ORDER BY id"))
+        );
+        assert_eq!(
+            ring_before,
+            rows(&format!("SELECT * FROM {db}.visits_ring ORDER BY id"))
+        );
+        assert_eq!(triggers(db).len(), 2, "a dry run dropped a trigger");
         assert!(
             printed.contains("holds for each key exactly what the ring"),
             "{printed}"

@@ -279,6 +279,7 @@ impl CounterRule {
         if u.limit.is_some() || !u.order_by.is_empty() {
             return Err("setting a counter with ORDER BY or LIMIT cannot be rewritten".into());
         }
+        self.check_sets_every_counter(u)?;
         self.clear_slots_then(name, u.selection.as_ref(), stmt)
     }
 
@@ -335,6 +336,38 @@ impl CounterRule {
             }
         }
         Ok((increments, sets, others))
+    }
+
+    /// An absolute set clears the key's slot rows, which hold the increments of every
+    /// counter column of the rule: refused unless it sets them all (the others'
+    /// increments would be lost).
+    fn check_sets_every_counter(&self, u: &Update) -> Result<(), String> {
+        let assigned: Vec<String> = u
+            .assignments
+            .iter()
+            .filter_map(|a| match &a.target {
+                AssignmentTarget::ColumnName(c) => Some(last_ident(c)),
+                _ => None,
+            })
+            .collect();
+        let missing: Vec<&str> = self
+            .columns
+            .iter()
+            .filter(|c| !assigned.iter().any(|a| eq(a, c)))
+            .map(String::as_str)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "an UPDATE that sets a counter must set every counter column of the rule: the \
+             slot rows it clears also hold the increments of {}",
+            missing
+                .iter()
+                .map(|c| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
     }
 
     /// Checks an increment-only UPDATE: its deltas (combined per column), its
@@ -1382,6 +1415,35 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(decide(&e, "SELECT 1"), Decision::Passthrough));
+    }
+
+    #[test]
+    fn a_set_of_some_counters_of_a_rule_with_several_is_refused() {
+        let spec: Vec<CounterSpec> = crate::kinds::entries(
+            "[[counter]]\nname = \"x\"\ntable = \"hits\"\nkey = [\"slug\"]\ncolumns = [\"cnt\", \"views\"]\nslots = 1\nslot_table = \"hits_slots\"\n",
+            "counter",
+        )
+        .unwrap();
+        let e = Engine::new(vec![Arc::new(CounterRule::new(&spec[0]).unwrap())], 1000).unwrap();
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[
+                col("slug", 0xfd, 0x5003),
+                col("cnt", types::LONG, 1),
+                col("views", types::LONG, 1),
+            ],
+        );
+        let why = reject(&e, "UPDATE hits SET cnt = 0 WHERE slug = 'a'");
+        assert!(why.contains("`views`"), "{why}");
+        let r = rewrite(&e, "UPDATE hits SET cnt = 0, views = 3 WHERE slug = 'a'");
+        assert_sql(
+            &r,
+            &[
+                "DELETE FROM `hits_slots` WHERE slug = 'a'",
+                "UPDATE hits SET cnt = 0, views = 3 WHERE slug = 'a'",
+            ],
+        );
     }
 
     #[test]

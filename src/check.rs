@@ -682,7 +682,101 @@ async fn check_live(
             }
         }
     }
+    let names: Vec<&str> = files
+        .iter()
+        .filter_map(|f| f.parsed.as_ref())
+        .flat_map(|p| p.specs.iter().map(|s| s.name()))
+        .collect();
+    problems.extend(removed_rule_problems(&mut c, &names, default_db.as_deref()).await?);
     Ok(c)
+}
+
+/// Rules `migrate --apply` recorded ([`crate::registry`]) in database `db` (every
+/// database the user sees, without one) that are no longer among
+/// `names` but whose objects are still in the database: a side table that holds
+/// rows is an error (it may hold data the logical table lacks: counter increments,
+/// the newest log rows, until `migrate --revert` brings them back); an empty side
+/// table or a leftover trigger is a warning.
+async fn removed_rule_problems(
+    c: &mut mysql_async::Conn,
+    names: &[&str],
+    db: Option<&str>,
+) -> Result<Vec<Problem>> {
+    let mut out = Vec::new();
+    for reg in crate::registry::all(c, db).await? {
+        if names.contains(&reg.name.as_str()) {
+            continue;
+        }
+        let problem = |severity, reason| Problem {
+            file: None,
+            line: None,
+            column: None,
+            rule: Some(reg.name.clone()),
+            severity,
+            reason,
+        };
+        let revert = format!(
+            "run `heatsink migrate --revert {}` once every proxy has reloaded without it",
+            reg.name
+        );
+        let leftovers = match reg.rule().and_then(|s| {
+            s.leftovers(Some(&reg.db))
+                .map_err(|r| crate::error::Error::new(Source::Rules, r))
+        }) {
+            Ok(l) => l,
+            Err(e) => {
+                out.push(problem(
+                    Severity::Warning,
+                    format!("no longer in the rule files, and its record cannot be read: {e}"),
+                ));
+                continue;
+            }
+        };
+        for t in &leftovers.tables {
+            if crate::schema::inspect_table(c, t).await?.is_none() {
+                continue;
+            }
+            if crate::schema::table_has_rows(c, t).await? {
+                out.push(problem(
+                    Severity::Error,
+                    format!(
+                        "{} '{}' is no longer in the rule files, but its table {} still exists \
+                         and holds data that the logical table {} may lack: {revert}",
+                        reg.kind,
+                        reg.name,
+                        t.quoted(),
+                        reg.logical_table
+                    ),
+                ));
+            } else {
+                out.push(problem(
+                    Severity::Warning,
+                    format!(
+                        "{} '{}' is no longer in the rule files, but its (empty) table {} is \
+                         left: {revert}",
+                        reg.kind,
+                        reg.name,
+                        t.quoted()
+                    ),
+                ));
+            }
+        }
+        for t in &leftovers.triggers {
+            if crate::schema::existing_trigger(c, t).await?.is_some() {
+                out.push(problem(
+                    Severity::Warning,
+                    format!(
+                        "{} '{}' is no longer in the rule files, but its trigger {} is still \
+                         in place: {revert}",
+                        reg.kind,
+                        reg.name,
+                        t.quoted()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What Galera does not support about a rule's table: a table that is not InnoDB

@@ -135,6 +135,21 @@ pub struct MigrateArgs {
     /// with --apply (for DBAs who apply grants by hand).
     #[arg(long)]
     pub print_grants: bool,
+    /// Take this rule back out of the database instead: counter slot rows are folded
+    /// into the logical table, a ring is copied back into its log, then the rule's
+    /// side tables and triggers are dropped. The rule must first leave every proxy
+    /// (removed from --rules and reloaded); its definition is read from the
+    /// heatsink_rules table migrate --apply writes. A dry run without --apply.
+    #[arg(long, value_name = "RULE", conflicts_with_all = ["rule", "print_grants"])]
+    pub revert: Option<String>,
+    /// With --revert: seconds to watch a side table only proxies running the rule
+    /// write (a counter's slot table) before touching it; a change refuses the
+    /// revert. 0 skips the watch.
+    #[arg(long, default_value_t = 2.0, requires = "revert")]
+    pub observe: f64,
+    /// With --revert: keys per transaction when folding a counter's slot rows.
+    #[arg(long, default_value_t = 1000, requires = "revert")]
+    pub batch: usize,
 }
 
 /// `heatsink maintain` flags.

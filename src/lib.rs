@@ -51,8 +51,10 @@ pub mod maintain;
 pub mod metrics;
 pub mod migrate;
 pub mod refusals;
+pub mod registry;
 pub mod relay;
 pub mod reload;
+pub mod revert;
 pub mod rewrite;
 pub mod rules;
 pub mod schema;
@@ -101,6 +103,26 @@ pub fn run(cli: cli::Cli) -> Result<()> {
             .build()
             .map_err(|e| Error::with_cause(Source::Internal, "starting runtime", e))?
             .block_on(metrics::probe(&url)),
+        cli::Command::Migrate(args) if args.revert.is_some() => {
+            if !(0.0..=3600.0).contains(&args.observe) {
+                return Err(Error::new(
+                    Source::Rules,
+                    format!(
+                        "--observe must be between 0 and 3600 seconds, not {}",
+                        args.observe
+                    ),
+                ));
+            }
+            let opts = revert::RevertOptions {
+                rules: &args.rules,
+                backend_url: &args.backend_url,
+                rule: args.revert.as_deref().unwrap_or_default(),
+                apply: args.apply,
+                observe: std::time::Duration::from_secs_f64(args.observe),
+                batch: args.batch,
+            };
+            maintenance_runtime()?.block_on(revert::run(&opts, &mut std::io::stdout().lock()))
+        }
         cli::Command::Migrate(args) => {
             let opts = migrate::MigrateOptions {
                 rules: &args.rules,

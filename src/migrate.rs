@@ -90,14 +90,52 @@ pub async fn run(opts: &MigrateOptions<'_>, out: &mut dyn Write) -> Result<()> {
             )?;
         }
     }
-    for migration in &checked {
+    for (migration, spec) in checked.iter().zip(&specs) {
         migration.run(&mut conn, opts.apply, out).await?;
+        register(
+            &mut conn,
+            spec.as_ref(),
+            default_db.as_deref(),
+            opts.apply,
+            out,
+        )
+        .await?;
     }
     for spec in &specs {
         grant(&mut conn, spec.as_ref(), default_db.as_deref(), opts, out).await?;
     }
     let _ = conn.disconnect().await;
     Ok(())
+}
+
+/// Records the rule in the `heatsink_rules` table of its logical table's database
+/// ([`crate::registry`]) with `apply`; says so without.
+async fn register(
+    conn: &mut mysql_async::Conn,
+    spec: &dyn crate::kinds::RuleSpec,
+    default_db: Option<&str>,
+    apply: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let (logical, _) = crate::kinds::resolved(spec.table(), &[], default_db)
+        .map_err(|r| Error::new(Source::Rules, r))?;
+    let db = logical.db.clone().unwrap_or_default();
+    let table = crate::registry::registry_table(&db).quoted();
+    if !apply {
+        return emit(
+            out,
+            &format!(
+                "-- rule {}: --apply records it in {table} (what `migrate --revert` and `check` \
+                 read once the rule has left the rule files)",
+                spec.name()
+            ),
+        );
+    }
+    crate::registry::record(conn, &logical, spec).await?;
+    emit(
+        out,
+        &format!("-- rule {}: recorded in {table}", spec.name()),
+    )
 }
 
 /// Prints (and with `apply`, unless `print_grants`, runs) the grants users who hold

@@ -78,7 +78,8 @@ pub struct RuleInfo {
     pub kind: String,
     /// Its tables as written in the rule.
     pub tables: Vec<String>,
-    /// `on` or `shadow`.
+    /// `on` or `shadow` (`drain` for a draining counter; a timeline's serving
+    /// mode).
     pub mode: String,
     /// The file it comes from.
     pub file: PathBuf,
@@ -154,11 +155,14 @@ impl Snapshot {
                     let Some(name) = entry.get("name").and_then(|n| n.as_str()) else {
                         continue;
                     };
-                    let mode = entry
-                        .get("mode")
-                        .and_then(|m| m.as_str())
-                        .unwrap_or("on")
-                        .to_string();
+                    let drains = entry.get("drain").and_then(|d| d.as_bool()) == Some(true);
+                    let mode = match entry.get("mode").and_then(|m| m.as_str()) {
+                        // A counter's first step out (`migrate --revert`).
+                        _ if drains => "drain",
+                        Some(m) => m,
+                        None => "on",
+                    }
+                    .to_string();
                     found.push((name.to_string(), kind.clone(), mode, file.clone()));
                 }
             }

@@ -440,6 +440,16 @@ fn two_counter_columns() {
             stored,
             vec![vec![Some("5".to_string()), Some("1000".to_string())]]
         );
+        // A set of one counter would clear the slot rows holding the other's
+        // increments: refused; setting both is exact.
+        let e = assert_refused_by(&mut p, "UPDATE stats SET views = 0 WHERE id = 1", RULE).await;
+        assert!(e.message.contains("`bytes`"), "{}", e.message);
+        let templates = [
+            "UPDATE {t} SET views = 0, bytes = 9 WHERE id = 1",
+            "UPDATE {t} SET views = views + 1, bytes = bytes + 1 WHERE id = 1",
+            "SELECT * FROM {t} ORDER BY id",
+        ];
+        assert_same_as_ref(&env, &mut p, &mut d, "stats", &templates).await;
         p.disconnect().await.unwrap();
         d.disconnect().await.unwrap();
     });

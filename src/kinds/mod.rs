@@ -194,6 +194,39 @@ pub trait RuleSpec: Send + Sync + fmt::Debug {
         default_db: Option<&str>,
     ) -> std::result::Result<Box<dyn Migration>, SchemaError>;
 
+    /// The rule as a rule-file entry (`[[counter]]\nname = …`), every setting
+    /// spelled out: what `migrate --apply` records in the `heatsink_rules` table so
+    /// that `migrate --revert` and `check` know the rule after it left the rule
+    /// files. Each kind's is [`entry_toml`] of its spec.
+    fn to_toml(&self) -> std::result::Result<String, String>;
+
+    /// What `migrate` leaves in the database for this rule besides the logical
+    /// table, databases resolved (`default_db` holds unqualified tables): the side
+    /// tables it creates and the triggers it puts on tables that stay. Triggers on
+    /// side tables go with them and are not listed.
+    fn leftovers(&self, default_db: Option<&str>) -> std::result::Result<Leftovers, String>;
+
+    /// Whether the rule, as written, is only draining (a counter's `drain = true`):
+    /// then `migrate --revert` runs while proxies still run it, and folds without
+    /// dropping anything ([`RevertContext::draining`]).
+    fn draining(&self) -> bool {
+        false
+    }
+
+    /// Takes the rule out of the database (`heatsink migrate --revert`), once no
+    /// proxy runs it any more: brings what only the side tables hold back into the
+    /// logical table, then drops the rule's triggers and side tables. Without
+    /// [`RevertContext::apply`] it only reads and prints what it would do. Safe to
+    /// run again: a second run finds nothing left to do. By default the kind has
+    /// nothing to bring back: its [`RuleSpec::leftovers`] are dropped, triggers
+    /// first.
+    async fn revert(&self, ctx: &mut RevertContext<'_>) -> Result<()> {
+        let leftovers = self
+            .leftovers(ctx.default_db)
+            .map_err(|r| crate::error::Error::new(crate::error::Source::Rules, r))?;
+        crate::revert::drop_leftovers(ctx, &leftovers).await
+    }
+
     /// Maintenance jobs of this rule, for `heatsink maintain`.
     fn jobs(&self) -> &'static [Job] {
         &[]
@@ -209,6 +242,85 @@ pub trait RuleSpec: Send + Sync + fmt::Debug {
             format!("rule {}: no job named '{job}'", self.name()),
         ))
     }
+}
+
+/// A rule's side tables and the triggers it puts on tables that stay
+/// ([`RuleSpec::leftovers`]), databases resolved.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Tables the rule created (dropped by a revert).
+    pub tables: Vec<crate::rules::spec::TableName>,
+    /// Triggers the rule created on tables that stay (the trigger's database and
+    /// name).
+    pub triggers: Vec<crate::rules::spec::TableName>,
+}
+
+/// What [`RuleSpec::revert`] gets from `heatsink migrate --revert`.
+pub struct RevertContext<'a> {
+    /// A connection to the database (`CLIENT_FOUND_ROWS`, TCP).
+    pub conn: &'a mut Conn,
+    /// The database of unqualified tables: the one the rule was registered in.
+    pub default_db: Option<&'a str>,
+    /// Execute; `false` (the default of `migrate`): print what would be done and
+    /// change nothing.
+    pub apply: bool,
+    /// How long to watch a side table that only a proxy running the rule writes,
+    /// before touching it: a change in that time refuses the revert (zero: not
+    /// watched).
+    pub observe: std::time::Duration,
+    /// Keys per transaction where a kind folds in chunks.
+    pub batch: usize,
+    /// The rule is still in the rule files, draining ([`RuleSpec::draining`]):
+    /// proxies still run it, so the kind folds online and drops nothing.
+    pub draining: bool,
+    /// The rule's row in the registry, which a kind may update in the transaction
+    /// that brings its data back (so that a second run knows it is done).
+    pub registry: &'a crate::registry::Registered,
+    /// Where the plan and progress lines go.
+    pub out: &'a mut dyn Write,
+}
+
+/// [`crate::schema::resolve_tables`] with the refusal as a plain reason, for
+/// [`RuleSpec::leftovers`].
+pub(crate) fn resolved(
+    table: &str,
+    physical: &[&str],
+    default_db: Option<&str>,
+) -> std::result::Result<
+    (
+        crate::rules::spec::TableName,
+        Vec<crate::rules::spec::TableName>,
+    ),
+    String,
+> {
+    crate::schema::resolve_tables(table, physical, default_db).map_err(|e| match e {
+        SchemaError::Refused(r) => r,
+        SchemaError::Failed(e) => e.to_string(),
+    })
+}
+
+/// `<base><suffix>` in `db`: a trigger's name as schema work makes it.
+pub(crate) fn trigger_in(
+    db: &Option<String>,
+    base: &str,
+    suffix: &str,
+) -> crate::rules::spec::TableName {
+    crate::rules::spec::TableName {
+        db: db.clone(),
+        name: crate::schema::suffixed_name(base, suffix),
+    }
+}
+
+/// [`RuleSpec::to_toml`] for a kind whose spec serializes: `[[section]]` and one
+/// `key = value` line per setting.
+pub fn entry_toml<T: serde::Serialize>(
+    section: &str,
+    spec: &T,
+) -> std::result::Result<String, String> {
+    let entry = toml::Value::try_from(spec).map_err(|e| format!("writing the rule: {e}"))?;
+    let mut doc = toml::Table::new();
+    doc.insert(section.to_string(), toml::Value::Array(vec![entry]));
+    toml::to_string(&doc).map_err(|e| format!("writing the rule: {e}"))
 }
 
 /// How statements heatsink runs for the application use one of a rule's physical
@@ -310,6 +422,25 @@ mod tests {
                 ("heatsink_rollup_merged_rows_total", 0)
             ]
         );
+    }
+
+    #[test]
+    fn recorded_rules_read_back_as_written() {
+        // Every example rule, written as `migrate --apply` records it and read back
+        // by its kind, is the same rule with the same tables.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+        let specs = crate::rules::specs(&dir).unwrap();
+        assert!(specs.len() >= 5);
+        for s in &specs {
+            let text = s.to_toml().unwrap();
+            let back = kind(s.kind()).unwrap().parse(&text).unwrap();
+            assert_eq!(back.len(), 1, "{text}");
+            assert_eq!(format!("{s:?}"), format!("{:?}", back[0]), "{text}");
+            assert_eq!(
+                s.leftovers(Some("db")).unwrap(),
+                back[0].leftovers(Some("db")).unwrap()
+            );
+        }
     }
 
     #[test]

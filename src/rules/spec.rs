@@ -84,7 +84,7 @@ pub fn check_ident(s: &str) -> Result<(), String> {
 }
 
 /// Whether a rule rewrites or only reports what it would do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Rewrite and reject as the rule says.

@@ -10,6 +10,7 @@
 pub mod compact;
 pub mod merge;
 pub mod plan;
+pub mod revert;
 pub mod schema;
 pub mod spec;
 
@@ -25,7 +26,9 @@ pub use spec::CounterSpec;
 use crate::check::Severity;
 use crate::error::Result;
 use crate::kinds::logical::{assumed_column, Assumed};
-use crate::kinds::{Job, JobContext, JobReport, Kind, Migration, RuleSpec, SchemaError};
+use crate::kinds::{
+    Job, JobContext, JobReport, Kind, Leftovers, Migration, RevertContext, RuleSpec, SchemaError,
+};
 use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;
@@ -105,6 +108,23 @@ impl RuleSpec for CounterSpec {
 
     fn jobs(&self) -> &'static [Job] {
         JOBS
+    }
+
+    fn to_toml(&self) -> std::result::Result<String, String> {
+        crate::kinds::entry_toml(self.kind(), self)
+    }
+
+    fn leftovers(&self, default_db: Option<&str>) -> std::result::Result<Leftovers, String> {
+        revert::leftovers(self, default_db)
+    }
+
+    fn draining(&self) -> bool {
+        self.drain
+    }
+
+    /// Folds the slot rows into the logical table, then drops the slot table.
+    async fn revert(&self, ctx: &mut RevertContext<'_>) -> Result<()> {
+        revert::revert(self, ctx).await
     }
 
     async fn run_job(&self, job: &str, ctx: &mut JobContext<'_>) -> Result<JobReport> {

@@ -69,6 +69,9 @@ pub struct CounterRule {
     coalesce: bool,
     /// `mode = "shadow"`: decisions are only counted and logged.
     shadow: bool,
+    /// `drain = true`: increments go to the logical table unchanged (reads, sets
+    /// and deletes as usual), so that no slot row is written any more.
+    drain: bool,
 }
 
 impl CounterRule {
@@ -85,6 +88,7 @@ impl CounterRule {
             slots: spec.slots,
             coalesce: spec.coalesce,
             shadow: spec.mode == crate::rules::spec::Mode::Shadow,
+            drain: spec.drain,
         })
     }
 
@@ -228,6 +232,10 @@ impl CounterRule {
                     "an UPDATE that increments a counter may not also set other columns".into(),
                 );
             }
+            if self.drain {
+                // The base takes the increment; reads still add the slot rows.
+                return Ok(None);
+            }
             let Some((increments, keys, param_checks)) =
                 self.check_increment(u, ctx, increments)?
             else {
@@ -271,6 +279,7 @@ impl CounterRule {
         if u.limit.is_some() || !u.order_by.is_empty() {
             return Err("setting a counter with ORDER BY or LIMIT cannot be rewritten".into());
         }
+        self.check_sets_every_counter(u)?;
         self.clear_slots_then(name, u.selection.as_ref(), stmt)
     }
 
@@ -327,6 +336,38 @@ impl CounterRule {
             }
         }
         Ok((increments, sets, others))
+    }
+
+    /// An absolute set clears the key's slot rows, which hold the increments of every
+    /// counter column of the rule: refused unless it sets them all (the others'
+    /// increments would be lost).
+    fn check_sets_every_counter(&self, u: &Update) -> Result<(), String> {
+        let assigned: Vec<String> = u
+            .assignments
+            .iter()
+            .filter_map(|a| match &a.target {
+                AssignmentTarget::ColumnName(c) => Some(last_ident(c)),
+                _ => None,
+            })
+            .collect();
+        let missing: Vec<&str> = self
+            .columns
+            .iter()
+            .filter(|c| !assigned.iter().any(|a| eq(a, c)))
+            .map(String::as_str)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "an UPDATE that sets a counter must set every counter column of the rule: the \
+             slot rows it clears also hold the increments of {}",
+            missing
+                .iter()
+                .map(|c| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
     }
 
     /// Checks an increment-only UPDATE: its deltas (combined per column), its
@@ -640,6 +681,10 @@ impl CounterRule {
             keys.push(v.clone());
         }
         let (incs, param_checks) = self.insert_increments(assignments, &cols, row, ctx)?;
+        if self.drain {
+            // The base takes the insert or the increment; reads still add the slots.
+            return Ok(None);
+        }
         // The base row: the original insert with counters at zero, ignoring a
         // duplicate key (then the row exists and only the slot grows).
         let base = self.base_insert_sql(name, &cols, row);
@@ -1370,6 +1415,67 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(decide(&e, "SELECT 1"), Decision::Passthrough));
+    }
+
+    #[test]
+    fn a_set_of_some_counters_of_a_rule_with_several_is_refused() {
+        let spec: Vec<CounterSpec> = crate::kinds::entries(
+            "[[counter]]\nname = \"x\"\ntable = \"hits\"\nkey = [\"slug\"]\ncolumns = [\"cnt\", \"views\"]\nslots = 1\nslot_table = \"hits_slots\"\n",
+            "counter",
+        )
+        .unwrap();
+        let e = Engine::new(vec![Arc::new(CounterRule::new(&spec[0]).unwrap())], 1000).unwrap();
+        e.provide_metadata(
+            0,
+            Some("shop"),
+            &[
+                col("slug", 0xfd, 0x5003),
+                col("cnt", types::LONG, 1),
+                col("views", types::LONG, 1),
+            ],
+        );
+        let why = reject(&e, "UPDATE hits SET cnt = 0 WHERE slug = 'a'");
+        assert!(why.contains("`views`"), "{why}");
+        let r = rewrite(&e, "UPDATE hits SET cnt = 0, views = 3 WHERE slug = 'a'");
+        assert_sql(
+            &r,
+            &[
+                "DELETE FROM `hits_slots` WHERE slug = 'a'",
+                "UPDATE hits SET cnt = 0, views = 3 WHERE slug = 'a'",
+            ],
+        );
+    }
+
+    #[test]
+    fn a_draining_rule_sends_increments_to_the_base_and_still_reads_and_clears_slots() {
+        let e = engine_with(
+            "name = \"x\"\ntable = \"hits\"\nkey = [\"slug\"]\nslot_table = \"hits_slots\"\ndrain = true\n",
+            &[col("slug", 0xfd, 0x5003), col("cnt", types::LONG, 1)],
+        );
+        for sql in [
+            "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'a'",
+            "INSERT INTO hits (slug, cnt) VALUES ('a', 2) ON DUPLICATE KEY UPDATE cnt = cnt + 2",
+        ] {
+            assert!(matches!(decide(&e, sql), Decision::Passthrough), "{sql}");
+        }
+        let r = rewrite(&e, "UPDATE hits SET cnt = 0 WHERE slug = 'a'");
+        assert_sql(
+            &r,
+            &[
+                "DELETE FROM `hits_slots` WHERE slug = 'a'",
+                "UPDATE hits SET cnt = 0 WHERE slug = 'a'",
+            ],
+        );
+        assert!(matches!(
+            decide(&e, "SELECT cnt FROM hits WHERE slug = 'a'"),
+            Decision::Rewrite(_)
+        ));
+        // What the rule refuses it still refuses.
+        assert!(reject(
+            &e,
+            "INSERT INTO hits (slug, cnt) VALUES ('a', 5) ON DUPLICATE KEY UPDATE cnt = 5"
+        )
+        .contains("cannot be rewritten"));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use crate::rules::spec::{check_ident, default_coalesce, default_slot_column, Mode, TableName};
 
 /// `[[counter]]`: hot counters spread over slot rows.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CounterSpec {
     /// Unique rule name (metrics, logs, errors).
@@ -41,6 +41,12 @@ pub struct CounterSpec {
     /// `on` (default) or `shadow`.
     #[serde(default)]
     pub mode: Mode,
+    /// Draining, the first step of taking the rule out (`heatsink migrate
+    /// --revert`): increments go to the logical table as written, reads still add
+    /// the slot rows, absolute sets and deletes still clear them, so that the slot
+    /// rows can be folded while proxies run the rule, with every statement exact.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
 }
 
 /// Largest `slots` accepted: more slots than this only makes reads slower.

@@ -29,7 +29,7 @@ pub use spec::PartitionSpec;
 
 use crate::error::Result;
 use crate::kinds::logical::{assumed_column, Assumed};
-use crate::kinds::{Job, JobContext, JobReport, Kind, Migration, RuleSpec, SchemaError};
+use crate::kinds::{Job, JobContext, JobReport, Kind, Leftovers, Migration, RuleSpec, SchemaError};
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;
 use crate::wire::resultset::{types, ColumnDef};
@@ -97,6 +97,22 @@ impl RuleSpec for PartitionSpec {
         date.decimals = 0;
         date.length = 10;
         vec![assumed_column(&table.name, &self.key, Assumed::Key), date]
+    }
+
+    fn to_toml(&self) -> std::result::Result<String, String> {
+        crate::kinds::entry_toml(self.kind(), self)
+    }
+
+    /// The two triggers that keep rows reachable; the partitioning stays.
+    fn leftovers(&self, default_db: Option<&str>) -> std::result::Result<Leftovers, String> {
+        let (t, _) = crate::kinds::resolved(&self.table, &[], default_db)?;
+        Ok(Leftovers {
+            tables: Vec::new(),
+            triggers: ["_hs_pins", "_hs_pupd"]
+                .iter()
+                .map(|s| crate::kinds::trigger_in(&t.db, &t.name, s))
+                .collect(),
+        })
     }
 
     async fn schema(

@@ -22,7 +22,7 @@ use crate::rules::spec::{check_ident, Mode, TableName};
 
 /// `[[partition]]`: lookups by a key that carries its creation time, pruned to the
 /// partitions of that time; hourly, daily or monthly partitions rotated.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PartitionSpec {
     /// Unique rule name (metrics, logs, errors).
@@ -65,7 +65,7 @@ pub struct PartitionSpec {
 }
 
 /// How a key carries its creation time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyTime {
     /// Decimal unix seconds.
@@ -81,7 +81,7 @@ pub enum KeyTime {
 }
 
 /// Partition width.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Period {
     /// One partition per day.

@@ -8,6 +8,7 @@
 
 pub mod merge;
 pub mod plan;
+pub mod revert;
 pub mod schema;
 pub mod spec;
 
@@ -23,7 +24,7 @@ pub use spec::RingSpec;
 use crate::check::Severity;
 use crate::error::Result;
 use crate::kinds::logical::{assumed_column, Assumed};
-use crate::kinds::{Kind, Migration, RuleSpec, SchemaError};
+use crate::kinds::{Kind, Leftovers, Migration, RevertContext, RuleSpec, SchemaError};
 use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;
@@ -86,6 +87,19 @@ impl RuleSpec for RingSpec {
         key.chain(order)
             .map(|(name, shape)| assumed_column(&table.name, name, shape))
             .collect()
+    }
+
+    fn to_toml(&self) -> std::result::Result<String, String> {
+        crate::kinds::entry_toml(self.kind(), self)
+    }
+
+    fn leftovers(&self, default_db: Option<&str>) -> std::result::Result<Leftovers, String> {
+        revert::leftovers(self, default_db)
+    }
+
+    /// Copies the ring back into the log, then drops the ring's tables and trigger.
+    async fn revert(&self, ctx: &mut RevertContext<'_>) -> Result<()> {
+        revert::revert(self, ctx).await
     }
 
     async fn schema(

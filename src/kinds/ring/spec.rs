@@ -15,7 +15,7 @@ use serde::Deserialize;
 use crate::rules::spec::{check_ident, default_coalesce, default_slot_column, Mode, TableName};
 
 /// `[[ring]]`: "keep the last N rows per key" logs as fixed-size rings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RingSpec {
     /// Unique rule name (metrics, logs, errors).

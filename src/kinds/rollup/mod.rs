@@ -31,7 +31,7 @@ pub use plan::RollupRule;
 pub use spec::RollupSpec;
 
 use crate::kinds::logical::{assumed_column, Assumed};
-use crate::kinds::{Kind, Migration, RuleSpec, SchemaError};
+use crate::kinds::{Kind, Leftovers, Migration, RuleSpec, SchemaError};
 use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;
@@ -100,6 +100,28 @@ impl RuleSpec for RollupSpec {
             .chain(measures)
             .map(|(name, shape)| assumed_column(&table.name, &name, shape))
             .collect()
+    }
+
+    fn to_toml(&self) -> std::result::Result<String, String> {
+        crate::kinds::entry_toml(self.kind(), self)
+    }
+
+    /// The rollup table and its three triggers on the log.
+    fn leftovers(&self, default_db: Option<&str>) -> std::result::Result<Leftovers, String> {
+        let (log, physical) =
+            crate::kinds::resolved(&self.table, &[&self.rollup_table], default_db)?;
+        let triggers = physical
+            .iter()
+            .flat_map(|r| {
+                triggers::EVENTS
+                    .iter()
+                    .map(|e| crate::kinds::trigger_in(&log.db, &r.name, e.suffix()))
+            })
+            .collect();
+        Ok(Leftovers {
+            tables: physical,
+            triggers,
+        })
     }
 
     async fn schema(

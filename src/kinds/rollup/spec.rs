@@ -17,7 +17,7 @@ use serde::Deserialize;
 use crate::rules::spec::{check_ident, default_coalesce, Mode, TableName};
 
 /// `[[rollup]]`: aggregate reads over a log answered from a rollup table.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RollupSpec {
     /// Unique rule name (metrics, logs, errors).
@@ -51,7 +51,7 @@ pub struct RollupSpec {
 
 /// Bucket width of a rollup.
 /// (Ordered from finer to coarser.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Bucket {
     /// Hours of the time column's value.

@@ -23,7 +23,7 @@ pub use spec::TimelineSpec;
 
 use crate::error::Result;
 use crate::kinds::logical::{assumed_column, Assumed};
-use crate::kinds::{Job, JobContext, JobReport, Kind, Migration, RuleSpec, SchemaError};
+use crate::kinds::{Job, JobContext, JobReport, Kind, Leftovers, Migration, RuleSpec, SchemaError};
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;
 use crate::wire::resultset::ColumnDef;
@@ -80,6 +80,35 @@ impl RuleSpec for TimelineSpec {
             id,
             assumed_column(&table.name, &self.message_author, Assumed::Integer),
         ]
+    }
+
+    fn to_toml(&self) -> std::result::Result<String, String> {
+        crate::kinds::entry_toml(self.kind(), self)
+    }
+
+    /// Push and hybrid: the mailbox and its six triggers on the message and follow
+    /// tables; pull leaves nothing.
+    fn leftovers(&self, default_db: Option<&str>) -> std::result::Result<Leftovers, String> {
+        let Some(mailbox) = &self.mailbox else {
+            return Ok(Leftovers::default());
+        };
+        let (_, physical) = crate::kinds::resolved(&self.messages, &[mailbox], default_db)?;
+        let mut triggers = Vec::new();
+        for m in &physical {
+            for which in ["_hs_msg", "_hs_fol"] {
+                for event in ["_ins", "_upd", "_del"] {
+                    triggers.push(crate::kinds::trigger_in(
+                        &m.db,
+                        &m.name,
+                        &format!("{which}{event}"),
+                    ));
+                }
+            }
+        }
+        Ok(Leftovers {
+            tables: physical,
+            triggers,
+        })
     }
 
     async fn schema(

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use crate::rules::spec::{check_ident, TableName};
 
 /// How a timeline is served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Serve {
     /// Merged at read time from each followee's newest messages.
@@ -32,7 +32,7 @@ pub enum Serve {
 
 /// `[[timeline]]`: friends timelines (messages of the authors a reader follows,
 /// newest first) served without reading every followee's every message.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TimelineSpec {
     /// Unique rule name (metrics, logs, errors).

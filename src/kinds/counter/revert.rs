@@ -1,0 +1,418 @@
+//! `heatsink migrate --revert` for a counter: folds the slot rows back into the
+//! logical table, then drops the slot table (and its trigger with it).
+//!
+//! 1. Only a proxy running the rule writes the slot table, so it is watched first
+//!    (`--observe`): a change refuses the revert.
+//! 2. `RENAME TABLE slot TO <slot>_hs_revert`. The rename waits for transactions
+//!    that hold slot rows and is atomic: after it no write can reach the slot rows
+//!    any more. A proxy that still ran the rule would now get an error (1146) for
+//!    its increments and reads, never a silently lost increment.
+//! 3. The renamed table is folded in chunks of `--batch` keys, one transaction each:
+//!    `UPDATE logical JOIN (SELECT key, SUM(c) … WHERE key <= bound GROUP BY key)
+//!    SET c = c + sum`, then `DELETE … WHERE key <= bound` of exactly those rows.
+//!    Nothing else writes the renamed table, so a chunk deletes exactly what it
+//!    added; an interruption loses nothing (the chunk rolls back) and a rerun
+//!    counts nothing twice (folded rows are gone).
+//! 4. `DROP TABLE <slot>_hs_revert` once it is empty.
+//!
+//! A rerun after an interruption finds the renamed table and goes on from step 3;
+//! a rerun after success finds neither table and does nothing. Slot rows whose
+//! logical row is gone (deleted behind heatsink's back, which reads never showed)
+//! are not folded: they would bring the row back.
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Params, Row, Value};
+
+use super::spec::CounterSpec;
+use crate::error::{Error, Result, Source};
+use crate::kinds::{Leftovers, RevertContext, SchemaError};
+use crate::revert::{refuse_if_written, row_count};
+use crate::rules::spec::{quote, TableName};
+use crate::schema::{emit, inspect_table, list, run_sql, schema_err, suffixed_name, values};
+
+/// Suffix of the name the slot table gets while it is folded.
+pub const RETIRED_SUFFIX: &str = "_hs_revert";
+
+/// How long the rename waits for transactions holding the slot table.
+const RENAME_WAIT_SECS: u32 = 10;
+
+/// The slot table, and the name it has while a revert folds it.
+fn tables(
+    spec: &CounterSpec,
+    default_db: Option<&str>,
+) -> std::result::Result<(TableName, TableName, TableName), String> {
+    let (logical, slot) = super::schema::resolve(spec, default_db).map_err(|e| match e {
+        SchemaError::Refused(r) => r,
+        SchemaError::Failed(e) => e.to_string(),
+    })?;
+    let retired = TableName {
+        db: slot.db.clone(),
+        name: suffixed_name(&slot.name, RETIRED_SUFFIX),
+    };
+    Ok((logical, slot, retired))
+}
+
+/// The slot table and, when a revert was interrupted, its renamed form.
+pub(crate) fn leftovers(
+    spec: &CounterSpec,
+    default_db: Option<&str>,
+) -> std::result::Result<Leftovers, String> {
+    let (_, slot, retired) = tables(spec, default_db)?;
+    Ok(Leftovers {
+        tables: vec![slot, retired],
+        triggers: Vec::new(),
+    })
+}
+
+/// Reverts a counter rule (see the module documentation).
+pub(crate) async fn revert(spec: &CounterSpec, ctx: &mut RevertContext<'_>) -> Result<()> {
+    if ctx.draining {
+        return fold_draining(spec, ctx).await;
+    }
+    let (logical, slot, retired) =
+        tables(spec, ctx.default_db).map_err(|r| Error::new(Source::Rules, r))?;
+    let slot_exists = inspect_table(ctx.conn, &slot).await?.is_some();
+    let retired_exists = inspect_table(ctx.conn, &retired).await?.is_some();
+    if !slot_exists && !retired_exists {
+        emit(
+            ctx.out,
+            &format!(
+                "-- counter '{}': {} is gone: nothing to fold",
+                spec.name,
+                slot.quoted()
+            ),
+        )?;
+        return Ok(());
+    }
+    if slot_exists {
+        refuse_if_written(ctx, &slot, &spec.name).await?;
+    }
+    let fold = Fold::new(spec, &logical, &retired);
+    for (t, exists) in [(&retired, retired_exists), (&slot, slot_exists)] {
+        if !exists {
+            continue;
+        }
+        let rows = row_count(ctx.conn, t).await?;
+        let keys = fold.keys(ctx.conn, t).await?;
+        emit(
+            ctx.out,
+            &format!(
+                "-- counter '{}': {rows} slot rows of {keys} keys in {} are folded into {} \
+                 (each key's {} += the sum of its slots), in transactions of at most {} keys \
+                 that each delete the slot rows they added; then the table is dropped",
+                spec.name,
+                t.quoted(),
+                logical.quoted(),
+                list(&fold.columns),
+                ctx.batch
+            ),
+        )?;
+    }
+    fold.print(ctx, slot_exists)?;
+    if !ctx.apply {
+        return Ok(());
+    }
+    if retired_exists {
+        fold.run(ctx).await?;
+        drop_table(ctx, &retired, &spec.name).await?;
+    }
+    if slot_exists {
+        ctx.conn
+            .query_drop(format!(
+                "SET SESSION lock_wait_timeout = {RENAME_WAIT_SECS}"
+            ))
+            .await
+            .map_err(|e| schema_err("setting lock_wait_timeout".into(), e))?;
+        let rename = format!("RENAME TABLE {} TO {}", slot.quoted(), retired.quoted());
+        run_sql(ctx.conn, &spec.name, &rename).await?;
+        emit(ctx.out, &format!("-- applied: {rename}"))?;
+        fold.run(ctx).await?;
+        drop_table(ctx, &retired, &spec.name).await?;
+    }
+    Ok(())
+}
+
+/// The rule is still in the rule files with `drain = true`: proxies still read the
+/// slot rows and clear them on sets and deletes, but write none. The slot rows are
+/// folded online as the `compact` job does (one key per transaction, its slot rows
+/// locked), which is exact while proxies run the rule, drained or not; nothing is
+/// dropped.
+async fn fold_draining(spec: &CounterSpec, ctx: &mut RevertContext<'_>) -> Result<()> {
+    let (_, slot, _) = tables(spec, ctx.default_db).map_err(|r| Error::new(Source::Rules, r))?;
+    emit(
+        ctx.out,
+        &format!(
+            "-- counter '{}' drains (drain = true): its slot rows are folded into the logical \
+             table online, key by key, while proxies run it; nothing is dropped. Then remove \
+             the rule from every proxy's rule files, reload each, and run the revert again to \
+             drop {}",
+            spec.name,
+            slot.quoted()
+        ),
+    )?;
+    let mut job = crate::kinds::JobContext {
+        conn: &mut *ctx.conn,
+        default_db: ctx.default_db,
+        batch: ctx.batch,
+        out: &mut *ctx.out,
+        apply: ctx.apply,
+    };
+    let report = super::compact::job(spec, &mut job).await?;
+    emit(ctx.out, &format!("-- {}", report.summary))?;
+    if !report.failed.is_empty() {
+        return Err(Error::new(
+            Source::Backend,
+            format!(
+                "counter '{}': keys not folded (run the revert again): {}",
+                spec.name,
+                report.failed.join("; ")
+            ),
+        ));
+    }
+    if ctx.apply && inspect_table(ctx.conn, &slot).await?.is_some() {
+        let left = row_count(ctx.conn, &slot).await?;
+        if left > 0 {
+            emit(
+                ctx.out,
+                &format!(
+                    "-- warning: {} holds {left} slot rows again: a proxy has not reloaded the \
+                     rule with drain = true yet; reload it and run the revert again",
+                    slot.quoted()
+                ),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+async fn drop_table(ctx: &mut RevertContext<'_>, t: &TableName, rule: &str) -> Result<()> {
+    let left = row_count(ctx.conn, t).await?;
+    if left > 0 {
+        return Err(Error::new(
+            Source::Internal,
+            format!(
+                "rule {rule}: {} still holds {left} rows after the fold; not dropped",
+                t.quoted()
+            ),
+        ));
+    }
+    let sql = format!("DROP TABLE IF EXISTS {}", t.quoted());
+    run_sql(ctx.conn, rule, &sql).await?;
+    emit(ctx.out, &format!("-- applied: {sql}"))
+}
+
+/// The fold's statements for one counter.
+struct Fold {
+    /// Rule name, for messages.
+    rule: String,
+    /// The logical table.
+    logical: TableName,
+    /// The renamed slot table, which the fold reads and empties.
+    retired: TableName,
+    /// Key columns.
+    key: Vec<String>,
+    /// Counter columns.
+    columns: Vec<String>,
+}
+
+impl Fold {
+    fn new(spec: &CounterSpec, logical: &TableName, retired: &TableName) -> Fold {
+        Fold {
+            rule: spec.name.clone(),
+            logical: logical.clone(),
+            retired: retired.clone(),
+            key: spec.key.clone(),
+            columns: spec.columns.clone(),
+        }
+    }
+
+    /// `(k1, k2) <= (?, ?)`, or nothing for a counter without key columns / the
+    /// last chunk.
+    fn bound(&self, bounded: bool) -> String {
+        if !bounded || self.key.is_empty() {
+            return String::new();
+        }
+        let marks = vec!["?"; self.key.len()].join(", ");
+        format!(" WHERE ({}) <= ({marks})", list(&self.key))
+    }
+
+    /// The keys of `t`.
+    async fn keys(&self, conn: &mut Conn, t: &TableName) -> Result<u64> {
+        if self.key.is_empty() {
+            return Ok(u64::from(row_count(conn, t).await? > 0));
+        }
+        let n: Option<u64> = conn
+            .query_first(format!(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM {} GROUP BY {}) k",
+                t.quoted(),
+                list(&self.key)
+            ))
+            .await
+            .map_err(|e| schema_err(format!("counting the keys of {}", t.quoted()), e))?;
+        Ok(n.unwrap_or_default())
+    }
+
+    /// The chunk's upper key: the `batch`-th key of the renamed table, `None` when
+    /// it holds fewer keys (the chunk is the rest).
+    fn bound_sql(&self, batch: usize) -> String {
+        format!(
+            "SELECT {k} FROM {} GROUP BY {k} ORDER BY {k} LIMIT 1 OFFSET {}",
+            self.retired.quoted(),
+            batch.saturating_sub(1),
+            k = list(&self.key)
+        )
+    }
+
+    /// Adds the chunk's sums to the logical rows.
+    fn update_sql(&self, bounded: bool) -> String {
+        let sums: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| format!("COALESCE(SUM({q}), 0) AS {q}", q = quote(c)))
+            .collect();
+        let set: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| format!("l.{q} = l.{q} + s.{q}", q = quote(c)))
+            .collect();
+        if self.key.is_empty() {
+            return format!(
+                "UPDATE {} l JOIN (SELECT {} FROM {}) s SET {}",
+                self.logical.quoted(),
+                sums.join(", "),
+                self.retired.quoted(),
+                set.join(", ")
+            );
+        }
+        let on: Vec<String> = self
+            .key
+            .iter()
+            .map(|k| format!("l.{q} = s.{q}", q = quote(k)))
+            .collect();
+        format!(
+            "UPDATE {} l JOIN (SELECT {}, {} FROM {}{} GROUP BY {}) s ON {} SET {}",
+            self.logical.quoted(),
+            list(&self.key),
+            sums.join(", "),
+            self.retired.quoted(),
+            self.bound(bounded),
+            list(&self.key),
+            on.join(" AND "),
+            set.join(", ")
+        )
+    }
+
+    /// Deletes the chunk's slot rows.
+    fn delete_sql(&self, bounded: bool) -> String {
+        format!(
+            "DELETE FROM {}{}",
+            self.retired.quoted(),
+            self.bound(bounded)
+        )
+    }
+
+    /// Prints the statements (the rename only when the slot table is still there).
+    fn print(&self, ctx: &mut RevertContext<'_>, rename_from: bool) -> Result<()> {
+        if rename_from {
+            let slot = TableName {
+                db: self.retired.db.clone(),
+                name: self
+                    .retired
+                    .name
+                    .strip_suffix(RETIRED_SUFFIX)
+                    .unwrap_or(&self.retired.name)
+                    .to_string(),
+            };
+            emit(
+                ctx.out,
+                &format!(
+                    "RENAME TABLE {} TO {};",
+                    slot.quoted(),
+                    self.retired.quoted()
+                ),
+            )?;
+        }
+        if !self.key.is_empty() {
+            emit(
+                ctx.out,
+                &format!("-- per chunk, its last key: {};", self.bound_sql(ctx.batch)),
+            )?;
+        }
+        emit(ctx.out, "START TRANSACTION;")?;
+        emit(ctx.out, &format!("{};", self.update_sql(true)))?;
+        emit(ctx.out, &format!("{};", self.delete_sql(true)))?;
+        emit(ctx.out, "COMMIT;")?;
+        emit(ctx.out, &format!("DROP TABLE {};", self.retired.quoted()))
+    }
+
+    /// Folds the renamed table chunk by chunk until it is empty.
+    async fn run(&self, ctx: &mut RevertContext<'_>) -> Result<()> {
+        let (mut chunks, mut folded) = (0u64, 0u64);
+        loop {
+            let bound: Option<Vec<Value>> = if self.key.is_empty() {
+                None
+            } else {
+                let rows: Vec<Row> =
+                    ctx.conn
+                        .exec(self.bound_sql(ctx.batch), ())
+                        .await
+                        .map_err(|e| {
+                            schema_err(format!("rule {}: reading a chunk's bound", self.rule), e)
+                        })?;
+                rows.into_iter().next().map(values)
+            };
+            let n = self.chunk(ctx.conn, bound).await?;
+            if n == 0 {
+                break;
+            }
+            chunks += 1;
+            folded += n;
+        }
+        emit(
+            ctx.out,
+            &format!(
+                "-- applied: folded {folded} slot rows into {} in {chunks} transactions",
+                self.logical.quoted()
+            ),
+        )
+    }
+
+    /// One chunk in one transaction: adds the sums of the keys up to `bound` (all
+    /// keys when `None`) and deletes their slot rows; returns the rows deleted.
+    async fn chunk(&self, conn: &mut Conn, bound: Option<Vec<Value>>) -> Result<u64> {
+        let bounded = bound.is_some();
+        let params = match bound {
+            Some(v) => Params::Positional(v),
+            None => Params::Empty,
+        };
+        let what = |step: &str| {
+            format!(
+                "rule {}: folding {} ({step})",
+                self.rule,
+                self.retired.quoted()
+            )
+        };
+        conn.query_drop("START TRANSACTION")
+            .await
+            .map_err(|e| schema_err(what("begin"), e))?;
+        let result: std::result::Result<u64, mysql_async::Error> = async {
+            conn.exec_drop(self.update_sql(bounded), params.clone())
+                .await?;
+            conn.exec_drop(self.delete_sql(bounded), params).await?;
+            let deleted = conn.affected_rows();
+            conn.query_drop("COMMIT").await?;
+            Ok(deleted)
+        }
+        .await;
+        match result {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                let _ = conn.query_drop("ROLLBACK").await;
+                Err(schema_err(
+                    what("rolled back, nothing of this chunk changed"),
+                    e,
+                ))
+            }
+        }
+    }
+}

@@ -22,46 +22,17 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::cli::OutputFormat;
 use crate::error::{Error, Result, Source};
 use crate::explain::{Columns, Explained, Outcome, Planner};
 use crate::kinds::{RuleSpec, SchemaError};
+use crate::report::{OutputFormat, Severity};
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;
-use crate::rules::{rule_lines, RuleFile};
+use crate::rules::{rule_lines, RuleFile, TestCase};
 use crate::schema::emit;
 use crate::wire::resultset::ColumnDef;
-
-/// A `[[test]]` case of a rule file: a statement and what the rules must do with it.
-///
-/// ```toml
-/// [[test]]
-/// sql = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'x'"
-/// expect = "rewrite"        # or "passthrough" or "reject"
-/// rule = "page_hits"        # optional: the rule expected to act
-/// contains = "hits_slots"   # optional: in a rewritten statement, or in the reason
-/// ```
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TestCase {
-    /// The statement, as the application sends it.
-    pub sql: String,
-    /// What must happen to it.
-    pub expect: Outcome,
-    /// The rule expected to rewrite or refuse it (for a passthrough: the rule whose
-    /// table it names).
-    #[serde(default)]
-    pub rule: Option<String>,
-    /// A text that one of the rewritten statements, or the rejection reason, contains.
-    #[serde(default)]
-    pub contains: Option<String>,
-    /// The connection's default database for this case (default: `--db`, else the
-    /// database of `--backend-url`).
-    #[serde(default)]
-    pub db: Option<String>,
-}
 
 /// What `heatsink check` was asked to do.
 #[derive(Debug, Clone)]
@@ -74,16 +45,6 @@ pub struct CheckOptions<'a> {
     pub db: Option<&'a str>,
     /// Human-readable lines or one JSON document.
     pub format: OutputFormat,
-}
-
-/// How bad a problem is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    /// The rule set must not be deployed as it is.
-    Error,
-    /// Worth a look; does not fail the check.
-    Warning,
 }
 
 /// One finding, located as precisely as known.
@@ -663,9 +624,13 @@ async fn check_live(
         let rule_line = rule_lines(&f.text);
         for s in &parsed.specs {
             let mut found = live_problems(&mut c, s.as_ref(), default_db.as_deref()).await?;
-            let grants =
-                crate::schema::rule_missing_grants(&mut c, s.as_ref(), default_db.as_deref())
-                    .await?;
+            let grants = crate::schema::rule_missing_grants(
+                &mut c,
+                s.table(),
+                &s.client_tables(),
+                default_db.as_deref(),
+            )
+            .await?;
             found.extend(grants.iter().map(|g| (Severity::Error, g.describe())));
             if galera {
                 found.extend(galera_problems(&mut c, s.as_ref(), default_db.as_deref()).await?);

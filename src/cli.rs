@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+pub use crate::report::OutputFormat;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
@@ -67,16 +68,6 @@ pub enum Command {
     ///
     /// Statements come from the arguments or from stdin, one per line.
     Explain(ExplainArgs),
-}
-
-/// Output of `check` and `explain`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum OutputFormat {
-    /// Lines for people.
-    #[default]
-    Human,
-    /// JSON for CI: one document (`check`), one object per statement (`explain`).
-    Json,
 }
 
 /// `heatsink check` flags.

@@ -22,10 +22,10 @@ use std::sync::Arc;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::cli::OutputFormat;
 use crate::error::{Error, Result, Source};
+use crate::report::OutputFormat;
 use crate::rewrite::{
     Affected, Decision, Engine, EngineError, Plan, PlanContext, Reply, Rule, StatementContext,
     TableName,
@@ -52,27 +52,7 @@ pub struct ExplainOptions<'a> {
     pub sql: &'a [String],
 }
 
-/// What the proxy does with a statement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Outcome {
-    /// Run other statements instead.
-    Rewrite,
-    /// Forward it unchanged.
-    Passthrough,
-    /// Refuse it with ERR 1105.
-    Reject,
-}
-
-impl std::fmt::Display for Outcome {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Outcome::Rewrite => "rewrite",
-            Outcome::Passthrough => "passthrough",
-            Outcome::Reject => "reject",
-        })
-    }
-}
+pub use crate::rules::Outcome;
 
 /// The explanation of one statement (also the JSON object printed for it).
 #[derive(Clone, Debug, Serialize)]

@@ -54,6 +54,7 @@ pub mod refusals;
 pub mod registry;
 pub mod relay;
 pub mod reload;
+pub mod report;
 pub mod revert;
 pub mod rewrite;
 pub mod rules;

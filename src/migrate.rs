@@ -149,7 +149,9 @@ async fn grant(
     opts: &MigrateOptions<'_>,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let missing = crate::schema::rule_missing_grants(conn, spec, default_db).await?;
+    let missing =
+        crate::schema::rule_missing_grants(conn, spec.table(), &spec.client_tables(), default_db)
+            .await?;
     if missing.is_empty() {
         return Ok(());
     }

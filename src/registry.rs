@@ -27,87 +27,13 @@
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
-use std::sync::Arc;
 
 use crate::error::{Error, Result, Source};
 use crate::kinds::RuleSpec;
 use crate::rules::spec::TableName;
 use crate::schema::{schema_err, text};
 
-/// The registry table's name (in each database that holds ruled tables).
-pub const TABLE: &str = "heatsink_rules";
-
-/// State of a rule whose revert brought its data back (dropping may remain).
-pub const FOLDED: &str = "folded";
-
-/// State of a rule whose revert finished.
-pub const REVERTED: &str = "reverted";
-
-/// One row of a `heatsink_rules` table.
-#[derive(Debug, Clone)]
-pub struct Registered {
-    /// The database whose `heatsink_rules` holds the row (the logical table's).
-    pub db: String,
-    /// The rule's name.
-    pub name: String,
-    /// Its kind (rule-file section).
-    pub kind: String,
-    /// The logical table, `db.table`.
-    pub logical_table: String,
-    /// The rule as a rule-file entry.
-    pub spec: String,
-    /// `None` (migrated), [`FOLDED`] or [`REVERTED`].
-    pub state: Option<String>,
-}
-
-impl Registered {
-    /// The `heatsink_rules` table holding this row.
-    pub fn table(&self) -> TableName {
-        registry_table(&self.db)
-    }
-
-    /// The rule, read back from its recorded entry.
-    pub fn rule(&self) -> Result<Arc<dyn RuleSpec>> {
-        let kind = crate::kinds::kind(&self.kind).ok_or_else(|| {
-            Error::new(
-                Source::Rules,
-                format!(
-                    "rule '{}' in {}: unknown kind '{}'",
-                    self.name,
-                    self.table().quoted(),
-                    self.kind
-                ),
-            )
-        })?;
-        let mut specs = kind.parse(&self.spec).map_err(|e| {
-            Error::with_cause(
-                Source::Rules,
-                format!(
-                    "rule '{}' in {}: its recorded entry does not parse",
-                    self.name,
-                    self.table().quoted()
-                ),
-                e,
-            )
-        })?;
-        match specs.pop() {
-            Some(s) if specs.is_empty() && s.name() == self.name => Ok(s),
-            _ => Err(Error::new(
-                Source::Rules,
-                format!(
-                    "rule '{}' in {}: its recorded entry is not that one rule",
-                    self.name,
-                    self.table().quoted()
-                ),
-            )),
-        }
-    }
-}
-
-/// `` `db`.`heatsink_rules` ``.
-pub fn registry_table(db: &str) -> TableName {
-    TableName::new(Some(db), TABLE)
-}
+pub use crate::kinds::revert::{registry_table, Registered, FOLDED, REVERTED, TABLE};
 
 /// `CREATE TABLE IF NOT EXISTS` of the registry in `db`.
 pub fn create_sql(db: &str) -> String {

@@ -20,14 +20,12 @@
 use std::io::Write;
 use std::time::Duration;
 
-use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Row};
+use mysql_async::Conn;
 
 use crate::error::{Error, Result, Source};
-use crate::kinds::{Leftovers, RevertContext};
+use crate::kinds::RevertContext;
 use crate::registry::{self, Registered};
-use crate::rules::spec::TableName;
-use crate::schema::{connect, emit, existing_trigger, inspect_table, run_sql, schema_err};
+use crate::schema::{connect, emit};
 
 /// What `heatsink migrate --revert` was asked to do.
 #[derive(Debug, Clone)]
@@ -155,104 +153,6 @@ async fn revert(
                 reg.table().quoted()
             ),
         )?;
-    }
-    Ok(())
-}
-
-/// Drops `leftovers`, triggers first (so that writes to the tables that stay never
-/// meet a trigger whose table is gone), printing each statement; with
-/// `ctx.apply` runs them. What is already gone is reported and skipped.
-pub async fn drop_leftovers(ctx: &mut RevertContext<'_>, leftovers: &Leftovers) -> Result<()> {
-    let rule = ctx.registry.name.clone();
-    let mut nothing = true;
-    for t in &leftovers.triggers {
-        if existing_trigger(ctx.conn, t).await?.is_none() {
-            continue;
-        }
-        nothing = false;
-        let sql = format!("DROP TRIGGER IF EXISTS {}", t.quoted());
-        emit(ctx.out, &format!("{sql};"))?;
-        if ctx.apply {
-            run_sql(ctx.conn, &rule, &sql).await?;
-        }
-    }
-    for t in &leftovers.tables {
-        if inspect_table(ctx.conn, t).await?.is_none() {
-            continue;
-        }
-        nothing = false;
-        let rows = row_count(ctx.conn, t).await?;
-        emit(ctx.out, &format!("-- {} holds {rows} rows", t.quoted()))?;
-        let sql = format!("DROP TABLE IF EXISTS {}", t.quoted());
-        emit(ctx.out, &format!("{sql};"))?;
-        if ctx.apply {
-            run_sql(ctx.conn, &rule, &sql).await?;
-        }
-    }
-    if nothing {
-        emit(
-            ctx.out,
-            &format!("-- rule '{rule}': none of its triggers and side tables is left"),
-        )?;
-    }
-    Ok(())
-}
-
-/// `SELECT COUNT(*)` of `t`.
-pub async fn row_count(conn: &mut Conn, t: &TableName) -> Result<u64> {
-    let n: Option<u64> = conn
-        .query_first(format!("SELECT COUNT(*) FROM {}", t.quoted()))
-        .await
-        .map_err(|e| schema_err(format!("counting the rows of {}", t.quoted()), e))?;
-    Ok(n.unwrap_or_default())
-}
-
-/// `CHECKSUM TABLE t`: its content's checksum (`None` when the table is gone).
-async fn checksum(conn: &mut Conn, t: &TableName) -> Result<Option<i64>> {
-    let rows: Vec<Row> = conn
-        .query(format!("CHECKSUM TABLE {}", t.quoted()))
-        .await
-        .map_err(|e| schema_err(format!("checksumming {}", t.quoted()), e))?;
-    Ok(rows
-        .first()
-        .and_then(|r| r.get_opt::<Option<i64>, usize>(1))
-        .and_then(|r| r.ok())
-        .flatten())
-}
-
-/// Watches `t`, a table only proxies running rule `rule` write, for `ctx.observe`:
-/// refused when its content changes meanwhile (a proxy still runs the rule).
-pub async fn refuse_if_written(
-    ctx: &mut RevertContext<'_>,
-    t: &TableName,
-    rule: &str,
-) -> Result<()> {
-    if ctx.observe.is_zero() {
-        return Ok(());
-    }
-    emit(
-        ctx.out,
-        &format!(
-            "-- watching {} for {:.1} s: only a proxy still running rule '{rule}' writes it",
-            t.quoted(),
-            ctx.observe.as_secs_f64()
-        ),
-    )?;
-    let before = checksum(ctx.conn, t).await?;
-    tokio::time::sleep(ctx.observe).await;
-    let after = checksum(ctx.conn, t).await?;
-    if before != after {
-        return Err(Error::new(
-            Source::Rules,
-            format!(
-                "revert refused, nothing was changed: {} changed while it was watched for \
-                 {:.1} s, so a proxy still runs rule '{rule}': remove the rule from the rule \
-                 files of every proxy and reload each (SHOW RULES on each admin port must no \
-                 longer list it), then run `heatsink migrate --revert {rule}` again",
-                t.quoted(),
-                ctx.observe.as_secs_f64()
-            ),
-        ));
     }
     Ok(())
 }

@@ -385,7 +385,7 @@ pub(crate) async fn needed_trigger(
     body: &str,
     create: String,
     rename: &str,
-) -> std::result::Result<NeededTrigger, crate::kinds::SchemaError> {
+) -> std::result::Result<NeededTrigger, SchemaError> {
     let state = match existing_trigger(conn, &name).await? {
         None => TriggerState::Missing,
         Some(t) => {
@@ -393,7 +393,7 @@ pub(crate) async fn needed_trigger(
                 && t.timing.eq_ignore_ascii_case("AFTER")
                 && t.event.eq_ignore_ascii_case(event);
             if !fits {
-                return Err(crate::kinds::SchemaError::Refused(format!(
+                return Err(SchemaError::Refused(format!(
                     "trigger {} exists but is not `AFTER {event} ON {}`; drop it or rename {rename}",
                     name.quoted(),
                     on.quoted()
@@ -611,8 +611,8 @@ pub(crate) fn resolve_tables(
     table: &str,
     physical: &[&str],
     default_db: Option<&str>,
-) -> std::result::Result<(TableName, Vec<TableName>), crate::kinds::SchemaError> {
-    let refuse = crate::kinds::SchemaError::Refused;
+) -> std::result::Result<(TableName, Vec<TableName>), SchemaError> {
+    let refuse = SchemaError::Refused;
     let mut logical = TableName::parse(table).map_err(refuse)?;
     if logical.db.is_none() {
         logical.db = Some(default_db.map(str::to_string).ok_or_else(|| {
@@ -636,8 +636,8 @@ pub(crate) fn resolve_tables(
 pub(crate) async fn inspect_base_table(
     conn: &mut Conn,
     t: &TableName,
-) -> std::result::Result<Table, crate::kinds::SchemaError> {
-    let refuse = crate::kinds::SchemaError::Refused;
+) -> std::result::Result<Table, SchemaError> {
+    let refuse = SchemaError::Refused;
     let Some(table) = inspect_table(conn, t).await? else {
         return Err(refuse(format!("table {} does not exist", t.quoted())));
     };
@@ -927,11 +927,11 @@ pub(crate) fn refuse_changing_foreign_keys(
     table: &TableName,
     enforced: &Enforced,
     kept: &str,
-) -> std::result::Result<(), crate::kinds::SchemaError> {
+) -> std::result::Result<(), SchemaError> {
     let Some(fk) = enforced.changing_foreign_keys().next() else {
         return Ok(());
     };
-    Err(crate::kinds::SchemaError::Refused(format!(
+    Err(SchemaError::Refused(format!(
         "foreign key {} of {} changes its rows when a row of {} is deleted or updated, and \
          the server does that without firing triggers, so {kept} would go stale: make it \
          ON DELETE RESTRICT ON UPDATE RESTRICT (and delete or update the rows of {} \
@@ -947,11 +947,11 @@ pub(crate) fn refuse_changing_foreign_keys(
 /// as well: who may read the logical table must read a table the rule's reads use;
 /// who may write it (any of `INSERT`, `UPDATE`, `DELETE`) must read and write a
 /// table the rule's writes use.
-fn needed_privileges(held: &[String], access: crate::kinds::SideAccess) -> Vec<&'static str> {
+fn needed_privileges(held: &[String], access: SideAccess) -> Vec<&'static str> {
     let has = |p: &str| held.iter().any(|h| h.eq_ignore_ascii_case(p));
     let writes = ["INSERT", "UPDATE", "DELETE"].iter().any(|p| has(p));
     match access {
-        crate::kinds::SideAccess::Write if writes => vec!["SELECT", "INSERT", "UPDATE", "DELETE"],
+        SideAccess::Write if writes => vec!["SELECT", "INSERT", "UPDATE", "DELETE"],
         _ if has("SELECT") => vec!["SELECT"],
         _ => Vec::new(),
     }
@@ -1031,7 +1031,7 @@ async fn privileges(
 pub(crate) async fn missing_grants(
     conn: &mut Conn,
     logical: &TableName,
-    side: &[(TableName, crate::kinds::SideAccess)],
+    side: &[(TableName, SideAccess)],
 ) -> Result<Vec<MissingGrant>> {
     let db = logical.db.clone().unwrap_or_default();
     let held = privileges(
@@ -1096,22 +1096,21 @@ pub(crate) async fn missing_grants(
     Ok(out)
 }
 
-/// [`missing_grants`] for a rule: its logical table and [`RuleSpec::client_tables`]
-/// resolved to databases (`default_db` holds unqualified tables). A rule whose names
-/// cannot be resolved needs nothing here (its schema check refuses it).
-///
-/// [`RuleSpec::client_tables`]: crate::kinds::RuleSpec::client_tables
+/// [`missing_grants`] for a rule: its logical `table` and its physical tables the
+/// application's statements use (`side`, a rule's `client_tables`), resolved to
+/// databases (`default_db` holds unqualified tables). A rule whose names cannot be
+/// resolved needs nothing here (its schema check refuses it).
 pub(crate) async fn rule_missing_grants(
     conn: &mut Conn,
-    spec: &dyn crate::kinds::RuleSpec,
+    table: &str,
+    side: &[(String, SideAccess)],
     default_db: Option<&str>,
 ) -> Result<Vec<MissingGrant>> {
-    let side = spec.client_tables();
     if side.is_empty() {
         return Ok(Vec::new());
     }
     let names: Vec<&str> = side.iter().map(|(t, _)| t.as_str()).collect();
-    let Ok((logical, tables)) = resolve_tables(spec.table(), &names, default_db) else {
+    let Ok((logical, tables)) = resolve_tables(table, &names, default_db) else {
         return Ok(Vec::new());
     };
     let side: Vec<_> = tables
@@ -1121,13 +1120,40 @@ pub(crate) async fn rule_missing_grants(
     missing_grants(conn, &logical, &side).await
 }
 
+/// How statements heatsink runs for the application use one of a rule's physical
+/// tables (`crate::kinds::RuleSpec::client_tables`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideAccess {
+    /// Read by rewritten reads: who may `SELECT` the logical table needs `SELECT`.
+    Read,
+    /// Also written by rewritten writes (upserts, deletes of slot rows): who may
+    /// `INSERT`, `UPDATE` or `DELETE` the logical table needs `SELECT, INSERT, UPDATE,
+    /// DELETE`, whatever the write (an insert into a ring is an upsert).
+    Write,
+}
+
+/// Why `crate::kinds::RuleSpec::schema` did not produce a migration.
+#[derive(Debug)]
+pub enum SchemaError {
+    /// The tables do not fit the rule; the reason is a DBA's to act on.
+    Refused(String),
+    /// The database could not be read (or another failure unrelated to the rule).
+    Failed(crate::error::Error),
+}
+
+impl From<crate::error::Error> for SchemaError {
+    fn from(e: crate::error::Error) -> Self {
+        SchemaError::Failed(e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn side_tables_get_what_the_logical_table_allows() {
-        use crate::kinds::SideAccess::{Read, Write};
+        use SideAccess::{Read, Write};
         let held = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(needed_privileges(&held(&["SELECT"]), Write), ["SELECT"]);
         assert_eq!(

@@ -37,11 +37,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use mysql_async::Conn;
 
-use crate::check::Severity;
 use crate::error::Result;
+use crate::report::Severity;
 use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::wire::resultset::ColumnDef;
+
+pub mod revert;
+pub use crate::schema::{SchemaError, SideAccess};
+pub use revert::{Leftovers, RevertContext};
 
 pub mod calendar;
 pub mod counter;
@@ -224,7 +228,7 @@ pub trait RuleSpec: Send + Sync + fmt::Debug {
         let leftovers = self
             .leftovers(ctx.default_db)
             .map_err(|r| crate::error::Error::new(crate::error::Source::Rules, r))?;
-        crate::revert::drop_leftovers(ctx, &leftovers).await
+        revert::drop_leftovers(ctx, &leftovers).await
     }
 
     /// Maintenance jobs of this rule, for `heatsink maintain`.
@@ -242,42 +246,6 @@ pub trait RuleSpec: Send + Sync + fmt::Debug {
             format!("rule {}: no job named '{job}'", self.name()),
         ))
     }
-}
-
-/// A rule's side tables and the triggers it puts on tables that stay
-/// ([`RuleSpec::leftovers`]), databases resolved.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Leftovers {
-    /// Tables the rule created (dropped by a revert).
-    pub tables: Vec<crate::rules::spec::TableName>,
-    /// Triggers the rule created on tables that stay (the trigger's database and
-    /// name).
-    pub triggers: Vec<crate::rules::spec::TableName>,
-}
-
-/// What [`RuleSpec::revert`] gets from `heatsink migrate --revert`.
-pub struct RevertContext<'a> {
-    /// A connection to the database (`CLIENT_FOUND_ROWS`, TCP).
-    pub conn: &'a mut Conn,
-    /// The database of unqualified tables: the one the rule was registered in.
-    pub default_db: Option<&'a str>,
-    /// Execute; `false` (the default of `migrate`): print what would be done and
-    /// change nothing.
-    pub apply: bool,
-    /// How long to watch a side table that only a proxy running the rule writes,
-    /// before touching it: a change in that time refuses the revert (zero: not
-    /// watched).
-    pub observe: std::time::Duration,
-    /// Keys per transaction where a kind folds in chunks.
-    pub batch: usize,
-    /// The rule is still in the rule files, draining ([`RuleSpec::draining`]):
-    /// proxies still run it, so the kind folds online and drops nothing.
-    pub draining: bool,
-    /// The rule's row in the registry, which a kind may update in the transaction
-    /// that brings its data back (so that a second run knows it is done).
-    pub registry: &'a crate::registry::Registered,
-    /// Where the plan and progress lines go.
-    pub out: &'a mut dyn Write,
 }
 
 /// [`crate::schema::resolve_tables`] with the refusal as a plain reason, for
@@ -321,33 +289,6 @@ pub fn entry_toml<T: serde::Serialize>(
     let mut doc = toml::Table::new();
     doc.insert(section.to_string(), toml::Value::Array(vec![entry]));
     toml::to_string(&doc).map_err(|e| format!("writing the rule: {e}"))
-}
-
-/// How statements heatsink runs for the application use one of a rule's physical
-/// tables ([`RuleSpec::client_tables`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SideAccess {
-    /// Read by rewritten reads: who may `SELECT` the logical table needs `SELECT`.
-    Read,
-    /// Also written by rewritten writes (upserts, deletes of slot rows): who may
-    /// `INSERT`, `UPDATE` or `DELETE` the logical table needs `SELECT, INSERT, UPDATE,
-    /// DELETE`, whatever the write (an insert into a ring is an upsert).
-    Write,
-}
-
-/// Why [`RuleSpec::schema`] did not produce a migration.
-#[derive(Debug)]
-pub enum SchemaError {
-    /// The tables do not fit the rule; the reason is a DBA's to act on.
-    Refused(String),
-    /// The database could not be read (or another failure unrelated to the rule).
-    Failed(crate::error::Error),
-}
-
-impl From<crate::error::Error> for SchemaError {
-    fn from(e: crate::error::Error) -> Self {
-        SchemaError::Failed(e)
-    }
 }
 
 /// What one rule needs from the database, found by [`RuleSpec::schema`].

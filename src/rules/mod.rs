@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::check::TestCase;
+use serde::{Deserialize, Serialize};
+
 use crate::error::{Error, OrErr, Source};
 use crate::kinds::{kind, RuleSpec, KINDS};
 use crate::rewrite::{Engine, Rule};
@@ -349,4 +350,55 @@ mod tests {
     fn missing_path_is_an_error() {
         assert!(load(Path::new("/nonexistent/heatsink-rules"), 10).is_err());
     }
+}
+
+/// What the proxy does with a statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Run other statements instead.
+    Rewrite,
+    /// Forward it unchanged.
+    Passthrough,
+    /// Refuse it with ERR 1105.
+    Reject,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Outcome::Rewrite => "rewrite",
+            Outcome::Passthrough => "passthrough",
+            Outcome::Reject => "reject",
+        })
+    }
+}
+
+/// A `[[test]]` case of a rule file: a statement and what the rules must do with it.
+///
+/// ```toml
+/// [[test]]
+/// sql = "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'x'"
+/// expect = "rewrite"        # or "passthrough" or "reject"
+/// rule = "page_hits"        # optional: the rule expected to act
+/// contains = "hits_slots"   # optional: in a rewritten statement, or in the reason
+/// ```
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestCase {
+    /// The statement, as the application sends it.
+    pub sql: String,
+    /// What must happen to it.
+    pub expect: Outcome,
+    /// The rule expected to rewrite or refuse it (for a passthrough: the rule whose
+    /// table it names).
+    #[serde(default)]
+    pub rule: Option<String>,
+    /// A text that one of the rewritten statements, or the rejection reason, contains.
+    #[serde(default)]
+    pub contains: Option<String>,
+    /// The connection's default database for this case (default: `--db`, else the
+    /// database of `--backend-url`).
+    #[serde(default)]
+    pub db: Option<String>,
 }

@@ -23,12 +23,12 @@ use mysql_async::Conn;
 pub use plan::CounterRule;
 pub use spec::CounterSpec;
 
-use crate::check::Severity;
 use crate::error::Result;
 use crate::kinds::logical::{assumed_column, Assumed};
 use crate::kinds::{
     Job, JobContext, JobReport, Kind, Leftovers, Migration, RevertContext, RuleSpec, SchemaError,
 };
+use crate::report::Severity;
 use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;

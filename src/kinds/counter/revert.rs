@@ -25,8 +25,8 @@ use mysql_async::{Conn, Params, Row, Value};
 
 use super::spec::CounterSpec;
 use crate::error::{Error, Result, Source};
+use crate::kinds::revert::{refuse_if_written, row_count};
 use crate::kinds::{Leftovers, RevertContext, SchemaError};
-use crate::revert::{refuse_if_written, row_count};
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{emit, inspect_table, list, run_sql, schema_err, suffixed_name, values};
 

@@ -32,9 +32,9 @@ use mysql_async::{Conn, Row};
 use super::period::{parse_stamp, Stamp};
 use super::rotate::CATCH_ALL;
 use super::spec::{PartitionSpec, Period};
-use crate::check::Severity;
 use crate::error::{OrErr, Result, Source};
 use crate::kinds::{Migration, SchemaError};
+use crate::report::Severity;
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
     emit, existing_trigger, inspect_base_table, normalize, resolve_tables, run_sql, suffixed_name,

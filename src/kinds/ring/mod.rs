@@ -21,10 +21,10 @@ use mysql_async::Conn;
 pub use plan::RingRule;
 pub use spec::RingSpec;
 
-use crate::check::Severity;
 use crate::error::Result;
 use crate::kinds::logical::{assumed_column, Assumed};
 use crate::kinds::{Kind, Leftovers, Migration, RevertContext, RuleSpec, SchemaError};
+use crate::report::Severity;
 use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::Rule;
 use crate::rules::spec::TableName;

@@ -34,9 +34,9 @@ use mysql_async::{Conn, Row};
 use super::schema::RING_TRIGGER_SUFFIX;
 use super::spec::RingSpec;
 use crate::error::{Error, Result, Source};
+use crate::kinds::revert::row_count;
+use crate::kinds::revert::FOLDED;
 use crate::kinds::{Leftovers, RevertContext, SchemaError};
-use crate::registry::FOLDED;
-use crate::revert::row_count;
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
     emit, existing_trigger, inspect_table, list, resolve_tables, run_sql, schema_err,
@@ -108,7 +108,7 @@ pub(crate) async fn revert(spec: &RingSpec, ctx: &mut RevertContext<'_>) -> Resu
             copy.run(ctx).await?;
         }
     }
-    crate::revert::drop_leftovers(
+    crate::kinds::revert::drop_leftovers(
         ctx,
         &Leftovers {
             tables: vec![ring, seq],

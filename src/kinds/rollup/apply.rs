@@ -7,9 +7,9 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
 
-use crate::check::Severity;
 use crate::error::{Error, Result, Source};
 use crate::kinds::Migration;
+use crate::report::Severity;
 use crate::rules::spec::quote;
 use crate::schema::{
     emit, existing_and_missing, run_sql, schema_err, table_has_rows, text, values,

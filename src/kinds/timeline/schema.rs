@@ -60,9 +60,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
 use super::spec::{Serve, TimelineSpec};
-use crate::check::Severity;
 use crate::error::{Error, Result, Source};
 use crate::kinds::{JobContext, JobReport, Migration, SchemaError};
+use crate::report::Severity;
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
     emit, enforced, existing_and_missing, inspect_base_table, inspect_table, needed_trigger,

@@ -795,7 +795,7 @@ async fn galera_problems(
             ));
         }
     }
-    if matches!(spec.kind(), "ring" | "rollup") {
+    if spec.backfills_under_lock() {
         found.push((
             Severity::Warning,
             "Galera: `heatsink migrate --apply` backfills this rule under LOCK TABLES, which \

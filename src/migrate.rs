@@ -73,10 +73,7 @@ pub async fn run(opts: &MigrateOptions<'_>, out: &mut dyn Write) -> Result<()> {
         ));
     }
     if crate::schema::on_galera(&mut conn).await? {
-        for spec in specs
-            .iter()
-            .filter(|s| matches!(s.kind(), "ring" | "rollup"))
-        {
+        for spec in specs.iter().filter(|s| s.backfills_under_lock()) {
             emit(
                 out,
                 &format!(

@@ -176,6 +176,12 @@ pub trait RuleSpec: Send + Sync + fmt::Debug {
             .collect()
     }
 
+    /// Whether `migrate --apply` backfills the rule's tables under `LOCK TABLES`, which
+    /// holds only on the Galera node it runs on (`check` and `migrate` warn there).
+    fn backfills_under_lock(&self) -> bool {
+        false
+    }
+
     /// Whether other rules of this kind may be about the same logical table (several
     /// rollups of one log). Rules of other kinds never may.
     fn shares_table(&self) -> bool {

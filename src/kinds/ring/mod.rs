@@ -50,6 +50,10 @@ impl Kind for Ring {
 
 #[async_trait(?Send)]
 impl RuleSpec for RingSpec {
+    fn backfills_under_lock(&self) -> bool {
+        true
+    }
+
     fn kind(&self) -> &'static str {
         Ring.section()
     }

@@ -56,6 +56,10 @@ impl Kind for Rollup {
 
 #[async_trait(?Send)]
 impl RuleSpec for RollupSpec {
+    fn backfills_under_lock(&self) -> bool {
+        true
+    }
+
     fn kind(&self) -> &'static str {
         Rollup.section()
     }

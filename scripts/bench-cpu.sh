@@ -28,6 +28,8 @@ set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib/mariadb.sh
 source "$SCRIPT_DIR/lib/mariadb.sh"
+# shellcheck source=lib/merge_workloads.sh
+source "$SCRIPT_DIR/lib/merge_workloads.sh"
 cd "$HS_REPO_DIR"
 
 DURATION=${DURATION:-10}
@@ -58,18 +60,7 @@ RAW=$WORK/raw.tsv # round workload proxy events seconds cpu_us syscalls cswitche
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 
 mariadb_start
-mariadb_root "$SB_DB" -e "
-  CREATE TABLE hits (slug VARCHAR(64) NOT NULL PRIMARY KEY, cnt BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB;
-  INSERT INTO hits VALUES ('hot', 0);
-  CREATE TABLE log (
-    id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    uid INT NOT NULL, visitor_uid INT NOT NULL, last_update DATETIME(6) NOT NULL,
-    KEY by_uid (uid, id)) ENGINE=InnoDB;
-  CREATE TABLE plays (
-    id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at DATETIME DEFAULT NULL,
-    track_id INT DEFAULT NULL, user_id INT DEFAULT NULL, referer TEXT,
-    country VARCHAR(255) DEFAULT NULL, api_consumer_key VARCHAR(255) DEFAULT NULL,
-    KEY (track_id), KEY (user_id), KEY (created_at)) ENGINE=InnoDB;"
+merge_workloads_schema "$SB_DB"
 hs_log "sysbench prepare ($TABLES tables × $TABLE_SIZE rows)"
 sysbench oltp_point_select --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$MARIADB_PORT" \
   --mysql-user="$SB_USER" --mysql-password="$SB_PASSWORD" --mysql-db="$SB_DB" \
@@ -77,42 +68,7 @@ sysbench oltp_point_select --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port
   { cat "$WORK/prepare.log" >&2; hs_die "sysbench prepare failed"; }
 
 hs_tmpdir_into RULES rules
-cat >"$RULES/rules.toml" <<'EOF'
-[[counter]]
-name = "hot"
-table = "hits"
-key = ["slug"]
-columns = ["cnt"]
-slots = 16
-slot_table = "hits_slots"
-
-[[ring]]
-name = "visits"
-table = "log"
-key = ["uid"]
-size = 5
-ring_table = "log_ring"
-seq_table = "log_seq"
-order_by = "id"
-
-[[rollup]]
-name = "plays_by_country_hour"
-table = "plays"
-rollup_table = "plays_by_country_hour"
-time = "created_at"
-bucket = "hour"
-dimensions = ["track_id", "country"]
-slots = 8
-
-[[rollup]]
-name = "plays_by_country_day"
-table = "plays"
-rollup_table = "plays_by_country_day"
-time = "created_at"
-bucket = "day"
-dimensions = ["track_id", "country"]
-slots = 8
-EOF
+merge_workloads_rules "$RULES/rules.toml"
 "$HEATSINK_BIN" migrate --rules "$RULES" \
   --backend-url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$MARIADB_PORT/$SB_DB" --apply \
   >"$WORK/migrate.log" 2>&1 || { cat "$WORK/migrate.log" >&2; hs_die "heatsink migrate failed"; }

@@ -55,6 +55,8 @@ BASE_REV=${BASE_REV:-$(git -C "$(dirname "$BASE_BIN")/../.." rev-parse --short H
 CUR_REV=${CUR_REV:-$(git -C "$(dirname "$CUR_BIN")/../.." rev-parse --short HEAD 2>/dev/null || echo unknown)}
 # shellcheck source=lib/mariadb.sh
 source scripts/lib/mariadb.sh
+# shellcheck source=lib/merge_workloads.sh
+source scripts/lib/merge_workloads.sh
 hs_install_traps
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 # Other work on the shared machine: compiler processes running (nobody else's count).
@@ -66,29 +68,8 @@ mariadb_root -e "CREATE DATABASE $db"
 
 # Schema: the counter's table, the ring's log, the rollups' log (as in bench-counter,
 # bench-ring and bench-rollup), and a table the lock_tables group locks.
-mariadb_root "$db" -e "
-  CREATE TABLE hits (slug VARCHAR(64) NOT NULL PRIMARY KEY, cnt BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB;
-  INSERT INTO hits VALUES ('hot', 0);
-  CREATE TABLE log (
-    id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    uid INT NOT NULL,
-    visitor_uid INT NOT NULL,
-    last_update DATETIME(6) NOT NULL,
-    KEY by_uid (uid, id)
-  ) ENGINE=InnoDB;
-  CREATE TABLE plays (
-    id BIGINT AUTO_INCREMENT PRIMARY KEY,
-    created_at DATETIME DEFAULT NULL,
-    track_id INT DEFAULT NULL,
-    user_id INT DEFAULT NULL,
-    referer TEXT,
-    country VARCHAR(255) DEFAULT NULL,
-    api_consumer_key VARCHAR(255) DEFAULT NULL,
-    KEY (track_id),
-    KEY (user_id),
-    KEY (created_at)
-  ) ENGINE=InnoDB;
-  CREATE TABLE scratch (a INT) ENGINE=InnoDB;"
+merge_workloads_schema "$db"
+mariadb_root "$db" -e "CREATE TABLE scratch (a INT) ENGINE=InnoDB"
 HOT_TRACK=123
 COUNTRIES="'US', 'GB', 'DE', 'FR', 'BR', 'JP', 'IN', 'MX', 'ES', 'SE'"
 # A log of ROLLUP_ROWS rows over the last 30 days, every 10th on the hot track.
@@ -101,42 +82,7 @@ mariadb_root "$db" -e "
 
 rules=""
 hs_tmpdir_into rules rules
-cat >"$rules/rules.toml" <<'EOF'
-[[counter]]
-name = "hot"
-table = "hits"
-key = ["slug"]
-columns = ["cnt"]
-slots = 16
-slot_table = "hits_slots"
-
-[[ring]]
-name = "visits"
-table = "log"
-key = ["uid"]
-size = 5
-ring_table = "log_ring"
-seq_table = "log_seq"
-order_by = "id"
-
-[[rollup]]
-name = "plays_by_country_hour"
-table = "plays"
-rollup_table = "plays_by_country_hour"
-time = "created_at"
-bucket = "hour"
-dimensions = ["track_id", "country"]
-slots = 8
-
-[[rollup]]
-name = "plays_by_country_day"
-table = "plays"
-rollup_table = "plays_by_country_day"
-time = "created_at"
-bucket = "day"
-dimensions = ["track_id", "country"]
-slots = 8
-EOF
+merge_workloads_rules "$rules/rules.toml"
 url() { echo "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$1/$db"; }
 sqldir=""
 hs_tmpdir_into sqldir sql

@@ -473,8 +473,15 @@ fn time_range(g: &mut Gen, s: &mut Stmt, t: &str) {
         }
         5 => {
             let days = g.range(1, 20);
+            // Sometimes in a compound unit (`'d h:m' DAY_MINUTE`), read exactly.
+            let interval = if g.chance(40) {
+                let (h, m) = (g.range(0, 24), g.range(0, 60));
+                format!("'{days} {h}:{m:02}' DAY_MINUTE")
+            } else {
+                format!("{days} DAY")
+            };
             s.sql(format!(
-                "{t} BETWEEN '2024-03-25 13:27:00' - INTERVAL {days} DAY AND '2024-03-25 13:27:00'"
+                "{t} BETWEEN '2024-03-25 13:27:00' - INTERVAL {interval} AND '2024-03-25 13:27:00'"
             ));
         }
         _ => {
@@ -499,6 +506,15 @@ fn time_range(g: &mut Gen, s: &mut Stmt, t: &str) {
 
 /// An aggregate read of the log.
 fn read(g: &mut Gen, s: &mut Stmt) {
+    // Now and then under a SET STATEMENT prefix: one the rewrite carries
+    // (`time_zone`), or one whose statement runs as sent (`max_statement_time`).
+    if g.chance(6) {
+        s.sql(*g.pick(&[
+            "SET STATEMENT time_zone = '+03:00' FOR ",
+            "SET STATEMENT max_statement_time = 0 FOR ",
+        ]));
+        s.text_only = true;
+    }
     let sel = g.kw("SELECT");
     let from = g.kw("FROM");
     s.order = Order::Exact;

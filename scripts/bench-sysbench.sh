@@ -14,7 +14,8 @@
 #            direct: the bare log (no rollups, no triggers);  heatsink: the log with
 #            two rollups (hour and day per track and country, 8 slots)
 # Reference legs: rollup_trg (the log with the rollups' triggers, directly),
-# rollup_hop (the bare log through heatsink: the hop alone).
+# rollup_hop (the bare log through heatsink: the hop alone), rollup_haproxy (the bare
+# log through haproxy in TCP mode: what any relay's hop costs on this machine).
 # Legs alternate (order reversed every other round); ratios are medians of the
 # per-round ratios. After the legs: the counter equals the increments heatsink
 # acknowledged, every rollup equals a GROUP BY over its log, no ring key holds more
@@ -67,6 +68,7 @@ sed -i -E "s/^table = \"/table = \"$SB_DB./" "$RULES/rules.toml"
   --backend-url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$MARIADB_PORT/$SB_DB" --apply \
   >"$WORK/migrate.log" 2>&1 || { cat "$WORK/migrate.log" >&2; hs_die "heatsink migrate failed"; }
 HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT"
+haproxy_start "$MARIADB_PORT"
 
 # One Lua workload per leg; PURGE_EVERY > 0 adds the ring's purge every n-th event.
 lua() { # NAME STATEMENT-FORMAT ARGS-LUA [PURGE]
@@ -103,7 +105,7 @@ legs_of() {
   case $1 in
   counter) echo "counter_direct:counter:direct:plain counter_hs:counter:heatsink:$SB_DB" ;;
   ring) echo "ring_direct:ring_purge:direct:plain ring_hs:ring:heatsink:$SB_DB" ;;
-  rollup) echo "rollup_direct:rollup:direct:plain rollup_hs:rollup:heatsink:$SB_DB rollup_trg:rollup:direct:$SB_DB rollup_hop:rollup:heatsink:plain" ;;
+  rollup) echo "rollup_direct:rollup:direct:plain rollup_hs:rollup:heatsink:$SB_DB rollup_trg:rollup:direct:$SB_DB rollup_hop:rollup:heatsink:plain rollup_haproxy:rollup:haproxy:plain" ;;
   esac
 }
 threads_of() {
@@ -118,7 +120,11 @@ threads_of() {
 leg() {
   local round=$1 w=$2 name script where db port log events secs errors
   IFS=: read -r name script where db <<<"$3"
-  if [[ $where == direct ]]; then port=$MARIADB_PORT; else port=$HEATSINK_PORT; fi
+  case $where in
+  direct) port=$MARIADB_PORT ;;
+  haproxy) port=$HAPROXY_PORT ;;
+  *) port=$HEATSINK_PORT ;;
+  esac
   log=$WORK/$name-$round.log
   hs_run sysbench "$WORK/$script.lua" --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$port" \
     --mysql-user="$SB_USER" --mysql-password="$SB_PASSWORD" --mysql-db="$db" \
@@ -220,6 +226,7 @@ if "rollup" in W:
           "| ratio | median | per round |", "|---|---:|---|"]
     for a, b, text in [("rollup_trg", "rollup_direct", "the log with the rollups' triggers, directly / the bare log directly"),
                        ("rollup_hop", "rollup_direct", "the bare log through heatsink / directly (the hop)"),
+                       ("rollup_haproxy", "rollup_direct", "the bare log through haproxy / directly (an L4 relay's hop)"),
                        ("rollup_hs", "rollup_hop", "the rollup log through heatsink / the bare log through heatsink")]:
         m, per = ratio(a, b)
         L.append(f"| {text} | {m:.2f} | {', '.join(f'{x:.2f}' for x in per)} |")

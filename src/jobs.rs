@@ -725,6 +725,9 @@ pub mod gauges {
 
     static GAUGES: Mutex<BTreeMap<(String, String), Gauge>> = Mutex::new(BTreeMap::new());
 
+    /// A gauge's name, help text, and its value in a sample.
+    type Metric = (&'static str, &'static str, fn(&Gauge) -> String);
+
     pub(super) fn set(key: &JobKey, done: u64, total: u64, rate: f64) {
         if let Ok(mut g) = GAUGES.lock() {
             g.insert(
@@ -754,7 +757,7 @@ pub mod gauges {
     pub fn render(out: &mut String, label: impl Fn(&str) -> String) {
         use std::fmt::Write as _;
         let Ok(g) = GAUGES.lock() else { return };
-        let metrics: [(&str, &str, fn(&Gauge) -> String); 4] = [
+        let metrics: [Metric; 4] = [
             (
                 "heatsink_job_rows_done",
                 "Items (log rows, readers) a long job has done, over all its runs.",

@@ -232,6 +232,16 @@ fn a_rollup_backfill_killed_half_way_ends_exact_when_run_again() {
         job_row(db, "plays_daily", "backfill").map(|(s, _)| s),
         Some("running".into())
     );
+    // check names the stopped backfill.
+    let (_, out, err) = Cli::new(["check", "--rules"])
+        .arg(rules.path())
+        .arg("--backend-url")
+        .arg(mariadb().url(db))
+        .run();
+    assert!(
+        out.contains("stopped half way") || err.contains("stopped half way"),
+        "{out}\n{err}"
+    );
     // Between the runs: more writes; the triggers are on.
     for round in 20..30 {
         write_to_log(db, round);

@@ -70,7 +70,15 @@ impl Migration for CheckedRollup {
                 ),
             ));
         }
-        if self.backfill_due {
+        if self.restart {
+            out.push((
+                Severity::Warning,
+                format!(
+                    "the backfill of {} stopped half way: reads see a partial sum until `heatsink migrate --apply` backfills it again (from the start)",
+                    self.rollup.quoted()
+                ),
+            ));
+        } else if self.backfill_due {
             out.push((
                 Severity::Warning,
                 format!(

@@ -229,21 +229,33 @@ pub async fn reset(conn: &mut Conn, key: &JobKey, state: &str) -> Result<()> {
     })
 }
 
-/// Removes the job's row (a revert dropping the rule's tables).
-pub async fn forget(conn: &mut Conn, key: &JobKey) -> Result<()> {
-    if state(conn, key).await?.is_none() {
+/// Removes every job row of rule `rule` in `db` (`migrate --revert` dropped what
+/// the jobs filled; migrating the rule again starts them afresh).
+pub async fn forget_rule(conn: &mut Conn, db: &str, rule: &str) -> Result<()> {
+    let key = JobKey {
+        db: db.to_string(),
+        rule: rule.to_string(),
+        job: "",
+    };
+    let exists: Option<i64> = conn
+        .exec_first(
+            "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (db, TABLE),
+        )
+        .await
+        .or_err(Source::Backend, || {
+            format!("looking for {}", key.table().quoted())
+        })?;
+    if exists.is_none() {
         return Ok(());
     }
     conn.exec_drop(
-        format!(
-            "DELETE FROM {} WHERE rule = ? AND job = ?",
-            key.table().quoted()
-        ),
-        (key.rule.as_str(), key.job),
+        format!("DELETE FROM {} WHERE rule = ?", key.table().quoted()),
+        (rule,),
     )
     .await
     .or_err(Source::Backend, || {
-        format!("forgetting job {} of rule {}", key.job, key.rule)
+        format!("forgetting the jobs of rule {rule}")
     })
 }
 

@@ -321,14 +321,13 @@ async fn check_mailbox(
     let stopped = crate::jobs::state(conn, &job)
         .await
         .map_err(SchemaError::Failed)?;
-    let backfill_due = match &stopped {
-        Some(st) => st.unfinished(),
-        None => {
-            !has_rows
-                && table_has_rows(conn, &names.follows).await?
-                && table_has_rows(conn, &names.messages).await?
-        }
-    };
+    // Unfinished: continue. Otherwise an empty mailbox over tables with rows is
+    // filled (also after a done fill of a mailbox since emptied).
+    let unfinished = stopped.as_ref().is_some_and(JobState::unfinished);
+    let backfill_due = unfinished
+        || (!has_rows
+            && table_has_rows(conn, &names.follows).await?
+            && table_has_rows(conn, &names.messages).await?);
     Ok(Mailbox {
         names,
         create_table,
@@ -688,6 +687,10 @@ impl Mailbox {
             "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
         )
         .await?;
+        if self.stopped.is_none() {
+            // A fresh fill (or one of a mailbox emptied since it was done).
+            crate::jobs::reset(conn, &self.job, crate::jobs::PENDING).await?;
+        }
         let mut settings = settings.clone();
         settings.chunk = Some(settings.chunk_or(FILL_CHUNK));
         let mut job = Fill { names: &self.names };

@@ -141,6 +141,60 @@ pub struct MigrateArgs {
     /// With --revert: keys per transaction when folding a counter's slot rows.
     #[arg(long, default_value_t = 1000, requires = "revert")]
     pub batch: usize,
+    /// Leave the long jobs that can wait (a push timeline's mailbox fill) to
+    /// `heatsink maintain --apply` (or serve --maintain-url).
+    #[arg(long)]
+    pub defer_jobs: bool,
+    #[command(flatten)]
+    pub jobs: JobArgs,
+}
+
+/// Flags of the long jobs `migrate` and `maintain` run (backfills, fills).
+#[derive(Debug, Args, Clone)]
+pub struct JobArgs {
+    /// At most this many rows a second (log rows of a backfill, readers of a
+    /// mailbox fill) in long jobs [default: no limit].
+    #[arg(long, value_name = "N")]
+    pub max_rows_per_second: Option<f64>,
+    /// Rows per chunk of a long job, each chunk one transaction with its progress
+    /// [default: 10000 log rows for a rollup backfill, 100 readers for a mailbox fill].
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub chunk: Option<usize>,
+    /// Seconds between the progress lines of a long job when stderr is not a
+    /// terminal (on a terminal: a progress bar).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::jobs::DEFAULT_REPORT_SECONDS)]
+    pub progress_every: f64,
+    /// mysql://user:password@host:port of a replica: long jobs wait while its
+    /// Seconds_Behind_Master exceeds 10 (Galera lag is read on the backend itself).
+    #[arg(long, value_name = "URL", hide_env_values = true)]
+    pub replica_url: Option<String>,
+}
+
+impl JobArgs {
+    /// The runner's settings.
+    pub fn settings(&self) -> Result<crate::jobs::Settings, crate::error::Error> {
+        let bad = |m: String| crate::error::Error::new(crate::error::Source::Rules, m);
+        if let Some(r) = self.max_rows_per_second {
+            if !(r.is_finite() && r > 0.0) {
+                return Err(bad(format!(
+                    "--max-rows-per-second must be a positive number, not {r}"
+                )));
+            }
+        }
+        if !(self.progress_every.is_finite() && self.progress_every > 0.0) {
+            return Err(bad(format!(
+                "--progress-every must be a positive number of seconds, not {}",
+                self.progress_every
+            )));
+        }
+        Ok(crate::jobs::Settings {
+            chunk: self.chunk,
+            max_rows_per_second: self.max_rows_per_second,
+            report_every: std::time::Duration::from_secs_f64(self.progress_every),
+            replica_url: self.replica_url.clone(),
+            progress: true,
+        })
+    }
 }
 
 /// `heatsink maintain` flags.
@@ -164,6 +218,8 @@ pub struct MaintainArgs {
     /// Keys or rows per batch, for jobs that work in batches.
     #[arg(long, default_value_t = crate::maintain::DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub batch: usize,
+    #[command(flatten)]
+    pub jobs: JobArgs,
 }
 
 /// `heatsink compact` flags.
@@ -303,6 +359,10 @@ pub struct ServeArgs {
     /// Seconds between maintenance runs [default: 3600].
     #[arg(long, env = "HEATSINK_MAINTAIN_INTERVAL")]
     pub maintain_interval: Option<u64>,
+    /// At most this many rows (log rows, readers) a second in the long jobs the
+    /// maintenance runs do (a mailbox fill) [default: no limit].
+    #[arg(long, env = "HEATSINK_MAX_ROWS_PER_SECOND", value_name = "N")]
+    pub max_rows_per_second: Option<f64>,
 }
 
 impl ServeArgs {
@@ -347,6 +407,7 @@ impl ServeArgs {
             backend_tls_server_name: self.backend_tls_server_name,
             maintain_url: self.maintain_url,
             maintain_interval: self.maintain_interval,
+            max_rows_per_second: self.max_rows_per_second,
         };
         Config::resolve(o, file)
     }

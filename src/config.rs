@@ -157,6 +157,9 @@ pub struct Config {
     pub maintain_url: Option<Secret>,
     /// Time between maintenance runs.
     pub maintain_interval: Duration,
+    /// At most this many rows (log rows, readers) a second in the long jobs
+    /// maintenance runs (a mailbox fill); `None`: no limit.
+    pub max_rows_per_second: Option<f64>,
 }
 
 impl Default for Config {
@@ -188,6 +191,7 @@ impl Default for Config {
             max_client_packet: None,
             maintain_url: None,
             maintain_interval: Duration::from_secs(DEFAULT_MAINTAIN_INTERVAL),
+            max_rows_per_second: None,
             tls_cert: None,
             tls_key: None,
             tls_required: false,
@@ -236,6 +240,7 @@ pub struct FileConfig {
     pub backend_tls_server_name: Option<String>,
     pub maintain_url: Option<Secret>,
     pub maintain_interval: Option<u64>,
+    pub max_rows_per_second: Option<f64>,
 }
 
 impl FileConfig {
@@ -299,6 +304,7 @@ pub struct Overrides {
     pub backend_tls_server_name: Option<String>,
     pub maintain_url: Option<Secret>,
     pub maintain_interval: Option<u64>,
+    pub max_rows_per_second: Option<f64>,
 }
 
 impl Config {
@@ -398,6 +404,7 @@ impl Config {
                 .or(file.maintain_interval)
                 .map(secs)
                 .unwrap_or(d.maintain_interval),
+            max_rows_per_second: cli.max_rows_per_second.or(file.max_rows_per_second),
         };
         c.validate()
     }
@@ -415,6 +422,12 @@ impl Config {
         }
         if self.maintain_url.is_some() && self.rules.is_none() {
             return bad("maintain_url runs the rules' maintenance jobs: it needs rules (--rules)");
+        }
+        if self
+            .max_rows_per_second
+            .is_some_and(|r| !(r.is_finite() && r > 0.0))
+        {
+            return bad("max_rows_per_second must be a positive number");
         }
         if self.maintain_url.is_some() && self.maintain_interval.is_zero() {
             return bad("maintain_interval must be at least 1 second");

@@ -46,6 +46,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod explain;
+pub mod jobs;
 pub mod kinds;
 pub mod maintain;
 pub mod metrics;
@@ -131,6 +132,8 @@ pub fn run(cli: cli::Cli) -> Result<()> {
                 apply: args.apply,
                 rule: args.rule.as_deref(),
                 print_grants: args.print_grants,
+                jobs: args.jobs.settings()?,
+                defer_jobs: args.defer_jobs,
             };
             maintenance_runtime()?.block_on(migrate::run(&opts, &mut std::io::stdout().lock()))
         }
@@ -142,6 +145,7 @@ pub fn run(cli: cli::Cli) -> Result<()> {
                 job: Some("compact"),
                 batch: args.batch,
                 apply: true,
+                jobs: Default::default(),
             };
             maintenance_runtime()?.block_on(maintain::run(&opts, &mut std::io::stdout().lock()))
         }
@@ -153,6 +157,7 @@ pub fn run(cli: cli::Cli) -> Result<()> {
                 job: args.job.as_deref(),
                 batch: args.batch,
                 apply: args.apply,
+                jobs: args.jobs.settings()?,
             };
             maintenance_runtime()?.block_on(maintain::run(&opts, &mut std::io::stdout().lock()))
         }
@@ -252,7 +257,12 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
         tokio::spawn(admin::serve(l, Arc::clone(&shared), reloader));
     }
     if let (Some(url), Some(rules)) = (&config.maintain_url, &config.rules) {
-        maintain::periodic(rules.clone(), url.0.clone(), config.maintain_interval)?;
+        maintain::periodic(
+            rules.clone(),
+            url.0.clone(),
+            config.maintain_interval,
+            config.max_rows_per_second,
+        )?;
     }
     let health = tokio::spawn(backends::health_loop(
         Arc::clone(&shared.backends),

@@ -69,6 +69,8 @@ pub struct MaintainOptions<'a> {
     pub batch: usize,
     /// Execute the jobs; `false`: a dry run that prints what they would do.
     pub apply: bool,
+    /// How long jobs (a mailbox fill) run: chunks, throttle, progress.
+    pub jobs: crate::jobs::Settings,
 }
 
 /// Runs the selected jobs once (or, without `apply`, prints what they would do)
@@ -112,6 +114,7 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
                 batch: opts.batch.max(1),
                 out: &mut *out,
                 apply: false,
+                jobs: opts.jobs.clone(),
             };
             let report = spec.run_job(job, &mut ctx).await?;
             record(out, spec, report, &mut failed)?;
@@ -147,6 +150,7 @@ pub async fn run(opts: &MaintainOptions<'_>, out: &mut dyn Write) -> Result<()> 
             batch: opts.batch.max(1),
             out: &mut *out,
             apply: true,
+            jobs: opts.jobs.clone(),
         };
         let report = spec.run_job(job, &mut ctx).await;
         match &lease {
@@ -184,6 +188,7 @@ pub fn periodic(
     rules: std::path::PathBuf,
     url: String,
     interval: std::time::Duration,
+    max_rows_per_second: Option<f64>,
 ) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -202,6 +207,12 @@ pub fn periodic(
                         job: None,
                         batch: DEFAULT_BATCH,
                         apply: true,
+                        // Progress goes to the log and to /metrics.
+                        jobs: crate::jobs::Settings {
+                            max_rows_per_second,
+                            progress: false,
+                            ..Default::default()
+                        },
                     };
                     let mut out = Vec::new();
                     let result = run(&opts, &mut out).await;

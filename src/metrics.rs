@@ -128,6 +128,7 @@ pub fn render(shared: &Shared) -> String {
         s.backend_errors.load(Relaxed),
     );
     write_backends(&mut out, &shared.backends.views());
+    crate::jobs::gauges::render(&mut out, label_value);
     s.rewrite_latency.render(
         &mut out,
         "heatsink_rewrite_duration_seconds",

@@ -38,6 +38,10 @@ pub struct MigrateOptions<'a> {
     /// Print the grants the rules' users need instead of running them (with
     /// `apply`).
     pub print_grants: bool,
+    /// How long jobs (backfills, fills) run: chunks, throttle, progress.
+    pub jobs: crate::jobs::Settings,
+    /// Leave the long jobs that can wait (a mailbox fill) to `heatsink maintain`.
+    pub defer_jobs: bool,
 }
 
 /// Checks every rule under `opts.rules` against the database and prints (and, with
@@ -88,7 +92,9 @@ pub async fn run(opts: &MigrateOptions<'_>, out: &mut dyn Write) -> Result<()> {
         }
     }
     for (migration, spec) in checked.iter().zip(&specs) {
-        migration.run(&mut conn, opts.apply, out).await?;
+        migration
+            .run_with(&mut conn, opts.apply, &opts.jobs, out)
+            .await?;
         register(
             &mut conn,
             spec.as_ref(),
@@ -100,6 +106,30 @@ pub async fn run(opts: &MigrateOptions<'_>, out: &mut dyn Write) -> Result<()> {
     }
     for spec in &specs {
         grant(&mut conn, spec.as_ref(), default_db.as_deref(), opts, out).await?;
+    }
+    // The long jobs last, once every rule's schema is in place: stopped, they
+    // continue where they stopped at the next `migrate --apply` or `maintain`.
+    if opts.apply && !opts.defer_jobs {
+        for (migration, spec) in checked.iter().zip(&specs) {
+            migration
+                .run_jobs(&mut conn, &opts.jobs, out)
+                .await
+                .map_err(|e| {
+                    Error::new(
+                        Source::Backend,
+                        format!(
+                            "{e}\nrule {}: the job stopped; its progress is kept: run the same command again to continue",
+                            spec.name()
+                        ),
+                    )
+                })?;
+        }
+    }
+    if opts.apply && opts.defer_jobs {
+        emit(
+            out,
+            "-- long jobs deferred (--defer-jobs): `heatsink maintain --apply` (or serve --maintain-url) runs them",
+        )?;
     }
     let _ = conn.disconnect().await;
     Ok(())

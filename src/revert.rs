@@ -146,6 +146,7 @@ async fn revert(
     spec.revert(&mut ctx).await?;
     if opts.apply && !draining {
         registry::set_state(ctx.conn, &reg.table(), name, Some(registry::REVERTED)).await?;
+        crate::jobs::forget_rule(ctx.conn, &reg.db, name).await?;
         emit(
             ctx.out,
             &format!(

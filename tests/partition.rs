@@ -327,6 +327,7 @@ async fn rotate(conn: &mut Conn, db: &str) -> heatsink::kinds::JobReport {
         batch: 1000,
         out: &mut out,
         apply: true,
+        jobs: Default::default(),
     };
     heatsink::kinds::partition::rotate::run(&spec(), &mut ctx)
         .await
@@ -799,6 +800,7 @@ async fn rotate_spec(
         batch: 1000,
         out: &mut out,
         apply: true,
+        jobs: Default::default(),
     };
     heatsink::kinds::partition::rotate::run(spec, &mut ctx)
         .await

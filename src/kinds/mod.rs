@@ -308,6 +308,34 @@ pub trait Migration: Send {
     /// executes it. `migrate` calls this only when every selected rule passed its
     /// checks.
     async fn run(&self, conn: &mut Conn, apply: bool, out: &mut dyn Write) -> Result<()>;
+
+    /// [`Migration::run`] with the settings of the long jobs it runs (a rollup's
+    /// backfill: chunk size, throttle, progress; see [`crate::jobs`]). By default the
+    /// migration runs no long job.
+    async fn run_with(
+        &self,
+        conn: &mut Conn,
+        apply: bool,
+        jobs: &crate::jobs::Settings,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        let _ = jobs;
+        self.run(conn, apply, out).await
+    }
+
+    /// The long jobs `migrate --apply` runs once every selected rule's schema is in
+    /// place and recorded (a push timeline's mailbox fill), through the job runner:
+    /// resumable, throttled, with progress. `migrate --defer-jobs` leaves them to
+    /// `heatsink maintain` instead. By default none.
+    async fn run_jobs(
+        &self,
+        conn: &mut Conn,
+        jobs: &crate::jobs::Settings,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        let _ = (conn, jobs, out);
+        Ok(())
+    }
 }
 
 /// A maintenance job a kind offers.
@@ -332,6 +360,8 @@ pub struct JobContext<'a> {
     /// Execute the job. `false` (`heatsink maintain` without `--apply`): a dry run
     /// that prints the statements the job would run and changes nothing.
     pub apply: bool,
+    /// How long jobs (a mailbox fill) run: chunks, throttle, progress.
+    pub jobs: crate::jobs::Settings,
 }
 
 /// What one run of a job did.

@@ -156,6 +156,7 @@ async fn fold_draining(spec: &CounterSpec, ctx: &mut RevertContext<'_>) -> Resul
         batch: ctx.batch,
         out: &mut *ctx.out,
         apply: ctx.apply,
+        jobs: Default::default(),
     };
     let report = super::compact::job(spec, &mut job).await?;
     emit(ctx.out, &format!("-- {}", report.summary))?;

@@ -19,8 +19,8 @@ use super::schema::{counted, summed, CheckedRollup, TriggerState};
 use super::spec::Measure;
 use super::triggers::{group_exprs, insert_columns, on_duplicate};
 
-/// Log rows (primary-key values) aggregated per backfill query.
-const CHUNK: u64 = 10_000;
+/// Log rows (primary-key values) aggregated per backfill chunk by default.
+const CHUNK: usize = 10_000;
 
 /// Most rollup rows one backfill upsert writes.
 const UPSERT_ROWS: usize = 500;
@@ -70,7 +70,15 @@ impl Migration for CheckedRollup {
                 ),
             ));
         }
-        if self.backfill_due {
+        if self.restart {
+            out.push((
+                Severity::Warning,
+                format!(
+                    "the backfill of {} stopped half way: reads see a partial sum until `heatsink migrate --apply` backfills it again (from the start)",
+                    self.rollup.quoted()
+                ),
+            ));
+        } else if self.backfill_due {
             out.push((
                 Severity::Warning,
                 format!(
@@ -84,6 +92,17 @@ impl Migration for CheckedRollup {
     }
 
     async fn run(&self, conn: &mut Conn, apply: bool, out: &mut dyn Write) -> Result<()> {
+        self.run_with(conn, apply, &crate::jobs::Settings::default(), out)
+            .await
+    }
+
+    async fn run_with(
+        &self,
+        conn: &mut Conn,
+        apply: bool,
+        jobs: &crate::jobs::Settings,
+        out: &mut dyn Write,
+    ) -> Result<()> {
         print_header(self, out)?;
         match &self.create_table {
             Some(sql) => {
@@ -105,9 +124,9 @@ impl Migration for CheckedRollup {
         if missing.is_empty() && !self.backfill_due {
             return emit(out, "");
         }
-        print_locked_script(self, &missing, out)?;
+        print_locked_script(self, &missing, jobs, out)?;
         if apply {
-            apply_locked(conn, self, &missing, out).await?;
+            apply_locked(conn, self, &missing, jobs, out).await?;
         }
         emit(out, "")
     }
@@ -157,7 +176,12 @@ fn measure_text(m: &super::schema::Measured) -> String {
 }
 
 /// Prints the short locked part and, when due, the backfill.
-fn print_locked_script(rule: &CheckedRollup, missing: &[&str], out: &mut dyn Write) -> Result<()> {
+fn print_locked_script(
+    rule: &CheckedRollup,
+    missing: &[&str],
+    jobs: &crate::jobs::Settings,
+    out: &mut dyn Write,
+) -> Result<()> {
     emit(
         out,
         "-- the log is locked only while the triggers are created and the backfill's snapshot is taken",
@@ -168,6 +192,15 @@ fn print_locked_script(rule: &CheckedRollup, missing: &[&str], out: &mut dyn Wri
         emit(out, &format!("{ddl};;"))?;
     }
     emit(out, "DELIMITER ;")?;
+    if rule.restart {
+        emit(
+            out,
+            &format!(
+                "-- a backfill stopped half way: it starts over from an empty rollup\nTRUNCATE TABLE {};",
+                rule.rollup.quoted()
+            ),
+        )?;
+    }
     if rule.backfill_due {
         emit(
             out,
@@ -179,7 +212,9 @@ fn print_locked_script(rule: &CheckedRollup, missing: &[&str], out: &mut dyn Wri
         emit(
             out,
             &format!(
-                "-- backfill: on the snapshot, for each chunk of {CHUNK} primary-key values ?lo < pk <= ?hi of the log:"
+                "-- backfill (job '{}'): on the snapshot, for each chunk of {} primary-key values ?lo < pk <= ?hi of the log:",
+                super::schema::BACKFILL,
+                jobs.chunk_or(CHUNK)
             ),
         )?;
         emit(
@@ -189,7 +224,7 @@ fn print_locked_script(rule: &CheckedRollup, missing: &[&str], out: &mut dyn Wri
         emit(
             out,
             &format!(
-                "--   and its groups added with INSERT INTO {} ({}) VALUES (…) {};",
+                "--   and its groups added with INSERT INTO {} ({}) VALUES (…) {}; committed with the chunk's progress row",
                 rule.rollup.quoted(),
                 insert_columns(rule),
                 on_duplicate(rule)
@@ -243,6 +278,35 @@ async fn apply_locked(
     conn: &mut Conn,
     rule: &CheckedRollup,
     missing: &[&str],
+    jobs: &crate::jobs::Settings,
+    out: &mut dyn Write,
+) -> Result<()> {
+    if rule.backfill_due {
+        // One backfill at a time: a second run finds the lock taken.
+        if !crate::jobs::try_lock(conn, &rule.job).await? {
+            return emit(
+                out,
+                &format!(
+                    "-- rule {}: the backfill of {} is running elsewhere; skipped",
+                    rule.spec.name,
+                    rule.rollup.quoted()
+                ),
+            );
+        }
+        crate::jobs::reset(conn, &rule.job, crate::jobs::PENDING).await?;
+    }
+    let done = apply_held(conn, rule, missing, jobs, out).await;
+    if rule.backfill_due {
+        crate::jobs::unlock(conn, &rule.job).await;
+    }
+    done
+}
+
+async fn apply_held(
+    conn: &mut Conn,
+    rule: &CheckedRollup,
+    missing: &[&str],
+    jobs: &crate::jobs::Settings,
     out: &mut dyn Write,
 ) -> Result<()> {
     let mut snapshot = if rule.backfill_due {
@@ -272,24 +336,44 @@ async fn apply_locked(
         emit(out, &format!("-- applied: created trigger {name}"))?;
     }
     match (due, snapshot) {
-        (true, Some(mut snap)) => {
-            let done = backfill(conn, &mut snap, rule).await;
-            let _ = snap.query_drop("COMMIT").await;
-            let _ = snap.disconnect().await;
-            let (rows, groups) = done.map_err(|e| {
+        (true, Some(snap)) => {
+            let mut job = Backfill {
+                rule,
+                snap,
+                groups: 0,
+            };
+            let mut settings = jobs.clone();
+            settings.chunk = Some(jobs.chunk_or(CHUNK));
+            let done = crate::jobs::run(conn, &rule.job, &settings, &mut job).await;
+            let _ = job.snap.query_drop("COMMIT").await;
+            let _ = job.snap.disconnect().await;
+            let done = done.map_err(|e| {
                 Error::new(
                     Source::Backend,
                     format!(
-                        "{e}\nrule {}: the backfill of {} stopped half way; drop its triggers, empty it and run migrate --apply again",
+                        "{e}\nrule {}: the backfill of {} stopped half way; run migrate --apply again: it empties the rollup and starts over",
                         rule.spec.name,
                         rule.rollup.quoted()
                     ),
                 )
             })?;
-            emit(
-                out,
-                &format!("-- applied: backfilled {rows} log rows into {groups} rollup rows"),
-            )
+            match done {
+                crate::jobs::Outcome::Done { this_run, .. } => emit(
+                    out,
+                    &format!(
+                        "-- applied: backfilled {this_run} log rows into {} rollup rows",
+                        job.groups
+                    ),
+                ),
+                crate::jobs::Outcome::Busy => emit(
+                    out,
+                    &format!(
+                        "-- rule {}: the backfill of {} is running elsewhere; skipped",
+                        rule.spec.name,
+                        rule.rollup.quoted()
+                    ),
+                ),
+            }
         }
         (_, snap) => {
             if let Some(snap) = snap {
@@ -316,6 +400,16 @@ async fn locked_part(
     missing: &[&str],
     snapshot: Option<&mut Conn>,
 ) -> Result<(Vec<String>, bool)> {
+    if rule.restart {
+        // A backfill stopped half way: its partial sums go, with every trigger
+        // delta so far; the new snapshot below starts the sum over.
+        run_sql(
+            conn,
+            &rule.spec.name,
+            &format!("TRUNCATE TABLE {}", rule.rollup.quoted()),
+        )
+        .await?;
+    }
     let due = rule.backfill_due
         && table_has_rows(conn, &rule.log).await?
         && !table_has_rows(conn, &rule.rollup).await?;
@@ -350,42 +444,93 @@ async fn locked_part(
     Ok((created, backfill))
 }
 
-/// The backfill proper, on the snapshot `snap`: (log rows read, rollup rows written).
-async fn backfill(conn: &mut Conn, snap: &mut Conn, rule: &CheckedRollup) -> Result<(u64, u64)> {
-    let pk = quote(rule.pk.as_deref().unwrap_or_default());
-    let log = rule.log.quoted();
-    let first: Option<Row> = snap
-        .query_first(format!("SELECT CAST(MIN({pk}) - 1 AS CHAR) FROM {log}"))
-        .await
-        .map_err(|e| schema_err(format!("reading {log}"), e))?;
-    let Some(mut lo) = first.and_then(|r| text(&r, 0)) else {
-        return Ok((0, 0));
-    };
-    let (mut rows, mut groups) = (0u64, 0u64);
-    loop {
+/// The backfill as a job of the runner: on the snapshot `snap`, chunks of the log's
+/// primary key, each chunk's groups upserted on the runner's connection in the
+/// transaction that records the chunk's progress.
+struct Backfill<'a> {
+    rule: &'a CheckedRollup,
+    snap: Conn,
+    /// Rollup rows written (groups upserted).
+    groups: u64,
+}
+
+#[async_trait(?Send)]
+impl crate::jobs::Chunked for Backfill<'_> {
+    fn unit(&self) -> &'static str {
+        "log rows"
+    }
+
+    async fn total(&mut self, conn: &mut Conn, _after: Option<&str>) -> Result<u64> {
+        // The server's estimate: counting 20M rows would take a while.
+        let log = &self.rule.log;
+        let n: Option<Option<u64>> = conn
+            .exec_first(
+                "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                (log.db.clone().unwrap_or_default(), log.name.clone()),
+            )
+            .await
+            .map_err(|e| schema_err(format!("estimating the rows of {}", log.quoted()), e))?;
+        Ok(n.flatten().unwrap_or(0))
+    }
+
+    async fn chunk(
+        &mut self,
+        conn: &mut Conn,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<crate::jobs::Step>> {
+        let rule = self.rule;
+        let snap = &mut self.snap;
+        let pk = quote(rule.pk.as_deref().unwrap_or_default());
+        let log = rule.log.quoted();
+        let lo = match after {
+            Some(lo) => lo.to_string(),
+            None => {
+                let first: Option<Row> = snap
+                    .query_first(format!("SELECT CAST(MIN({pk}) - 1 AS CHAR) FROM {log}"))
+                    .await
+                    .map_err(|e| schema_err(format!("reading {log}"), e))?;
+                match first.and_then(|r| text(&r, 0)) {
+                    Some(lo) => lo,
+                    None => return Ok(None),
+                }
+            }
+        };
+        // The chunk's last key: the limit-th after lo, else the last there is.
         let next: Option<Row> = snap
             .query_first(format!(
                 "SELECT CAST({pk} AS CHAR) FROM {log} WHERE {pk} > {lo} ORDER BY {pk} LIMIT 1 OFFSET {}",
-                CHUNK - 1
+                limit.max(1) - 1
             ))
             .await
             .map_err(|e| schema_err(format!("reading {log}"), e))?;
-        let last = next.and_then(|r| text(&r, 0));
+        let hi = match next.and_then(|r| text(&r, 0)) {
+            Some(hi) => hi,
+            None => {
+                let last: Option<Row> = snap
+                    .query_first(format!(
+                        "SELECT CAST(MAX({pk}) AS CHAR) FROM {log} WHERE {pk} > {lo}"
+                    ))
+                    .await
+                    .map_err(|e| schema_err(format!("reading {log}"), e))?;
+                match last.and_then(|r| text(&r, 0)) {
+                    Some(hi) => hi,
+                    None => return Ok(None),
+                }
+            }
+        };
         // The binary protocol keeps the values' types (numbers, dates) for the upsert.
         let chunk: Vec<Row> = snap
-            .exec(chunk_sql(rule, &lo, last.as_deref()), ())
+            .exec(chunk_sql(rule, &lo, Some(&hi)), ())
             .await
             .map_err(|e| schema_err(format!("aggregating {log} after {lo}"), e))?;
         let chunk: Vec<Vec<Value>> = chunk.into_iter().map(values).collect();
-        rows += chunk
+        let rows = chunk
             .iter()
             .map(|r| count_of(&r[rule.dims.len() + 3]))
             .sum::<u64>();
-        groups += upsert_groups(conn, rule, chunk).await?;
-        match last {
-            Some(hi) => lo = hi,
-            None => return Ok((rows, groups)),
-        }
+        self.groups += upsert_groups(conn, rule, chunk).await?;
+        Ok(Some(crate::jobs::Step { last: hi, rows }))
     }
 }
 

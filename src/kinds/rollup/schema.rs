@@ -75,9 +75,17 @@
 //! backfill runs. The log needs a single-column integer primary key for the chunks;
 //! without one a non-empty log is refused (an empty one needs no backfill).
 //!
-//! A backfill that fails half way leaves a partial rollup: drop the three triggers,
-//! empty the rollup table and run `migrate --apply` again. A non-empty rollup whose
-//! triggers are missing has missed writes and is refused the same way.
+//! The chunks run through the job runner ([`crate::jobs`]): progress, throttle, and
+//! one transaction per chunk holding its upserts and its progress row in
+//! `heatsink_jobs`. A backfill stopped half way leaves a partial rollup and an
+//! unfinished progress row; the next `migrate --apply` starts it over: under the
+//! lock of step 1 it empties the rollup (`TRUNCATE`) before taking the new
+//! snapshot, which puts the rollup in the state of one created at that instant (no
+//! writer in flight, every trigger delta so far gone with the partial sums). It
+//! cannot continue instead: the old images of rows updated since T are only in the
+//! stopped run's snapshot (see `docs/design.md`, "Long jobs"). A non-empty rollup
+//! whose triggers are missing has missed writes and is refused: drop the remaining
+//! triggers, empty it and run `migrate --apply` again.
 
 use mysql_async::Conn;
 
@@ -113,6 +121,9 @@ pub(crate) struct Measured {
     pub scale: u32,
 }
 
+/// The backfill's name as a job (its progress row in `heatsink_jobs`).
+pub const BACKFILL: &str = "backfill";
+
 /// One of the three triggers on the log.
 pub(crate) use crate::schema::{NeededTrigger as Trigger, TriggerState};
 
@@ -132,8 +143,13 @@ pub(crate) struct CheckedRollup {
     pub create_table: Option<String>,
     /// Insert, update and delete triggers.
     pub triggers: Vec<Trigger>,
-    /// The log has rows and the rollup none.
+    /// The log has rows and the rollup none, or a backfill stopped half way.
     pub backfill_due: bool,
+    /// A backfill stopped half way (its progress row is unfinished): the next one
+    /// empties the rollup under the lock and starts over.
+    pub restart: bool,
+    /// The backfill's progress row.
+    pub job: crate::jobs::JobKey,
     /// The existing rollup table has the legacy primary key order.
     pub legacy_key: bool,
     pub notes: Vec<String>,
@@ -170,6 +186,12 @@ pub(crate) async fn check(
         create_table: None,
         triggers: Vec::new(),
         backfill_due: false,
+        restart: false,
+        job: crate::jobs::JobKey {
+            db: String::new(),
+            rule: spec.name.clone(),
+            job: BACKFILL,
+        },
         legacy_key: false,
         notes: Vec::new(),
     };
@@ -195,7 +217,13 @@ pub(crate) async fn check(
             checked.log.quoted()
         )));
     }
-    checked.backfill_due = log_has_rows && !rollup_has_rows;
+    checked.job.db = checked.log.db.clone().unwrap_or_default();
+    checked.restart = !missing
+        && crate::jobs::state(conn, &checked.job)
+            .await
+            .map_err(SchemaError::Failed)?
+            .is_some_and(|s| s.unfinished());
+    checked.backfill_due = (log_has_rows && !rollup_has_rows) || checked.restart;
     if checked.backfill_due && checked.pk.is_none() {
         return Err(refuse(format!(
             "{} has rows and no single-column integer primary key, which the online backfill of {} reads it by",
@@ -203,7 +231,7 @@ pub(crate) async fn check(
             checked.rollup.quoted()
         )));
     }
-    if log_has_rows && rollup_has_rows {
+    if log_has_rows && rollup_has_rows && !checked.restart {
         checked.notes.push(format!(
             "no backfill: {} already holds rows",
             checked.rollup.quoted()

@@ -34,6 +34,12 @@ const TRIM: Job = Job {
     about: "cut each reader's timeline mailbox to its mailbox_size newest entries",
 };
 
+/// Push and hybrid: the mailboxes filled (what `migrate --apply` starts; resumable).
+const FILL: Job = Job {
+    name: schema::FILL,
+    about: "fill the timeline mailboxes of a push or hybrid rule (resumes where a fill stopped)",
+};
+
 /// The timeline kind, as the registry lists it.
 pub struct Timeline;
 
@@ -122,11 +128,14 @@ impl RuleSpec for TimelineSpec {
     fn jobs(&self) -> &'static [Job] {
         match self.mode {
             spec::Serve::Pull => &[],
-            _ => &[TRIM],
+            _ => &[FILL, TRIM],
         }
     }
 
     async fn run_job(&self, job: &str, ctx: &mut JobContext<'_>) -> Result<JobReport> {
+        if job == FILL.name {
+            return schema::fill(self, ctx).await;
+        }
         if job != TRIM.name {
             return Err(crate::error::Error::new(
                 crate::error::Source::Internal,

@@ -40,13 +40,25 @@
 //! trigger: through heatsink it is refused, and done on the database directly the
 //! mailbox must be emptied with it.
 //!
-//! ## Backfill (`migrate --apply`, the mailbox empty, the tables not)
+//! ## The fill (`migrate --apply`, the mailbox empty, the tables not)
 //!
 //! After the triggers exist, each reader's mailbox gets its timeline's
-//! `mailbox_size` newest messages, one reader per `INSERT IGNORE … SELECT` (the
-//! pull read, so each costs about followees + `mailbox_size` rows). Its reads lock
-//! what they copy, so a concurrent unfollow or delete either waits for it or is
-//! seen by it; an entry a trigger already wrote is skipped.
+//! `mailbox_size` newest messages: the `fill` job, run through the job runner
+//! ([`crate::jobs`]) once every rule's schema is in place — by `migrate --apply`
+//! at its end, or, with `migrate --defer-jobs`, by `heatsink maintain --job fill`
+//! (and `serve --maintain-url`). Each chunk is a range of readers
+//! (`reader > ?lo AND reader <= ?hi`, `--chunk` readers, 100 by default) filled by
+//! one `INSERT IGNORE … SELECT`: the join of their follows and their followees'
+//! messages, ranked per reader by id (`DENSE_RANK`), the `mailbox_size` newest
+//! kept. Its reads lock what they copy, so a concurrent unfollow or delete either
+//! waits for it or is seen by it; an entry a trigger already wrote is skipped.
+//!
+//! The chunk and its progress row commit together, so a fill stopped at any point
+//! continues after the last committed range of readers; a chunk done twice would
+//! insert nothing new (`INSERT IGNORE` of entries that are on the timeline). Reads
+//! need no finished fill: they take only a bound from the mailbox, and a reader
+//! whose mailbox is not filled yet gets pull's bound (see `plan.rs`), so answers
+//! are exact throughout, only slower for the readers not filled yet.
 //!
 //! ## Size
 //!
@@ -61,6 +73,7 @@ use mysql_async::{Conn, Row};
 
 use super::spec::{Serve, TimelineSpec};
 use crate::error::{Error, Result, Source};
+use crate::jobs::{JobKey, JobState};
 use crate::kinds::{JobContext, JobReport, Migration, SchemaError};
 use crate::report::Severity;
 use crate::rules::spec::{quote, TableName};
@@ -77,8 +90,11 @@ pub const MAILBOX_MESSAGE: &str = "hs_message";
 /// The mailbox's author column.
 pub const MAILBOX_AUTHOR: &str = "hs_author";
 
-/// Readers per listing of the backfill and the trim job.
-const READERS_PER_BATCH: usize = 1000;
+/// Readers per chunk of the fill when `--chunk` is not given.
+pub const FILL_CHUNK: usize = 100;
+
+/// The fill's name as a job (`heatsink maintain --job fill`).
+pub const FILL: &str = "fill";
 
 /// A write event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,8 +146,13 @@ struct Mailbox {
     /// `CREATE TABLE` when the mailbox is missing.
     create_table: Option<String>,
     triggers: Vec<NeededTrigger>,
-    /// The mailbox is empty and the follow table is not.
+    /// The fill has work left: the mailbox is empty and the tables are not, or a
+    /// fill stopped half way.
     backfill_due: bool,
+    /// The fill's progress row.
+    job: JobKey,
+    /// Where a fill stopped half way, if one did.
+    stopped: Option<JobState>,
 }
 
 /// A timeline rule checked against the database.
@@ -215,7 +236,18 @@ pub(crate) async fn check(
             let reader_col = follow_table
                 .column(&spec.follow_reader)
                 .ok_or_else(|| refuse("no reader column".into()))?;
-            Some(check_mailbox(conn, names, reader_col, &id_col, &author_col, &table).await?)
+            Some(
+                check_mailbox(
+                    conn,
+                    names,
+                    &spec.name,
+                    reader_col,
+                    &id_col,
+                    &author_col,
+                    &table,
+                )
+                .await?,
+            )
         }
     };
     Ok(CheckedTimeline {
@@ -232,6 +264,7 @@ pub(crate) async fn check(
 async fn check_mailbox(
     conn: &mut Conn,
     names: Names,
+    rule: &str,
     reader: &Column,
     id: &Column,
     author: &Column,
@@ -284,14 +317,24 @@ async fn check_mailbox(
             names.mailbox.quoted()
         )));
     }
-    let backfill_due = !has_rows
-        && table_has_rows(conn, &names.follows).await?
-        && table_has_rows(conn, &names.messages).await?;
+    let job = fill_key(&names, rule);
+    let stopped = crate::jobs::state(conn, &job)
+        .await
+        .map_err(SchemaError::Failed)?;
+    // Unfinished: continue. Otherwise an empty mailbox over tables with rows is
+    // filled (also after a done fill of a mailbox since emptied).
+    let unfinished = stopped.as_ref().is_some_and(JobState::unfinished);
+    let backfill_due = unfinished
+        || (!has_rows
+            && table_has_rows(conn, &names.follows).await?
+            && table_has_rows(conn, &names.messages).await?);
     Ok(Mailbox {
         names,
         create_table,
         triggers,
         backfill_due,
+        job,
+        stopped: stopped.filter(JobState::unfinished),
     })
 }
 
@@ -423,28 +466,33 @@ impl Names {
         }
     }
 
-    /// One reader's timeline, newest `mailbox_size` messages, into their mailbox
-    /// (`?` is the reader).
-    fn backfill_sql(&self) -> String {
+    /// The fill of a range of readers (`reader > ?` or from the first, `[AND
+    /// reader <= ?]`): each one's
+    /// `mailbox_size` newest timeline messages into their mailbox.
+    fn fill_sql(&self, after: bool, upto: bool) -> String {
         let (id, author) = (quote(&self.id), quote(&self.author));
         let (reader, followed) = (quote(&self.reader), quote(&self.followed));
-        let (m, f) = (self.messages.quoted(), self.follows.quoted());
-        let size = self.mailbox_size;
-        let last = size - 1;
-        // The bound of a read of `mailbox_size` rows (see plan.rs): the followees'
-        // newest ids, else the largest of their `mailbox_size`-th newest.
+        let from = if after {
+            format!("`hs_f`.{reader} > ?")
+        } else {
+            format!("`hs_f`.{reader} IS NOT NULL")
+        };
+        let upto = if upto {
+            format!(" AND `hs_f`.{reader} <= ?")
+        } else {
+            String::new()
+        };
         format!(
-            "INSERT IGNORE INTO {mb} {cols} SELECT `hs_f`.{reader}, `hs_m`.{id}, `hs_m`.{author} \
-             FROM (SELECT COALESCE((SELECT `hs_x`.`hs_mx` FROM (SELECT (SELECT `hs_m2`.{id} FROM {m} AS `hs_m2` \
-             WHERE `hs_m2`.{author} = `hs_f2`.{followed} ORDER BY `hs_m2`.{id} DESC LIMIT 1) AS `hs_mx` FROM {f} AS `hs_f2` WHERE `hs_f2`.{reader} = ? \
-             ORDER BY `hs_mx` DESC LIMIT 1 OFFSET {last}) AS `hs_x`), \
-             (SELECT MAX(`hs_y`.`hs_k`) FROM (SELECT (SELECT `hs_m2`.{id} FROM {m} AS `hs_m2` \
-             WHERE `hs_m2`.{author} = `hs_f2`.{followed} ORDER BY `hs_m2`.{id} DESC LIMIT 1 OFFSET {last}) AS `hs_k` \
-             FROM {f} AS `hs_f2` WHERE `hs_f2`.{reader} = ?) AS `hs_y`), 0) AS `hs_t`) AS `hs_t`, \
-             {f} AS `hs_f` STRAIGHT_JOIN {m} AS `hs_m` ON `hs_m`.{author} = `hs_f`.{followed} \
-             WHERE `hs_f`.{reader} = ? AND `hs_m`.{id} >= `hs_t`.`hs_t` ORDER BY `hs_m`.{id} DESC LIMIT {size}",
+            "INSERT IGNORE INTO {mb} {cols} SELECT `hs_w`.`hs_r`, `hs_w`.`hs_i`, `hs_w`.`hs_a` FROM \
+             (SELECT `hs_f`.{reader} AS `hs_r`, `hs_m`.{id} AS `hs_i`, `hs_m`.{author} AS `hs_a`, \
+             DENSE_RANK() OVER (PARTITION BY `hs_f`.{reader} ORDER BY `hs_m`.{id} DESC) AS `hs_n` \
+             FROM {f} AS `hs_f` STRAIGHT_JOIN {m} AS `hs_m` ON `hs_m`.{author} = `hs_f`.{followed} \
+             WHERE {from}{upto}) AS `hs_w` WHERE `hs_w`.`hs_n` <= {size}",
             mb = self.mailbox.quoted(),
             cols = self.mb_cols(),
+            f = self.follows.quoted(),
+            m = self.messages.quoted(),
+            size = self.mailbox_size,
         )
     }
 }
@@ -512,41 +560,6 @@ async fn author_id_index(
     }))
 }
 
-/// Readers after `after` in the follow table, in order, at most `n`.
-async fn readers_after(
-    conn: &mut Conn,
-    table: &TableName,
-    column: &str,
-    after: Option<&mysql_async::Value>,
-    n: usize,
-) -> Result<Vec<mysql_async::Value>> {
-    let col = quote(column);
-    let (sql, params) = match after {
-        None => (
-            format!(
-                "SELECT DISTINCT {col} FROM {} WHERE {col} IS NOT NULL ORDER BY {col} LIMIT {n}",
-                table.quoted()
-            ),
-            Vec::new(),
-        ),
-        Some(v) => (
-            format!(
-                "SELECT DISTINCT {col} FROM {} WHERE {col} > ? ORDER BY {col} LIMIT {n}",
-                table.quoted()
-            ),
-            vec![v.clone()],
-        ),
-    };
-    let rows: Vec<Row> = conn
-        .exec(sql, params)
-        .await
-        .map_err(|e| schema_err(format!("listing the readers of {}", table.quoted()), e))?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|mut r| r.take::<mysql_async::Value, usize>(0))
-        .collect())
-}
-
 impl CheckedTimeline {
     fn missing_index(&self) -> String {
         format!(
@@ -593,7 +606,7 @@ impl Mailbox {
         if self.backfill_due {
             out.push((
                 Severity::Warning,
-                format!("mailbox {mb} is empty: reads take pull's bound until `heatsink migrate --apply` backfills it"),
+                format!("mailbox {mb} is not filled yet: reads take pull's bound for the readers not filled until `heatsink migrate --apply` (or `heatsink maintain --job fill --apply`) fills it"),
             ));
         }
         out
@@ -635,64 +648,159 @@ impl Mailbox {
             }
         }
         if self.backfill_due {
+            let from = match &self.stopped {
+                Some(st) => match &st.position {
+                    Some(p) => format!(
+                        ", continuing after reader {p} ({} readers done)",
+                        st.rows_done
+                    ),
+                    None => String::new(),
+                },
+                None => String::new(),
+            };
             emit(
                 out,
                 &format!(
-                    "-- backfill: for each reader ? of {}, its {} newest timeline messages:",
+                    "-- fill (job '{FILL}', after the schema of every rule; resumable): for each range of readers ?lo < reader <= ?hi of {}, their {} newest timeline messages{from}:",
                     self.names.follows.quoted(),
                     self.names.mailbox_size
                 ),
             )?;
-            emit(out, &format!("--   {};", self.names.backfill_sql()))?;
-            if apply {
-                let n = self.backfill(conn, rule).await?;
-                emit(
-                    out,
-                    &format!("-- applied: backfilled the mailboxes of {n} readers"),
-                )?;
+            emit(out, &format!("--   {};", self.names.fill_sql(true, true)))?;
+            if apply && self.stopped.is_none() {
+                crate::jobs::reset(conn, &self.job, crate::jobs::PENDING).await?;
             }
         }
         Ok(())
     }
 
-    /// Fills each reader's mailbox; returns the number of readers.
-    async fn backfill(&self, conn: &mut Conn, rule: &str) -> Result<u64> {
+    /// Runs the fill to its end through the job runner (from where it stopped).
+    async fn fill(
+        &self,
+        conn: &mut Conn,
+        settings: &crate::jobs::Settings,
+        out: &mut dyn Write,
+    ) -> Result<()> {
         run_sql(
             conn,
-            rule,
+            &self.job.rule,
             "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
         )
         .await?;
-        let sql = self.names.backfill_sql();
-        let mut after: Option<mysql_async::Value> = None;
-        let mut done = 0u64;
-        loop {
-            let readers = readers_after(
-                conn,
-                &self.names.follows,
-                &self.names.reader,
-                after.as_ref(),
-                READERS_PER_BATCH,
-            )
-            .await?;
-            let Some(last) = readers.last().cloned() else {
-                break;
-            };
-            for r in readers {
-                conn.exec_drop(sql.as_str(), (r.clone(), r.clone(), r))
-                    .await
-                    .map_err(|e| {
-                        Error::with_cause(
-                            Source::Backend,
-                            format!("rule {rule}: backfilling {}", self.names.mailbox.quoted()),
-                            e,
-                        )
-                    })?;
-                done += 1;
-            }
-            after = Some(last);
+        if self.stopped.is_none() {
+            // A fresh fill (or one of a mailbox emptied since it was done).
+            crate::jobs::reset(conn, &self.job, crate::jobs::PENDING).await?;
         }
-        Ok(done)
+        let mut settings = settings.clone();
+        settings.chunk = Some(settings.chunk_or(FILL_CHUNK));
+        let mut job = Fill { names: &self.names };
+        match crate::jobs::run(conn, &self.job, &settings, &mut job).await? {
+            crate::jobs::Outcome::Busy => emit(
+                out,
+                &format!(
+                    "-- rule {}: the fill of {} is running elsewhere; skipped",
+                    self.job.rule,
+                    self.names.mailbox.quoted()
+                ),
+            ),
+            crate::jobs::Outcome::Done { this_run, total } => emit(
+                out,
+                &format!("-- applied: filled the mailboxes of {this_run} readers ({total} in all)"),
+            ),
+        }
+    }
+}
+
+/// The fill's progress row: `(rule, 'fill')` in the messages' database.
+fn fill_key(names: &Names, rule: &str) -> JobKey {
+    JobKey {
+        db: names.messages.db.clone().unwrap_or_default(),
+        rule: rule.to_string(),
+        job: FILL,
+    }
+}
+
+/// A reader key as a statement parameter: an integer when it reads as one (an
+/// integer column compared with a string would be compared as doubles).
+fn key_param(v: &str) -> mysql_async::Value {
+    match v.parse::<i64>() {
+        Ok(n) => mysql_async::Value::Int(n),
+        Err(_) => mysql_async::Value::Bytes(v.as_bytes().to_vec()),
+    }
+}
+
+/// The fill as a job of the runner: chunks of readers.
+struct Fill<'a> {
+    names: &'a Names,
+}
+
+#[async_trait(?Send)]
+impl crate::jobs::Chunked for Fill<'_> {
+    fn unit(&self) -> &'static str {
+        "readers"
+    }
+
+    async fn total(&mut self, conn: &mut Conn, after: Option<&str>) -> Result<u64> {
+        let r = quote(&self.names.reader);
+        let f = self.names.follows.quoted();
+        let n: Option<u64> = match after {
+            None => {
+                conn.query_first(format!("SELECT COUNT(DISTINCT {r}) FROM {f}"))
+                    .await
+            }
+            Some(a) => {
+                conn.exec_first(
+                    format!("SELECT COUNT(DISTINCT {r}) FROM {f} WHERE {r} > ?"),
+                    (key_param(a),),
+                )
+                .await
+            }
+        }
+        .map_err(|e| schema_err(format!("counting the readers of {f}"), e))?;
+        Ok(n.unwrap_or(0))
+    }
+
+    async fn chunk(
+        &mut self,
+        conn: &mut Conn,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<crate::jobs::Step>> {
+        let r = quote(&self.names.reader);
+        let f = self.names.follows.quoted();
+        let from = match after {
+            Some(_) => format!("{r} > ?"),
+            None => format!("{r} IS NOT NULL"),
+        };
+        let lo: Vec<mysql_async::Value> = after.map(key_param).into_iter().collect();
+        // The chunk's last reader: the limit-th after `after`, else the last one.
+        let row: Option<Row> = conn
+            .exec_first(
+                format!(
+                    "SELECT CAST(MAX(`hs_r`) AS CHAR), CAST(COUNT(*) AS CHAR) FROM (SELECT DISTINCT {r} AS `hs_r` FROM {f} \
+                     WHERE {from} ORDER BY {r} LIMIT {limit}) AS `hs_c`"
+                ),
+                lo.clone(),
+            )
+            .await
+            .map_err(|e| schema_err(format!("listing the readers of {f}"), e))?;
+        let Some(row) = row else { return Ok(None) };
+        let (Some(hi), Some(n)) = (text(&row, 0), text(&row, 1)) else {
+            return Ok(None);
+        };
+        let n: u64 = n.parse().unwrap_or(0);
+        let mut params = lo;
+        params.push(key_param(&hi));
+        conn.exec_drop(self.names.fill_sql(after.is_some(), true), params)
+            .await
+            .map_err(|e| {
+                Error::with_cause(
+                    Source::Backend,
+                    format!("filling {}", self.names.mailbox.quoted()),
+                    e,
+                )
+            })?;
+        Ok(Some(crate::jobs::Step { last: hi, rows: n }))
     }
 }
 
@@ -732,6 +840,64 @@ impl Migration for CheckedTimeline {
         }
         emit(out, "")
     }
+
+    async fn run_jobs(
+        &self,
+        conn: &mut Conn,
+        jobs: &crate::jobs::Settings,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        match &self.mailbox {
+            Some(mb) if mb.backfill_due => mb.fill(conn, jobs, out).await,
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The `fill` job: the mailboxes filled when the fill has work left (see the
+/// module's notes); without apply, what it would do.
+pub(crate) async fn fill(spec: &TimelineSpec, ctx: &mut JobContext<'_>) -> Result<JobReport> {
+    let checked = match check(ctx.conn, spec, ctx.default_db).await {
+        Ok(c) => c,
+        Err(SchemaError::Refused(r)) => return Err(Error::new(Source::Rules, r)),
+        Err(SchemaError::Failed(e)) => return Err(e),
+    };
+    let Some(mb) = &checked.mailbox else {
+        return Ok(JobReport {
+            summary: "pull mode: no mailbox".into(),
+            failed: Vec::new(),
+        });
+    };
+    if mb.create_table.is_some() || mb.triggers.iter().any(|t| t.state != TriggerState::Fits) {
+        return Ok(JobReport {
+            summary:
+                "the mailbox or its triggers are missing: run `heatsink migrate --apply` first"
+                    .into(),
+            failed: Vec::new(),
+        });
+    }
+    if !mb.backfill_due {
+        return Ok(JobReport {
+            summary: "nothing to fill".into(),
+            failed: Vec::new(),
+        });
+    }
+    if !ctx.apply {
+        emit(ctx.out, &format!("--   {};", mb.names.fill_sql(true, true)))?;
+        return Ok(JobReport {
+            summary: "dry run: the mailboxes would be filled".into(),
+            failed: Vec::new(),
+        });
+    }
+    let mut out = Vec::new();
+    mb.fill(ctx.conn, &ctx.jobs, &mut out).await?;
+    Ok(JobReport {
+        summary: String::from_utf8_lossy(&out)
+            .trim()
+            .trim_start_matches("-- ")
+            .to_string(),
+        failed: Vec::new(),
+    })
 }
 
 /// The `trim` job: each reader's mailbox cut to its `mailbox_size` newest entries.
@@ -881,7 +1047,9 @@ mod tests {
             );
             assert!(fan.contains("LOCK IN SHARE MODE"), "{fan}");
         }
-        let backfill = names(Serve::Push).backfill_sql();
-        crate::rewrite::parse_statements(&backfill.replace('?', "1")).expect(&backfill);
+        for (after, upto) in [(false, false), (true, true)] {
+            let fill = names(Serve::Push).fill_sql(after, upto);
+            crate::rewrite::parse_statements(&fill.replace('?', "1")).expect(&fill);
+        }
     }
 }

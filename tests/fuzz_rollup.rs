@@ -272,7 +272,13 @@ impl Kind for Rollup {
             }
             2 if g.chance(50) => {
                 // Zero dates: TRADITIONAL and NO_ZERO_DATE read and refuse them.
-                let mode = *g.pick(&["TRADITIONAL", "NO_ZERO_DATE", "NO_ENGINE_SUBSTITUTION"]);
+                // NO_ZERO_IN_DATE: a time series over zero-in-date rows.
+                let mode = *g.pick(&[
+                    "TRADITIONAL",
+                    "NO_ZERO_DATE",
+                    "NO_ZERO_IN_DATE",
+                    "NO_ENGINE_SUBSTITUTION",
+                ]);
                 s.sql(format!("SET sql_mode = '{mode}'"));
                 g.session.sql_mode = mode.to_string();
                 s.text_only = true;
@@ -351,6 +357,11 @@ fn time_lit(g: &mut Gen) -> Lit {
     if g.chance(3) {
         // A zero date: stored outside NO_ZERO_DATE, refused under TRADITIONAL.
         return g.string_lit(b"0000-00-00 00:00:00");
+    }
+    if g.chance(3) {
+        // A zero day or month: stored outside NO_ZERO_IN_DATE.
+        let t = *g.pick(&["2024-03-00 10:20:00", "2024-00-00 00:00:00"]);
+        return g.string_lit(t.as_bytes());
     }
     let t = time_text(g);
     // A bucket boundary now and then.
@@ -530,9 +541,10 @@ fn read(g: &mut Gen, s: &mut Stmt) {
         3 => &["country"],
         _ => &["track_id", "country"],
     };
-    let series = match g.below(6) {
+    let series = match g.below(7) {
         0 => Some(format!("DATE({q}created_at)")),
         1 => Some(format!("DATE_FORMAT({q}created_at, '%Y-%m-%d %H:00:00')")),
+        2 => Some(format!("DATE_FORMAT({q}created_at, '%Y-%m')")),
         _ => None,
     };
     let mut items: Vec<String> = dims.iter().map(|d| format!("{q}{d}")).collect();

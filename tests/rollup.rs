@@ -1121,3 +1121,42 @@ fn unaliased_aggregates_are_answered_from_the_rollup_as_spelt() {
         ],
     );
 }
+
+/// `EXTRACT` with a compound unit (`DAY_HOUR`, `HOUR_MINUTE`, `YEAR_MONTH`, …) is
+/// not read by the parser (an interval's compound units are; `EXTRACT`'s are not):
+/// on the rollups' log the statement runs as sent, counted as a fallback, with the
+/// server's own answer, text and prepared.
+#[test]
+fn compound_unit_extracts_run_as_sent() {
+    let diff = common::differential::Differential::start(&Reads);
+    let fallbacks = || -> f64 {
+        let body = common::http_get(diff.metrics_addr(), "/metrics").1;
+        ["plays_hourly", "plays_daily"]
+            .iter()
+            .map(|rule| {
+                common::sample(
+                    &body,
+                    &format!(
+                        "heatsink_rule_statements_total{{rule=\"{rule}\",outcome=\"fallback\"}}"
+                    ),
+                )
+                .unwrap_or(0.0)
+            })
+            .sum()
+    };
+    let before = fallbacks();
+    let reads = [
+        "SELECT EXTRACT(DAY_HOUR FROM created_at) AS dh, COUNT(*) AS n FROM plays GROUP BY dh ORDER BY dh",
+        "SELECT COUNT(*) AS n FROM plays WHERE track_id = 1 AND EXTRACT(HOUR_MINUTE FROM created_at) >= 1030",
+        "SELECT id, EXTRACT(YEAR_MONTH FROM created_at) AS ym, EXTRACT(DAY_MICROSECOND FROM created_at) AS dm \
+         FROM plays WHERE id < 8 ORDER BY id",
+        "SELECT track_id, COUNT(*) AS n FROM plays WHERE created_at >= '2024-05-02' \
+         AND EXTRACT(DAY_MINUTE FROM created_at) < 21000 GROUP BY track_id ORDER BY track_id",
+    ];
+    for mode in ["TRADITIONAL", ""] {
+        reads_match(&diff, &[&format!("SET sql_mode = '{mode}'")], &reads);
+    }
+    // Every one ran as sent, text and prepared.
+    let ran_as_sent = fallbacks() - before;
+    assert_eq!(ran_as_sent, 2.0 * 2.0 * reads.len() as f64, "fallbacks");
+}

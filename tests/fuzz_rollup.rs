@@ -439,9 +439,15 @@ fn insert_select(g: &mut Gen, s: &mut Stmt) {
 
 /// A time predicate.
 fn time_range(g: &mut Gen, s: &mut Stmt, t: &str) {
+    // A bound: a string literal, sent as a string parameter or, now and then, as a
+    // binary DATETIME parameter (prepared reads check the value at each execute).
     let lit = |g: &mut Gen| {
         let t = time_text(g);
-        g.string_lit(t.as_bytes())
+        let mut l = g.string_lit(t.as_bytes());
+        if g.chance(30) {
+            l.param = Some(datetime_param(&t));
+        }
+        l
     };
     let pair = |g: &mut Gen| (lit(g), lit(g));
     if g.chance(8) {
@@ -512,6 +518,21 @@ fn time_range(g: &mut Gen, s: &mut Stmt, t: &str) {
                 )),
             };
         }
+    }
+}
+
+/// The binary DATETIME parameter of a `YYYY-MM-DD HH:MM:SS` time.
+fn datetime_param(t: &str) -> RawParam {
+    let n = |r: std::ops::Range<usize>| -> u16 { t[r].parse().unwrap_or(0) };
+    let mut value = vec![7u8];
+    value.extend_from_slice(&n(0..4).to_le_bytes());
+    for r in [5..7, 8..10, 11..13, 14..16, 17..19] {
+        value.push(n(r) as u8);
+    }
+    RawParam::Typed {
+        ty: 0x0c,
+        unsigned: false,
+        value,
     }
 }
 

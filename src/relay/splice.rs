@@ -912,10 +912,11 @@ impl Session {
         self.link.client.write_all(&out).await
     }
 
-    /// COM_STMT_EXECUTE of a prepared rewrite with long data, whose rule lets its
-    /// statements run as sent: the client's own statement is prepared on the server,
-    /// given the long data as the client sent it, executed with the client's
-    /// parameters, and closed. The client sees the server's answer to its own
+    /// COM_STMT_EXECUTE of a prepared rewrite with long data, or with a parameter
+    /// value a declining check does not take ([`crate::rewrite::ParamCheck::declines`];
+    /// `chunks` then empty), whose rule lets its statements run as sent: the client's
+    /// own statement is prepared on the server, given the long data as the client
+    /// sent it, executed with the client's parameters, and closed. The client sees the server's answer to its own
     /// statement, as without the proxy; counted as the rule's fallback.
     async fn execute_original(
         &mut self,

@@ -272,7 +272,13 @@ impl Kind for Rollup {
             }
             2 if g.chance(50) => {
                 // Zero dates: TRADITIONAL and NO_ZERO_DATE read and refuse them.
-                let mode = *g.pick(&["TRADITIONAL", "NO_ZERO_DATE", "NO_ENGINE_SUBSTITUTION"]);
+                // NO_ZERO_IN_DATE: a time series over zero-in-date rows.
+                let mode = *g.pick(&[
+                    "TRADITIONAL",
+                    "NO_ZERO_DATE",
+                    "NO_ZERO_IN_DATE",
+                    "NO_ENGINE_SUBSTITUTION",
+                ]);
                 s.sql(format!("SET sql_mode = '{mode}'"));
                 g.session.sql_mode = mode.to_string();
                 s.text_only = true;
@@ -352,6 +358,11 @@ fn time_lit(g: &mut Gen) -> Lit {
         // A zero date: stored outside NO_ZERO_DATE, refused under TRADITIONAL.
         return g.string_lit(b"0000-00-00 00:00:00");
     }
+    if g.chance(3) {
+        // A zero day or month: stored outside NO_ZERO_IN_DATE.
+        let t = *g.pick(&["2024-03-00 10:20:00", "2024-00-00 00:00:00"]);
+        return g.string_lit(t.as_bytes());
+    }
     let t = time_text(g);
     // A bucket boundary now and then.
     let t = if g.chance(20) {
@@ -428,9 +439,15 @@ fn insert_select(g: &mut Gen, s: &mut Stmt) {
 
 /// A time predicate.
 fn time_range(g: &mut Gen, s: &mut Stmt, t: &str) {
+    // A bound: a string literal, sent as a string parameter or, now and then, as a
+    // binary DATETIME parameter (prepared reads check the value at each execute).
     let lit = |g: &mut Gen| {
         let t = time_text(g);
-        g.string_lit(t.as_bytes())
+        let mut l = g.string_lit(t.as_bytes());
+        if g.chance(30) {
+            l.param = Some(datetime_param(&t));
+        }
+        l
     };
     let pair = |g: &mut Gen| (lit(g), lit(g));
     if g.chance(8) {
@@ -504,6 +521,21 @@ fn time_range(g: &mut Gen, s: &mut Stmt, t: &str) {
     }
 }
 
+/// The binary DATETIME parameter of a `YYYY-MM-DD HH:MM:SS` time.
+fn datetime_param(t: &str) -> RawParam {
+    let n = |r: std::ops::Range<usize>| -> u16 { t[r].parse().unwrap_or(0) };
+    let mut value = vec![7u8];
+    value.extend_from_slice(&n(0..4).to_le_bytes());
+    for r in [5..7, 8..10, 11..13, 14..16, 17..19] {
+        value.push(n(r) as u8);
+    }
+    RawParam::Typed {
+        ty: 0x0c,
+        unsigned: false,
+        value,
+    }
+}
+
 /// An aggregate read of the log.
 fn read(g: &mut Gen, s: &mut Stmt) {
     // Now and then under a SET STATEMENT prefix: one the rewrite carries
@@ -530,9 +562,10 @@ fn read(g: &mut Gen, s: &mut Stmt) {
         3 => &["country"],
         _ => &["track_id", "country"],
     };
-    let series = match g.below(6) {
+    let series = match g.below(7) {
         0 => Some(format!("DATE({q}created_at)")),
         1 => Some(format!("DATE_FORMAT({q}created_at, '%Y-%m-%d %H:00:00')")),
+        2 => Some(format!("DATE_FORMAT({q}created_at, '%Y-%m')")),
         _ => None,
     };
     let mut items: Vec<String> = dims.iter().map(|d| format!("{q}{d}")).collect();

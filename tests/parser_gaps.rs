@@ -457,13 +457,13 @@ fn rollup_logs_take_what_the_parser_cannot_read_as_mariadb_does() {
         let direct = std::fs::read(&d).unwrap_or_else(|e| panic!("{d}: {e}"));
         assert_eq!(std::fs::read(&p).unwrap_or_default(), direct, "{name}");
     }
-    // LOAD DATA, INTO, the prepared compound interval and the SET STATEMENTs the rule
-    // cannot carry ran as sent, each counted as a fallback of the rule asked first.
+    // LOAD DATA, INTO and the SET STATEMENTs the rule cannot carry ran as sent, each
+    // counted as a fallback of the rule asked first.
     let fallbacks = outcome(metrics, "plays_hourly", "fallback") - fallbacks_before;
     assert!(fallbacks >= 9.0, "fallbacks counted: {fallbacks}");
     // The reads, the SET STATEMENTs of time_zone and div_precision_increment (text
-    // and prepared), the prefixed insert and the text reads with compound interval
-    // units were rewritten.
+    // and prepared), the prefixed insert and the reads with compound interval units
+    // (text, and prepared with a parameter as the bound) were rewritten.
     let rewrites = rewritten() - rewritten_before;
     eprintln!("fallbacks {fallbacks}, rewrites {rewrites}");
     assert!(rewrites >= 9.0, "rewrites counted: {rewrites}");

@@ -137,13 +137,15 @@ pub struct PreparedMerge {
     pub holes: Vec<Vec<(usize, usize)>>,
 }
 
-/// Why an execute's parameter values fail the rewrite's checks, if they do. A
-/// malformed execute passes here and is refused where it is sliced.
+/// Why an execute's parameter values fail the rewrite's checks, if they do, and
+/// whether the failing check declines ([`crate::rewrite::ParamCheck::declines`]:
+/// the execute then runs the client's own statement). A malformed execute passes
+/// here and is refused where it is sliced.
 pub(super) fn param_violation(
     payload: &[u8],
     p: &mut PreparedRewrite,
     charset: Option<crate::rewrite::Charset>,
-) -> Option<String> {
+) -> Option<(String, bool)> {
     if p.checks.is_empty() {
         return None;
     }
@@ -151,7 +153,9 @@ pub(super) fn param_violation(
     let types = p.types.as_deref()?;
     p.checks.iter().find_map(|&(j, check)| {
         let ty = [*types.get(2 * j)?, *types.get(2 * j + 1)?];
-        check.violation(ty, *values.get(j)?, charset)
+        check
+            .violation(ty, *values.get(j)?, charset)
+            .map(|why| (why, check.declines()))
     })
 }
 

@@ -912,10 +912,11 @@ impl Session {
         self.link.client.write_all(&out).await
     }
 
-    /// COM_STMT_EXECUTE of a prepared rewrite with long data, whose rule lets its
-    /// statements run as sent: the client's own statement is prepared on the server,
-    /// given the long data as the client sent it, executed with the client's
-    /// parameters, and closed. The client sees the server's answer to its own
+    /// COM_STMT_EXECUTE of a prepared rewrite with long data, or with a parameter
+    /// value a declining check does not take ([`crate::rewrite::ParamCheck::declines`];
+    /// `chunks` then empty), whose rule lets its statements run as sent: the client's
+    /// own statement is prepared on the server, given the long data as the client
+    /// sent it, executed with the client's parameters, and closed. The client sees the server's answer to its own
     /// statement, as without the proxy; counted as the rule's fallback.
     async fn execute_original(
         &mut self,
@@ -1036,7 +1037,12 @@ impl Session {
         let Some(p) = self.prepared.get_mut(&id) else {
             return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
         };
-        if let Some(why) = param_violation(&payload, p, charset) {
+        if let Some((why, declines)) = param_violation(&payload, p, charset) {
+            // A value the rewrite is not exact for, of a statement the server
+            // answers as well as ever: the client's own statement runs.
+            if declines && p.original.is_some() {
+                return self.execute_original(id, c, Vec::new()).await;
+            }
             let msg = format!(
                 "heatsink rule '{}': {why} cannot be rewritten with MariaDB's meaning",
                 p.rule

@@ -703,7 +703,9 @@ impl RenderedPrelude {
 
 /// What a prepared statement's parameter value must be for its rewrite to keep the
 /// original statement's meaning; checked at every execute (the plan is made before
-/// any value is known). An execute whose value fails gets ERR 1105 and runs nothing.
+/// any value is known). An execute whose value fails gets ERR 1105 and runs nothing,
+/// unless the check [declines](ParamCheck::declines): the client's statement then
+/// runs as the server's own prepared statement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParamCheck {
     /// Any value but NULL.
@@ -721,9 +723,28 @@ pub enum ParamCheck {
         /// Largest value.
         max: i128,
     },
+    /// A valid date and time of the years `min_year..=max_year`: bound as DATE,
+    /// DATETIME or TIMESTAMP, or as a `'YYYY-MM-DD'` / `'YYYY-MM-DD HH:MM:SS[.f]'`
+    /// string. It [declines](ParamCheck::declines): another value (NULL, a number,
+    /// a zero or invalid date, another spelling) runs the client's statement as sent.
+    Datetime {
+        /// Earliest year.
+        min_year: u16,
+        /// Latest year.
+        max_year: u16,
+    },
 }
 
 impl ParamCheck {
+    /// Whether a value that fails the check runs the client's statement as the
+    /// server's own prepared statement (counted as the rule's fallback) rather than
+    /// failing: for rewrites exact only for some values of a parameter whose other
+    /// values the original statement answers as well as ever. Only for rules that
+    /// let their statements run as sent ([`Rule::runs_unread`]).
+    pub fn declines(&self) -> bool {
+        matches!(self, ParamCheck::Datetime { .. })
+    }
+
     /// Why the binary-protocol value `value` (`None`: NULL) of type `ty` (the two
     /// type bytes of COM_STMT_EXECUTE) fails the check, if it does.
     /// `charset`: the connection's character set, in which string values must be
@@ -748,6 +769,21 @@ impl ParamCheck {
         let is_string = matches!(ty[0], 0x0f | 0xf9..=0xfe);
         match *self {
             ParamCheck::NotNull => None,
+            ParamCheck::Datetime { min_year, max_year } => {
+                let year = match ty[0] {
+                    types::DATE | types::DATETIME | types::TIMESTAMP => binary_datetime_year(v),
+                    _ if is_string => string(v).and_then(|s| text_datetime_year(&s)),
+                    _ => None,
+                };
+                match year {
+                    Some(y) if (min_year..=max_year).contains(&y) => None,
+                    Some(y) => Some(format!("a date parameter of the year {y}")),
+                    None => Some(format!(
+                        "a parameter of type {:#04x} that is not a valid date and time",
+                        ty[0]
+                    )),
+                }
+            }
             ParamCheck::String { max_bytes } => {
                 if !is_string {
                     return Some(format!("a parameter of type {:#04x} where a string key is compared (MariaDB would compare numerically)", ty[0]));
@@ -821,6 +857,78 @@ impl ParamCheck {
             }
         }
     }
+}
+
+/// Days in month `m` (1–12) of year `y`, proleptic Gregorian.
+fn month_days(y: u16, m: u8) -> u8 {
+    match m {
+        2 if y.is_multiple_of(4) && (!y.is_multiple_of(100) || y.is_multiple_of(400)) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// The year of a binary-protocol DATE/DATETIME/TIMESTAMP value (length byte, year,
+/// month, day[, hour, minute, second[, microseconds]]) holding a valid date and
+/// time; `None` for the zero value (length 0) and anything invalid.
+fn binary_datetime_year(v: &[u8]) -> Option<u16> {
+    let (&len, rest) = v.split_first()?;
+    let rest = rest.get(..usize::from(len))?;
+    let (y, m, d) = match rest {
+        [y0, y1, m, d, ..] if matches!(len, 4 | 7 | 11) => (u16::from_le_bytes([*y0, *y1]), *m, *d),
+        _ => return None,
+    };
+    if let [_, _, _, _, h, mi, s, ..] = rest {
+        if *h > 23 || *mi > 59 || *s > 59 {
+            return None;
+        }
+    }
+    if let [_, _, _, _, _, _, _, u0, u1, u2, u3] = rest {
+        if u32::from_le_bytes([*u0, *u1, *u2, *u3]) > 999_999 {
+            return None;
+        }
+    }
+    ((1..=9999).contains(&y) && (1..=12).contains(&m) && d >= 1 && d <= month_days(y, m))
+        .then_some(y)
+}
+
+/// The year of a `YYYY-MM-DD` or `YYYY-MM-DD HH:MM:SS[.f]` (one to six fractional
+/// digits) text holding a valid date and time; `None` for anything else.
+fn text_datetime_year(s: &[u8]) -> Option<u16> {
+    let num = |b: &[u8]| -> Option<u16> {
+        b.iter().try_fold(0u16, |n, &c| {
+            c.is_ascii_digit().then(|| n * 10 + u16::from(c - b'0'))
+        })
+    };
+    let (date, time) = match s.len() {
+        10 => (s, None),
+        19.. => (s.get(..10)?, Some(s.get(10..)?)),
+        _ => return None,
+    };
+    if date[4] != b'-' || date[7] != b'-' {
+        return None;
+    }
+    let (y, m, d) = (num(&date[..4])?, num(&date[5..7])?, num(&date[8..10])?);
+    let m = u8::try_from(m).ok()?;
+    if !(1..=12).contains(&m) || d < 1 || d > u16::from(month_days(y, m)) || y < 1 {
+        return None;
+    }
+    if let Some(t) = time {
+        if t[0] != b' ' || t[3] != b':' || t[6] != b':' {
+            return None;
+        }
+        let (h, mi, sec) = (num(&t[1..3])?, num(&t[4..6])?, num(&t[7..9])?);
+        if h > 23 || mi > 59 || sec > 59 {
+            return None;
+        }
+        match &t[9..] {
+            [] => {}
+            [b'.', f @ ..] if (1..=6).contains(&f.len()) && f.iter().all(u8::is_ascii_digit) => {}
+            _ => return None,
+        }
+    }
+    Some(y)
 }
 
 /// How the client's answer to a rewritten statement is built.
@@ -1582,6 +1690,67 @@ mod fingerprint_tests {
             .is_none());
         assert!(ParamCheck::NotNull
             .violation([0xfe, 0], None, None)
+            .is_some());
+    }
+
+    #[test]
+    fn datetime_checks_take_valid_dates_of_their_years() {
+        use crate::wire::resultset::types;
+        let check = ParamCheck::Datetime {
+            min_year: 1000,
+            max_year: 9998,
+        };
+        assert!(check.declines() && !ParamCheck::NotNull.declines());
+        let ok = |ty: u8, v: &[u8]| check.violation([ty, 0], Some(v), None).is_none();
+        let s = |text: &str| [&[text.len() as u8][..], text.as_bytes()].concat();
+        for good in [
+            "2024-05-02",
+            "2024-05-02 10:30:00",
+            "2024-02-29 23:59:59.999999",
+            "1000-01-01 00:00:00.5",
+            "9998-12-31",
+        ] {
+            assert!(ok(0xfd, &s(good)) && ok(0xfe, &s(good)), "{good}");
+        }
+        for bad in [
+            "0000-00-00",
+            "2024-00-10",
+            "2023-02-29",
+            "2024-04-31 00:00:00",
+            "2024-05-02 24:00:00",
+            "2024-05-02 10:30",
+            " 2024-05-02",
+            "2024-05-02T10:30:00",
+            "2024-05-02 10:30:00.",
+            "2024-05-02 10:30:00.1234567",
+            "9999-12-31 23:59:59",
+            "0999-12-31",
+            "20240502",
+            "",
+        ] {
+            assert!(!ok(0xfd, &s(bad)), "{bad}");
+        }
+        // DATETIME / DATE / TIMESTAMP binary values: length, year, month, day[, time[, µs]].
+        let y = 2024u16.to_le_bytes();
+        assert!(ok(types::DATETIME, &[7, y[0], y[1], 5, 2, 10, 30, 0]));
+        assert!(ok(types::DATE, &[4, y[0], y[1], 2, 29]));
+        assert!(ok(
+            types::TIMESTAMP,
+            &[11, y[0], y[1], 5, 2, 10, 30, 0, 0x3f, 0x42, 0x0f, 0]
+        ));
+        assert!(!ok(types::DATETIME, &[0]));
+        assert!(!ok(types::DATETIME, &[4, y[0], y[1], 2, 30]));
+        assert!(!ok(types::DATETIME, &[7, y[0], y[1], 5, 2, 10, 60, 0]));
+        assert!(!ok(types::DATETIME, &[7, y[0], y[1], 5, 2]));
+        assert!(!ok(types::DATETIME, &[5, y[0], y[1], 5, 2, 1]));
+        assert!(!ok(types::LONGLONG, &20240502i64.to_le_bytes()));
+        assert!(check.violation([0xfd, 0], None, None).is_some());
+        let shifted = ParamCheck::Datetime {
+            min_year: 1201,
+            max_year: 9798,
+        };
+        assert!(shifted
+            .violation([0xfd, 0], Some(&s("1200-12-31")), None)
             .is_some());
     }
 

@@ -104,12 +104,15 @@ pub(super) fn plan_read(
     // warnings the log's read does not give. Prepared statements and TIMESTAMP
     // logs have only that form: other bounds fall back. Text reads check the
     // values in their prelude and forward the statement when it declines them.
+    // A prepared read's bound may be a parameter: its value is checked at each
+    // execute, and one the form does not take runs the statement as sent.
     let one_step_only = ctx.prepared || shape.utc;
+    let mut param_checks = Vec::new();
     if one_step_only
         && [&shape.lower, &shape.upper]
             .into_iter()
             .flatten()
-            .any(|b| !plain_bound(b.expr, ctx))
+            .any(|b| !plain_bound(b.expr, ctx, &mut param_checks))
     {
         return Ok(Some(Plan::fallback(
             "a time bound is not a plain date (a prepared statement or a TIMESTAMP log has only the one-step form, exact for plain dates only)",
@@ -140,6 +143,7 @@ pub(super) fn plan_read(
         statements,
         reply: Reply::Patched(Arc::new(patch)),
         prelude,
+        param_checks,
         ..Default::default()
     }))
 }

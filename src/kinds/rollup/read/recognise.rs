@@ -12,7 +12,7 @@ use super::{Bound, Filter, Group, Item, Shape};
 use crate::kinds::rollup::plan::RollupRule;
 use crate::kinds::rollup::spec::{Bucket, Measure};
 use crate::rewrite::shape::{column_name, conjuncts, eq, is_value};
-use crate::rewrite::PlanContext;
+use crate::rewrite::{ParamCheck, PlanContext, Slot};
 use crate::wire::resultset::{types, ColumnDef};
 
 impl<'q> Shape<'q> {
@@ -565,10 +565,17 @@ const NOW: &[&str] = &[
 /// (`CAST(DATE_FORMAT(e, …) AS DATETIME)`, `+ INTERVAL 1 DAY`) are neither NULL
 /// nor out of range: a `'YYYY-MM-DD[ HH:MM:SS[.f]]'` literal of a valid date in
 /// the years 1000–9998, or `NOW()` and its kin (`CURDATE()`, `UTC_TIMESTAMP()`, …),
-/// each under `DATE(…)` and `± INTERVAL n unit` with an integer literal `n`, all
-/// intervals together at most 200 years (a literal then at least 200 years from
-/// either end). Walked as a chain, without recursion.
-pub(super) fn plain_bound(e: &Expr, ctx: &PlanContext<'_>) -> bool {
+/// each under `DATE(…)` and `± INTERVAL n unit` with an integer literal `n` or a
+/// compound unit's literal (`'1 2' DAY_HOUR`), all intervals together at most 200
+/// years (a literal then at least 200 years from either end). A parameter in the
+/// literal's place is taken with a check of its value at each execute, pushed on
+/// `checks` ([`ParamCheck::Datetime`]: a value outside those years or of another
+/// kind runs the statement as sent). Walked as a chain, without recursion.
+pub(super) fn plain_bound(
+    e: &Expr,
+    ctx: &PlanContext<'_>,
+    checks: &mut Vec<(usize, ParamCheck)>,
+) -> bool {
     use sqlparser::ast::DateTimeField as F;
     const DAY: u64 = 86_400;
     const LIMIT: u64 = 200 * 365 * DAY;
@@ -585,9 +592,15 @@ pub(super) fn plain_bound(e: &Expr, ctx: &PlanContext<'_>) -> bool {
                 let Expr::Interval(i) = right.as_ref() else {
                     return false;
                 };
-                if i.last_field.is_some()
-                    || i.leading_precision.is_some()
-                    || i.fractional_seconds_precision.is_some()
+                if i.leading_precision.is_some() || i.fractional_seconds_precision.is_some() {
+                    return false;
+                }
+                let compound = i.last_field.is_some();
+                if compound
+                    && !matches!(
+                        i.leading_field,
+                        Some(F::Year | F::Day | F::Hour | F::Minute | F::Second)
+                    )
                 {
                     return false;
                 }
@@ -602,10 +615,18 @@ pub(super) fn plain_bound(e: &Expr, ctx: &PlanContext<'_>) -> bool {
                     Some(F::Year) => 366 * DAY,
                     _ => return false,
                 };
-                let Some(n) = ctx.literal(&i.value).and_then(|l| l.as_i64()) else {
+                let n = if compound {
+                    ctx.literal(&i.value)
+                        .and_then(|l| compound_magnitude(&l.text))
+                } else {
+                    ctx.literal(&i.value)
+                        .and_then(|l| l.as_i64())
+                        .map(i64::unsigned_abs)
+                };
+                let Some(n) = n else {
                     return false;
                 };
-                shift = shift.saturating_add(n.unsigned_abs().saturating_mul(unit));
+                shift = shift.saturating_add(n.saturating_mul(unit));
                 if shift > LIMIT {
                     return false;
                 }
@@ -653,6 +674,15 @@ pub(super) fn plain_bound(e: &Expr, ctx: &PlanContext<'_>) -> bool {
                 }
             }
             _ => {
+                let (min_year, max_year) = if shift == 0 {
+                    (1000, 9998)
+                } else {
+                    (1201, 9798)
+                };
+                if let Some(Slot::Param(j)) = ctx.slot(e) {
+                    checks.push((j, ParamCheck::Datetime { min_year, max_year }));
+                    return true;
+                }
                 let Some(lit) = ctx.literal(e) else {
                     return false;
                 };
@@ -671,12 +701,42 @@ pub(super) fn plain_bound(e: &Expr, ctx: &PlanContext<'_>) -> bool {
                 let Some(year) = crate::kinds::rollup::bounds::valid_year(&full) else {
                     return false;
                 };
-                let margin = if shift == 0 { 1 } else { 201 };
-                return (1000 + margin..=9999 - margin).contains(&year)
-                    || (shift == 0 && year == 1000);
+                return (i64::from(min_year)..=i64::from(max_year)).contains(&year);
             }
         }
     }
+}
+
+/// A bound on the seconds, in the compound unit's leading unit, of a compound
+/// interval's literal (`'1 2'` of `DAY_HOUR`, `'1:30'` of `HOUR_MINUTE`, `1.5`):
+/// each component counts in the leading unit or a finer one, so the sum of the
+/// literal's numbers bounds it. `None` for text with letters (`1e3`, `0x10`), more
+/// numbers than any unit has, or none.
+fn compound_magnitude(text: &[u8]) -> Option<u64> {
+    let inner = match text {
+        [b'\'', inner @ .., b'\''] => inner,
+        _ => text,
+    };
+    if inner
+        .iter()
+        .any(|&b| b.is_ascii_alphabetic() || b == b'\'' || b == b'\\' || !b.is_ascii())
+    {
+        return None;
+    }
+    let mut runs = 0usize;
+    let mut sum: u64 = 0;
+    for run in inner
+        .split(|b| !b.is_ascii_digit())
+        .filter(|r| !r.is_empty())
+    {
+        runs += 1;
+        if run.len() > 18 {
+            return None;
+        }
+        let n: u64 = std::str::from_utf8(run).ok()?.parse().ok()?;
+        sum = sum.saturating_add(n);
+    }
+    (1..=5).contains(&runs).then_some(sum)
 }
 
 /// An expression the server evaluates to the same value for every row of one

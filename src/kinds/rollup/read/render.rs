@@ -107,6 +107,22 @@ impl<'q> Shape<'q> {
         })
     }
 
+    /// What a part of the union hands over for the time series of the time `t`:
+    /// `DATE(t)` for a `DATE` series, `CAST(t AS BINARY)` (the time's text) for a
+    /// `DATE_FORMAT` one. Not the DATETIME itself: under NO_ZERO_IN_DATE or
+    /// NO_ZERO_DATE the union's temporary table and `MIN` read a zero or zero-in-date
+    /// time (`2024-05-00`) as NULL or the zero date, which the log's read groups and
+    /// labels as it is. A date is NULL where the session's mode makes it so and
+    /// valid under it otherwise, so it passes both unchanged; `DATE_FORMAT` formats
+    /// the text as it formats the DATETIME, with no warning in any mode (a `DATE()`
+    /// of the text would warn on a zero date).
+    fn time_value(&self, t: &str) -> String {
+        match self.time_format().flatten() {
+            None => format!("DATE({t})"),
+            Some(_) => format!("CAST({t} AS BINARY)"),
+        }
+    }
+
     /// The grouping query over the rollup's and the log's rows.
     fn inner_sql(&self, rule: &RollupRule, group: &[Group], measured: &[(&str, bool)]) -> String {
         let own = Source {
@@ -158,7 +174,9 @@ impl<'q> Shape<'q> {
                     by.push(format!("`hs_u`.{}", dim(*d)));
                 }
                 Group::Time => {
-                    // Any time of the group: the outer query applies the function.
+                    // Any value of the group (the parts hand over a date or the
+                    // time's text, see `time_value`): the outer query applies the
+                    // function again.
                     select.push("MIN(`hs_u`.`hs_t`) AS `hs_t`".to_string());
                     by.push(time_sql("`hs_u`.`hs_t`", self.time_format().flatten()));
                 }
@@ -225,7 +243,10 @@ impl<'q> Shape<'q> {
                     )
                 }
                 Group::Time => format!(
-                    "IF(({a}.`hs_nulls` & {TIME_NULL_BIT}) <> 0, NULL, {a}.`hs_bucket`) AS `hs_t`"
+                    "{} AS `hs_t`",
+                    self.time_value(&format!(
+                        "IF(({a}.`hs_nulls` & {TIME_NULL_BIT}) <> 0, NULL, {a}.`hs_bucket`)"
+                    ))
                 ),
             })
             .collect();
@@ -284,7 +305,7 @@ impl<'q> Shape<'q> {
                     let name = quote(&rule.logical.key()[*d]);
                     format!("{a}.{name} AS {name}")
                 }
-                Group::Time => format!("{t} AS `hs_t`"),
+                Group::Time => format!("{} AS `hs_t`", self.time_value(&t)),
             })
             .collect();
         let weight = sign.map(|(s, _)| format!("({s})"));

@@ -291,7 +291,8 @@ fn bounds_the_one_step_form_cannot_take_exactly() {
         "created_at >= '9999-12-31 23:59:59'",
         "created_at >= '2024-02-30'",
         "created_at >= 20240301",
-        "created_at >= ?",
+        "created_at >= ? - INTERVAL ? DAY",
+        "created_at >= DATE(?) + INTERVAL 300 YEAR",
         "created_at >= NOW() - INTERVAL (DATEDIFF(NOW(), '2024-03-15') * 24) HOUR",
         "created_at >= NOW() - INTERVAL 300 YEAR",
         "created_at >= '1100-01-01' - INTERVAL 1 DAY",
@@ -321,6 +322,32 @@ fn bounds_the_one_step_form_cannot_take_exactly() {
             matches!(decide_prepared(&e, &sql), Decision::Rewrite(_)),
             "{sql}"
         );
+    }
+    // A parameter is taken where a literal is, with a check of its value at each
+    // execute (the years a literal would have to be in).
+    use crate::rewrite::ParamCheck;
+    let plain = ParamCheck::Datetime {
+        min_year: 1000,
+        max_year: 9998,
+    };
+    let shifted = ParamCheck::Datetime {
+        min_year: 1201,
+        max_year: 9798,
+    };
+    for (w, checks) in [
+        ("created_at >= ?", vec![(0, plain)]),
+        ("? <= created_at", vec![(0, plain)]),
+        (
+            "created_at BETWEEN ? - INTERVAL 7 DAY AND DATE(?)",
+            vec![(0, shifted), (1, plain)],
+        ),
+        ("created_at < NOW() AND created_at > ?", vec![(0, plain)]),
+    ] {
+        let sql = read(w);
+        match decide_prepared(&e, &sql) {
+            Decision::Rewrite(rw) => assert_eq!(rw.param_checks, checks, "{sql}"),
+            other => panic!("{sql}: {other:?}"),
+        }
     }
 }
 
@@ -374,6 +401,9 @@ fn statements_the_parser_cannot_read_run_as_sent() {
             "SELECT COUNT(*) AS n INTO @a FROM plays",
             "SET STATEMENT max_statement_time = 10 FOR SELECT COUNT(*) AS n FROM plays",
             "SET STATEMENT sql_mode = 'ANSI_QUOTES' FOR SELECT COUNT(*) AS n FROM plays",
+            // EXTRACT's compound units are not an interval's.
+            "SELECT EXTRACT(DAY_HOUR FROM created_at) AS dh, COUNT(*) AS n FROM plays GROUP BY dh",
+            "SELECT COUNT(*) AS n FROM plays WHERE EXTRACT(YEAR_MONTH FROM created_at) = 202405",
         ],
     );
     // DDL the parser cannot read is still refused: no trigger follows it.
@@ -420,14 +450,34 @@ fn compound_interval_units_are_read() {
     };
     let got: Vec<String> = texts(&r).iter().map(|t| standard_of(t)).collect();
     assert_eq!(parsed(&got), parsed(&texts(&want)));
-    // Prepared reads have only the one-step form, which takes plain units only.
-    assert!(matches!(
+    // Prepared reads have only the one-step form, which takes a compound unit whose
+    // literal bounds the shift (at most 200 years in all).
+    let prepared = |w: &str| {
         crate::rewrite::testutil::decide_prepared(
             &e,
-            "SELECT COUNT(*) AS n FROM plays WHERE created_at >= ? - INTERVAL '1:30' HOUR_MINUTE"
-        ),
-        Decision::Fallback(_)
-    ));
+            &format!("SELECT COUNT(*) AS n FROM plays WHERE created_at >= {w}"),
+        )
+    };
+    for w in [
+        "? - INTERVAL '1:30' HOUR_MINUTE",
+        "NOW() - INTERVAL '1 12' DAY_HOUR",
+        "'2024-03-01' - INTERVAL 2 DAY_HOUR",
+        "NOW() - INTERVAL '-1 2:03' DAY_MINUTE",
+        "NOW() - INTERVAL '1-6' YEAR_MONTH",
+        "NOW() + INTERVAL 1.5 MINUTE_SECOND",
+    ] {
+        assert!(matches!(prepared(w), Decision::Rewrite(_)), "{w}");
+    }
+    for w in [
+        "NOW() - INTERVAL '1e3' DAY_HOUR",
+        "NOW() - INTERVAL '0x10' DAY_HOUR",
+        "NOW() - INTERVAL '1 2 3 4 5 6' DAY_MICROSECOND",
+        "'2024-03-01' - INTERVAL '100000 0' DAY_HOUR",
+        "NOW() - INTERVAL '200 1' YEAR_MONTH",
+        "NOW() - INTERVAL ? DAY_HOUR",
+    ] {
+        assert!(matches!(prepared(w), Decision::Fallback(_)), "{w}");
+    }
 }
 
 #[test]

@@ -248,13 +248,16 @@ impl<'q> Shape<'q> {
     }
 
     /// The column `e` names, if it is a column of the log as the statement reads it.
-    fn column_of(&self, e: &Expr) -> Option<String> {
+    fn column_of(&self, mut e: &Expr) -> Option<String> {
+        // Parentheses are unwrapped in a loop: their depth is the client's.
+        while let Expr::Nested(inner) = e {
+            e = inner;
+        }
         match e {
             Expr::Identifier(i) => Some(i.value.clone()),
             Expr::CompoundIdentifier(p) if p.len() == 2 && eq(&p[0].value, &self.alias) => {
                 Some(p[1].value.clone())
             }
-            Expr::Nested(inner) => self.column_of(inner),
             _ => None,
         }
     }

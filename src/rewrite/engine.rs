@@ -15,8 +15,8 @@ use super::cache::{self, Cached, KeyKind, PlanCache, Template};
 use super::prefilter::Prefilter;
 use super::sqltok::{self, Mode, Slot, Token, TokenKind};
 use super::{
-    CharsetClass, Decision, Dynamic, EngineError, Fallback, Lexing, Plan, PlanContext, Rejection,
-    Rule, StatementContext,
+    CharsetClass, Decision, Dynamic, Fallback, Lexing, Plan, PlanContext, Rejection, Rule,
+    StatementContext,
 };
 
 /// Parse SQL text the way the engine does: MySQL dialect, literals kept as written
@@ -96,6 +96,36 @@ struct Named<'s, 'c> {
     qualifiers: Vec<(String, String)>,
     /// The connection's context.
     ctx: &'c StatementContext<'c>,
+}
+
+/// Why an [`Engine`] could not be built from a set of rules.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EngineError {
+    /// A rule has an empty name.
+    #[error("a rule has an empty name")]
+    EmptyRuleName,
+    /// Two rules share a name; errors and metrics would be ambiguous.
+    #[error("two rules are named '{0}'")]
+    DuplicateRule(String),
+    /// A rule names no table, so it could never apply.
+    #[error("rule '{0}' names no table")]
+    NoTables(String),
+    /// A rule names a table with an empty name.
+    #[error("rule '{0}' names a table with an empty name")]
+    EmptyTableName(String),
+    /// Two rules claim the same table; which one applies would be ambiguous.
+    #[error("rules '{first}' and '{second}' both name table '{table}'")]
+    SharedTable {
+        /// The rule listed first.
+        first: String,
+        /// The rule listed second.
+        second: String,
+        /// The table both name.
+        table: String,
+    },
+    /// The table-name scanner could not be built.
+    #[error("cannot build the table-name scanner: {0}")]
+    Prefilter(String),
 }
 
 impl Engine {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::charset::{Charset, Lexing};
 use super::cluster::NodeShare;
 use super::merge::Merger;
+use super::refusal::{Refusal, RefusalClass};
 
 /// What the connection knows about the statement it is about to forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,11 +97,22 @@ pub struct Rejection {
     /// Name of the rule whose table the statement touches (for statements that
     /// cannot even be analysed: the first rule whose table it names).
     pub rule: Arc<str>,
+    /// What kind of obstacle it is (see [`RefusalClass`]).
+    pub class: RefusalClass,
     /// What is wrong, in words a DBA or developer can act on.
     pub reason: String,
 }
 
 impl Rejection {
+    /// The rejection of a statement by `rule` for `refusal`.
+    pub fn new(rule: Arc<str>, refusal: Refusal) -> Rejection {
+        Rejection {
+            rule,
+            class: refusal.class(),
+            reason: refusal.into_reason(),
+        }
+    }
+
     /// The error message sent to the client: `heatsink rule '{rule}': {reason}`.
     pub fn message(&self) -> String {
         self.to_string()

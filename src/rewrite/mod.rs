@@ -18,6 +18,8 @@
 //!   in its own folder (`kinds/<kind>/`). A rule sees a parsed statement with a
 //!   [`PlanContext`] and returns a [`Plan`] (what to run instead), or a reason to
 //!   refuse it.
+//! - `refusal.rs`: [`Refusal`], why a planner refuses a statement: a reason and its
+//!   [`RefusalClass`], from a closed set a DBA can act on (`SHOW REFUSALS`).
 //! - `decision.rs`: what the engine hands the connection for one statement
 //!   ([`Decision`]: [`Rewritten`] with its [`Reply`], [`Rejection`], [`Fallback`],
 //!   [`MetadataRequest`]), the [`StatementContext`] it decides in, and the
@@ -72,9 +74,12 @@
 //!
 //! # Writing a rule kind
 //!
-//! - Match the statement shapes you can rewrite faithfully; return `Err(reason)` for
+//! - Match the statement shapes you can rewrite faithfully; return `Err(refusal)` for
 //!   any other shape that touches your table in a way that would read or write stale
-//!   data, and `Ok(None)` for statements that are fine as they are.
+//!   data, and `Ok(None)` for statements that are fine as they are. A [`Refusal`] is
+//!   made with the constructor of its [`RefusalClass`] (`Refusal::shape("…")`,
+//!   `Refusal::value(…)`, …): the class says what kind of obstacle it is, the text
+//!   reaches the client.
 //! - Check table references with [`PlanContext::names_table`] (it resolves the
 //!   default database).
 //! - Build the output either by editing a clone of the AST, or by formatting SQL
@@ -97,6 +102,7 @@ mod decision;
 mod engine;
 pub mod merge;
 pub mod prefilter;
+mod refusal;
 mod rule;
 pub mod shape;
 pub mod sqltok;
@@ -115,6 +121,7 @@ pub use decision::{
 };
 pub use engine::{parse_statements, Engine, EngineError, MAX_NESTING};
 pub use merge::Merger;
+pub use refusal::{Refusal, RefusalClass};
 pub use rule::{table_db, Literal, Plan, PlanContext, Prelude, Rule, PRELUDE_DECLINED};
 pub(crate) use rule::{Dynamic, SPELLING};
 pub use sqltok::{LexMode, LiteralClass, LiteralKind, Slot};

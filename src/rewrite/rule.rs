@@ -10,6 +10,7 @@ use sqlparser::ast::{Expr, ObjectName, Statement, Value};
 
 use super::decision::{ParamCheck, PreludeValues, Reply};
 use super::merge::Merger;
+use super::refusal::Refusal;
 use super::sqltok::{self, LiteralClass, LiteralKind, Slot};
 use crate::rules::spec::TableName;
 
@@ -147,13 +148,14 @@ pub trait Rule: Send + Sync {
     /// - `Ok(None)`: the statement is fine as it is (for example it reads the table in
     ///   a way that stays correct, or it only names a column of the same name).
     /// - `Ok(Some(plan))`: run `plan.statements` instead.
-    /// - `Err(reason)`: refuse the statement; `reason` reaches the client.
+    /// - `Err(refusal)`: refuse the statement; its reason reaches the client, its
+    ///   class `SHOW REFUSALS` and the refusal metric.
     ///
     /// In `stmt`, literals and parameters usually appear as markers: values of
     /// [`Value::Placeholder`] such as `?3`. Inspect them with [`PlanContext::slot`] and
     /// [`PlanContext::literal`], which also understand plain literals (a statement
     /// whose literals could not be marked arrives with them as parsed values).
-    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String>;
+    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, Refusal>;
 
     /// A query the rule needs answered (on the client's connection, whose default
     /// database is `current_db`) before it can plan, or `None` when it knows enough.

@@ -47,7 +47,9 @@ use sqlparser::ast::{
 use super::plan::{RollupRule, Tier};
 use super::spec::{Bucket, Measure};
 use crate::rewrite::shape::{column_name, conjuncts, eq, is_value};
-use crate::rewrite::{parse_statements, ColumnPatch, Plan, PlanContext, Prelude, Reply, TableName};
+use crate::rewrite::{
+    parse_statements, ColumnPatch, Plan, PlanContext, Prelude, Refusal, Reply, TableName,
+};
 use crate::rules::spec::quote;
 use crate::wire::resultset::{types, ColumnDef};
 
@@ -68,7 +70,7 @@ pub(super) fn plan_read(
     rule: &RollupRule,
     q: &Query,
     ctx: &PlanContext<'_>,
-) -> Result<Option<Plan>, String> {
+) -> Result<Option<Plan>, Refusal> {
     let Some(mut shape) = Shape::of(rule, q, ctx) else {
         return Ok(aggregates(q).then(|| Plan::fallback(SHAPE_NOT_ANSWERED)));
     };
@@ -106,8 +108,11 @@ pub(super) fn plan_read(
         )));
     }
     let sql = shape.sql(rule);
-    let statements = parse_statements(&sql)
-        .map_err(|e| format!("internal error: the rollup read does not parse ({e})"))?;
+    let statements = parse_statements(&sql).map_err(|e| {
+        Refusal::internal(format!(
+            "internal error: the rollup read does not parse ({e})"
+        ))
+    })?;
     let Some(patch) = shape.patch(rule, &meta) else {
         return Ok(Some(Plan::fallback(
             "the rollup cannot give the read's column definitions exactly as the log's read would",
@@ -116,11 +121,15 @@ pub(super) fn plan_read(
     let prelude = match shape.prelude_sql(rule, &meta, ctx) {
         Some((query, values, then)) => Some(Prelude {
             query: parse_statements(&query).map_err(|e| {
-                format!("internal error: the rollup read's prelude does not parse ({e})")
+                Refusal::internal(format!(
+                    "internal error: the rollup read's prelude does not parse ({e})"
+                ))
             })?,
             values,
             statements: parse_statements(&then).map_err(|e| {
-                format!("internal error: the rollup read with literal bounds does not parse ({e})")
+                Refusal::internal(format!(
+                    "internal error: the rollup read with literal bounds does not parse ({e})"
+                ))
             })?,
             original_on_decline: true,
         }),

@@ -3,9 +3,9 @@
 //! is split at, picked here from those values.
 //!
 //! Any boundary on a level's bucket grid keeps the read exact (see
-//! `Shape::prelude_sql` in `read.rs`); the pick only decides how many rows are read.
-//! So this is plain calendar arithmetic on the wall-clock values a DATETIME holds
-//! (no time zone is involved: the server converted `NOW()` already).
+//! `Shape::prelude_sql` in `read/render.rs`); the pick only decides how many rows
+//! are read. So this is plain calendar arithmetic on the wall-clock values a
+//! DATETIME holds (no time zone is involved: the server converted `NOW()` already).
 
 use super::spec::Bucket;
 use crate::kinds::calendar::{civil, days_from_civil, days_in_month};

@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# The write kinds' throughput goals measured with sysbench (its Lua client costs CPU
+# as real application drivers do), each kind through heatsink with its rule as a DBA
+# writes it (group commit on by default) against what the application does without
+# heatsink, sent directly to the same private MariaDB, in the same run:
+#
+#   counter  UPDATE hits SET cnt = cnt + 1 WHERE slug = 'hot'          THREADS_COUNTER (64)
+#            direct: the single hot row;  heatsink: counter rule, 16 slots
+#   ring     INSERT INTO log (uid, …) VALUES (…), half on 10 hot keys   THREADS_RING (64)
+#            direct: append, and every 10th event the per-key purge down to the
+#            newest 5 rows (bench-ring.sh's statement);  heatsink: ring rule size 5
+#            (no purge: the ring keeps 5 per key)
+#   rollup   INSERT INTO plays (…) VALUES (NOW(), …), half on one track THREADS_ROLLUP (32)
+#            direct: the bare log (no rollups, no triggers);  heatsink: the log with
+#            two rollups (hour and day per track and country, 8 slots)
+# Reference legs: rollup_trg (the log with the rollups' triggers, directly),
+# rollup_hop (the bare log through heatsink: the hop alone), rollup_haproxy (the bare
+# log through haproxy in TCP mode: what any relay's hop costs on this machine).
+# Legs alternate (order reversed every other round); ratios are medians of the
+# per-round ratios. After the legs: the counter equals the increments heatsink
+# acknowledged, every rollup equals a GROUP BY over its log, no ring key holds more
+# than 5 rows.
+#
+#   scripts/bench-sysbench.sh                       # about 5 minutes
+#   ROUNDS=1 DURATION=5 scripts/bench-sysbench.sh
+#
+# Environment: DURATION (15 s), ROUNDS (3), WORKLOADS, THREADS_*, SKIP_BUILD=1,
+# HEATSINK_BIN, OUT (bench/results/sysbench.md).
+set -euo pipefail
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib/mariadb.sh
+source "$SCRIPT_DIR/lib/mariadb.sh"
+# shellcheck source=lib/merge_workloads.sh
+source "$SCRIPT_DIR/lib/merge_workloads.sh"
+cd "$HS_REPO_DIR"
+
+DURATION=${DURATION:-15}
+ROUNDS=${ROUNDS:-3}
+WORKLOADS=${WORKLOADS:-"counter ring rollup"}
+THREADS_COUNTER=${THREADS_COUNTER:-64}
+THREADS_RING=${THREADS_RING:-64}
+THREADS_ROLLUP=${THREADS_ROLLUP:-32}
+OUT=${OUT:-bench/results/sysbench.md}
+export MARIADB_EXTRA_ARGS=${MARIADB_EXTRA_ARGS:---innodb-buffer-pool-size=512M}
+
+hs_install_traps
+[[ ${SKIP_BUILD:-0} == 1 ]] || cargo build --release --quiet --bin heatsink
+HEATSINK_BIN=${HEATSINK_BIN:-$HS_REPO_DIR/target/release/heatsink}
+export HEATSINK_BIN
+REV=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo " (uncommitted changes)")
+
+hs_tmpdir_into WORK sysbench
+RAW=$WORK/raw.tsv # round leg events seconds errors
+: >"$RAW"
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+
+mariadb_start
+# `plain`: the application's tables as they are (direct legs and the hop);
+# $SB_DB: the same tables under heatsink's rules.
+mariadb_root -e "CREATE DATABASE plain"
+merge_workloads_schema plain
+merge_workloads_schema "$SB_DB"
+hs_tmpdir_into RULES rules
+merge_workloads_rules "$RULES/rules.toml"
+# The rules name their tables with the database, so `plain` stays unruled.
+sed -i -E "s/^table = \"/table = \"$SB_DB./" "$RULES/rules.toml"
+"$HEATSINK_BIN" migrate --rules "$RULES" \
+  --backend-url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$MARIADB_PORT/$SB_DB" --apply \
+  >"$WORK/migrate.log" 2>&1 || { cat "$WORK/migrate.log" >&2; hs_die "heatsink migrate failed"; }
+HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT"
+haproxy_start "$MARIADB_PORT"
+
+# One Lua workload per leg; PURGE_EVERY > 0 adds the ring's purge every n-th event.
+lua() { # NAME STATEMENT-FORMAT ARGS-LUA [PURGE]
+  cat >"$WORK/$1.lua" <<EOF
+local n = 0
+function thread_init()
+  drv = sysbench.sql.driver()
+  con = drv:connect()
+end
+function event()
+  n = n + 1
+  if ${4:-false} and n % 10 == 0 then
+    local k = (sysbench.rand.uniform(1, 2) == 1) and sysbench.rand.uniform(1, 10) or sysbench.rand.uniform(11, 1000)
+    con:query(string.format("DELETE l FROM log l JOIN (SELECT uid, id FROM log WHERE uid = %d ORDER BY id DESC LIMIT 1 OFFSET 4) t ON l.uid = t.uid AND l.id < t.id", k))
+  else
+    con:query(string.format("$2", $3))
+  end
+end
+function thread_done()
+  con:disconnect()
+end
+EOF
+}
+RING_ARGS="(sysbench.rand.uniform(1, 2) == 1) and sysbench.rand.uniform(1, 10) or sysbench.rand.uniform(11, 1000), sysbench.rand.uniform(1, 1000000)"
+RING_SQL="INSERT INTO log (uid, visitor_uid, last_update) VALUES (%d, %d, NOW(6))"
+lua counter "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'hot'" "nil"
+lua ring "$RING_SQL" "$RING_ARGS"
+lua ring_purge "$RING_SQL" "$RING_ARGS" true
+lua rollup "INSERT INTO plays (created_at, track_id, user_id, country) VALUES (NOW(), %d, %d, '%s')" \
+  "(sysbench.rand.uniform(1, 2) == 1) and 123 or sysbench.rand.uniform(1000, 100999), sysbench.rand.uniform(1, 1000000), ({'US','GB','DE','FR','BR','JP','IN','MX','ES','SE'})[sysbench.rand.uniform(1, 10)]"
+
+# The legs of a workload: name, script, where, database.
+legs_of() {
+  case $1 in
+  counter) echo "counter_direct:counter:direct:plain counter_hs:counter:heatsink:$SB_DB" ;;
+  ring) echo "ring_direct:ring_purge:direct:plain ring_hs:ring:heatsink:$SB_DB" ;;
+  rollup) echo "rollup_direct:rollup:direct:plain rollup_hs:rollup:heatsink:$SB_DB rollup_trg:rollup:direct:$SB_DB rollup_hop:rollup:heatsink:plain rollup_haproxy:rollup:haproxy:plain" ;;
+  esac
+}
+threads_of() {
+  case $1 in
+  counter) echo "$THREADS_COUNTER" ;;
+  ring) echo "$THREADS_RING" ;;
+  rollup) echo "$THREADS_ROLLUP" ;;
+  esac
+}
+
+# leg ROUND WORKLOAD SPEC SECONDS -> a line in $RAW (round 0: warm-up, not recorded)
+leg() {
+  local round=$1 w=$2 name script where db port log events secs errors
+  IFS=: read -r name script where db <<<"$3"
+  case $where in
+  direct) port=$MARIADB_PORT ;;
+  haproxy) port=$HAPROXY_PORT ;;
+  *) port=$HEATSINK_PORT ;;
+  esac
+  log=$WORK/$name-$round.log
+  hs_run sysbench "$WORK/$script.lua" --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$port" \
+    --mysql-user="$SB_USER" --mysql-password="$SB_PASSWORD" --mysql-db="$db" \
+    --mysql-ignore-errors=1213,1205 --threads="$(threads_of "$w")" --time="$4" \
+    --report-interval=0 run >"$log" 2>&1 || { tail -n 20 "$log" >&2; hs_die "sysbench $name failed"; }
+  events=$(sed -n 's/^ *total number of events: *\([0-9]*\)/\1/p' "$log" | sed -n 1p)
+  secs=$(sed -n 's/^ *total time: *\([0-9.]*\)s/\1/p' "$log" | sed -n 1p)
+  errors=$(sed -n 's/^ *ignored errors: *\([0-9]*\).*/\1/p' "$log" | sed -n 1p)
+  ((round == 0)) && return 0
+  printf '%s\t%s\t%s\t%s\t%s\n' "$round" "$name" "$events" "$secs" "${errors:-0}" >>"$RAW"
+  hs_log "round $round $name: $events events in ${secs}s ($((events * 10 / ${secs%.*}0))/s), ignored errors ${errors:-0}"
+}
+
+for w in $WORKLOADS; do
+  for spec in $(legs_of "$w"); do leg 0 "$w" "$spec" 3; done
+done
+for ((round = 1; round <= ROUNDS; round++)); do
+  for w in $WORKLOADS; do
+    specs=$(legs_of "$w")
+    ((round % 2)) || specs=$(echo "$specs" | tr ' ' '\n' | tac | tr '\n' ' ')
+    for spec in $specs; do leg "$round" "$w" "$spec" "$DURATION"; done
+  done
+done
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# Exactness after the legs.
+CHECKS=$WORK/checks.txt
+: >"$CHECKS"
+if [[ $WORKLOADS == *counter* ]]; then
+  acked=$(awk -F'\t' '$2 == "counter_hs" { s += $3 } END { print s + 0 }' "$RAW")
+  warm=$(sed -n 's/^ *total number of events: *\([0-9]*\)/\1/p' "$WORK/counter_hs-0.log" | sed -n 1p)
+  got=$(mariadb_sb "$HEATSINK_PORT" -N -e "SELECT cnt FROM hits WHERE slug = 'hot'")
+  echo "counter: heatsink acknowledged $((acked + warm)) increments (warm-up included); the counter reads $got through heatsink" >>"$CHECKS"
+fi
+if [[ $WORKLOADS == *ring* ]]; then
+  over=$(mariadb_sb "$HEATSINK_PORT" -N -e "SELECT COUNT(*) FROM (SELECT uid FROM log GROUP BY uid HAVING COUNT(*) > 5) k")
+  keys=$(mariadb_sb "$HEATSINK_PORT" -N -e "SELECT COUNT(DISTINCT uid) FROM log")
+  echo "ring: $keys keys through heatsink, keys holding more than 5 rows: $over" >>"$CHECKS"
+fi
+if [[ $WORKLOADS == *rollup* ]]; then
+  for t in plays_by_country_hour:'%Y-%m-%d %H:00:00' plays_by_country_day:'%Y-%m-%d'; do
+    table=${t%%:*} fmt=${t#*:}
+    diff=$(mariadb_root -N "$SB_DB" -e "
+      SELECT COUNT(*) FROM (
+        SELECT 1 FROM (
+          SELECT track_id, country, hs_nulls, hs_bucket, hs_rows AS n FROM $table
+          UNION ALL
+          SELECT IFNULL(track_id, 0), IFNULL(country, ''),
+                 (track_id IS NULL) | ((country IS NULL) << 1) | ((created_at IS NULL) << 31),
+                 IFNULL(CAST(DATE_FORMAT(created_at, '$fmt') AS DATETIME), '1000-01-01 00:00:00'), -1 FROM plays
+        ) u GROUP BY track_id, country, hs_nulls, hs_bucket HAVING SUM(n) <> 0) d")
+    rows=$(mariadb_root -N "$SB_DB" -e "SELECT (SELECT COUNT(*) FROM plays), (SELECT SUM(hs_rows) FROM $table)" | tr '\t' '/')
+    echo "rollup $table: groups differing from a GROUP BY over the log: $diff (log rows / Σ hs_rows: $rows)" >>"$CHECKS"
+  done
+fi
+cat "$CHECKS" >&2
+SB_VERSION=$(sysbench --version | awk '{print $2}')
+
+B_REV=$REV B_VERSION=$MARIADB_VERSION B_SYSBENCH=$SB_VERSION B_LOAD_START=$load_start \
+  B_LOAD_END=$load_end B_DURATION=$DURATION B_ROUNDS=$ROUNDS B_WORKLOADS=$WORKLOADS \
+  B_THREADS="counter=$THREADS_COUNTER ring=$THREADS_RING rollup=$THREADS_ROLLUP" \
+  python3 - "$RAW" "$CHECKS" "$OUT" <<'PY'
+import datetime, os, statistics, sys
+raw, checks, out = sys.argv[1:4]
+E = os.environ
+rows = {}
+for line in open(raw):
+    r, name, ev, secs, err = line.rstrip("\n").split("\t")
+    rows[(int(r), name)] = dict(rate=int(ev or 0) / max(float(secs or 0), 1e-9), errors=int(err or 0))
+rr = range(1, int(E["B_ROUNDS"]) + 1)
+med = statistics.median
+def ratio(a, b):
+    per = [rows[(r, a)]["rate"] / max(rows[(r, b)]["rate"], 1e-9) for r in rr]
+    return med(per), per
+goals = [
+    ("counter", "counter_hs", "counter_direct", 6.0, "hot counter, default rule / the single row directly"),
+    ("ring", "ring_hs", "ring_direct", 3.0, "ring, default rule / append + purge every 10th directly"),
+    ("rollup", "rollup_hs", "rollup_direct", 0.7, "rollup log inserts through heatsink / the bare log directly"),
+]
+W = E["B_WORKLOADS"].split()
+L = [
+    "# The write kinds' goals with sysbench clients",
+    "",
+    f"- date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC; heatsink {E['B_REV']}; MariaDB {E['B_VERSION']}; sysbench {E['B_SYSBENCH']} (Lua client, text protocol, autocommit)",
+    f"- machine: {os.cpu_count()} cores shared by sysbench, heatsink and the server; load average (1/5/15 min) at the start {E['B_LOAD_START']}, at the end {E['B_LOAD_END']}",
+    f"- {E['B_ROUNDS']} rounds of {E['B_DURATION']} s per leg, the legs of a workload back to back (order reversed every other round); threads {E['B_THREADS']}",
+    "- rules as a DBA writes them (scripts/lib/merge_workloads.sh): counter 16 slots, ring size 5, two rollups (hour and day per track and country, 8 slots); group commit on by default",
+    "",
+    "| goal | **ratio** (median) | per round | goal |",
+    "|---|---:|---|---:|",
+]
+for w, a, b, goal, text in goals:
+    if w not in W:
+        continue
+    m, per = ratio(a, b)
+    L.append(f"| {text} | **{m:.2f}** | {', '.join(f'{x:.2f}' for x in per)} | ≥ {goal:g} |")
+if "rollup" in W:
+    L += ["", "Rollup references:", "",
+          "| ratio | median | per round |", "|---|---:|---|"]
+    for a, b, text in [("rollup_trg", "rollup_direct", "the log with the rollups' triggers, directly / the bare log directly"),
+                       ("rollup_hop", "rollup_direct", "the bare log through heatsink / directly (the hop)"),
+                       ("rollup_haproxy", "rollup_direct", "the bare log through haproxy / directly (an L4 relay's hop)"),
+                       ("rollup_hs", "rollup_hop", "the rollup log through heatsink / the bare log through heatsink")]:
+        m, per = ratio(a, b)
+        L.append(f"| {text} | {m:.2f} | {', '.join(f'{x:.2f}' for x in per)} |")
+L += ["", "## Exact after the legs", ""] + [f"- {l.strip()}" for l in open(checks) if l.strip()]
+L += ["", "## Raw numbers (events per second; ignored errors are deadlocks and lock-wait timeouts sysbench retried past)", "",
+      "| round | leg | events/s | ignored errors |", "|---:|---|---:|---:|"]
+for (r, name), x in sorted(rows.items()):
+    L.append(f"| {r} | {name} | {x['rate']:,.0f} | {x['errors']} |")
+open(out, "w").write("\n".join(L) + "\n")
+print("\n".join(L))
+PY

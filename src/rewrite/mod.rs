@@ -16,8 +16,8 @@
 //!   as a template into which the literals of each new statement are copied.
 //! - `rule.rs`, the kind SDK: [`Rule`] has one implementation per rule kind, each
 //!   in its own folder (`kinds/<kind>/`). A rule sees a parsed statement with a
-//!   [`PlanContext`] and returns a [`Plan`] (what to run instead), or a reason to
-//!   refuse it.
+//!   [`PlanContext`] and returns a [`Plan`] (what to run instead), or a
+//!   [`Refusal`].
 //! - `refusal.rs`: [`Refusal`], why a planner refuses a statement: a reason and its
 //!   [`RefusalClass`], from a closed set a DBA can act on (`SHOW REFUSALS`).
 //! - `decision.rs`: what the engine hands the connection for one statement

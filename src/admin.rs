@@ -54,7 +54,7 @@ use crate::error::{Error, Result, Source};
 use crate::refusals::Kind;
 use crate::relay::Shared;
 use crate::reload::{Reloader, Trigger};
-use crate::rewrite::{Decision, StatementContext};
+use crate::rewrite::{Decision, RefusalClass, StatementContext};
 
 // ---------------------------------------------------------------------------------------
 // Session registry
@@ -927,7 +927,7 @@ impl AdminShim {
         let refusals = kind == Kind::Refusal;
         let mut cols = vec![text_col("rule")];
         if refusals {
-            cols.push(text_col("mode"));
+            cols.extend([text_col("mode"), text_col("class")]);
         }
         cols.extend([
             text_col("reason"),
@@ -943,6 +943,7 @@ impl AdminShim {
             w.write_col(&*r.rule)?;
             if refusals {
                 w.write_col(if r.shadow { "shadow" } else { "on" })?;
+                w.write_col(r.class.map_or("", RefusalClass::label))?;
             }
             w.write_col(r.reason)?;
             w.write_col(r.count)?;

@@ -398,7 +398,7 @@ impl Rule for Probe {
         &self,
         _stmt: &sqlparser::ast::Statement,
         _ctx: &PlanContext<'_>,
-    ) -> std::result::Result<Option<Plan>, String> {
+    ) -> std::result::Result<Option<Plan>, crate::rewrite::Refusal> {
         Ok(None)
     }
 

@@ -266,6 +266,17 @@ fn write_shapes(out: &mut String, shapes: &crate::refusals::Shapes) {
         "table",
         &per_table(crate::refusals::ShapeTable::evicted),
     );
+    let by_class = shapes.refused_by_class();
+    let by_class: Vec<(&str, u64)> = by_class.iter().map(|(c, n)| (c.label(), *n)).collect();
+    write_labelled(
+        out,
+        (
+            "heatsink_refusals_total",
+            "Refused statements (shadow mode's included) by refusal class.",
+        ),
+        "class",
+        &by_class,
+    );
     write_scalar(
         out,
         "heatsink_shape_log_lines_held_back_total",

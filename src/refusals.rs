@@ -5,7 +5,7 @@
 //! A shape is the plan cache's fingerprint of the statement (literals as `?`,
 //! comments dropped, whitespace and keywords normalised; [`sqltok::normalize`])
 //! read under the session's `sql_mode`, together with the rule, its mode (on or
-//! shadow) and the reason. Per shape a [`ShapeTable`] keeps the count, when it was
+//! shadow) and the reason (for a refusal, with its [`RefusalClass`]). Per shape a [`ShapeTable`] keeps the count, when it was
 //! first and last seen (UTC), and one example: the first statement of the shape as
 //! the client wrote it, with every literal replaced by `?` and comments dropped, so
 //! no value a client sent is kept or shown.
@@ -33,6 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tracing::info;
 
 use crate::rewrite::sqltok::{self, LexMode, Token, TokenKind};
+use crate::rewrite::RefusalClass;
 
 /// Shapes kept per table by default.
 pub const DEFAULT_SHAPES: usize = 1000;
@@ -74,6 +75,8 @@ pub struct Seen<'a> {
     pub rule: &'a Arc<str>,
     /// Why (the refusal's reason, or the fallback's).
     pub reason: &'a str,
+    /// The refusal's class (`None` for a fallback).
+    pub class: Option<RefusalClass>,
     /// The rule runs in shadow mode: the statement was forwarded unchanged.
     pub shadow: bool,
     /// The statement as the client sent it, in the connection's character set.
@@ -138,7 +141,16 @@ impl Shape {
     fn key(&self, kind: Kind, seen: &Seen<'_>) -> u128 {
         let half = |salt: u8| {
             let mut h = DefaultHasher::new();
-            (salt, kind as u8, seen.shadow, &**seen.rule, seen.reason).hash(&mut h);
+            let class = seen.class.map(RefusalClass::label);
+            (
+                salt,
+                kind as u8,
+                seen.shadow,
+                &**seen.rule,
+                class,
+                seen.reason,
+            )
+                .hash(&mut h);
             self.fingerprint.hash(&mut h);
             h.finish()
         };
@@ -209,6 +221,7 @@ fn clipped(s: &str, max: usize) -> Box<str> {
 #[derive(Debug)]
 struct Entry {
     rule: Arc<str>,
+    class: Option<RefusalClass>,
     reason: Box<str>,
     shadow: bool,
     fingerprint: u64,
@@ -227,6 +240,8 @@ struct Entry {
 pub struct Row {
     /// The rule.
     pub rule: Arc<str>,
+    /// What kind of obstacle the refusal is (`None` in `SHOW FALLBACKS`).
+    pub class: Option<RefusalClass>,
     /// Why the statements were refused or fell back.
     pub reason: String,
     /// The rule ran in shadow mode (refusals only: the statements were forwarded).
@@ -287,6 +302,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Line {
     kind: Kind,
     rule: Arc<str>,
+    class: Option<RefusalClass>,
     reason: Box<str>,
     shadow: bool,
     fingerprint: u64,
@@ -299,6 +315,7 @@ impl Line {
         Line {
             kind,
             rule: e.rule.clone(),
+            class: e.class,
             reason: e.reason.clone(),
             shadow: e.shadow,
             fingerprint: e.fingerprint,
@@ -310,10 +327,12 @@ impl Line {
     fn write(&self) {
         let fingerprint = format!("{:016x}", self.fingerprint);
         let (rule, reason, example) = (&*self.rule, &*self.reason, &*self.example);
+        let class = self.class.map_or("", RefusalClass::label);
         let held_back = self.held_back;
         match (self.kind, self.shadow) {
             (Kind::Refusal, false) => info!(
                 rule,
+                class,
                 reason,
                 example,
                 fingerprint,
@@ -322,6 +341,7 @@ impl Line {
             ),
             (Kind::Refusal, true) => info!(
                 rule,
+                class,
                 reason,
                 example,
                 fingerprint,
@@ -399,6 +419,7 @@ impl ShapeTable {
         // A new shape: its example is made outside the lock.
         let mut entry = Entry {
             rule: seen.rule.clone(),
+            class: seen.class,
             reason: clipped(seen.reason, MAX_REASON),
             shadow: seen.shadow,
             fingerprint: shape.id(),
@@ -439,6 +460,7 @@ impl ShapeTable {
                     e.seq,
                     Row {
                         rule: e.rule.clone(),
+                        class: e.class,
                         reason: e.reason.to_string(),
                         shadow: e.shadow,
                         count: e.count,
@@ -580,6 +602,9 @@ pub struct Shapes {
     pub fallbacks: ShapeTable,
     /// The first-seen lines' limits.
     pub log: LogLimiter,
+    /// Refused statements (shadow mode's included) since start, by class
+    /// ([`RefusalClass::index`]): `heatsink_refusals_total`.
+    by_class: [AtomicU64; RefusalClass::ALL.len()],
 }
 
 impl Default for Shapes {
@@ -595,12 +620,22 @@ impl Shapes {
             refusals: ShapeTable::new(Kind::Refusal, max),
             fallbacks: ShapeTable::new(Kind::Fallback, max),
             log: LogLimiter::new(LOG_LINES_PER_MINUTE),
+            by_class: Default::default(),
         }
     }
 
     /// Records a refused statement (or, `seen.shadow`, one a rule would refuse).
     pub fn refused(&self, seen: &Seen<'_>) {
+        if let Some(c) = seen.class {
+            self.by_class[c.index()].fetch_add(1, Relaxed);
+        }
         self.refusals.record(seen, &self.log);
+    }
+
+    /// Refused statements (shadow mode's included) since start, per class in the
+    /// order of [`RefusalClass::ALL`].
+    pub fn refused_by_class(&self) -> [(RefusalClass, u64); RefusalClass::ALL.len()] {
+        RefusalClass::ALL.map(|c| (c, self.by_class[c.index()].load(Relaxed)))
     }
 
     /// Records a statement forwarded as a rule's fallback.
@@ -642,6 +677,7 @@ mod tests {
         Seen {
             rule,
             reason,
+            class: Some(RefusalClass::Shape),
             shadow: false,
             sql: sql.as_bytes(),
             mode: Some(LexMode::default()),
@@ -650,6 +686,37 @@ mod tests {
 
     fn example(sql: &str, mode: LexMode) -> String {
         Shape::of(sql.as_bytes(), Some(mode)).example(sql.as_bytes())
+    }
+
+    #[test]
+    fn refusals_keep_their_class_and_are_counted_by_it() {
+        let shapes = Shapes::new(10);
+        let r = rule("r");
+        let sql = "UPDATE t SET x = 1 WHERE k = 'p'";
+        shapes.refused(&seen(&r, "why", sql));
+        shapes.refused(&Seen {
+            class: Some(RefusalClass::Session),
+            ..seen(&r, "the connection's character set is gbk", sql)
+        });
+        shapes.fell_back(&Seen {
+            class: None,
+            ..seen(&r, "cannot answer", "SELECT 1")
+        });
+        let mut classes: Vec<Option<RefusalClass>> =
+            shapes.refusals.rows().iter().map(|r| r.class).collect();
+        classes.sort();
+        assert_eq!(
+            classes,
+            [Some(RefusalClass::Shape), Some(RefusalClass::Session)]
+        );
+        assert_eq!(shapes.fallbacks.rows()[0].class, None);
+        let counted: Vec<(&str, u64)> = shapes
+            .refused_by_class()
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(c, n)| (c.label(), *n))
+            .collect();
+        assert_eq!(counted, [("shape", 1), ("session", 1)]);
     }
 
     #[test]

@@ -73,6 +73,8 @@ async fn admin_query(conn: &mut Conn, sql: &str) -> (Vec<String>, Vec<Vec<String
 struct Shape {
     rule: String,
     mode: Option<String>,
+    /// The refusal's class (refusals only).
+    class: Option<String>,
     reason: String,
     count: u64,
     first_seen: String,
@@ -86,7 +88,7 @@ async fn shapes(admin: &mut Conn, command: &str) -> Vec<Shape> {
     let refusals = command.ends_with("REFUSALS");
     let mut want = vec!["rule"];
     if refusals {
-        want.push("mode");
+        want.extend(["mode", "class"]);
     }
     want.extend([
         "reason",
@@ -103,6 +105,7 @@ async fn shapes(admin: &mut Conn, command: &str) -> Vec<Shape> {
         .map(|r| Shape {
             rule: r[at("rule")].clone(),
             mode: refusals.then(|| r[at("mode")].clone()),
+            class: refusals.then(|| r[at("class")].clone()),
             reason: r[at("reason")].clone(),
             count: r[at("count")].parse().expect("a count"),
             first_seen: r[at("first_seen")].clone(),
@@ -227,6 +230,21 @@ fn refusals_and_fallbacks_by_statement_shape() {
         );
         assert_eq!(top.reason, reasons[0]);
         assert_eq!(top.example, "UPDATE hits SET cnt = cnt * ? WHERE slug = ?");
+        // Each refusal is of a statement shape the counter cannot rewrite, and the
+        // metric counts them by that class.
+        assert!(
+            refusals.iter().all(|s| s.class.as_deref() == Some("shape")),
+            "{refusals:?}"
+        );
+        let refused: u64 = refusals.iter().map(|s| s.count).sum();
+        assert_eq!(
+            metric(&env, "heatsink_refusals_total{class=\"shape\"}"),
+            refused as f64
+        );
+        assert_eq!(
+            metric(&env, "heatsink_refusals_total{class=\"session\"}"),
+            0.0
+        );
         let del = refusals
             .iter()
             .find(|s| s.example.starts_with("DELETE"))
@@ -485,6 +503,14 @@ fn examples_follow_the_sessions_sql_mode_and_character_set() {
         let e = assert_refused_by(&mut g, gbk, COUNTER).await;
         assert!(e.message.contains("gbk"), "{e:?}");
         let rows = shapes(&mut admin, "SHOW REFUSALS").await;
+        // The gbk connection's refusal is the session's character set's; the other
+        // is the statement's shape.
+        let mut classes: Vec<(&str, &str)> = rows
+            .iter()
+            .map(|s| (s.class.as_deref().unwrap_or(""), &s.example[..1]))
+            .collect();
+        classes.sort();
+        assert_eq!(classes, [("session", "<"), ("shape", "U")], "{rows:?}");
         let mut examples: Vec<&str> = rows.iter().map(|s| s.example.as_str()).collect();
         examples.sort();
         assert_eq!(

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use sqlparser::ast::{ObjectName, TableFactor};
 
 use crate::rewrite::shape::{eq, ColumnsByDb};
-use crate::rewrite::{PlanContext, TableName};
+use crate::rewrite::{PlanContext, Refusal, TableName};
 use crate::rules::spec::quote;
 use crate::wire::resultset::{types, ColumnDef};
 
@@ -71,7 +71,7 @@ impl LogicalTable {
     }
 
     /// The table's columns in the statement's database, once learned.
-    pub fn columns(&self, ctx: &PlanContext<'_>) -> Result<Arc<Vec<ColumnDef>>, String> {
+    pub fn columns(&self, ctx: &PlanContext<'_>) -> Result<Arc<Vec<ColumnDef>>, Refusal> {
         self.meta.get(ctx.table_db(&self.tables[0]))
     }
 

@@ -956,7 +956,7 @@ impl Session {
                 if let Some(r) = table.get(&rej.rule) {
                     r.shadow_rejects.fetch_add(1, Relaxed);
                 }
-                debug!(peer = %self.peer, rule = %rej.rule, reason = %rej.reason, "shadow: the rule would reject this statement");
+                debug!(peer = %self.peer, rule = %rej.rule, class = %rej.class, reason = %rej.reason, "shadow: the rule would reject this statement");
             }
             _ => {}
         }
@@ -972,6 +972,7 @@ impl Session {
             shapes.refused(&Seen {
                 rule: &r.rule,
                 reason: &r.reason,
+                class: Some(r.class),
                 shadow,
                 sql,
                 mode,
@@ -987,6 +988,7 @@ impl Session {
             Decision::Fallback(f) => shapes.fell_back(&Seen {
                 rule: &f.rule,
                 reason: &f.reason,
+                class: None,
                 shadow: false,
                 sql,
                 mode,
@@ -1146,6 +1148,7 @@ impl Session {
                     self.shared.shapes.fell_back(&Seen {
                         rule: &rule,
                         reason: crate::rewrite::PRELUDE_DECLINED,
+                        class: None,
                         shadow: false,
                         sql: &c.payload()[1..],
                         mode: self.shape_mode(),
@@ -1192,7 +1195,7 @@ impl Session {
         if let Some(r) = self.shared.rules.load().get(&rej.rule) {
             r.rejected.fetch_add(1, Relaxed);
         }
-        debug!(peer = %self.peer, rule = %rej.rule, reason = %rej.reason, "statement rejected");
+        debug!(peer = %self.peer, rule = %rej.rule, class = %rej.class, reason = %rej.reason, "statement rejected");
         self.link
             .client
             .write_packet(

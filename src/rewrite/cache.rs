@@ -12,7 +12,7 @@ use std::sync::Arc;
 use moka::sync::Cache;
 
 use super::sqltok::{self, LexMode, Slot, Token, TokenKind};
-use super::{Dynamic, Rejection, Rewritten};
+use super::{Dynamic, Refusal, Rejection, Rewritten};
 
 /// One piece of a rewritten statement.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,42 +79,43 @@ impl Template {
         printed: &[String],
         slots: &[Slot],
         dynamics: &[Dynamic],
-    ) -> Result<Template, String> {
+    ) -> Result<Template, Refusal> {
         let mut statements = Vec::with_capacity(printed.len());
         for text in printed {
             let bytes = text.as_bytes();
-            let toks = sqltok::lex_markers(bytes)
-                .map_err(|e| format!("the rewritten statement cannot be read back ({e})"))?;
+            let toks = sqltok::lex_markers(bytes).map_err(|e| {
+                Refusal::internal(format!("the rewritten statement cannot be read back ({e})"))
+            })?;
             let mut segs = Vec::new();
             let mut at = 0;
             for t in &toks {
-                let seg = match t.kind {
-                    TokenKind::Marker(k) => {
-                        let k = k as usize;
-                        if k == 0 {
-                            return Err("the rewritten statement holds an unknown marker".into());
+                let seg =
+                    match t.kind {
+                        TokenKind::Marker(k) => {
+                            let k = k as usize;
+                            if k == 0 {
+                                return Err(Refusal::internal(
+                                    "the rewritten statement holds an unknown marker",
+                                ));
+                            }
+                            match slots.get(k - 1) {
+                                Some(Slot::Literal(i)) => Segment::Literal(*i),
+                                Some(Slot::Param(j)) => Segment::Param(*j),
+                                None => match dynamics.get(k - 1 - slots.len()) {
+                                    Some(d) => Segment::Dynamic(*d),
+                                    None => {
+                                        return Err(Refusal::internal(
+                                            "the rewritten statement holds an unknown marker",
+                                        ))
+                                    }
+                                },
+                            }
                         }
-                        match slots.get(k - 1) {
-                            Some(Slot::Literal(i)) => Segment::Literal(*i),
-                            Some(Slot::Param(j)) => Segment::Param(*j),
-                            None => match dynamics.get(k - 1 - slots.len()) {
-                                Some(d) => Segment::Dynamic(*d),
-                                None => {
-                                    return Err(
-                                        "the rewritten statement holds an unknown marker".into()
-                                    )
-                                }
-                            },
-                        }
-                    }
-                    TokenKind::Param => {
-                        return Err(
-                            "the rewrite adds a `?` parameter the original statement does not have"
-                                .into(),
-                        )
-                    }
-                    _ => continue,
-                };
+                        TokenKind::Param => return Err(Refusal::internal(
+                            "the rewrite adds a `?` parameter the original statement does not have",
+                        )),
+                        _ => continue,
+                    };
                 if t.start > at {
                     segs.push(Segment::Text(bytes[at..t.start].into()));
                 }
@@ -147,7 +148,7 @@ impl Template {
         literals: &[Token],
         prepared: bool,
         share: Option<crate::rewrite::NodeShare>,
-    ) -> Result<Rewritten, String> {
+    ) -> Result<Rewritten, Refusal> {
         let mut params = Vec::new();
         let mut statements = Vec::with_capacity(self.statements.len());
         for segs in &self.statements {
@@ -193,7 +194,7 @@ impl Template {
                     statements.push((text, computed));
                 }
                 if !holes.is_empty() {
-                    return Err("the rewrite's prelude holds a parameter".into());
+                    return Err(Refusal::internal("the rewrite's prelude holds a parameter"));
                 }
                 Some(Arc::new(crate::rewrite::RenderedPrelude {
                     query,
@@ -234,15 +235,15 @@ fn render_segments(
     holes: &mut Vec<(usize, usize)>,
     mut computed: Option<&mut Vec<(usize, u16)>>,
     share: Option<crate::rewrite::NodeShare>,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, Refusal> {
     let mut out = Vec::with_capacity(sql.len() + 64);
     for seg in segs {
         match seg {
             Segment::Text(t) => out.extend_from_slice(t),
             Segment::Literal(i) => {
-                let t = literals
-                    .get(*i)
-                    .ok_or("the statement has fewer literals than its plan")?;
+                let t = literals.get(*i).ok_or_else(|| {
+                    Refusal::internal("the statement has fewer literals than its plan")
+                })?;
                 out.extend_from_slice(&sql[t.start..t.end]);
             }
             Segment::Param(j) => {
@@ -255,7 +256,11 @@ fn render_segments(
             }
             Segment::Dynamic(Dynamic::Computed(i)) => match computed.as_deref_mut() {
                 Some(c) => c.push((out.len(), *i)),
-                None => return Err("a prelude value outside the prelude's statements".into()),
+                None => {
+                    return Err(Refusal::internal(
+                        "a prelude value outside the prelude's statements",
+                    ))
+                }
             },
         }
     }

@@ -15,8 +15,8 @@ use super::cache::{self, Cached, KeyKind, PlanCache, Template};
 use super::prefilter::Prefilter;
 use super::sqltok::{self, Mode, Slot, Token, TokenKind};
 use super::{
-    CharsetClass, Decision, Dynamic, EngineError, Fallback, Lexing, Plan, PlanContext, Rejection,
-    Rule, StatementContext,
+    CharsetClass, Decision, Dynamic, Fallback, Lexing, Plan, PlanContext, Refusal, Rejection, Rule,
+    StatementContext,
 };
 
 /// Parse SQL text the way the engine does: MySQL dialect, literals kept as written
@@ -96,6 +96,36 @@ struct Named<'s, 'c> {
     qualifiers: Vec<(String, String)>,
     /// The connection's context.
     ctx: &'c StatementContext<'c>,
+}
+
+/// Why an [`Engine`] could not be built from a set of rules.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EngineError {
+    /// A rule has an empty name.
+    #[error("a rule has an empty name")]
+    EmptyRuleName,
+    /// Two rules share a name; errors and metrics would be ambiguous.
+    #[error("two rules are named '{0}'")]
+    DuplicateRule(String),
+    /// A rule names no table, so it could never apply.
+    #[error("rule '{0}' names no table")]
+    NoTables(String),
+    /// A rule names a table with an empty name.
+    #[error("rule '{0}' names a table with an empty name")]
+    EmptyTableName(String),
+    /// Two rules claim the same table; which one applies would be ambiguous.
+    #[error("rules '{first}' and '{second}' both name table '{table}'")]
+    SharedTable {
+        /// The rule listed first.
+        first: String,
+        /// The rule listed second.
+        second: String,
+        /// The table both name.
+        table: String,
+    },
+    /// The table-name scanner could not be built.
+    #[error("cannot build the table-name scanner: {0}")]
+    Prefilter(String),
 }
 
 impl Engine {
@@ -311,35 +341,35 @@ impl Engine {
         let Some(lexing) = ctx.lexing else {
             return Decision::NeedSessionState;
         };
-        let reject_mention = |what: String| {
+        let reject_mention = |what: Refusal| {
             let (rule, _) = &self.patterns[hits[0]].tables[0];
-            Decision::Reject(Rejection {
-                rule: self.names[*rule].clone(),
-                reason: format!(
-                    "the statement mentions table '{}' but {what}",
-                    String::from_utf8_lossy(&self.patterns[hits[0]].name)
-                ),
-            })
+            let table = String::from_utf8_lossy(&self.patterns[hits[0]].name);
+            Decision::Reject(Rejection::new(
+                self.names[*rule].clone(),
+                what.map_reason(|w| format!("the statement mentions table '{table}' but {w}")),
+            ))
         };
         if lexing.charset.class == CharsetClass::Refused {
             // Where strings end is not known in this character set (a byte 0x5C or a
             // quote may be the second byte of a character), so neither is whether the
             // name is an identifier: every mention is refused.
-            return reject_mention(format!(
+            return reject_mention(Refusal::session(format!(
                 "the connection's character set is {}, in which heatsink cannot read statements exactly; use utf8mb4, utf8mb3, latin1, ascii or binary",
                 lexing.charset.name
-            ));
+            )));
         }
         let tokens = match sqltok::lex(sql, lexing.mode) {
             Ok(t) => t,
-            Err(e) => return reject_mention(format!("cannot be read ({e})")),
+            Err(e) => return reject_mention(Refusal::unreadable(format!("cannot be read ({e})"))),
         };
         if let Some(split) = split_units(sql, &tokens) {
             // `INTERVAL x HOUR_MINUTE`, whose unit the parser does not read: planned
             // as `INTERVAL x HOUR TO MINUTE`, which the rewrite prints back joined.
             let tokens = match sqltok::lex(&split, lexing.mode) {
                 Ok(t) => t,
-                Err(e) => return reject_mention(format!("cannot be read ({e})")),
+                Err(e) => {
+                    return reject_mention(Refusal::unreadable(format!("cannot be read ({e})")))
+                }
             };
             let d = self.decide_tokens(&split, tokens, ctx, hits, lexing);
             return join_units(d, sql, lexing.mode);
@@ -356,15 +386,13 @@ impl Engine {
         hits: &[usize],
         lexing: Lexing,
     ) -> Decision {
-        let reject_mention = |what: String| {
+        let reject_mention = |what: Refusal| {
             let (rule, _) = &self.patterns[hits[0]].tables[0];
-            Decision::Reject(Rejection {
-                rule: self.names[*rule].clone(),
-                reason: format!(
-                    "the statement mentions table '{}' but {what}",
-                    String::from_utf8_lossy(&self.patterns[hits[0]].name)
-                ),
-            })
+            let table = String::from_utf8_lossy(&self.patterns[hits[0]].name);
+            Decision::Reject(Rejection::new(
+                self.names[*rule].clone(),
+                what.map_reason(|w| format!("the statement mentions table '{table}' but {w}")),
+            ))
         };
         if let Some(for_at) = set_statement_for(sql, &tokens) {
             return self.decide_set_statement(sql, &tokens, for_at, ctx, hits, lexing);
@@ -377,7 +405,9 @@ impl Engine {
             bare.extend_from_slice(&sql[word.end..]);
             let tokens = match sqltok::lex(&bare, lexing.mode) {
                 Ok(t) => t,
-                Err(e) => return reject_mention(format!("cannot be read ({e})")),
+                Err(e) => {
+                    return reject_mention(Refusal::unreadable(format!("cannot be read ({e})")))
+                }
             };
             let d = self.decide_lexed(&bare, tokens, ctx, hits, lexing);
             return with_explain_modifier(d, &sql[word.start..word.end]);
@@ -404,14 +434,12 @@ impl Engine {
         let inner = &sql[inner_start..];
         let prefix_end = tokens[for_at].end;
         let variables = set_statement_variables(sql, &tokens[2..for_at]);
-        let rejection = |rule: usize, why: &str| {
-            Decision::Reject(Rejection {
-                rule: self.names[rule].clone(),
-                reason: format!(
-                    "the statement mentions table '{}' but {why}",
-                    String::from_utf8_lossy(&self.patterns[hits[0]].name)
-                ),
-            })
+        let rejection = |rule: usize, why: Refusal| {
+            let table = String::from_utf8_lossy(&self.patterns[hits[0]].name);
+            Decision::Reject(Rejection::new(
+                self.names[rule].clone(),
+                why.map_reason(|w| format!("the statement mentions table '{table}' but {w}")),
+            ))
         };
         let first_rule = self.patterns[hits[0]].tables[0].0;
         let reads_alike = variables.as_ref().is_some_and(|v| {
@@ -437,10 +465,15 @@ impl Engine {
                 }
                 return rejection(
                     first_rule,
-                    "its SET STATEMENT prefix sets a variable that changes how heatsink reads the statement (sql_mode), so the rule cannot be applied safely",
+                    Refusal::session("its SET STATEMENT prefix sets a variable that changes how heatsink reads the statement (sql_mode), so the rule cannot be applied safely"),
                 );
             }
-            Err(e) => return rejection(first_rule, &format!("cannot be read ({e})")),
+            Err(e) => {
+                return rejection(
+                    first_rule,
+                    Refusal::unreadable(format!("cannot be read ({e})")),
+                )
+            }
         };
         let Some((rules, _, _)) = self.named_rules(inner, &inner_tokens, hits, ctx.current_db)
         else {
@@ -452,22 +485,29 @@ impl Engine {
         };
         let params = tokens[2..for_at].iter().any(|t| t.kind == TokenKind::Param);
         let why_not = match &variables {
-            _ if params => Some("its SET STATEMENT prefix has a parameter".to_string()),
+            _ if params => Some(Refusal::parameter(
+                "its SET STATEMENT prefix has a parameter",
+            )),
             Some(v) => v
                 .iter()
                 .find(|name| !PREFIXABLE.contains(&name.as_str()))
                 .map(|name| {
-                    format!("SET STATEMENT {name} may change what the rewritten statements mean")
+                    Refusal::session(format!(
+                        "SET STATEMENT {name} may change what the rewritten statements mean"
+                    ))
                 }),
-            None => Some("its SET STATEMENT prefix cannot be read".to_string()),
+            None => Some(Refusal::unreadable(
+                "its SET STATEMENT prefix cannot be read",
+            )),
         }
         .or_else(|| {
             rw.merge
                 .as_ref()
                 .is_some_and(|m| m.returning_alone(&rw.aux).is_some())
                 .then(|| {
-                    "its rewrite needs the write's own RETURNING, which SET STATEMENT cannot carry"
-                        .to_string()
+                    Refusal::shape(
+                        "its rewrite needs the write's own RETURNING, which SET STATEMENT cannot carry",
+                    )
                 })
         });
         match why_not {
@@ -478,13 +518,13 @@ impl Engine {
                     reason: Arc::from(SET_STATEMENT_AS_SENT),
                 })
             }
-            Some(why) => Decision::Reject(Rejection {
-                rule: rw.rule,
-                reason: format!("the statement names table '{}' but {why}", {
-                    let t = &self.patterns[hits[0]].name;
-                    String::from_utf8_lossy(t).into_owned()
-                }),
-            }),
+            Some(why) => {
+                let table = String::from_utf8_lossy(&self.patterns[hits[0]].name);
+                Decision::Reject(Rejection::new(
+                    rw.rule,
+                    why.map_reason(|w| format!("the statement names table '{table}' but {w}")),
+                ))
+            }
         }
     }
 
@@ -552,12 +592,12 @@ impl Engine {
     ) -> Option<Decision> {
         let rule = rules.first().copied().unwrap_or_default();
         if let Some(flag) = lexing.refused_mode {
-            return Some(Decision::Reject(Rejection {
-                rule: self.names[rule].clone(),
-                reason: format!(
+            return Some(Decision::Reject(Rejection::new(
+                self.names[rule].clone(),
+                Refusal::session(format!(
                     "the statement names table '{table}' but the session's sql_mode has {flag}, under which heatsink cannot keep the statement's meaning"
-                ),
-            }));
+                )),
+            )));
         }
         if !prepared && tokens.iter().any(|t| t.kind == TokenKind::Param) {
             // `?` is a syntax error in a text statement: the server answers it, and
@@ -569,21 +609,21 @@ impl Engine {
                 // No rule would change it: the server reads it as written.
                 return Some(Decision::Passthrough);
             }
-            return Some(Decision::Reject(Rejection {
-                rule: self.names[rule].clone(),
-                reason: format!(
+            return Some(Decision::Reject(Rejection::new(
+                self.names[rule].clone(),
+                Refusal::unreadable(format!(
                     "the statement names table '{table}' but `{what}` cannot be rewritten (the parser would read the modifier as the table)"
-                ),
-            }));
+                )),
+            )));
         }
         let depth = sqltok::nesting_bound(sql, tokens);
         if depth > MAX_NESTING {
-            return Some(Decision::Reject(Rejection {
-                rule: self.names[rule].clone(),
-                reason: format!(
+            return Some(Decision::Reject(Rejection::new(
+                self.names[rule].clone(),
+                Refusal::unreadable(format!(
                     "the statement names table '{table}' but nests up to {depth} operators or parentheses deep; rules read statements up to {MAX_NESTING} deep"
-                ),
-            }));
+                )),
+            )));
         }
         None
     }
@@ -703,7 +743,7 @@ impl Engine {
             Err(_) => {
                 let out = Arc::new(self.reject_named(
                     st,
-                    "is not valid UTF-8 outside its string literals, so the rule cannot be applied safely",
+                    Refusal::unreadable("is not valid UTF-8 outside its string literals, so the rule cannot be applied safely"),
                 ));
                 self.cache.insert(fp_key, out.clone());
                 return out;
@@ -773,7 +813,7 @@ impl Engine {
             // The parser would read the backslash as an escape.
             return self.reject_named(
                 st,
-                "has a string with a backslash where it cannot be set aside, which heatsink cannot read exactly under NO_BACKSLASH_ESCAPES",
+                Refusal::session("has a string with a backslash where it cannot be set aside, which heatsink cannot read exactly under NO_BACKSLASH_ESCAPES"),
             );
         }
         let mut text = Vec::with_capacity(st.sql.len() + 16);
@@ -782,7 +822,7 @@ impl Engine {
         let Ok(text) = String::from_utf8(text) else {
             return self.reject_named(
                 st,
-                "is not valid UTF-8 and has a literal where it cannot be set aside, so the rule cannot be applied safely",
+                Refusal::unreadable("is not valid UTF-8 and has a literal where it cannot be set aside, so the rule cannot be applied safely"),
             );
         };
         self.parses.fetch_add(1, Ordering::Relaxed);
@@ -797,7 +837,8 @@ impl Engine {
                 });
             }
             Err(e) => {
-                return self.reject_named(st, &format!("cannot be parsed ({e})"));
+                return self
+                    .reject_named(st, Refusal::unreadable(format!("cannot be parsed ({e})")));
             }
         };
         match stmts.len() {
@@ -819,10 +860,10 @@ impl Engine {
         let result = self.run_rules(&stmt, &pctx, &st.rules);
         let (_, dynamics) = pctx.finish();
         match self.outcome(result, &slots, &dynamics) {
-            Cached::Rewrite { rule, .. } if !params_kept => Cached::Reject(Rejection {
+            Cached::Rewrite { rule, .. } if !params_kept => Cached::Reject(Rejection::new(
                 rule,
-                reason: "the statement's parameters do not survive parsing, so it cannot be rewritten safely".into(),
-            }),
+                Refusal::parameter("the statement's parameters do not survive parsing, so it cannot be rewritten safely"),
+            )),
             other => other,
         }
     }
@@ -884,15 +925,14 @@ impl Engine {
         order.sort_by_key(|&ri| self.rules[ri].sharing().unwrap_or(0));
         for ri in order {
             let rule = &self.rules[ri];
-            let planned = catch_unwind(AssertUnwindSafe(|| rule.plan(stmt, pctx)))
-                .unwrap_or_else(|_| Err("internal error: the rule failed while planning".into()));
+            let planned =
+                catch_unwind(AssertUnwindSafe(|| rule.plan(stmt, pctx))).unwrap_or_else(|_| {
+                    Err(Refusal::internal(
+                        "internal error: the rule failed while planning",
+                    ))
+                });
             match planned {
-                Err(reason) => {
-                    return Err(Rejection {
-                        rule: self.names[ri].clone(),
-                        reason,
-                    })
-                }
+                Err(refusal) => return Err(Rejection::new(self.names[ri].clone(), refusal)),
                 Ok(None) => {}
                 Ok(Some(plan)) => {
                     if let Some((first, earlier)) = &found {
@@ -907,13 +947,13 @@ impl Engine {
                         if rule.sharing().is_some() && self.rules[*first].sharing().is_some() {
                             continue; // an earlier (smaller) rule of the table answers
                         }
-                        return Err(Rejection {
-                            rule: self.names[*first].clone(),
-                            reason: format!(
+                        return Err(Rejection::new(
+                            self.names[*first].clone(),
+                            Refusal::shape(format!(
                                 "the statement is also rewritten by rule '{}'; one statement cannot be rewritten by several rules",
                                 self.names[ri]
-                            ),
-                        });
+                            )),
+                        ));
                     }
                     found = Some((ri, plan));
                 }
@@ -944,10 +984,10 @@ impl Engine {
             return Cached::Fallback(crate::rewrite::Fallback { rule, reason });
         }
         if plan.statements.is_empty() {
-            return Cached::Reject(Rejection {
+            return Cached::Reject(Rejection::new(
                 rule,
-                reason: "internal error: the rewrite has no statement".into(),
-            });
+                Refusal::internal("internal error: the rewrite has no statement"),
+            ));
         }
         let printed: Vec<String> = plan.statements.iter().map(ToString::to_string).collect();
         match Template::build(&printed, slots, dynamics) {
@@ -955,10 +995,10 @@ impl Engine {
                 let aux = match Template::build(&plan.aux, slots, dynamics) {
                     Ok(t) => t.statements,
                     Err(e) => {
-                        return Cached::Reject(Rejection {
+                        return Cached::Reject(Rejection::new(
                             rule,
-                            reason: format!("internal error: {e}"),
-                        })
+                            Refusal::internal(format!("internal error: {e}")),
+                        ))
                     }
                 };
                 template.aux = aux;
@@ -975,16 +1015,18 @@ impl Engine {
                                 statements: then.statements,
                                 original_on_decline: p.original_on_decline,
                             }),
-                            _ => Err("the prelude is not one query and its statements".to_string()),
+                            _ => Err(Refusal::internal(
+                                "the prelude is not one query and its statements",
+                            )),
                         }
                     });
                     match built {
                         Ok(p) => template.prelude = Some(Box::new(p)),
                         Err(e) => {
-                            return Cached::Reject(Rejection {
+                            return Cached::Reject(Rejection::new(
                                 rule,
-                                reason: format!("internal error: {e}"),
-                            })
+                                Refusal::internal(format!("internal error: {e}")),
+                            ))
                         }
                     }
                 }
@@ -994,10 +1036,10 @@ impl Engine {
                 template.param_checks = plan.param_checks;
                 Cached::Rewrite { rule, template }
             }
-            Err(e) => Cached::Reject(Rejection {
+            Err(e) => Cached::Reject(Rejection::new(
                 rule,
-                reason: format!("internal error: {e}"),
-            }),
+                Refusal::internal(format!("internal error: {e}")),
+            )),
         }
     }
 
@@ -1009,17 +1051,14 @@ impl Engine {
             Cached::Reject(r) => Decision::Reject(r.clone()),
             Cached::Rewrite { rule, template } => {
                 if let Some(reason) = invalid_string(st) {
-                    return Decision::Reject(Rejection {
-                        rule: rule.clone(),
-                        reason,
-                    });
+                    return Decision::Reject(Rejection::new(rule.clone(), Refusal::value(reason)));
                 }
                 match template.render(rule, st.sql, &st.literals, st.ctx.prepared, st.ctx.share) {
                     Ok(r) => Decision::Rewrite(r),
-                    Err(e) => Decision::Reject(Rejection {
-                        rule: rule.clone(),
-                        reason: format!("internal error: {e}"),
-                    }),
+                    Err(e) => Decision::Reject(Rejection::new(
+                        rule.clone(),
+                        Refusal::internal(format!("internal error: {e}")),
+                    )),
                 }
             }
             Cached::DependsOn(_) | Cached::ExactText => self.decision_internal(st),
@@ -1031,7 +1070,7 @@ impl Engine {
     fn decision_internal(&self, st: &Named<'_, '_>) -> Decision {
         match self.reject_named(
             st,
-            "cannot be planned (internal error: inconsistent plan cache)",
+            Refusal::internal("cannot be planned (internal error: inconsistent plan cache)"),
         ) {
             Cached::Reject(r) => Decision::Reject(r),
             _ => Decision::Passthrough,
@@ -1039,17 +1078,19 @@ impl Engine {
     }
 
     /// A rejection naming the first rule and table the statement names.
-    fn reject_named(&self, st: &Named<'_, '_>, what: &str) -> Cached {
-        Cached::Reject(Rejection {
-            rule: self.names[st.rules[0]].clone(),
-            reason: format!("the statement names table '{}' but {what}", st.table),
-        })
+    fn reject_named(&self, st: &Named<'_, '_>, what: Refusal) -> Cached {
+        Cached::Reject(Rejection::new(
+            self.names[st.rules[0]].clone(),
+            what.map_reason(|w| format!("the statement names table '{}' but {w}", st.table)),
+        ))
     }
 
     fn reject_several(&self, st: &Named<'_, '_>, n: usize) -> Cached {
         self.reject_named(
             st,
-            &format!("holds {n} statements; send statements that touch it one at a time"),
+            Refusal::unreadable(format!(
+                "holds {n} statements; send statements that touch it one at a time"
+            )),
         )
     }
 }
@@ -1210,10 +1251,10 @@ fn join_units(d: Decision, original: &[u8], mode: sqltok::LexMode) -> Decision {
         return d;
     };
     let internal = |rule: Arc<str>| {
-        Decision::Reject(Rejection {
+        Decision::Reject(Rejection::new(
             rule,
-            reason: "internal error: a rewritten statement cannot be read back".into(),
-        })
+            Refusal::internal("internal error: a rewritten statement cannot be read back"),
+        ))
     };
     let mut statements = Vec::with_capacity(rw.statements.len());
     for s in &rw.statements {
@@ -1427,13 +1468,13 @@ fn with_explain_modifier(d: Decision, modifier: &[u8]) -> Decision {
     if found {
         Decision::Rewrite(r)
     } else {
-        Decision::Reject(Rejection {
-            rule: r.rule,
-            reason: format!(
+        Decision::Reject(Rejection::new(
+            r.rule,
+            Refusal::shape(format!(
                 "the rewrite of the statement has no EXPLAIN to show {}",
                 String::from_utf8_lossy(modifier).to_ascii_uppercase()
-            ),
-        })
+            )),
+        ))
     }
 }
 
@@ -1738,7 +1779,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::rewrite::{Rewritten, TableName};
+    use crate::rewrite::{RefusalClass, Rewritten, TableName};
 
     /// Test-only rule: reads of its table go to `<table>_shadow`; writes are refused.
     struct Shadow {
@@ -1767,7 +1808,7 @@ mod tests {
         fn tables(&self) -> &[TableName] {
             &self.tables
         }
-        fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+        fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let table = &self.tables[0];
             let named = visit_relations(stmt, |n| {
@@ -1782,7 +1823,9 @@ mod tests {
                 return Ok(None);
             }
             if !matches!(stmt, Statement::Query(_)) {
-                return Err(format!("writes to {table} are not supported"));
+                return Err(Refusal::shape(format!(
+                    "writes to {table} are not supported"
+                )));
             }
             let mut out = stmt.clone();
             let _ = visit_relations_mut(&mut out, |n| {
@@ -1823,13 +1866,13 @@ mod tests {
         fn tables(&self) -> &[TableName] {
             &self.tables
         }
-        fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+        fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let Statement::Update(u) = stmt else {
                 return Ok(None);
             };
             let shape =
-                || "only `SET n = n + <increment> WHERE id = <value>` is supported".to_string();
+                || Refusal::shape("only `SET n = n + <increment> WHERE id = <value>` is supported");
             let TableFactor::Table { name, .. } = &u.table.relation else {
                 return Err(shape());
             };
@@ -1853,7 +1896,7 @@ mod tests {
                     .and_then(|l| l.as_i64())
                     .is_some_and(|v| v > 0);
                 if !ok {
-                    return Err("the increment must be a positive integer".into());
+                    return Err(Refusal::value("the increment must be a positive integer"));
                 }
             }
             let Some(Expr::BinaryOp {
@@ -1869,7 +1912,7 @@ mod tests {
                 "INSERT INTO c_slots (id, slot, n) VALUES ({id}, {slot}, {inc}) \
                  ON DUPLICATE KEY UPDATE n = n + {inc}"
             );
-            let stmts = parse_statements(&sql).map_err(|e| e.to_string())?;
+            let stmts = parse_statements(&sql).map_err(|e| Refusal::internal(e.to_string()))?;
             Ok(Some(stmts.into()))
         }
     }
@@ -1887,9 +1930,10 @@ mod tests {
         fn tables(&self) -> &[TableName] {
             &self.tables
         }
-        fn plan(&self, _: &Statement, _: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+        fn plan(&self, _: &Statement, _: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
             if self.bare_param {
-                let stmts = parse_statements("SELECT ?").map_err(|e| e.to_string())?;
+                let stmts =
+                    parse_statements("SELECT ?").map_err(|e| Refusal::internal(e.to_string()))?;
                 return Ok(Some(stmts.into()));
             }
             panic!("rule bug");
@@ -2193,9 +2237,11 @@ mod tests {
             rej.message(),
             "heatsink rule 'shadow': writes to t are not supported"
         );
+        assert_eq!(rej.class, RefusalClass::Shape);
         // Several statements.
         let rej = rejected(e.decide(b"SELECT a FROM t; DELETE FROM u", &TEXT));
         assert!(rej.reason.contains("holds 2 statements"), "{}", rej.reason);
+        assert_eq!(rej.class, RefusalClass::Unreadable);
         assert_eq!(
             e.decide(b"SELECT 1; SELECT 2", &TEXT),
             Decision::Passthrough
@@ -2208,6 +2254,7 @@ mod tests {
             "{}",
             rej.reason
         );
+        assert_eq!(rej.class, RefusalClass::Unreadable);
         // Administrative commands the parser does not know are forwarded.
         assert_eq!(e.decide(b"CHECKSUM TABLE t", &TEXT), Decision::Passthrough);
         assert_eq!(e.decide(b"optimize table t", &TEXT), Decision::Passthrough);
@@ -2298,6 +2345,7 @@ mod tests {
         })]);
         let rej = rejected(e.decide(b"SELECT a FROM t", &TEXT));
         assert!(rej.reason.contains("internal error"), "{}", rej.reason);
+        assert_eq!(rej.class, RefusalClass::Internal);
         assert_eq!(e.decide(b"SELECT a FROM u", &TEXT), Decision::Passthrough);
         let e = engine(vec![Arc::new(Broken {
             tables,
@@ -2447,6 +2495,7 @@ mod tests {
         ] {
             let r = rejected(e.decide(sql, &ctx_with(cs.as_bytes(), false, false)));
             assert!(r.reason.contains("character set"), "{cs}: {}", r.reason);
+            assert_eq!(r.class, RefusalClass::Session);
             // Even a mention the default reading would call a string.
             rejected(e.decide(b"SELECT 't' FROM u", &ctx_with(cs.as_bytes(), false, false)));
         }
@@ -2522,6 +2571,7 @@ mod tests {
         ] {
             let r = rejected(e.decide(sql, &utf8));
             assert!(r.reason.contains("not well-formed"), "{}", r.reason);
+            assert_eq!(r.class, RefusalClass::Value);
         }
         // 4-byte characters are not utf8mb3 (nor are they in N'…').
         rewritten(e.decide("SELECT a FROM t WHERE s = '🎉'".as_bytes(), &utf8));
@@ -2567,6 +2617,7 @@ mod tests {
         };
         let r = rejected(e.decide(b"SELECT a FROM t WHERE s = ''", &ctx));
         assert!(r.reason.contains("EMPTY_STRING_IS_NULL"), "{}", r.reason);
+        assert_eq!(r.class, RefusalClass::Session);
         assert_eq!(e.decide(b"SELECT 't' FROM u", &ctx), Decision::Passthrough);
     }
 

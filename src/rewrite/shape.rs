@@ -9,6 +9,7 @@ use sqlparser::ast::{
 };
 
 use super::parse_statements;
+use super::refusal::Refusal;
 
 /// Statements that change a table's definition or bulk-replace its contents; rules
 /// refuse them on their logical table (the physical tables would fall out of step).
@@ -31,16 +32,16 @@ pub fn ddl_rejection(
     kind: &str,
     table: &super::TableName,
     physical: &str,
-) -> String {
+) -> Refusal {
     let text = stmt.to_string();
     let verb = text
         .split_whitespace()
         .next()
         .unwrap_or("this statement")
         .to_ascii_uppercase();
-    format!(
+    Refusal::ddl(format!(
         "{verb} of {kind} table {table} is not supported through heatsink; run it on the database directly and keep the {physical} in step"
-    )
+    ))
 }
 
 /// Refuses the clauses of a write to a rule's table that no rule rewrites, rather
@@ -48,7 +49,7 @@ pub fn ddl_rejection(
 /// syntax error MariaDB gives for UPDATE … RETURNING would become a write), and the
 /// other dialects' clauses sqlparser accepts. Every field is named, so a new one in a
 /// later sqlparser is a compile error here, not a silently ignored clause.
-pub fn unsupported_clauses(stmt: &Statement) -> Result<(), String> {
+pub fn unsupported_clauses(stmt: &Statement) -> Result<(), Refusal> {
     let found: &[(&str, bool)] = match stmt {
         Statement::Update(sqlparser::ast::Update {
             update_token: _,
@@ -134,17 +135,20 @@ pub fn unsupported_clauses(stmt: &Statement) -> Result<(), String> {
         _ => &[],
     };
     match found.iter().find(|(_, present)| *present) {
-        Some((clause, _)) => Err(format!(
+        Some((clause, _)) => Err(Refusal::shape(format!(
             "{clause} in a write to this table cannot be rewritten"
-        )),
+        ))),
         None => Ok(()),
     }
 }
 
 /// Parses SQL a rule generated; a failure is a bug in the rule, reported as such.
-pub fn parse(sql: &str) -> Result<Vec<Statement>, String> {
-    parse_statements(sql)
-        .map_err(|e| format!("internal error: rewritten SQL does not parse ({e}): {sql}"))
+pub fn parse(sql: &str) -> Result<Vec<Statement>, Refusal> {
+    parse_statements(sql).map_err(|e| {
+        Refusal::internal(format!(
+            "internal error: rewritten SQL does not parse ({e}): {sql}"
+        ))
+    })
 }
 
 /// Case-insensitive identifier comparison.
@@ -288,7 +292,7 @@ pub fn check_qualifiers<'e>(
     exprs: impl IntoIterator<Item = &'e Expr>,
     name: &str,
     alias: bool,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     let mut bad = None;
     for e in exprs {
         let _ = sqlparser::ast::visit_expressions(e, |x| {
@@ -304,9 +308,9 @@ pub fn check_qualifiers<'e>(
             ControlFlow::Continue(())
         });
         if let Some(col) = bad {
-            return Err(format!(
+            return Err(Refusal::shape(format!(
                 "column {col} is qualified by another name than the table's `{name}`"
-            ));
+            )));
         }
     }
     Ok(())
@@ -314,7 +318,7 @@ pub fn check_qualifiers<'e>(
 
 /// [`check_qualifiers`] for a single-table UPDATE: its assignments' targets and
 /// values, WHERE and ORDER BY.
-pub fn check_update_qualifiers(u: &sqlparser::ast::Update) -> Result<(), String> {
+pub fn check_update_qualifiers(u: &sqlparser::ast::Update) -> Result<(), Refusal> {
     let Some((q, alias)) = target_qualifier(&u.table.relation) else {
         return Ok(());
     };
@@ -325,9 +329,9 @@ pub fn check_update_qualifiers(u: &sqlparser::ast::Update) -> Result<(), String>
                 parts.len().checked_sub(2).and_then(|i| parts.get(i))
             {
                 if id.value != q && !(alias && eq(&id.value, &q)) {
-                    return Err(format!(
+                    return Err(Refusal::shape(format!(
                         "column {col} is qualified by another name than the table's `{q}`"
-                    ));
+                    )));
                 }
             }
         }
@@ -356,7 +360,7 @@ pub fn target_qualifier(relation: &TableFactor) -> Option<(String, bool)> {
 /// The condition with qualified columns (`t.c`) made unqualified (`c`), so it can be
 /// applied to another table with the same column names. Refuses subqueries, and
 /// columns for which `allowed` is false (named in the error).
-pub fn requalify(cond: &Expr, allowed: impl Fn(&str) -> bool) -> Result<Expr, String> {
+pub fn requalify(cond: &Expr, allowed: impl Fn(&str) -> bool) -> Result<Expr, Refusal> {
     let mut w = cond.clone();
     let mut bad = None;
     let _ = sqlparser::ast::visit_expressions_mut(&mut w, |e| {
@@ -382,7 +386,7 @@ pub fn requalify(cond: &Expr, allowed: impl Fn(&str) -> bool) -> Result<Expr, St
         ControlFlow::<()>::Continue(())
     });
     match bad {
-        Some(what) => Err(what),
+        Some(what) => Err(Refusal::shape(what)),
         None => Ok(w),
     }
 }
@@ -423,8 +427,8 @@ pub fn key_equalities(key: &[String], cond: Option<&Expr>) -> Option<Vec<Expr>> 
 pub fn replace_reads(
     stmt: &mut Statement,
     names_table: &dyn Fn(&ObjectName) -> bool,
-    derived_sql: &dyn Fn(&ObjectName) -> Result<String, String>,
-) -> Result<Vec<String>, String> {
+    derived_sql: &dyn Fn(&ObjectName) -> Result<String, Refusal>,
+) -> Result<Vec<String>, Refusal> {
     let mut v = Replacer {
         names_table,
         derived_sql,
@@ -440,9 +444,9 @@ pub fn replace_reads(
 
 struct Replacer<'a> {
     names_table: &'a dyn Fn(&ObjectName) -> bool,
-    derived_sql: &'a dyn Fn(&ObjectName) -> Result<String, String>,
+    derived_sql: &'a dyn Fn(&ObjectName) -> Result<String, Refusal>,
     aliases: Vec<String>,
-    error: Option<String>,
+    error: Option<Refusal>,
 }
 
 impl VisitorMut for Replacer<'_> {
@@ -469,7 +473,9 @@ impl VisitorMut for Replacer<'_> {
             Ok(mut v) => match v.pop() {
                 Some(Statement::Query(q)) => q,
                 _ => {
-                    self.error = Some("internal error: the derived table is not a query".into());
+                    self.error = Some(Refusal::internal(
+                        "internal error: the derived table is not a query",
+                    ));
                     return ControlFlow::Break(());
                 }
             },
@@ -543,14 +549,16 @@ impl ColumnsByDb {
     }
 
     /// The columns for a connection whose default database is `current_db`.
-    pub fn get(&self, current_db: Option<&str>) -> Result<std::sync::Arc<Vec<ColumnDef>>, String> {
+    pub fn get(&self, current_db: Option<&str>) -> Result<std::sync::Arc<Vec<ColumnDef>>, Refusal> {
         let db = self.database(current_db).ok_or_else(|| {
-            "no database selected: select one (USE db) or name it in the rule's table".to_string()
+            Refusal::schema(
+                "no database selected: select one (USE db) or name it in the rule's table",
+            )
         })?;
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
         map.get(&db.to_ascii_lowercase())
             .cloned()
-            .ok_or_else(|| "the table's columns are not known yet".to_string())
+            .ok_or_else(|| Refusal::schema("the table's columns are not known yet"))
     }
 }
 

@@ -68,6 +68,15 @@ pub fn reject(e: &Engine, sql: &str) -> String {
     }
 }
 
+/// The rejection's class and message for `sql`; panics on any other decision.
+#[track_caller]
+pub fn refusal(e: &Engine, sql: &str) -> (crate::rewrite::RefusalClass, String) {
+    match decide(e, sql) {
+        Decision::Reject(r) => (r.class, r.message()),
+        other => panic!("{sql}: expected a rejection, got {other:?}"),
+    }
+}
+
 /// Parses every statement of `texts`.
 #[track_caller]
 pub fn parsed<S: AsRef<[u8]>>(texts: &[S]) -> Vec<Statement> {

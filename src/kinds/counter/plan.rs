@@ -39,7 +39,7 @@ use crate::rewrite::shape::{
     target_qualifier, unsupported_clauses,
 };
 use crate::rewrite::{
-    Affected, ColumnPatch, LiteralClass, ParamCheck, Plan, PlanContext, Reply, Rule, Slot,
+    Affected, ColumnPatch, LiteralClass, ParamCheck, Plan, PlanContext, Refusal, Reply, Rule, Slot,
     TableName,
 };
 use crate::rules::spec::quote;
@@ -103,7 +103,7 @@ impl CounterRule {
     }
 
     /// `SELECT … FROM <logical> h` computing each counter as base + SUM(slots).
-    fn derived_sql(&self, logical: &ObjectName, meta: &[ColumnDef]) -> Result<String, String> {
+    fn derived_sql(&self, logical: &ObjectName, meta: &[ColumnDef]) -> Result<String, Refusal> {
         let slot = self.slot_sql(logical);
         let join: Vec<String> = self
             .logical
@@ -141,7 +141,7 @@ impl CounterRule {
 
     /// Replaces every read of the logical table by the derived table. `Ok(None)` when
     /// the statement does not read it as a table.
-    fn plan_read(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+    fn plan_read(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
         let meta = self.logical.columns(ctx)?;
         let meta = meta.as_slice();
         let mut stmt = stmt.clone();
@@ -181,7 +181,7 @@ impl CounterRule {
         u: &Update,
         stmt: &Statement,
         ctx: &PlanContext<'_>,
-    ) -> Result<Option<Plan>, String> {
+    ) -> Result<Option<Plan>, Refusal> {
         let target = match &u.table.relation {
             TableFactor::Table { name, .. } if self.logical.named_by(name, ctx) => Some(name),
             _ => None,
@@ -199,38 +199,40 @@ impl CounterRule {
                     .iter()
                     .any(|j| self.logical.is_factor(&j.relation, ctx))
             {
-                return Err(format!(
+                return Err(Refusal::shape(format!(
                     "a multi-table UPDATE that joins counter table {} cannot be rewritten",
                     self.logical.name()
-                ));
+                )));
             }
             return self.plan_read(stmt, ctx);
         };
         unsupported_clauses(stmt)?;
         if !u.table.joins.is_empty() || u.from.is_some() {
-            return Err(format!(
+            return Err(Refusal::shape(format!(
                 "a multi-table UPDATE of counter table {} cannot be rewritten",
                 self.logical.name()
-            ));
+            )));
         }
         check_update_qualifiers(u)?;
         let (increments, sets, others) = self.sort_assignments(u)?;
         if let Some(w) = &u.selection {
             if self.mentions_counter(w) {
-                return Err("a WHERE condition on a counter column cannot be rewritten (the stored value is only the base)".into());
+                return Err(Refusal::shape("a WHERE condition on a counter column cannot be rewritten (the stored value is only the base)"));
             }
         }
         if u.order_by.iter().any(|o| self.mentions_counter(&o.expr)) {
-            return Err("ORDER BY a counter column cannot be rewritten".into());
+            return Err(Refusal::shape(
+                "ORDER BY a counter column cannot be rewritten",
+            ));
         }
         if increments.is_empty() && sets == 0 {
             return Ok(None);
         }
         if !increments.is_empty() {
             if sets > 0 || others > 0 {
-                return Err(
-                    "an UPDATE that increments a counter may not also set other columns".into(),
-                );
+                return Err(Refusal::shape(
+                    "an UPDATE that increments a counter may not also set other columns",
+                ));
             }
             if self.drain {
                 // The base takes the increment; reads still add the slot rows.
@@ -277,7 +279,9 @@ impl CounterRule {
         }
         // Absolute set: the base takes the value, the slots are cleared.
         if u.limit.is_some() || !u.order_by.is_empty() {
-            return Err("setting a counter with ORDER BY or LIMIT cannot be rewritten".into());
+            return Err(Refusal::shape(
+                "setting a counter with ORDER BY or LIMIT cannot be rewritten",
+            ));
         }
         self.check_sets_every_counter(u)?;
         self.clear_slots_then(name, u.selection.as_ref(), stmt)
@@ -292,7 +296,7 @@ impl CounterRule {
         name: &ObjectName,
         selection: Option<&Expr>,
         stmt: &Statement,
-    ) -> Result<Option<Plan>, String> {
+    ) -> Result<Option<Plan>, Refusal> {
         let clear = self.clear_slots_sql(name, selection)?;
         let mut statements = parse(&clear)?;
         statements.push(stmt.clone());
@@ -308,19 +312,19 @@ impl CounterRule {
     /// number of counters set to a value, and the number of other columns assigned;
     /// an error for tuple assignments, other counter expressions, and other columns
     /// assigned from a counter.
-    fn sort_assignments(&self, u: &Update) -> Result<(ColumnDeltas, usize, usize), String> {
+    fn sort_assignments(&self, u: &Update) -> Result<(ColumnDeltas, usize, usize), Refusal> {
         let mut increments = Vec::new();
         let mut sets = 0usize;
         let mut others = 0usize;
         for a in &u.assignments {
             let AssignmentTarget::ColumnName(col) = &a.target else {
-                return Err("tuple assignments cannot be rewritten".into());
+                return Err(Refusal::shape("tuple assignments cannot be rewritten"));
             };
             let col = last_ident(col);
             if !self.is_counter(&col) {
                 others += 1;
                 if self.mentions_counter(&a.value) {
-                    return Err(format!("`{col}` is assigned from a counter column, which this rule keeps in slot rows"));
+                    return Err(Refusal::shape(format!("`{col}` is assigned from a counter column, which this rule keeps in slot rows")));
                 }
                 continue;
             }
@@ -328,10 +332,10 @@ impl CounterRule {
                 Some(delta) => increments.push((col, delta)),
                 None if is_value(&a.value) => sets += 1,
                 None => {
-                    return Err(format!(
+                    return Err(Refusal::shape(format!(
                         "SET {col} = {} cannot be rewritten: a counter can only be incremented (`{col} = {col} + n`, `{col} = {col} - n`) or set to a value",
                         a.value
-                    ))
+                    )))
                 }
             }
         }
@@ -341,7 +345,7 @@ impl CounterRule {
     /// An absolute set clears the key's slot rows, which hold the increments of every
     /// counter column of the rule: refused unless it sets them all (the others'
     /// increments would be lost).
-    fn check_sets_every_counter(&self, u: &Update) -> Result<(), String> {
+    fn check_sets_every_counter(&self, u: &Update) -> Result<(), Refusal> {
         let assigned: Vec<String> = u
             .assignments
             .iter()
@@ -359,7 +363,7 @@ impl CounterRule {
         if missing.is_empty() {
             return Ok(());
         }
-        Err(format!(
+        Err(Refusal::shape(format!(
             "an UPDATE that sets a counter must set every counter column of the rule: the \
              slot rows it clears also hold the increments of {}",
             missing
@@ -367,7 +371,7 @@ impl CounterRule {
                 .map(|c| format!("`{c}`"))
                 .collect::<Vec<_>>()
                 .join(", ")
-        ))
+        )))
     }
 
     /// Checks an increment-only UPDATE: its deltas (combined per column), its
@@ -379,9 +383,11 @@ impl CounterRule {
         u: &Update,
         ctx: &PlanContext<'_>,
         increments: Vec<(String, Expr)>,
-    ) -> Result<Option<(ColumnDeltas, Vec<Expr>, ParamChecks)>, String> {
+    ) -> Result<Option<(ColumnDeltas, Vec<Expr>, ParamChecks)>, Refusal> {
         if !u.order_by.is_empty() {
-            return Err("ORDER BY in a counter increment cannot be rewritten".into());
+            return Err(Refusal::shape(
+                "ORDER BY in a counter increment cannot be rewritten",
+            ));
         }
         let increments = combine_increments(increments);
         let mut param_checks = Vec::new();
@@ -395,9 +401,9 @@ impl CounterRule {
                 Some(LiteralClass::Integer { digits: 0 }) => true,
                 Some(LiteralClass::Integer { .. }) => false,
                 _ => {
-                    return Err(format!(
+                    return Err(Refusal::shape(format!(
                         "LIMIT {l} in a counter increment cannot be rewritten; use LIMIT 1 or none"
-                    ))
+                    )))
                 }
             },
         };
@@ -423,13 +429,15 @@ impl CounterRule {
         meta: &[ColumnDef],
         ctx: &PlanContext<'_>,
         param_checks: &mut Vec<(usize, ParamCheck)>,
-    ) -> Result<Keys, String> {
+    ) -> Result<Keys, Refusal> {
         let mut out = Keys::Exact;
         for (k, v) in self.logical.key().iter().zip(keys) {
             let def = meta
                 .iter()
                 .find(|d| eq(&String::from_utf8_lossy(&d.org_name), k))
-                .ok_or_else(|| format!("table {} has no column `{k}`", self.logical.name()))?;
+                .ok_or_else(|| {
+                    Refusal::schema(format!("table {} has no column `{k}`", self.logical.name()))
+                })?;
             let mut e = v;
             let mut negative = false;
             loop {
@@ -465,9 +473,9 @@ impl CounterRule {
                         max: max as i128,
                     },
                     KeyType::Other => {
-                        return Err(format!(
+                        return Err(Refusal::schema(format!(
                             "key column `{k}` has a type for which increments are not rewritten (only integer and string keys are)"
-                        ))
+                        )))
                     }
                 };
                 param_checks.push((j, check));
@@ -475,9 +483,9 @@ impl CounterRule {
             }
             let class = ctx.literal_class(e);
             let refuse = |why: &str| {
-                Err(format!(
+                Err(Refusal::value(format!(
                     "the key value for column `{k}` {why}; an increment is rewritten only for a key value the slot row stores exactly"
-                ))
+                )))
             };
             match key_type(def) {
                 KeyType::String { max_chars } => match class {
@@ -510,9 +518,9 @@ impl CounterRule {
                     _ => return refuse("is not an integer literal"),
                 },
                 KeyType::Other => {
-                    return Err(format!(
+                    return Err(Refusal::schema(format!(
                         "key column `{k}` has a type for which increments are not rewritten (only integer and string keys are)"
-                    ))
+                    )))
                 }
             }
         }
@@ -524,14 +532,16 @@ impl CounterRule {
         &self,
         logical: &ObjectName,
         selection: Option<&Expr>,
-    ) -> Result<String, String> {
+    ) -> Result<String, Refusal> {
         let mut sql = format!("DELETE FROM {}", self.slot_sql(logical));
         if let Some(w) = selection {
-            let w = requalify(w, |c| self.logical.is_key(c)).map_err(|what| {
-                format!(
-                    "the WHERE condition uses {what}; only the key columns ({}) can select counters to set or delete",
-                    self.logical.key().join(", ")
-                )
+            let w = requalify(w, |c| self.logical.is_key(c)).map_err(|r| {
+                r.map_reason(|what| {
+                    format!(
+                        "the WHERE condition uses {what}; only the key columns ({}) can select counters to set or delete",
+                        self.logical.key().join(", ")
+                    )
+                })
             })?;
             sql.push_str(&format!(" WHERE {w}"));
         }
@@ -540,9 +550,9 @@ impl CounterRule {
 
     /// The values of every key column in a `k1 = v1 AND k2 = v2` condition, in key
     /// order; an error for any other shape.
-    fn key_values(&self, selection: Option<&Expr>) -> Result<Vec<Expr>, String> {
+    fn key_values(&self, selection: Option<&Expr>) -> Result<Vec<Expr>, Refusal> {
         key_equalities(self.logical.key(), selection).ok_or_else(|| {
-            if self.logical.key().is_empty() {
+            Refusal::shape(if self.logical.key().is_empty() {
                 "this counter has no key columns: increment it without WHERE".to_string()
             } else {
                 format!(
@@ -554,7 +564,7 @@ impl CounterRule {
                         .collect::<Vec<_>>()
                         .join(" AND ")
                 )
-            }
+            })
         })
     }
 
@@ -623,7 +633,7 @@ impl CounterRule {
         ins: &Insert,
         stmt: &Statement,
         ctx: &PlanContext<'_>,
-    ) -> Result<Option<Plan>, String> {
+    ) -> Result<Option<Plan>, Refusal> {
         let TableObject::TableName(name) = &ins.table else {
             return self.plan_read(stmt, ctx);
         };
@@ -631,52 +641,54 @@ impl CounterRule {
             return self.plan_read(stmt, ctx);
         }
         if ins.replace_into {
-            return Err("REPLACE into a counter table cannot be rewritten; use INSERT … ON DUPLICATE KEY UPDATE".into());
+            return Err(Refusal::shape("REPLACE into a counter table cannot be rewritten; use INSERT … ON DUPLICATE KEY UPDATE"));
         }
         let Some(OnInsert::DuplicateKeyUpdate(assignments)) = &ins.on else {
             // A plain insert writes the base value of a new counter: correct as is,
             // unless it reads the counter table itself.
             if let Some(src) = &ins.source {
                 if self.query_reads_ours(src, ctx) {
-                    return Err(
-                        "INSERT … SELECT from the counter table into itself cannot be rewritten"
-                            .into(),
-                    );
+                    return Err(Refusal::shape(
+                        "INSERT … SELECT from the counter table into itself cannot be rewritten",
+                    ));
                 }
             }
             return Ok(None);
         };
         unsupported_clauses(stmt)?;
         if ins.ignore {
-            return Err(
-                "INSERT IGNORE … ON DUPLICATE KEY UPDATE into a counter table cannot be rewritten"
-                    .into(),
-            );
+            return Err(Refusal::shape(
+                "INSERT IGNORE … ON DUPLICATE KEY UPDATE into a counter table cannot be rewritten",
+            ));
         }
         let rows = match ins.source.as_deref().map(|q| q.body.as_ref()) {
             Some(SetExpr::Values(v)) => &v.rows,
             _ => {
-                return Err(
-                    "INSERT … ON DUPLICATE KEY UPDATE into a counter table needs a VALUES list"
-                        .into(),
-                )
+                return Err(Refusal::shape(
+                    "INSERT … ON DUPLICATE KEY UPDATE into a counter table needs a VALUES list",
+                ))
             }
         };
         if rows.len() != 1 {
-            return Err("INSERT … ON DUPLICATE KEY UPDATE of several counters at once cannot be rewritten; insert one row per statement".into());
+            return Err(Refusal::shape("INSERT … ON DUPLICATE KEY UPDATE of several counters at once cannot be rewritten; insert one row per statement"));
         }
         let row = &rows[0].content;
         let cols: Vec<String> = ins.columns.iter().map(last_ident).collect();
         if cols.len() != row.len() {
-            return Err("the column list and the VALUES list differ in length".into());
+            return Err(Refusal::shape(
+                "the column list and the VALUES list differ in length",
+            ));
         }
         let value_of = |c: &str| cols.iter().position(|x| eq(x, c)).map(|i| &row[i]);
         let mut keys = Vec::with_capacity(self.logical.key().len());
         for k in self.logical.key() {
-            let v =
-                value_of(k).ok_or_else(|| format!("the INSERT must give the key column `{k}`"))?;
+            let v = value_of(k).ok_or_else(|| {
+                Refusal::shape(format!("the INSERT must give the key column `{k}`"))
+            })?;
             if !is_value(v) {
-                return Err(format!("the key column `{k}` must be given a value"));
+                return Err(Refusal::value(format!(
+                    "the key column `{k}` must be given a value"
+                )));
             }
             keys.push(v.clone());
         }
@@ -713,40 +725,41 @@ impl CounterRule {
         cols: &[String],
         row: &[Expr],
         ctx: &PlanContext<'_>,
-    ) -> Result<(ColumnDeltas, ParamChecks), String> {
+    ) -> Result<(ColumnDeltas, ParamChecks), Refusal> {
         let value_of = |c: &str| cols.iter().position(|x| eq(x, c)).map(|i| &row[i]);
         let mut incs = Vec::new();
         let mut param_checks = Vec::new();
         for a in assignments {
             let AssignmentTarget::ColumnName(col) = &a.target else {
-                return Err("tuple assignments cannot be rewritten".into());
+                return Err(Refusal::shape("tuple assignments cannot be rewritten"));
             };
             let col = last_ident(col);
             if !self.is_counter(&col) {
-                return Err(format!(
+                return Err(Refusal::shape(format!(
                     "ON DUPLICATE KEY UPDATE may only increment counter columns, not `{col}`"
-                ));
+                )));
             }
             let delta = match increment_of(&col, &a.value) {
                 Some(Expr::Function(f)) if f.name.to_string().eq_ignore_ascii_case("VALUES") => {
-                    value_of(&col).cloned().ok_or_else(|| format!("VALUES({col}) needs `{col}` in the column list"))?
+                    value_of(&col).cloned().ok_or_else(|| Refusal::shape(format!("VALUES({col}) needs `{col}` in the column list")))?
                 }
                 Some(d) => d,
                 None => {
-                    return Err(format!(
+                    return Err(Refusal::shape(format!(
                         "ON DUPLICATE KEY UPDATE {col} = {} cannot be rewritten: only `{col} = {col} + n` is supported",
                         a.value
-                    ))
+                    )))
                 }
             };
             // A new counter starts at the inserted value, an existing one grows by
             // the increment: one slot delta serves both only if they are equal.
-            let inserted = value_of(&col)
-                .ok_or_else(|| format!("the INSERT must give the counter column `{col}`"))?;
+            let inserted = value_of(&col).ok_or_else(|| {
+                Refusal::shape(format!("the INSERT must give the counter column `{col}`"))
+            })?;
             if !same_value(inserted, &delta, ctx) {
-                return Err(format!(
+                return Err(Refusal::shape(format!(
                     "the inserted value of `{col}` and its increment differ; only `INSERT … VALUES (…, n) ON DUPLICATE KEY UPDATE {col} = {col} + n` can be rewritten"
-                ));
+                )));
             }
             check_delta(&col, &delta, ctx, &mut param_checks)?;
             incs.push((col, delta));
@@ -791,7 +804,7 @@ impl CounterRule {
         d: &Delete,
         stmt: &Statement,
         ctx: &PlanContext<'_>,
-    ) -> Result<Option<Plan>, String> {
+    ) -> Result<Option<Plan>, Refusal> {
         let from = match &d.from {
             FromTable::WithFromKeyword(f) | FromTable::WithoutKeyword(f) => f,
         };
@@ -810,25 +823,25 @@ impl CounterRule {
         }
         unsupported_clauses(stmt)?;
         if multi {
-            return Err(format!(
+            return Err(Refusal::shape(format!(
                 "a multi-table DELETE involving counter table {} cannot be rewritten",
                 self.logical.name()
-            ));
+            )));
         }
         let TableFactor::Table { name, .. } = &from[0].relation else {
-            return Err("unexpected DELETE target".into());
+            return Err(Refusal::shape("unexpected DELETE target"));
         };
         if let Some((q, alias)) = target_qualifier(&from[0].relation) {
             check_qualifiers(d.selection.iter(), &q, alias)?;
         }
         if d.limit.is_some() || !d.order_by.is_empty() {
-            return Err(
-                "DELETE with ORDER BY or LIMIT from a counter table cannot be rewritten".into(),
-            );
+            return Err(Refusal::shape(
+                "DELETE with ORDER BY or LIMIT from a counter table cannot be rewritten",
+            ));
         }
         if let Some(w) = &d.selection {
             if self.mentions_counter(w) {
-                return Err("a WHERE condition on a counter column cannot be rewritten (the stored value is only the base)".into());
+                return Err(Refusal::shape("a WHERE condition on a counter column cannot be rewritten (the stored value is only the base)"));
             }
         }
         self.clear_slots_then(name, d.selection.as_ref(), stmt)
@@ -871,14 +884,17 @@ impl Rule for CounterRule {
         self.logical.provide_metadata(current_db, columns);
     }
 
-    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
         let meta = self.logical.columns(ctx)?;
         for c in self.logical.key().iter().chain(&self.columns) {
             if !meta
                 .iter()
                 .any(|d| eq(&String::from_utf8_lossy(&d.org_name), c))
             {
-                return Err(format!("table {} has no column `{c}`", self.logical.name()));
+                return Err(Refusal::schema(format!(
+                    "table {} has no column `{c}`",
+                    self.logical.name()
+                )));
             }
         }
         for d in meta
@@ -889,10 +905,10 @@ impl Rule for CounterRule {
                 d.column_type,
                 types::TINY | types::SHORT | types::INT24 | types::LONG | types::LONGLONG
             ) {
-                return Err(format!(
+                return Err(Refusal::schema(format!(
                     "counter column `{}` must be an integer column",
                     String::from_utf8_lossy(&d.org_name)
-                ));
+                )));
             }
         }
         match stmt {
@@ -994,7 +1010,7 @@ fn check_delta(
     delta: &Expr,
     ctx: &PlanContext<'_>,
     param_checks: &mut Vec<(usize, ParamCheck)>,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     // Sums of combined increments, signs and parentheses around each term.
     let mut stack = vec![delta];
     while let Some(e) = stack.pop() {
@@ -1022,9 +1038,9 @@ fn check_delta(
                 )),
                 (_, Some(LiteralClass::Integer { digits })) if digits <= MAX_DELTA_DIGITS => {}
                 _ => {
-                    return Err(format!(
+                    return Err(Refusal::value(format!(
                         "SET {col} = {col} + {e} cannot be rewritten exactly: a counter is incremented by integer literals or parameters"
-                    ))
+                    )))
                 }
             },
         }
@@ -1102,6 +1118,34 @@ mod tests {
         let e = Engine::new(vec![Arc::new(rule)], 1000).unwrap();
         e.provide_metadata(0, Some("shop"), columns);
         e
+    }
+
+    #[test]
+    fn refusals_name_their_class() {
+        use crate::rewrite::testutil::refusal;
+        use crate::rewrite::RefusalClass;
+        let e = engine(&["slug"]);
+        for (sql, class) in [
+            (
+                "REPLACE INTO hits (slug, cnt) VALUES ('a', 1)",
+                RefusalClass::Shape,
+            ),
+            ("ALTER TABLE hits ADD COLUMN x INT", RefusalClass::Ddl),
+            ("TRUNCATE TABLE hits", RefusalClass::Ddl),
+            // A number where the string key is compared: MariaDB would compare
+            // numerically.
+            (
+                "UPDATE hits SET cnt = cnt + 1 WHERE slug = 5",
+                RefusalClass::Value,
+            ),
+            (
+                "UPDATE hits SET cnt = cnt + 1.5 WHERE slug = 'a'",
+                RefusalClass::Value,
+            ),
+        ] {
+            let (got, why) = refusal(&e, sql);
+            assert_eq!(got, class, "{sql}: {why}");
+        }
     }
 
     const DERIVED: &str = "(SELECT `hs_h`.`slug`, CAST(`hs_h`.`cnt` + COALESCE((SELECT SUM(`hs_s`.`cnt`) FROM `hits_slots` AS `hs_s` WHERE `hs_s`.`slug` = `hs_h`.`slug`), 0) AS SIGNED) AS `cnt`, `hs_h`.`note` FROM hits AS `hs_h`)";

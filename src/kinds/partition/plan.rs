@@ -26,7 +26,7 @@ use super::keytime::KeyTimeSql;
 use super::spec::PartitionSpec;
 use crate::kinds::logical::LogicalTable;
 use crate::rewrite::shape::{column_name, conjuncts, eq, last_ident, parse};
-use crate::rewrite::{ParamCheck, Plan, PlanContext, Rule, Slot, TableName};
+use crate::rewrite::{ParamCheck, Plan, PlanContext, Refusal, Rule, Slot, TableName};
 use crate::rules::spec::quote;
 use crate::wire::resultset::{types, ColumnDef};
 
@@ -90,11 +90,16 @@ impl PartitionRule {
     }
 
     /// The key and partition column types, from the table's columns.
-    fn types(&self, meta: &[ColumnDef]) -> Result<Types, String> {
+    fn types(&self, meta: &[ColumnDef]) -> Result<Types, Refusal> {
         let find = |name: &str| {
             meta.iter()
                 .find(|c| eq(&String::from_utf8_lossy(&c.org_name), name))
-                .ok_or_else(|| format!("table {} has no column `{name}`", self.logical.name()))
+                .ok_or_else(|| {
+                    Refusal::schema(format!(
+                        "table {} has no column `{name}`",
+                        self.logical.name()
+                    ))
+                })
         };
         let key = find(&self.key)?;
         let key = match key.column_type {
@@ -103,10 +108,10 @@ impl PartitionRule {
             }
             0x0f | 0xf9..=0xfe => KeyType::String,
             t => {
-                return Err(format!(
+                return Err(Refusal::schema(format!(
                 "key column `{}` has type {t:#04x}; a partition rule needs a string or integer key",
                 self.key
-            ))
+            )))
             }
         };
         let col = find(&self.column)?;
@@ -114,10 +119,10 @@ impl PartitionRule {
             types::DATE => false,
             types::DATETIME | types::TIMESTAMP => true,
             t => {
-                return Err(format!(
+                return Err(Refusal::schema(format!(
                 "column `{}` has type {t:#04x}; a partition rule needs a DATE or DATETIME column",
                 self.column
-            ))
+            )))
             }
         };
         Ok(Types {
@@ -141,7 +146,7 @@ struct Pruner<'r, 'c> {
     /// Checks of prepared parameters used as keys.
     param_checks: Vec<(usize, ParamCheck)>,
     /// A failure to build the predicate (a bug in the rule, reported).
-    error: Option<String>,
+    error: Option<Refusal>,
 }
 
 impl Pruner<'_, '_> {
@@ -302,9 +307,17 @@ impl Pruner<'_, '_> {
                         *selection = s.selection;
                         self.pruned += 1;
                     }
-                    _ => self.error = Some("internal error: predicate is not a SELECT".into()),
+                    _ => {
+                        self.error = Some(Refusal::internal(
+                            "internal error: predicate is not a SELECT",
+                        ))
+                    }
                 },
-                _ => self.error = Some("internal error: predicate is not a query".into()),
+                _ => {
+                    self.error = Some(Refusal::internal(
+                        "internal error: predicate is not a query",
+                    ))
+                }
             },
             Err(e) => self.error = Some(e),
         }
@@ -379,7 +392,7 @@ impl PartitionRule {
         ins: &Insert,
         stmt: &Statement,
         types: &Types,
-    ) -> Result<Option<Plan>, String> {
+    ) -> Result<Option<Plan>, Refusal> {
         if ins.columns.is_empty()
             || ins.columns.iter().any(|c| eq(&last_ident(c), &self.column))
             || !ins.assignments.is_empty()
@@ -435,14 +448,20 @@ impl PartitionRule {
             let sql = format!("SELECT IF({}, {when}, {otherwise})", self.time.readable(&k));
             let mut v = parse(&sql)?;
             let Some(Statement::Query(q)) = v.pop() else {
-                return Err("internal error: fill expression is not a query".into());
+                return Err(Refusal::internal(
+                    "internal error: fill expression is not a query",
+                ));
             };
             let SetExpr::Select(s) = *q.body else {
-                return Err("internal error: fill expression is not a SELECT".into());
+                return Err(Refusal::internal(
+                    "internal error: fill expression is not a SELECT",
+                ));
             };
             let Some(sqlparser::ast::SelectItem::UnnamedExpr(e)) = s.projection.into_iter().next()
             else {
-                return Err("internal error: fill expression has no value".into());
+                return Err(Refusal::internal(
+                    "internal error: fill expression has no value",
+                ));
             };
             new_row.content.push(e);
         }
@@ -477,7 +496,7 @@ impl Rule for PartitionRule {
         self.logical.provide_metadata(current_db, columns);
     }
 
-    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
         let interesting = matches!(
             stmt,
             Statement::Query(_)

@@ -41,7 +41,7 @@ use crate::rewrite::shape::{
     target_qualifier, unsupported_clauses,
 };
 use crate::rewrite::{
-    Affected, ColumnPatch, ParamCheck, Plan, PlanContext, Reply, Rule, Slot, TableName,
+    Affected, ColumnPatch, ParamCheck, Plan, PlanContext, Refusal, Reply, Rule, Slot, TableName,
 };
 use crate::rules::spec::quote;
 use crate::wire::resultset::ColumnDef;
@@ -97,7 +97,7 @@ impl RingRule {
         stmt: &Statement,
         ctx: &PlanContext<'_>,
         meta: &[ColumnDef],
-    ) -> Result<Option<Plan>, String> {
+    ) -> Result<Option<Plan>, Refusal> {
         let cols: Vec<String> = meta.iter().map(|d| quote(&column_def_name(d))).collect();
         let mut stmt = stmt.clone();
         let aliases = replace_reads(&mut stmt, &|n| self.logical.named_by(n, ctx), &|n| {
@@ -143,7 +143,7 @@ impl RingRule {
         stmt: &Statement,
         ctx: &PlanContext<'_>,
         meta: &[ColumnDef],
-    ) -> Result<Option<Plan>, String> {
+    ) -> Result<Option<Plan>, Refusal> {
         let TableObject::TableName(name) = &ins.table else {
             return self.plan_read(stmt, ctx, meta);
         };
@@ -152,7 +152,9 @@ impl RingRule {
         }
         unsupported_clauses(stmt)?;
         if ins.on.is_some() {
-            return Err("ON DUPLICATE KEY UPDATE into a ring table cannot be rewritten".into());
+            return Err(Refusal::shape(
+                "ON DUPLICATE KEY UPDATE into a ring table cannot be rewritten",
+            ));
         }
         let (cols, rows) = self.insert_rows(ins, meta)?;
         // The log's AUTO_INCREMENT column stays AUTO_INCREMENT in the ring, so ids
@@ -247,13 +249,13 @@ impl RingRule {
         &self,
         ins: &Insert,
         meta: &[ColumnDef],
-    ) -> Result<(Vec<String>, Vec<Vec<Expr>>), String> {
+    ) -> Result<(Vec<String>, Vec<Vec<Expr>>), Refusal> {
         let (cols, rows): (Vec<String>, Vec<Vec<Expr>>) = if !ins.assignments.is_empty() {
             let mut cols = Vec::new();
             let mut row = Vec::new();
             for a in &ins.assignments {
                 let AssignmentTarget::ColumnName(c) = &a.target else {
-                    return Err("tuple assignments cannot be rewritten".into());
+                    return Err(Refusal::shape("tuple assignments cannot be rewritten"));
                 };
                 cols.push(last_ident(c));
                 row.push(a.value.clone());
@@ -263,7 +265,7 @@ impl RingRule {
             let rows = match ins.source.as_deref().map(|q| q.body.as_ref()) {
                 Some(SetExpr::Values(v)) => &v.rows,
                 _ => {
-                    return Err("INSERT … SELECT into a ring table cannot be rewritten; insert rows with VALUES".into())
+                    return Err(Refusal::shape("INSERT … SELECT into a ring table cannot be rewritten; insert rows with VALUES"))
                 }
             };
             let cols: Vec<String> = if ins.columns.is_empty() {
@@ -275,7 +277,10 @@ impl RingRule {
         };
         for c in &cols {
             if !meta.iter().any(|d| eq(&column_def_name(d), c)) {
-                return Err(format!("table {} has no column `{c}`", self.logical.name()));
+                return Err(Refusal::schema(format!(
+                    "table {} has no column `{c}`",
+                    self.logical.name()
+                )));
             }
         }
         Ok((cols, rows))
@@ -318,21 +323,27 @@ impl RingRule {
         cols: &[String],
         rows: &[Vec<Expr>],
         ctx: &PlanContext<'_>,
-    ) -> Result<(Vec<String>, ParamChecks), String> {
+    ) -> Result<(Vec<String>, ParamChecks), Refusal> {
         let mut values = Vec::with_capacity(rows.len());
         let mut param_checks = Vec::new();
         for row in rows {
             if row.len() != cols.len() {
-                return Err("the column list and the VALUES list differ in length".into());
+                return Err(Refusal::shape(
+                    "the column list and the VALUES list differ in length",
+                ));
             }
             for k in self.logical.key() {
                 let v = cols
                     .iter()
                     .position(|c| eq(c, k))
                     .map(|i| &row[i])
-                    .ok_or_else(|| format!("the INSERT must give the key column `{k}`"))?;
+                    .ok_or_else(|| {
+                        Refusal::shape(format!("the INSERT must give the key column `{k}`"))
+                    })?;
                 if !is_value(v) {
-                    return Err(format!("the key column `{k}` must be given a value"));
+                    return Err(Refusal::value(format!(
+                        "the key column `{k}` must be given a value"
+                    )));
                 }
                 if let Some(Slot::Param(j)) = ctx.slot(v) {
                     // The same for a NULL parameter, found at execute time.
@@ -341,7 +352,9 @@ impl RingRule {
                 if matches!(v, Expr::Value(x) if x.value == sqlparser::ast::Value::Null) {
                     // The ring's primary key cannot hold it, and the log's errors for
                     // it (1048, or a conversion error first) cannot be reproduced.
-                    return Err(format!("a NULL key (`{k}`) cannot be stored in the ring"));
+                    return Err(Refusal::value(format!(
+                        "a NULL key (`{k}`) cannot be stored in the ring"
+                    )));
                 }
             }
             // Slot and sequence are assigned by the ring table's BEFORE INSERT
@@ -361,7 +374,7 @@ impl RingRule {
         stmt: &Statement,
         ctx: &PlanContext<'_>,
         meta: &[ColumnDef],
-    ) -> Result<Option<Plan>, String> {
+    ) -> Result<Option<Plan>, Refusal> {
         let from = match &d.from {
             FromTable::WithFromKeyword(f) | FromTable::WithoutKeyword(f) => f,
         };
@@ -380,13 +393,13 @@ impl RingRule {
             || from.len() != 1
             || from.iter().any(|t| !t.joins.is_empty());
         if multi {
-            return Err(format!(
+            return Err(Refusal::shape(format!(
                 "a multi-table DELETE involving ring table {} cannot be rewritten",
                 self.logical.name()
-            ));
+            )));
         }
         let TableFactor::Table { name, .. } = &from[0].relation else {
-            return Err("unexpected DELETE target".into());
+            return Err(Refusal::shape("unexpected DELETE target"));
         };
         if let Some((q, alias)) = target_qualifier(&from[0].relation) {
             check_qualifiers(d.selection.iter(), &q, alias)?;
@@ -403,7 +416,7 @@ impl RingRule {
             }
         };
         if !whole || d.limit.is_some() {
-            return Err(format!(
+            return Err(Refusal::shape(format!(
                 "deleting some of a key's rows from ring table {} cannot be rewritten (later inserts would replace a row the table keeps); delete whole keys with `{}`",
                 self.logical.name(),
                 self.logical.key()
@@ -411,13 +424,13 @@ impl RingRule {
                     .map(|k| format!("{k} = value"))
                     .collect::<Vec<_>>()
                     .join(" AND ")
-            ));
+            )));
         }
         let mut sql = format!("DELETE FROM {}", self.physical(&self.ring_table, name));
         let is_column = |c: &str| meta.iter().any(|d| eq(&column_def_name(d), c));
         if let Some(w) = &d.selection {
             let w = requalify(w, is_column)
-                .map_err(|what| format!("the WHERE condition uses {what}"))?;
+                .map_err(|r| r.map_reason(|what| format!("the WHERE condition uses {what}")))?;
             sql.push_str(&format!(" WHERE {w}"));
         }
         self.append_order_limit(&mut sql, &d.order_by, d.limit.as_ref(), is_column)?;
@@ -433,12 +446,12 @@ impl RingRule {
         order_by: &[sqlparser::ast::OrderByExpr],
         limit: Option<&Expr>,
         is_column: impl Fn(&str) -> bool + Copy,
-    ) -> Result<(), String> {
+    ) -> Result<(), Refusal> {
         if !order_by.is_empty() {
             let mut parts = Vec::new();
             for o in order_by {
                 let e = requalify(&o.expr, is_column)
-                    .map_err(|what| format!("ORDER BY uses {what}"))?;
+                    .map_err(|r| r.map_reason(|what| format!("ORDER BY uses {what}")))?;
                 let mut o = o.clone();
                 o.expr = e;
                 parts.push(o.to_string());
@@ -457,7 +470,7 @@ impl RingRule {
         stmt: &Statement,
         ctx: &PlanContext<'_>,
         meta: &[ColumnDef],
-    ) -> Result<Option<Plan>, String> {
+    ) -> Result<Option<Plan>, Refusal> {
         let target = match &u.table.relation {
             TableFactor::Table { name, .. } if self.logical.named_by(name, ctx) => Some(name),
             _ => None,
@@ -469,35 +482,35 @@ impl RingRule {
             .any(|j| self.logical.is_factor(&j.relation, ctx));
         let Some(name) = target else {
             if joined {
-                return Err(format!(
+                return Err(Refusal::shape(format!(
                     "a multi-table UPDATE that joins ring table {} cannot be rewritten",
                     self.logical.name()
-                ));
+                )));
             }
             return self.plan_read(stmt, ctx, meta);
         };
         unsupported_clauses(stmt)?;
         if !u.table.joins.is_empty() || u.from.is_some() {
-            return Err(format!(
+            return Err(Refusal::shape(format!(
                 "a multi-table UPDATE of ring table {} cannot be rewritten",
                 self.logical.name()
-            ));
+            )));
         }
         check_update_qualifiers(u)?;
         let is_column = |c: &str| meta.iter().any(|d| eq(&column_def_name(d), c));
         let mut sets = Vec::new();
         for a in &u.assignments {
             let AssignmentTarget::ColumnName(col) = &a.target else {
-                return Err("tuple assignments cannot be rewritten".into());
+                return Err(Refusal::shape("tuple assignments cannot be rewritten"));
             };
             let col = last_ident(col);
             if self.logical.is_key(&col) {
-                return Err(format!(
+                return Err(Refusal::shape(format!(
                     "updating the key column `{col}` would move rows between rings; delete and insert instead"
-                ));
+                )));
             }
             let v = requalify(&a.value, is_column)
-                .map_err(|what| format!("SET {col} = … uses {what}"))?;
+                .map_err(|r| r.map_reason(|what| format!("SET {col} = … uses {what}")))?;
             sets.push(format!("{} = {v}", quote(&col)));
         }
         let keyed = u.selection.as_ref().is_some_and(|w| {
@@ -522,14 +535,14 @@ impl RingRule {
                 && key_equalities(self.logical.key(), cond.as_ref()).is_some()
         });
         if !keyed && !self.logical.key().is_empty() {
-            return Err(format!(
+            return Err(Refusal::shape(format!(
                 "an UPDATE of a ring must select its key with `{}`; updating rows by other conditions cannot be rewritten",
                 self.logical.key()
                     .iter()
                     .map(|k| format!("{k} = value"))
                     .collect::<Vec<_>>()
                     .join(" AND ")
-            ));
+            )));
         }
         let mut sql = format!(
             "UPDATE {} SET {}",
@@ -538,7 +551,7 @@ impl RingRule {
         );
         if let Some(w) = &u.selection {
             let w = requalify(w, is_column)
-                .map_err(|what| format!("the WHERE condition uses {what}"))?;
+                .map_err(|r| r.map_reason(|what| format!("the WHERE condition uses {what}")))?;
             sql.push_str(&format!(" WHERE {w}"));
         }
         self.append_order_limit(&mut sql, &u.order_by, u.limit.as_ref(), is_column)?;
@@ -581,19 +594,22 @@ impl Rule for RingRule {
         self.logical.provide_metadata(current_db, columns);
     }
 
-    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
         let meta = self.logical.columns(ctx)?;
         for k in self.logical.key() {
             if !meta.iter().any(|d| eq(&column_def_name(d), k)) {
-                return Err(format!("table {} has no column `{k}`", self.logical.name()));
+                return Err(Refusal::schema(format!(
+                    "table {} has no column `{k}`",
+                    self.logical.name()
+                )));
             }
         }
         for c in [&self.slot_column, &self.seq_column] {
             if meta.iter().any(|d| eq(&column_def_name(d), c)) {
-                return Err(format!(
+                return Err(Refusal::schema(format!(
                     "table {} already has a column `{c}`; choose another slot_column/seq_column",
                     self.logical.name()
-                ));
+                )));
             }
         }
         match stmt {
@@ -649,6 +665,27 @@ mod tests {
 
     fn upsert(values: &str) -> String {
         format!("INSERT INTO `log_ring` (`uid`, `visitor_uid`, `last_update`, `slot`, `seq`) VALUES {values} {GUARDS}")
+    }
+
+    #[test]
+    fn refusals_name_their_class() {
+        use crate::rewrite::testutil::refusal;
+        use crate::rewrite::RefusalClass;
+        let e = engine(false);
+        for (sql, class) in [
+            (
+                "INSERT INTO log (uid, visitor_uid) VALUES (NULL, 7)",
+                RefusalClass::Value,
+            ),
+            (
+                "INSERT INTO log (uid, visitor_uid) VALUES (1, 7) ON DUPLICATE KEY UPDATE visitor_uid = 8",
+                RefusalClass::Shape,
+            ),
+            ("DROP TABLE log", RefusalClass::Ddl),
+        ] {
+            let (got, why) = refusal(&e, sql);
+            assert_eq!(got, class, "{sql}: {why}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::plan::RollupRule;
 use crate::kinds::inserts::{session_independent, Flavor, InsertPieces, Inserts};
 use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::shape::{column_def_name, eq, last_ident, unsupported_clauses};
-use crate::rewrite::{parse_statements, Affected, Plan, PlanContext, Reply};
+use crate::rewrite::{parse_statements, Affected, Plan, PlanContext, Refusal, Reply};
 use crate::rules::spec::quote;
 
 /// Log rows inserted as part of a merged write.
@@ -53,7 +53,7 @@ pub(super) fn plan_insert(
     ins: &Insert,
     stmt: &Statement,
     ctx: &PlanContext<'_>,
-) -> Result<Option<Plan>, String> {
+) -> Result<Option<Plan>, Refusal> {
     let TableObject::TableName(name) = &ins.table else {
         return Ok(None);
     };
@@ -124,8 +124,11 @@ pub(super) fn plan_insert(
         })
         .collect();
     let tuples = tuples.join(", ");
-    let statements = parse_statements(&format!("{prefix}{tuples}"))
-        .map_err(|e| format!("internal error: the log insert does not parse ({e})"))?;
+    let statements = parse_statements(&format!("{prefix}{tuples}")).map_err(|e| {
+        Refusal::internal(format!(
+            "internal error: the log insert does not parse ({e})"
+        ))
+    })?;
     let n = rows.len() as u64;
     // Merged parts are ordered by their first row's dimensions, so that concurrent
     // merged writes reach the rollups' rows in one order.

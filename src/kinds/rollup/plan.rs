@@ -13,7 +13,7 @@ use sqlparser::ast::Statement;
 use super::spec::{Bucket, Measure, RollupSpec};
 use crate::kinds::logical::LogicalTable;
 use crate::rewrite::shape::{ddl_rejection, is_table_ddl};
-use crate::rewrite::{Plan, PlanContext, Rule, TableName};
+use crate::rewrite::{Plan, PlanContext, Refusal, Rule, TableName};
 use crate::wire::resultset::ColumnDef;
 
 /// A `[[rollup]]` rule, ready to plan statements.
@@ -177,13 +177,13 @@ impl Rule for RollupRule {
         self.logical.provide_metadata(current_db, columns);
     }
 
-    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
         match stmt {
-            Statement::Truncate(_) => Err(format!(
+            Statement::Truncate(_) => Err(Refusal::ddl(format!(
                 "TRUNCATE of rollup table {} fires no trigger, so rollup table {} would keep counting the removed rows; use DELETE, or truncate both on the database directly",
                 self.logical.name(),
                 self.rollup_table
-            )),
+            ))),
             Statement::LoadData { .. } | Statement::LockTables { .. } => Ok(None),
             _ if is_table_ddl(stmt) => Err(ddl_rejection(
                 stmt,

@@ -66,7 +66,7 @@ use super::schema::{MAILBOX_MESSAGE, MAILBOX_READER};
 use super::spec::{Serve, TimelineSpec};
 use crate::kinds::logical::LogicalTable;
 use crate::rewrite::shape::{conjuncts, eq, plain_table};
-use crate::rewrite::{parse_statements, Plan, PlanContext, Rule, TableName};
+use crate::rewrite::{parse_statements, Plan, PlanContext, Refusal, Rule, TableName};
 use crate::rules::spec::quote;
 use crate::wire::resultset::ColumnDef;
 
@@ -137,15 +137,18 @@ impl TimelineRule {
             && names.iter().any(|n| self.follows.named_by(n, ctx))
     }
 
-    fn plan_read(&self, q: &Query, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+    fn plan_read(&self, q: &Query, ctx: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
         let Some(shape) = Shape::of(self, q, ctx)? else {
             return Ok(self.reads_both(q, ctx).then(|| {
                 Plan::fallback("the read of both tables is not a shape the timeline answers")
             }));
         };
         let sql = shape.sql(self, q);
-        let statements = parse_statements(&sql)
-            .map_err(|e| format!("internal error: the timeline read does not parse ({e})"))?;
+        let statements = parse_statements(&sql).map_err(|e| {
+            Refusal::internal(format!(
+                "internal error: the timeline read does not parse ({e})"
+            ))
+        })?;
         Ok(Some(Plan {
             statements,
             ..Default::default()
@@ -189,7 +192,7 @@ impl<'q> Shape<'q> {
         rule: &TimelineRule,
         q: &'q Query,
         ctx: &PlanContext<'_>,
-    ) -> Result<Option<Shape<'q>>, String> {
+    ) -> Result<Option<Shape<'q>>, Refusal> {
         let Some(sel) = crate::rewrite::shape::plain_select(q) else {
             return Ok(None);
         };
@@ -544,15 +547,15 @@ impl Rule for TimelineRule {
         self.messages.provide_metadata(current_db, columns);
     }
 
-    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, String> {
+    fn plan(&self, stmt: &Statement, ctx: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
         match stmt {
             Statement::Query(q) => self.plan_read(q, ctx),
-            Statement::Truncate(_) if self.mailbox.is_some() => Err(format!(
+            Statement::Truncate(_) if self.mailbox.is_some() => Err(Refusal::ddl(format!(
                 "TRUNCATE fires no trigger, so timeline rule {} ({}) would keep mailbox entries of the removed rows; use DELETE, or empty {} first on the database directly",
                 self.name,
                 self.mode.name(),
                 self.mailbox.as_ref().map(TableName::quoted).unwrap_or_default()
-            )),
+            ))),
             _ => Ok(None),
         }
     }

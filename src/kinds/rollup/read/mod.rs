@@ -60,7 +60,7 @@ use sqlparser::ast::{Expr, GroupByExpr, ObjectName, Query, SelectItem, SetExpr};
 use super::plan::RollupRule;
 use super::spec::Measure;
 use crate::rewrite::shape::eq;
-use crate::rewrite::{parse_statements, Plan, PlanContext, Prelude, Reply};
+use crate::rewrite::{parse_statements, Plan, PlanContext, Prelude, Refusal, Reply};
 use crate::wire::resultset::types;
 use recognise::plain_bound;
 
@@ -78,7 +78,7 @@ pub(super) fn plan_read(
     rule: &RollupRule,
     q: &Query,
     ctx: &PlanContext<'_>,
-) -> Result<Option<Plan>, String> {
+) -> Result<Option<Plan>, Refusal> {
     let Some(mut shape) = Shape::of(rule, q, ctx) else {
         return Ok(aggregates(q).then(|| Plan::fallback(SHAPE_NOT_ANSWERED)));
     };
@@ -119,8 +119,11 @@ pub(super) fn plan_read(
         )));
     }
     let sql = shape.sql(rule);
-    let statements = parse_statements(&sql)
-        .map_err(|e| format!("internal error: the rollup read does not parse ({e})"))?;
+    let statements = parse_statements(&sql).map_err(|e| {
+        Refusal::internal(format!(
+            "internal error: the rollup read does not parse ({e})"
+        ))
+    })?;
     let Some(patch) = shape.patch(rule, &meta) else {
         return Ok(Some(Plan::fallback(
             "the rollup cannot give the read's column definitions exactly as the log's read would",
@@ -129,11 +132,15 @@ pub(super) fn plan_read(
     let prelude = match shape.prelude_sql(rule, &meta, ctx) {
         Some((query, values, then)) => Some(Prelude {
             query: parse_statements(&query).map_err(|e| {
-                format!("internal error: the rollup read's prelude does not parse ({e})")
+                Refusal::internal(format!(
+                    "internal error: the rollup read's prelude does not parse ({e})"
+                ))
             })?,
             values,
             statements: parse_statements(&then).map_err(|e| {
-                format!("internal error: the rollup read with literal bounds does not parse ({e})")
+                Refusal::internal(format!(
+                    "internal error: the rollup read with literal bounds does not parse ({e})"
+                ))
             })?,
             original_on_decline: true,
         }),

@@ -86,6 +86,8 @@ pub struct Report {
     pub proposals: Vec<Proposal>,
     /// Hot spots seen but not proposed, and why.
     pub notes: Vec<String>,
+    /// Statement shapes the parser could not read (no detector saw them).
+    pub unread: Vec<String>,
 }
 
 /// Runs `heatsink advise` and prints its report.
@@ -225,6 +227,12 @@ pub async fn advise(opts: &AdviseOptions<'_>) -> Result<Report> {
         thresholds: w.thresholds.clone(),
         proposals,
         notes,
+        unread: w
+            .statements
+            .iter()
+            .filter(|s| s.stmt.is_none())
+            .map(|s| s.row.digest_text.clone())
+            .collect(),
     })
 }
 

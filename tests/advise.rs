@@ -390,6 +390,13 @@ fn advise_finds_one_rule_per_hot_spot_and_none_for_the_decoys() {
         dump = run_workload(&url, &stmts).await;
     });
 
+    if std::env::var_os("ADVISE_DEBUG").is_some() {
+        for r in server.query_strings(
+            "SELECT NAME, ENABLED FROM performance_schema.setup_consumers UNION ALL SELECT 'history', COUNT(*) FROM performance_schema.events_statements_history_long",
+        ) {
+            eprintln!("{r:?}");
+        }
+    }
     // From performance_schema (literal samples from the statement history).
     let pfs = advise(&[
         "--from-performance-schema",

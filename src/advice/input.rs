@@ -11,13 +11,27 @@ use mysql_async::{Conn, Opts, OptsBuilder, Row};
 
 use super::{sql, Column, DigestRow, HotKeys, Observed, ServerEvidence, TableInfo};
 use crate::error::{Error, Result, Source};
-use crate::schema::{schema_err, text};
+use crate::schema::schema_err;
 
 /// Samples kept per digest from `events_statements_history_long`.
 const SAMPLES_PER_DIGEST: usize = 64;
 
 /// Heavy hitters kept in a `hot_keys` built from samples (as `SHOW DIGESTS` does).
 const TOP_KEYS: usize = 8;
+
+/// A cell as text, whatever type the protocol carried it as (NULL: `None`).
+fn text(row: &Row, i: usize) -> Option<String> {
+    use mysql_async::Value;
+    match row.as_ref(i)? {
+        Value::NULL => None,
+        Value::Bytes(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::Int(n) => Some(n.to_string()),
+        Value::UInt(n) => Some(n.to_string()),
+        Value::Float(f) => Some(f.to_string()),
+        Value::Double(f) => Some(f.to_string()),
+        other => Some(other.as_sql(true).trim_matches('\'').to_string()),
+    }
+}
 
 /// Reads a `--digests` dump: a JSON array of digest rows.
 pub fn from_file(path: &Path) -> Result<Vec<DigestRow>> {
@@ -99,18 +113,13 @@ pub async fn from_admin(url: &str) -> Result<Vec<DigestRow>> {
 
 /// Whether a statement is about the server's own bookkeeping (ours included).
 fn bookkeeping(digest_text: &str) -> bool {
-    let t = digest_text.to_ascii_lowercase();
-    [
-        "performance_schema",
-        "information_schema",
-        "show ",
-        "set ",
-        "select @@",
-    ]
-    .iter()
-    .any(|x| t.contains(x))
-        || t.starts_with("show")
-        || t.starts_with("set")
+    let t = digest_text.trim_start().to_ascii_lowercase();
+    ["performance_schema", "information_schema"]
+        .iter()
+        .any(|x| t.contains(x))
+        || ["show", "set", "select @@", "analyze", "truncate"]
+            .iter()
+            .any(|x| t.starts_with(x))
 }
 
 /// Reads the statements from `performance_schema`: one row per digest from
@@ -514,6 +523,20 @@ pub async fn server_evidence(conn: &mut Conn) -> Result<ServerEvidence> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bookkeeping_is_left_out() {
+        assert!(bookkeeping(
+            "SELECT @@`max_allowed_packet` , @@`wait_timeout` "
+        ));
+        assert!(bookkeeping("SET NAMES ?"));
+        assert!(bookkeeping(
+            "SELECT * FROM performance_schema . setup_consumers"
+        ));
+        assert!(!bookkeeping(
+            "UPDATE `hits` SET `cnt` = `cnt` + ? WHERE `slug` = ? "
+        ));
+    }
 
     #[test]
     fn deadlock_tables_are_read_from_the_latest_deadlock() {

@@ -12,9 +12,14 @@ use sqlparser::ast::{
 };
 
 /// Parses one statement shape. `digest_text` holds `?` for literals and `(...)` for
-/// collapsed lists (`IN (...)`, further `VALUES` rows), which become `(?)`.
+/// collapsed lists (`IN (...)`, further `VALUES` rows), which become `(?)`; MariaDB's
+/// performance_schema writes a collapsed list as `?, ...` (made `?`) and interval
+/// units as `SQL_TSI_DAY` (made `DAY`).
 pub fn parse_digest(text: &str) -> Option<Statement> {
-    let text = text.replace("(...)", "(?)");
+    let text = text
+        .replace("(...)", "(?)")
+        .replace(", ...", "")
+        .replace("SQL_TSI_", "");
     let mut v = crate::rewrite::parse_statements(&text).ok()?;
     (v.len() == 1).then(|| v.pop()).flatten()
 }
@@ -302,6 +307,20 @@ mod tests {
         assert_eq!(equality_columns(w), [(None, "x".to_string())]);
         assert!(parse_digest("INSERT INTO t VALUES (...) /* , ... */").is_some());
         assert!(parse_digest("SELECT 1; SELECT 2").is_none());
+        // MariaDB's spelling.
+        let s = parse_digest(
+            "INSERT INTO `visits` ( `uid` , `visitor` , AT ) VALUES ( ?, ... , NOW (?) ) ",
+        )
+        .unwrap();
+        assert_eq!(tables(&s), ["visits"]);
+        assert!(parse_digest(
+            "SELECT `grp` , COUNT ( * ) FROM `recent` WHERE `created_at` >= NOW ( ) - INTERVAL ? SQL_TSI_DAY GROUP BY `grp` "
+        )
+        .is_some());
+        assert!(parse_digest(
+            "DELETE `l` FROM `visits` `l` JOIN ( SELECT `uid` , ID FROM `visits` WHERE `uid` = ? ORDER BY ID DESC LIMIT ? OFFSET ? ) `t` ON `l` . `uid` = `t` . `uid` AND `l` . `id` < `t` . `id` "
+        )
+        .is_some());
     }
 
     #[test]

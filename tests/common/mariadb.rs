@@ -179,6 +179,7 @@ static MARIADB_PFS: OnceLock<MariaDb> = OnceLock::new();
 /// (literal samples per digest) kept.
 const PFS_OPTS: &[&str] = &[
     "--performance-schema=ON",
+    "--performance-schema-consumer-events-statements-current=ON",
     "--performance-schema-consumer-events-statements-history-long=ON",
     "--performance-schema-events-statements-history-long-size=20000",
     "--performance-schema-digests-size=2000",

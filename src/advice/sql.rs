@@ -280,17 +280,12 @@ pub fn range_column(e: &Expr) -> Option<(Option<String>, String)> {
             negated: false,
             ..
         } => column(expr),
-        Expr::BinaryOp { left, op, right }
-            if matches!(
-                op,
-                BinaryOperator::Gt
-                    | BinaryOperator::GtEq
-                    | BinaryOperator::Lt
-                    | BinaryOperator::LtEq
-            ) =>
-        {
-            column(left).or_else(|| column(right))
-        }
+        Expr::BinaryOp {
+            left,
+            op:
+                BinaryOperator::Gt | BinaryOperator::GtEq | BinaryOperator::Lt | BinaryOperator::LtEq,
+            right,
+        } => column(left).or_else(|| column(right)),
         _ => None,
     }
 }

@@ -72,8 +72,9 @@ fn shape(s: &Observed) -> Option<Increment> {
 pub fn advise(w: &Workload) -> Advice {
     let mut out = Advice::default();
     // (db.table, key) → statements and their counter columns
-    let mut groups: BTreeMap<(String, Vec<String>), (Vec<&Observed>, Vec<String>, String)> =
-        BTreeMap::new();
+    // statements, counter columns, the table as written
+    type Group<'a> = (Vec<&'a Observed>, Vec<String>, String);
+    let mut groups: BTreeMap<(String, Vec<String>), Group> = BTreeMap::new();
     for s in &w.statements {
         let Some(inc) = shape(s) else { continue };
         let mut key: Vec<String> = inc.key.iter().map(|k| k.to_ascii_lowercase()).collect();

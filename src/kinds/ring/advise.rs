@@ -64,7 +64,7 @@ fn purge(s: &Observed) -> Option<Purge> {
     let own_key = d
         .selection
         .as_ref()
-        .map(|w| sql::equality_columns(w))
+        .map(sql::equality_columns)
         .unwrap_or_default();
     if !d.order_by.is_empty() && d.limit.is_some() {
         let order_by = sql::column(&d.order_by[0].expr).map(|(_, c)| c);
@@ -82,7 +82,7 @@ fn purge(s: &Observed) -> Option<Purge> {
     let key: Vec<String> = inner
         .selection
         .as_ref()
-        .map(|w| sql::equality_columns(w))
+        .map(sql::equality_columns)
         .unwrap_or_default()
         .into_iter()
         .map(|(_, c)| c)
@@ -144,7 +144,7 @@ fn newest_read(s: &Observed, key: &[String]) -> bool {
     let eq = sel
         .selection
         .as_ref()
-        .map(|w| sql::equality_columns(w))
+        .map(sql::equality_columns)
         .unwrap_or_default();
     key.iter()
         .all(|k| eq.iter().any(|(_, c)| c.eq_ignore_ascii_case(k)))

@@ -68,6 +68,53 @@ pub enum Command {
     ///
     /// Statements come from the arguments or from stdin, one per line.
     Explain(ExplainArgs),
+    /// Find the hot spots of a workload and propose the rules that answer them.
+    ///
+    /// Reads the statements from a proxy's admin port (`SHOW DIGESTS`), a JSON dump
+    /// of it, or the server's performance_schema (before heatsink is deployed); with
+    /// --backend-url also the tables they use and the server's evidence (deadlocks,
+    /// row lock waits). Each proposal is a rule validated as `check` validates it,
+    /// with the statements it answers, their share of the load, the evidence, the
+    /// expected effect (the project's own measurements) and what `migrate` will
+    /// create, best first. `--format toml` prints a rule file `check` accepts.
+    Advise(AdviseArgs),
+}
+
+/// `heatsink advise` flags.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("workload").required(true).args(["admin", "digests", "from_performance_schema"])))]
+pub struct AdviseArgs {
+    /// A running proxy's admin port, mysql://admin:PW@HOST:PORT: read SHOW DIGESTS.
+    #[arg(long)]
+    pub admin: Option<String>,
+    /// A JSON dump of SHOW DIGESTS (an array of objects with its columns).
+    #[arg(long)]
+    pub digests: Option<PathBuf>,
+    /// Read the statements from the --backend-url server's performance_schema
+    /// (events_statements_summary_by_digest; literal samples from
+    /// events_statements_history_long when that consumer is on).
+    #[arg(long)]
+    pub from_performance_schema: bool,
+    /// mysql://user:password@host:port/db: read the tables and the server's evidence,
+    /// and check every proposal against them.
+    #[arg(long)]
+    pub backend_url: Option<String>,
+    /// Database of statements that ran without one [default: the URL's].
+    #[arg(long)]
+    pub db: Option<String>,
+    /// A table of at least this many rows is large (rollup, partition, timeline).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub large_rows: u64,
+    /// A key is hot when its most frequent value carries at least this share of its
+    /// statement's executions (counter).
+    #[arg(long, default_value_t = 0.05)]
+    pub hot_share: f64,
+    /// A proposal must answer at least this share of the executions or of the time.
+    #[arg(long, default_value_t = 0.01)]
+    pub min_share: f64,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = crate::advise::AdviseFormat::Text)]
+    pub format: crate::advise::AdviseFormat,
 }
 
 /// `heatsink check` flags.

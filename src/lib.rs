@@ -39,6 +39,8 @@
 //! parsed and when) are recorded in `docs/design.md`.
 
 pub mod admin;
+pub mod advice;
+pub mod advise;
 pub mod backends;
 pub mod check;
 pub mod cli;
@@ -169,6 +171,25 @@ pub fn run(cli: cli::Cli) -> Result<()> {
                 format: args.format,
             };
             maintenance_runtime()?.block_on(check::run(&opts, &mut std::io::stdout().lock()))
+        }
+        cli::Command::Advise(args) => {
+            let source = match (&args.admin, &args.digests) {
+                (Some(url), _) => advise::AdviseSource::Admin(url),
+                (None, Some(path)) => advise::AdviseSource::Digests(path),
+                (None, None) => advise::AdviseSource::PerformanceSchema,
+            };
+            let opts = advise::AdviseOptions {
+                source,
+                backend_url: args.backend_url.as_deref(),
+                db: args.db.as_deref(),
+                thresholds: advice::Thresholds {
+                    large_rows: args.large_rows,
+                    hot_share: args.hot_share,
+                    min_share: args.min_share,
+                },
+                format: args.format,
+            };
+            maintenance_runtime()?.block_on(advise::run(&opts, &mut std::io::stdout().lock()))
         }
         cli::Command::Explain(args) => {
             let opts = explain::ExplainOptions {

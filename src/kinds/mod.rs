@@ -92,6 +92,13 @@ pub trait Kind: Sync {
     fn merge_metric(&self) -> Option<&'static MergeMetric> {
         None
     }
+
+    /// Finds this kind's hot spots in an observed workload and proposes rules for
+    /// them (`heatsink advise`); the driver validates, checks and ranks them.
+    fn advise(&self, workload: &crate::advice::Workload) -> crate::advice::Advice {
+        let _ = workload;
+        crate::advice::Advice::default()
+    }
 }
 
 /// Reads the `[[<section>]]` entries of a rule file into `T`, skipping the other

@@ -173,16 +173,35 @@ pub struct MariaDb {
 
 static MARIADB: OnceLock<MariaDb> = OnceLock::new();
 static MARIADB_TLS: OnceLock<MariaDb> = OnceLock::new();
+static MARIADB_PFS: OnceLock<MariaDb> = OnceLock::new();
+
+/// Options of [`mariadb_pfs()`]: performance_schema on, with the statement history
+/// (literal samples per digest) kept.
+const PFS_OPTS: &[&str] = &[
+    "--performance-schema=ON",
+    "--performance-schema-consumer-events-statements-current=ON",
+    "--performance-schema-consumer-events-statements-history-long=ON",
+    "--performance-schema-events-statements-history-long-size=20000",
+    "--performance-schema-digests-size=2000",
+];
 
 /// The test binary's MariaDB server, started on first use.
 pub fn mariadb() -> &'static MariaDb {
-    MARIADB.get_or_init(|| MariaDb::start(false))
+    MARIADB.get_or_init(|| MariaDb::start(false, &[]))
+}
+
+/// A MariaDB server with performance_schema on and the
+/// `events_statements_history_long` consumer enabled (what `heatsink advise
+/// --from-performance-schema` reads), otherwise like [`mariadb()`]; started on first
+/// use, separate from it.
+pub fn mariadb_pfs() -> &'static MariaDb {
+    MARIADB_PFS.get_or_init(|| MariaDb::start(false, PFS_OPTS))
 }
 
 /// A MariaDB server with TLS (`ssl-ca`, `ssl-cert`, `ssl-key` from [`TestCerts`]),
 /// otherwise like [`mariadb()`]; started on first use, separate from it.
 pub fn mariadb_tls() -> &'static MariaDb {
-    MARIADB_TLS.get_or_init(|| MariaDb::start(true))
+    MARIADB_TLS.get_or_init(|| MariaDb::start(true, &[]))
 }
 
 impl MariaDb {
@@ -280,12 +299,12 @@ impl MariaDb {
         conn.disconnect().await
     }
 
-    fn start(tls: bool) -> MariaDb {
+    fn start(tls: bool, extra: &[&str]) -> MariaDb {
         let template = ensure_template();
         let mut last_log = String::new();
         // A free port can be taken between probing and binding: retry a few times.
         for _attempt in 0..4 {
-            match Self::try_start(&template, tls) {
+            match Self::try_start(&template, tls, extra) {
                 Ok(db) => {
                     db.bootstrap();
                     return db;
@@ -297,7 +316,7 @@ impl MariaDb {
     }
 
     /// Starts one server on a fresh copy of the template. `Err` carries the error log.
-    fn try_start(template: &Path, tls: bool) -> Result<MariaDb, String> {
+    fn try_start(template: &Path, tls: bool, extra: &[&str]) -> Result<MariaDb, String> {
         let dir = tempfile::Builder::new()
             .prefix("heatsink-mariadb-")
             .tempdir()
@@ -331,6 +350,7 @@ impl MariaDb {
             "--max-allowed-packet=64M".into(),
         ];
         server.extend(INNODB_OPTS.iter().map(|s| s.to_string()));
+        server.extend(extra.iter().map(|s| s.to_string()));
         let certs = tls.then(|| TestCerts::create(&dir));
         if let Some(c) = &certs {
             server.push(format!("--ssl-ca={}", c.ca.display()));

@@ -7,6 +7,7 @@
 //!   `check --backend-url` reports;
 //! - `compact.rs`: the `compact` maintenance job, folding slot deltas into the base.
 
+pub mod advise;
 pub mod compact;
 pub mod merge;
 pub mod plan;
@@ -39,6 +40,10 @@ use crate::wire::resultset::ColumnDef;
 pub struct Counter;
 
 impl Kind for Counter {
+    fn advise(&self, workload: &crate::advice::Workload) -> crate::advice::Advice {
+        advise::advise(workload)
+    }
+
     fn section(&self) -> &'static str {
         "counter"
     }

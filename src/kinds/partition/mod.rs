@@ -12,6 +12,7 @@
 //! - `rotate.rs`: the `rotate` job of `heatsink maintain` (premade partitions,
 //!   expired ones dropped).
 
+pub mod advise;
 pub mod keytime;
 pub mod period;
 pub mod plan;
@@ -38,6 +39,10 @@ use crate::wire::resultset::{types, ColumnDef};
 pub struct Partition;
 
 impl Kind for Partition {
+    fn advise(&self, workload: &crate::advice::Workload) -> crate::advice::Advice {
+        advise::advise(workload)
+    }
+
     fn section(&self) -> &'static str {
         "partition"
     }

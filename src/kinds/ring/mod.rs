@@ -6,6 +6,7 @@
 //! - `schema.rs`: the ring and sequence tables, triggers and backfill `heatsink
 //!   migrate` creates, and what `check --backend-url` reports.
 
+pub mod advise;
 pub mod merge;
 pub mod plan;
 pub mod revert;
@@ -35,6 +36,10 @@ use crate::wire::resultset::ColumnDef;
 pub struct Ring;
 
 impl Kind for Ring {
+    fn advise(&self, workload: &crate::advice::Workload) -> crate::advice::Advice {
+        advise::advise(workload)
+    }
+
     fn section(&self) -> &'static str {
         "ring"
     }

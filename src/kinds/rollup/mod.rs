@@ -11,6 +11,7 @@
 //! Several rollups may cover one log; they share its table
 //! ([`crate::rewrite::Rule::sharing`]) and the smallest that can answer a read does.
 
+pub mod advise;
 mod apply;
 mod bounds;
 pub mod merge;
@@ -41,6 +42,10 @@ use crate::wire::resultset::ColumnDef;
 pub struct Rollup;
 
 impl Kind for Rollup {
+    fn advise(&self, workload: &crate::advice::Workload) -> crate::advice::Advice {
+        advise::advise(workload)
+    }
+
     fn section(&self) -> &'static str {
         "rollup"
     }

@@ -9,6 +9,7 @@
 //!   --backend-url` verifies (the `(author, id)` index, the mailbox and its
 //!   triggers), and the `trim` job that bounds the mailbox.
 
+pub mod advise;
 pub mod plan;
 pub mod schema;
 pub mod spec;
@@ -44,6 +45,10 @@ const FILL: Job = Job {
 pub struct Timeline;
 
 impl Kind for Timeline {
+    fn advise(&self, workload: &crate::advice::Workload) -> crate::advice::Advice {
+        advise::advise(workload)
+    }
+
     fn section(&self) -> &'static str {
         "timeline"
     }

@@ -13,7 +13,7 @@
 
 use sqlparser::ast::{AssignmentTarget, Insert, SetExpr, Statement, TableObject};
 
-use super::plan::RollupRule;
+use super::rule::RollupRule;
 use crate::kinds::inserts::{session_independent, Flavor, InsertPieces, Inserts};
 use crate::rewrite::merge::MergeMetric;
 use crate::rewrite::shape::{column_def_name, eq, last_ident, unsupported_clauses};

@@ -17,6 +17,7 @@ mod bounds;
 pub mod merge;
 pub mod plan;
 mod read;
+mod rule;
 pub mod schema;
 pub mod spec;
 #[cfg(test)]
@@ -28,7 +29,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use mysql_async::Conn;
 
-pub use plan::RollupRule;
+pub use rule::RollupRule;
 pub use spec::RollupSpec;
 
 use crate::kinds::logical::{assumed_column, Assumed};

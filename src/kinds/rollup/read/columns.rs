@@ -2,7 +2,7 @@
 //! sees, as the original read of the log would give them.
 
 use super::{Filter, Group, Item, Shape};
-use crate::kinds::rollup::plan::RollupRule;
+use crate::kinds::rollup::rule::RollupRule;
 use crate::kinds::rollup::spec::Measure;
 use crate::rewrite::shape::eq;
 use crate::rewrite::ColumnPatch;

@@ -57,7 +57,7 @@ use std::sync::Arc;
 
 use sqlparser::ast::{Expr, GroupByExpr, ObjectName, Query, SelectItem, SetExpr};
 
-use super::plan::RollupRule;
+use super::rule::RollupRule;
 use super::spec::Measure;
 use crate::rewrite::shape::eq;
 use crate::rewrite::{parse_statements, Plan, PlanContext, Prelude, Refusal, Reply};

@@ -9,7 +9,7 @@ use sqlparser::ast::{
 };
 
 use super::{Bound, Filter, Group, Item, Shape};
-use crate::kinds::rollup::plan::RollupRule;
+use crate::kinds::rollup::rule::RollupRule;
 use crate::kinds::rollup::spec::{Bucket, Measure};
 use crate::rewrite::shape::{column_name, conjuncts, eq, is_value};
 use crate::rewrite::{ParamCheck, PlanContext, Slot};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sqlparser::ast::Expr;
 
 use super::{Bound, Filter, Group, Item, Shape};
-use crate::kinds::rollup::plan::{RollupRule, Tier};
+use crate::kinds::rollup::rule::{RollupRule, Tier};
 use crate::kinds::rollup::spec::{Bucket, Measure};
 use crate::rewrite::shape::eq;
 use crate::rewrite::{PlanContext, TableName};

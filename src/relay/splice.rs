@@ -278,6 +278,16 @@ impl Session {
 
     /// Sends one packet to the client as the answer to the command with `cmd_seq`.
     pub(super) async fn reply(&mut self, cmd_seq: u8, payload: &[u8]) -> Result<()> {
+        match payload.first() {
+            Some(&packets::ERR) => {
+                self.outcome.err = payload.get(1..3).map(|b| u16::from_le_bytes([b[0], b[1]]));
+            }
+            Some(&packets::OK) => {
+                self.outcome.err = None;
+                self.outcome.affected += packets::parse_ok(payload).map_or(0, |o| o.affected_rows);
+            }
+            _ => {}
+        }
         let renamed = self.renamed_err(payload);
         self.link
             .client
@@ -664,6 +674,8 @@ impl Session {
                     (ok(o.affected_rows, o.last_insert_id), last.info())
                 } else {
                     // A result set: relay it as it came, renumbered.
+                    self.outcome.rows += last.parser.rows;
+                    self.outcome.err = None;
                     let mut out = BytesMut::new();
                     let mut seq = cmd_seq.wrapping_add(1);
                     for p in &last.packets {
@@ -881,6 +893,7 @@ impl Session {
         for p in &orig_pkts[1..] {
             seq = frame_into(&mut out, seq, &p.payload);
         }
+        self.last_prepared = Some(client_id);
         self.prepared.insert(
             client_id,
             PreparedRewrite {

@@ -866,7 +866,7 @@ impl HotKeys {
     /// The row's `hot_keys` JSON.
     pub fn json(&self) -> String {
         let mut top = self.top.clone();
-        top.sort_by(|a, b| b.count.cmp(&a.count));
+        top.sort_by_key(|e| std::cmp::Reverse(e.count));
         top.truncate(HOT_SHOWN);
         let mut out = String::with_capacity(64 + 24 * top.len());
         out.push_str("{\"column\":");

@@ -1218,7 +1218,7 @@ impl Session {
         started: Instant,
     ) -> Result<()> {
         let engine = self.shared.engine.load_full();
-        let Some(decision) = self.statement_decision(&engine, &c, false).await? else {
+        let Some(decision) = self.statement_decision(&engine, c, false).await? else {
             self.outcome.skip = true;
             return Ok(());
         };
@@ -1243,13 +1243,13 @@ impl Session {
                         // would have named the logical table; after a merged write,
                         // this session's own.
                         let r = self
-                            .relay_diagnostics(&c, d, merged_warnings.as_deref())
+                            .relay_diagnostics(c, d, merged_warnings.as_deref())
                             .await;
                         self.merged_warnings = merged_warnings;
                         return r;
                     }
                 }
-                self.forward(&c).await?;
+                self.forward(c).await?;
                 let r = self
                     .relay_response(ResponseKind::Generic, 0, c.last_seq)
                     .await?;

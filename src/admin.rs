@@ -10,6 +10,8 @@
 //! | `SHOW REFUSALS` | per refused statement shape, most frequent first: rule, mode (on/shadow), reason, count, first and last seen (UTC), fingerprint, example with literals as `?` ([`crate::refusals`]) |
 //! | `SHOW FALLBACKS` | the same for statements forwarded unchanged as a rule's fallback (no mode) |
 //! | `RESET REFUSALS`, `RESET FALLBACKS` | OK; the table is emptied (info: how many shapes) |
+//! | `SHOW DIGESTS [ORDER BY col [ASC\|DESC]] [LIMIT n]` | query digests of all traffic, one row per digest, default database and user ([`crate::digest`]); default order `sum_time_us DESC` |
+//! | `RESET DIGESTS` | OK; the digests are emptied (info: how many rows) |
 //! | `RELOAD RULES` | OK, or the error (file:line) that kept the previous rules |
 //! | `EXPLAIN REWRITE '<sql>'` | outcome, rule, and the rewritten statements or the reason |
 //!
@@ -573,6 +575,28 @@ fn time_col(name: &str) -> Column {
     }
 }
 
+/// The digests ordered by `order` (column, descending), ties by digest, at most
+/// `limit`.
+pub fn sorted_digests(
+    digests: &crate::digest::Digests,
+    order: &(String, bool),
+    limit: Option<usize>,
+) -> Vec<crate::digest::DigestRow> {
+    let mut rows = digests.rows();
+    let (col, desc) = order;
+    rows.sort_by(|a, b| {
+        let (x, y) = (a.order_value(col), b.order_value(col));
+        let o = if *desc { y.cmp(&x) } else { x.cmp(&y) };
+        o.then_with(|| a.digest.cmp(&b.digest))
+            .then_with(|| a.user.cmp(&b.user))
+            .then_with(|| a.schema_name.cmp(&b.schema_name))
+    });
+    if let Some(n) = limit {
+        rows.truncate(n);
+    }
+    rows
+}
+
 /// One admin command, parsed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
@@ -588,6 +612,15 @@ pub enum Command {
     ShowShapes(crate::refusals::Kind),
     /// `RESET REFUSALS` or `RESET FALLBACKS`
     ResetShapes(crate::refusals::Kind),
+    /// `SHOW DIGESTS [ORDER BY column [ASC|DESC]] [LIMIT n]`
+    ShowDigests {
+        /// The column ([`crate::digest::ORDER_COLUMNS`]) and whether descending.
+        order: (String, bool),
+        /// At most this many rows.
+        limit: Option<usize>,
+    },
+    /// `RESET DIGESTS`
+    ResetDigests,
     /// `RELOAD RULES`
     ReloadRules,
     /// `EXPLAIN REWRITE '<sql>'`
@@ -600,7 +633,7 @@ pub enum Command {
 
 /// The commands, for error messages.
 pub const COMMANDS: &str =
-    "SHOW RULES, SHOW RULE STATS, SHOW SESSIONS, SHOW BACKENDS, SHOW REFUSALS, SHOW FALLBACKS, RESET REFUSALS, RESET FALLBACKS, RELOAD RULES, EXPLAIN REWRITE '<sql>'";
+    "SHOW RULES, SHOW RULE STATS, SHOW SESSIONS, SHOW BACKENDS, SHOW REFUSALS, SHOW FALLBACKS, RESET REFUSALS, RESET FALLBACKS, SHOW DIGESTS [ORDER BY column [DESC]] [LIMIT n], RESET DIGESTS, RELOAD RULES, EXPLAIN REWRITE '<sql>'";
 
 /// Parses one admin command. Err: the message for the client.
 pub fn parse(query: &str) -> std::result::Result<Command, String> {
@@ -618,6 +651,8 @@ pub fn parse(query: &str) -> std::result::Result<Command, String> {
         ["RESET", "REFUSALS"] => return Ok(Command::ResetShapes(Kind::Refusal)),
         ["RESET", "FALLBACKS"] => return Ok(Command::ResetShapes(Kind::Fallback)),
         ["RELOAD", "RULES"] => return Ok(Command::ReloadRules),
+        ["RESET", "DIGESTS"] => return Ok(Command::ResetDigests),
+        ["SHOW", "DIGESTS", rest @ ..] => return show_digests(rest),
         ["SET", _, ..] => return Ok(Command::Set),
         ["EXPLAIN", "REWRITE", ..] => {
             // The argument starts after the second keyword.
@@ -660,6 +695,43 @@ pub fn parse(query: &str) -> std::result::Result<Command, String> {
     Err(format!(
         "unknown admin command; the admin port understands: {COMMANDS}"
     ))
+}
+
+/// The rest of `SHOW DIGESTS` (uppercased words): `[ORDER BY column [ASC|DESC]]
+/// [LIMIT n]`.
+fn show_digests(mut rest: &[&str]) -> std::result::Result<Command, String> {
+    let usage = || {
+        format!(
+            "usage: SHOW DIGESTS [ORDER BY column [ASC|DESC]] [LIMIT n]; columns: {}",
+            crate::digest::ORDER_COLUMNS.join(", ")
+        )
+    };
+    let mut order = ("sum_time_us".to_string(), true);
+    if let ["ORDER", "BY", col, tail @ ..] = rest {
+        let col = col.to_ascii_lowercase();
+        if !crate::digest::ORDER_COLUMNS.contains(&col.as_str()) {
+            return Err(usage());
+        }
+        rest = tail;
+        let desc = match rest.first() {
+            Some(&"DESC") => {
+                rest = &rest[1..];
+                true
+            }
+            Some(&"ASC") => {
+                rest = &rest[1..];
+                false
+            }
+            _ => false,
+        };
+        order = (col, desc);
+    }
+    let limit = match rest {
+        [] => None,
+        ["LIMIT", n] => Some(n.parse::<usize>().map_err(|_| usage())?),
+        _ => return Err(usage()),
+    };
+    Ok(Command::ShowDigests { order, limit })
 }
 
 /// The text of a single- or double-quoted SQL string literal that makes up all of
@@ -837,6 +909,16 @@ impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for AdminShim {
                     )))
                     .await
             }
+            Command::ShowDigests { order, limit } => {
+                self.show_digests(&order, limit, results).await
+            }
+            Command::ResetDigests => {
+                let n = self.shared.digests.reset();
+                info!(peer = %self.peer, rows = n, "admin reset digests");
+                results
+                    .completed(ok_with_info(&format!("digests: {n} rows cleared")))
+                    .await
+            }
             Command::ReloadRules => match self.reloader.reload(Trigger::Admin).await {
                 Ok(names) => {
                     let info = if names.is_empty() {
@@ -951,6 +1033,58 @@ impl AdminShim {
             w.write_col(crate::refusals::utc(r.last_seen))?;
             w.write_col(format!("{:016x}", r.fingerprint))?;
             w.write_col(r.example)?;
+            w.end_row().await?;
+        }
+        w.finish().await
+    }
+
+    async fn show_digests<W: AsyncWrite + Send + Unpin>(
+        &self,
+        order: &(String, bool),
+        limit: Option<usize>,
+        results: QueryResultWriter<'_, W>,
+    ) -> std::io::Result<()> {
+        let cols = [
+            text_col("digest"),
+            text_col("schema_name"),
+            text_col("user"),
+            text_col("digest_text"),
+            num_col("count_star"),
+            time_col("first_seen"),
+            time_col("last_seen"),
+            num_col("sum_time_us"),
+            num_col("min_time_us"),
+            num_col("max_time_us"),
+            num_col("p99_time_us"),
+            num_col("rows_sent"),
+            num_col("rows_affected"),
+            num_col("errors"),
+            text_col("error_codes"),
+            text_col("handling"),
+            text_col("rule"),
+            text_col("hot_keys"),
+        ];
+        let rows = sorted_digests(&self.shared.digests, order, limit);
+        let mut w = results.start(&cols).await?;
+        for r in rows {
+            w.write_col(r.digest)?;
+            w.write_col(r.schema_name)?;
+            w.write_col(r.user)?;
+            w.write_col(r.digest_text)?;
+            w.write_col(r.count_star)?;
+            w.write_col(crate::refusals::utc(r.first_seen))?;
+            w.write_col(crate::refusals::utc(r.last_seen))?;
+            w.write_col(r.sum_time_us)?;
+            w.write_col(r.min_time_us)?;
+            w.write_col(r.max_time_us)?;
+            w.write_col(r.p99_time_us)?;
+            w.write_col(r.rows_sent)?;
+            w.write_col(r.rows_affected)?;
+            w.write_col(r.errors)?;
+            w.write_col(r.error_codes)?;
+            w.write_col(r.handling.label())?;
+            w.write_col(r.rule)?;
+            w.write_col(r.hot_keys)?;
             w.end_row().await?;
         }
         w.finish().await
@@ -1148,6 +1282,37 @@ mod tests {
             Ok(Command::ResetShapes(Kind::Fallback))
         );
         assert!(parse("RESET RULES").is_err());
+        assert_eq!(parse("reset digests;"), Ok(Command::ResetDigests));
+        assert_eq!(
+            parse("SHOW DIGESTS"),
+            Ok(Command::ShowDigests {
+                order: ("sum_time_us".into(), true),
+                limit: None
+            })
+        );
+        assert_eq!(
+            parse("show digests order by COUNT_STAR desc limit 5"),
+            Ok(Command::ShowDigests {
+                order: ("count_star".into(), true),
+                limit: Some(5)
+            })
+        );
+        assert_eq!(
+            parse("SHOW DIGESTS ORDER BY last_seen"),
+            Ok(Command::ShowDigests {
+                order: ("last_seen".into(), false),
+                limit: None
+            })
+        );
+        assert_eq!(
+            parse("SHOW DIGESTS LIMIT 2"),
+            Ok(Command::ShowDigests {
+                order: ("sum_time_us".into(), true),
+                limit: Some(2)
+            })
+        );
+        assert!(parse("SHOW DIGESTS ORDER BY digest_text").is_err());
+        assert!(parse("SHOW DIGESTS LIMIT x").is_err());
         assert_eq!(
             parse("explain rewrite 'UPDATE hits SET cnt = cnt + 1 WHERE slug = ''a'''"),
             Ok(Command::ExplainRewrite(

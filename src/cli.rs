@@ -370,6 +370,11 @@ pub struct ServeArgs {
     /// [default: 1000].
     #[arg(long, env = "HEATSINK_SHAPE_TABLE_SIZE")]
     pub shape_table_size: Option<usize>,
+    /// Rows of SHOW DIGESTS on the admin port: query digests of all traffic per
+    /// digest, default database and user (the least recently seen is evicted; 0:
+    /// digests off) [default: 2000].
+    #[arg(long, env = "HEATSINK_DIGEST_TABLE_SIZE")]
+    pub digest_table_size: Option<usize>,
     /// Client commands of this many bytes or more are refused with ERR 1153 and the
     /// connection is closed, as the server does [default: each session's backend
     /// max_allowed_packet, learned when a command first reaches 1 MiB].
@@ -443,6 +448,7 @@ impl ServeArgs {
             log_literals: self.log_literals,
             plan_cache_size: self.plan_cache_size,
             shape_table_size: self.shape_table_size,
+            digest_table_size: self.digest_table_size,
             max_client_packet: self.max_client_packet,
             tls_cert: self.tls_cert,
             tls_key: self.tls_key,

@@ -129,6 +129,9 @@ pub struct Config {
     /// Statement shapes kept by each of `SHOW REFUSALS` and `SHOW FALLBACKS` (the
     /// least recently seen is evicted); zero keeps none and logs none.
     pub shape_table_size: usize,
+    /// Rows of `SHOW DIGESTS` (query digests of all traffic, per digest, default
+    /// database and user; the least recently seen is evicted); zero turns digests off.
+    pub digest_table_size: usize,
     /// A client command whose payload is this many bytes or more is refused the way
     /// the server refuses it (ERR 1153, then the connection closes), without the proxy
     /// buffering the rest. Same meaning as the server's `max_allowed_packet`. `None`:
@@ -188,6 +191,7 @@ impl Default for Config {
             log_literals: false,
             plan_cache_size: 10_000,
             shape_table_size: crate::refusals::DEFAULT_SHAPES,
+            digest_table_size: crate::digest::DEFAULT_DIGESTS,
             max_client_packet: None,
             maintain_url: None,
             maintain_interval: Duration::from_secs(DEFAULT_MAINTAIN_INTERVAL),
@@ -230,6 +234,7 @@ pub struct FileConfig {
     pub log_literals: Option<bool>,
     pub plan_cache_size: Option<u64>,
     pub shape_table_size: Option<usize>,
+    pub digest_table_size: Option<usize>,
     pub max_client_packet: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -294,6 +299,7 @@ pub struct Overrides {
     pub log_literals: Option<bool>,
     pub plan_cache_size: Option<u64>,
     pub shape_table_size: Option<usize>,
+    pub digest_table_size: Option<usize>,
     pub max_client_packet: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -381,6 +387,10 @@ impl Config {
                 .shape_table_size
                 .or(file.shape_table_size)
                 .unwrap_or(d.shape_table_size),
+            digest_table_size: cli
+                .digest_table_size
+                .or(file.digest_table_size)
+                .unwrap_or(d.digest_table_size),
             max_client_packet: cli.max_client_packet.or(file.max_client_packet),
             tls_cert: cli.tls_cert.or(file.tls_cert),
             tls_key: cli.tls_key.or(file.tls_key),
@@ -452,6 +462,12 @@ impl Config {
             return bad(&format!(
                 "shape_table_size must be at most {}",
                 crate::refusals::MAX_SHAPES
+            ));
+        }
+        if self.digest_table_size > crate::digest::MAX_DIGESTS {
+            return bad(&format!(
+                "digest_table_size must be at most {}",
+                crate::digest::MAX_DIGESTS
             ));
         }
         if self.admin.is_some() && self.admin_user.is_empty() {

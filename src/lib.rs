@@ -46,6 +46,7 @@ pub mod check;
 pub mod cli;
 
 pub mod config;
+pub mod digest;
 pub mod error;
 pub mod explain;
 pub mod jobs;

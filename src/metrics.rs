@@ -1,4 +1,5 @@
-//! The `--metrics` HTTP endpoint: `/metrics` (Prometheus text format), `/healthz`
+//! The `--metrics` HTTP endpoint: `/metrics` (Prometheus text format), `/digests`
+//! (the query digests as a JSON array, see [`crate::digest`]), `/healthz`
 //! (the process is serving) and `/readyz` (at least one backend node is up, as the
 //! health checker of [`crate::backends`] sees it; the body lists every node).
 //!
@@ -104,6 +105,7 @@ pub fn render(shared: &Shared) -> String {
     let table = shared.rules.load();
     write_rule_statements(&mut out, &table);
     write_shapes(&mut out, &shared.shapes);
+    write_digests(&mut out, &shared.digests);
     write_labelled(
         &mut out,
         ("heatsink_rule_reloads_total", "Rule set reloads by result."),
@@ -230,6 +232,80 @@ fn write_rule_statements(out: &mut String, table: &RuleTable) {
 
 /// The tables of `SHOW REFUSALS` and `SHOW FALLBACKS`: totals only (one series per
 /// table, never one per shape).
+/// How many digests `/metrics` shows by rank of total time.
+pub const TOP_DIGESTS: usize = 5;
+
+/// The query digests' summary: rows, capacity, evictions, statements by handling,
+/// and the top [`TOP_DIGESTS`] digests by total time keyed by rank (never by text:
+/// the label set stays fixed).
+fn write_digests(out: &mut String, digests: &crate::digest::Digests) {
+    use crate::digest::Handling;
+    write_scalar(
+        out,
+        "heatsink_digests",
+        "Rows held by SHOW DIGESTS now.",
+        "gauge",
+        digests.len() as u64,
+    );
+    write_scalar(
+        out,
+        "heatsink_digests_capacity",
+        "Rows SHOW DIGESTS holds at most (digest_table_size; 0: digests off).",
+        "gauge",
+        digests.capacity() as u64,
+    );
+    write_scalar(
+        out,
+        "heatsink_digests_evicted_total",
+        "Digest rows evicted (least recently seen first) to keep digest_table_size.",
+        "counter",
+        digests.evicted(),
+    );
+    let by: Vec<(&str, u64)> = Handling::ALL
+        .iter()
+        .map(|h| (h.label(), digests.recorded(*h)))
+        .collect();
+    write_labelled(
+        out,
+        (
+            "heatsink_digest_statements_total",
+            "Client statements counted in the query digests, by how heatsink handled them.",
+        ),
+        "handling",
+        &by,
+    );
+    let top = crate::admin::sorted_digests(
+        digests,
+        &("sum_time_us".to_string(), true),
+        Some(TOP_DIGESTS),
+    );
+    let series = [
+        (
+            "heatsink_digest_top_time_seconds",
+            "Total time of the digests with the most total time, by rank (1: the most; SHOW DIGESTS names them).",
+        ),
+        (
+            "heatsink_digest_top_count",
+            "Executions of the digests with the most total time, by rank.",
+        ),
+    ];
+    for (i, (name, help)) in series.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (rank, r) in top.iter().enumerate() {
+            if i == 0 {
+                let _ = writeln!(
+                    out,
+                    "{name}{{rank=\"{}\"}} {:.6}",
+                    rank + 1,
+                    r.sum_time_us as f64 / 1e6
+                );
+            } else {
+                let _ = writeln!(out, "{name}{{rank=\"{}\"}} {}", rank + 1, r.count_star);
+            }
+        }
+    }
+}
+
 fn write_shapes(out: &mut String, shapes: &crate::refusals::Shapes) {
     use crate::refusals::Kind;
     let tables = [Kind::Refusal, Kind::Fallback].map(|k| shapes.table(k));
@@ -571,6 +647,15 @@ async fn handle(mut sock: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let (status, body) = match (method, path) {
         ("GET", "/metrics") => ("200 OK", render(shared)),
         ("GET", "/healthz") => ("200 OK", "ok\n".to_string()),
+        // Every query digest as a JSON array (`heatsink advise --digests FILE`).
+        ("GET", "/digests") => (
+            "200 OK",
+            crate::digest::json_array(&crate::admin::sorted_digests(
+                &shared.digests,
+                &("sum_time_us".to_string(), true),
+                None,
+            )),
+        ),
         ("GET", "/readyz") => {
             // Ready while at least one backend node takes connections (the health
             // checker's view); the body lists every node.

@@ -111,6 +111,12 @@ pub struct ResponseParser {
     pub result_sets: u32,
     /// Set for [`ResponseKind::Prepare`] when the prepare succeeded.
     pub prepare_ok: Option<PrepareOk>,
+    /// Rows of the result sets seen (query digests).
+    pub rows: u64,
+    /// Affected rows of the OK packets seen (query digests).
+    pub affected: u64,
+    /// The code of the ERR packet, when the response had one.
+    pub err_code: Option<u16>,
     /// The packet just fed was an OK packet (or the OK that ends a result set under
     /// CLIENT_DEPRECATE_EOF) with SERVER_SESSION_STATE_CHANGED: on a connection that
     /// negotiated CLIENT_SESSION_TRACK it carries session state information (see
@@ -134,6 +140,9 @@ impl ResponseParser {
             oks: 0,
             result_sets: 0,
             prepare_ok: None,
+            rows: 0,
+            affected: 0,
+            err_code: None,
             tracked: false,
         }
     }
@@ -197,8 +206,9 @@ impl ResponseParser {
         }
     }
 
-    fn finish_err(&mut self) -> Step {
+    fn finish_err(&mut self, payload: &[u8]) -> Step {
         self.errored = true;
+        self.err_code = payload.get(1..3).map(|b| u16::from_le_bytes([b[0], b[1]]));
         self.state = State::Finished;
         Step::Done
     }
@@ -217,7 +227,7 @@ impl ResponseParser {
             State::First => self.feed_first(payload, len, first),
             State::Columns(n) => {
                 if first == ERR {
-                    return Ok(self.finish_err());
+                    return Ok(self.finish_err(payload));
                 }
                 self.state = if n > 1 {
                     State::Columns(n - 1)
@@ -231,7 +241,7 @@ impl ResponseParser {
             State::ColumnsEof => self.feed_columns_eof(payload, len, first),
             State::Rows => {
                 if first == ERR && len <= Self::WHOLE_PACKET_LIMIT {
-                    return Ok(self.finish_err());
+                    return Ok(self.finish_err(payload));
                 }
                 if self.is_terminator(first, len) {
                     let st = packets::terminator_status(payload, self.deprecate_eof);
@@ -240,11 +250,12 @@ impl ResponseParser {
                     }
                     return Ok(self.after_result(st));
                 }
+                self.rows += 1;
                 Ok(Step::More)
             }
             State::FieldDefs => {
                 if first == ERR {
-                    return Ok(self.finish_err());
+                    return Ok(self.finish_err(payload));
                 }
                 if self.is_terminator(first, len) {
                     self.last_status = packets::terminator_status(payload, self.deprecate_eof)
@@ -315,6 +326,9 @@ impl ResponseParser {
                 self.last_status = ok.or_else(|| packets::terminator_status(payload, false));
             }
             self.errored = b == ERR;
+            if self.errored {
+                self.err_code = payload.get(1..3).map(|c| u16::from_le_bytes([c[0], c[1]]));
+            }
         }
         self.state = State::Finished;
         Step::Done
@@ -347,14 +361,16 @@ impl ResponseParser {
             }
             OK => {
                 self.oks += 1;
-                let st = packets::parse_ok(payload).map(|o| o.status);
-                if st.is_none() {
+                let ok = packets::parse_ok(payload);
+                let st = ok.map(|o| o.status);
+                let Some(ok) = ok else {
                     return Err(self.violation("short OK packet".into()));
-                }
+                };
+                self.affected = self.affected.saturating_add(ok.affected_rows);
                 self.ok_status(st);
                 Ok(self.after_result(st))
             }
-            ERR => Ok(self.finish_err()),
+            ERR => Ok(self.finish_err(payload)),
             LOCAL_INFILE if self.kind.multi_result() => Ok(Step::LocalInfile),
             _ if self.kind.multi_result() && len <= Self::WHOLE_PACKET_LIMIT => {
                 match lenenc_int(payload) {
@@ -381,7 +397,7 @@ impl ResponseParser {
         first: u8,
     ) -> Result<Step, ProtocolViolation> {
         if first == ERR {
-            return Ok(self.finish_err());
+            return Ok(self.finish_err(payload));
         }
         if !self.is_terminator(first, len) {
             return Err(self.violation(format!("expected EOF, got {first:#04x}")));

@@ -92,6 +92,11 @@ pub async fn serve_client(
         changed_user: false,
         packet_limit: None,
         lease,
+        digester: crate::digest::Digester::default(),
+        outcome: Outcome::default(),
+        user: String::new(),
+        stmt_digests: HashMap::new(),
+        last_prepared: None,
     };
     let outcome = async {
         let hs = s.shared.config.handshake_timeout;
@@ -225,6 +230,49 @@ pub(super) struct Session {
     /// The backend session's `max_allowed_packet`, once learned (see
     /// [`LEARN_PACKET_LIMIT_AT`]); unused when `max_client_packet` is configured.
     pub(super) packet_limit: Option<usize>,
+    /// Fingerprints statements for the query digests (buffers reused).
+    pub(super) digester: crate::digest::Digester,
+    /// What the current client statement got, for its digest.
+    pub(super) outcome: Outcome,
+    /// The client's user name (the handshake's, or COM_CHANGE_USER's).
+    pub(super) user: String,
+    /// The digest of each prepared statement, by the client's statement id.
+    pub(super) stmt_digests: HashMap<u32, StmtDigest>,
+    /// The client's id of the statement a rewritten COM_STMT_PREPARE just prepared.
+    pub(super) last_prepared: Option<u32>,
+}
+
+/// What a client statement got, as its digest counts it.
+#[derive(Debug, Default)]
+pub(super) struct Outcome {
+    /// Rows of result sets relayed.
+    pub(super) rows: u64,
+    /// Affected rows of OK packets relayed.
+    pub(super) affected: u64,
+    /// The code of the ERR the client got.
+    pub(super) err: Option<u16>,
+    /// How heatsink handled the statement.
+    pub(super) handling: crate::digest::Handling,
+    /// The rule that handled it.
+    pub(super) rule: Option<Arc<str>>,
+    /// The client was answered before the statement ran (a rule's metadata query
+    /// failed): not counted.
+    pub(super) skip: bool,
+}
+
+/// A prepared statement's digest, made when it was prepared.
+#[derive(Debug)]
+pub(super) struct StmtDigest {
+    hash: u64,
+    text: Arc<str>,
+    handling: crate::digest::Handling,
+    rule: Option<Arc<str>>,
+    /// The hot-key column and the parameter that holds its value.
+    hot: Option<(Arc<str>, usize)>,
+    /// The statement's parameter count.
+    params: usize,
+    /// The parameter types last bound (two bytes each).
+    types: Vec<u8>,
 }
 
 /// A command this large makes a session learn its backend's `max_allowed_packet`
@@ -304,6 +352,7 @@ impl Session {
         self.identity
             .push(hello.raw.get(4 + 8).copied().unwrap_or(0));
         self.info.set_user(&h.user);
+        self.user = h.user.clone();
 
         let mut backend_extra = 0u8;
         if let Some(b) = backend_tls {
@@ -714,6 +763,7 @@ impl Session {
             }
             cmd::STMT_CLOSE => {
                 if let Some(id) = statement_id(&c.payload()) {
+                    self.stmt_digests.remove(&id);
                     if self.close_rewrite(id).await? {
                         return Ok(true);
                     }
@@ -817,6 +867,19 @@ impl Session {
     /// statement, else forwards the command and relays its response.
     async fn stmt_execute(&mut self, c: &Logical) -> Result<()> {
         self.info.count_statement();
+        let started = Instant::now();
+        let digesting = self.shared.digests.enabled();
+        if digesting {
+            self.outcome = Outcome::default();
+        }
+        let r = self.run_execute(c).await;
+        if digesting {
+            self.end_execute_digest(&c.payload(), started, r.is_err());
+        }
+        r
+    }
+
+    async fn run_execute(&mut self, c: &Logical) -> Result<()> {
         if let Some(id) = statement_id(&c.payload()) {
             if let Some(p) = self.prepared.get(&id) {
                 // Executes the plan made at prepare time, whatever rule set is
@@ -855,8 +918,10 @@ impl Session {
         // is not the handshake's: it stays out of group commit.
         self.changed_user = true;
         self.state.tracking_stopped();
+        self.stmt_digests.clear();
         if let Some(user) = change_user_name(&c.payload()) {
             self.info.set_user(&user);
+            self.user = user;
         }
         self.auth_exchange(0).await
     }
@@ -871,6 +936,7 @@ impl Session {
         }
         if code == cmd::RESET_CONNECTION && !errored {
             self.prepared.clear();
+            self.stmt_digests.clear();
             self.packet_limit = None;
             // Everything but the database is the connection's default again, the
             // proxy's tracking settings too. After COM_CHANGE_USER the session's
@@ -1076,10 +1142,89 @@ impl Session {
     async fn query(&mut self, c: Logical, merged_warnings: Option<Vec<Vec<u8>>>) -> Result<()> {
         self.info.count_statement();
         let started = Instant::now();
+        let digest = self.begin_digest(&c.payload()[1..]);
+        let r = self.run_query(&c, merged_warnings, started).await;
+        if let Some(hash) = digest {
+            self.end_digest(&c.payload()[1..], hash, started, r.is_err());
+        }
+        r
+    }
+
+    /// Fingerprints a client statement for its digest (before it runs, under the
+    /// settings it is read under); `None` when digests are off.
+    fn begin_digest(&mut self, sql: &[u8]) -> Option<u64> {
+        if !self.shared.digests.enabled() {
+            return None;
+        }
+        self.outcome = Outcome::default();
+        let mode = self.shape_mode();
+        Some(self.digester.digest(sql, mode).hash)
+    }
+
+    /// Counts a finished COM_QUERY in its digest.
+    fn end_digest(&mut self, sql: &[u8], hash: u64, started: Instant, failed: bool) {
+        let at = Instant::now();
+        if self.outcome.skip {
+            return;
+        }
+        let hot = self.digester.hot(sql);
+        let hot = hot
+            .as_ref()
+            .and_then(|h| Some((&*h.column, &**h.literal.as_ref()?)));
+        let o = &self.outcome;
+        let error = o.err.or(failed.then_some(errors::SERVER_LOST.0));
+        let digester = &self.digester;
+        self.shared.digests.record(
+            &crate::digest::Sample {
+                hash,
+                schema: self.state.current_db.as_deref(),
+                user: &self.user,
+                took: at.saturating_duration_since(started),
+                at,
+                rows_sent: o.rows,
+                rows_affected: o.affected,
+                error,
+                handling: o.handling,
+                rule: o.rule.as_ref(),
+                hot,
+            },
+            || digester.text(sql),
+        );
+    }
+
+    /// Notes how the current statement is handled, for its digest.
+    fn note_handling(&mut self, d: &Decision) {
+        use crate::digest::Handling;
+        let (h, rule) = match d {
+            Decision::Rewrite(rw) => (Handling::Rewritten, Some(rw.rule.clone())),
+            Decision::Reject(r) => (Handling::Refused, Some(r.rule.clone())),
+            Decision::Fallback(f) => (Handling::Fallback, Some(f.rule.clone())),
+            Decision::Shadow(would) => (
+                Handling::Shadow,
+                match &**would {
+                    Decision::Rewrite(rw) => Some(rw.rule.clone()),
+                    Decision::Reject(r) => Some(r.rule.clone()),
+                    _ => None,
+                },
+            ),
+            _ => (Handling::Passthrough, None),
+        };
+        self.outcome.handling = h;
+        self.outcome.rule = rule;
+    }
+
+    async fn run_query(
+        &mut self,
+        c: &Logical,
+        merged_warnings: Option<Vec<Vec<u8>>>,
+        started: Instant,
+    ) -> Result<()> {
         let engine = self.shared.engine.load_full();
-        let Some(decision) = self.statement_decision(&engine, &c, false).await? else {
+        let Some(decision) = self.statement_decision(&engine, c, false).await? else {
+            self.outcome.skip = true;
             return Ok(());
         };
+        self.note_handling(&decision);
         match decision {
             Decision::Passthrough
             | Decision::Fallback(_)
@@ -1100,13 +1245,13 @@ impl Session {
                         // would have named the logical table; after a merged write,
                         // this session's own.
                         let r = self
-                            .relay_diagnostics(&c, d, merged_warnings.as_deref())
+                            .relay_diagnostics(c, d, merged_warnings.as_deref())
                             .await;
                         self.merged_warnings = merged_warnings;
                         return r;
                     }
                 }
-                self.forward(&c).await?;
+                self.forward(c).await?;
                 let r = self
                     .relay_response(ResponseKind::Generic, 0, c.last_seq)
                     .await?;
@@ -1142,6 +1287,7 @@ impl Session {
                 self.rewrite_names = engine.message_names();
                 let r = self.run_rewrite(rw, c.last_seq).await;
                 if self.fell_back {
+                    self.outcome.handling = crate::digest::Handling::Fallback;
                     if let Some(stats) = self.shared.rules.load().get(&rule) {
                         stats.fallbacks.fetch_add(1, Relaxed);
                     }
@@ -1163,9 +1309,11 @@ impl Session {
 
     async fn prepare(&mut self, c: Logical) -> Result<()> {
         let engine = self.shared.engine.load_full();
+        let digest = self.begin_digest(&c.payload()[1..]);
         let Some(decision) = self.statement_decision(&engine, &c, true).await? else {
             return Ok(());
         };
+        self.note_handling(&decision);
         match decision {
             Decision::Passthrough
             | Decision::Fallback(_)
@@ -1173,16 +1321,80 @@ impl Session {
             | Decision::Shadow(_)
             | Decision::NeedSessionState => {
                 self.forward(&c).await?;
-                self.relay_response(ResponseKind::Prepare, 0, c.last_seq)
+                let r = self
+                    .relay_response(ResponseKind::Prepare, 0, c.last_seq)
                     .await?;
+                if let (Some(hash), Some(ok)) = (digest, r.parser.prepare_ok) {
+                    self.keep_stmt_digest(&c.payload()[1..], hash, ok.statement_id, ok.params);
+                }
                 Ok(())
             }
             Decision::Reject(rej) => self.reject(&rej, c.last_seq).await,
             Decision::Rewrite(rw) => {
                 self.shared.stats.rewritten.fetch_add(1, Relaxed);
-                self.prepare_rewrite(rw, &c).await
+                self.last_prepared = None;
+                let params = rw.param_map.as_ref().map_or(0, Vec::len);
+                let r = self.prepare_rewrite(rw, &c).await;
+                if let (Some(hash), Some(id)) = (digest, self.last_prepared.take()) {
+                    let params = self.prepared.get(&id).map_or(params, |p| p.client_params);
+                    self.keep_stmt_digest(&c.payload()[1..], hash, id, params as u16);
+                }
+                r
             }
         }
+    }
+
+    /// Keeps the digest of a statement just prepared (the digester still holds it)
+    /// for its executes.
+    fn keep_stmt_digest(&mut self, sql: &[u8], hash: u64, id: u32, params: u16) {
+        let hot = self
+            .digester
+            .hot(sql)
+            .and_then(|h| Some((Arc::from(&*h.column), h.param?)));
+        let d = StmtDigest {
+            hash,
+            text: self.digester.text(sql).into(),
+            handling: self.outcome.handling,
+            rule: self.outcome.rule.clone(),
+            hot,
+            params: usize::from(params),
+            types: Vec::new(),
+        };
+        self.stmt_digests.insert(id, d);
+    }
+
+    /// Counts a finished COM_STMT_EXECUTE in its prepared statement's digest.
+    fn end_execute_digest(&mut self, payload: &[u8], started: Instant, failed: bool) {
+        let at = Instant::now();
+        let Some(d) = statement_id(payload).and_then(|id| self.stmt_digests.get_mut(&id)) else {
+            return;
+        };
+        let value = match &d.hot {
+            Some((_, n)) => crate::digest::execute_param(payload, d.params, &mut d.types, *n),
+            None => None,
+        };
+        let hot = match (&d.hot, &value) {
+            (Some((col, _)), Some(v)) => Some((&**col, v.as_slice())),
+            _ => None,
+        };
+        let o = &self.outcome;
+        let error = o.err.or(failed.then_some(errors::SERVER_LOST.0));
+        self.shared.digests.record(
+            &crate::digest::Sample {
+                hash: d.hash,
+                schema: self.state.current_db.as_deref(),
+                user: &self.user,
+                took: at.saturating_duration_since(started),
+                at,
+                rows_sent: o.rows,
+                rows_affected: o.affected,
+                error,
+                handling: d.handling,
+                rule: d.rule.as_ref(),
+                hot,
+            },
+            || d.text.to_string(),
+        );
     }
 
     /// Answers a rejected statement with ERR 1105 naming the rule.
@@ -1192,6 +1404,7 @@ impl Session {
         cmd_seq: u8,
     ) -> Result<()> {
         self.shared.stats.rejected.fetch_add(1, Relaxed);
+        self.outcome.err = Some(errors::UNKNOWN.0);
         if let Some(r) = self.shared.rules.load().get(&rej.rule) {
             r.rejected.fetch_add(1, Relaxed);
         }
@@ -1232,6 +1445,9 @@ impl Session {
                 if parser.errored {
                     self.backend_error();
                 }
+                self.outcome.rows += parser.rows;
+                self.outcome.affected += parser.affected;
+                self.outcome.err = parser.err_code;
                 Ok(Relayed { parser })
             }
             Err(e) => {

@@ -78,6 +78,8 @@ pub struct Shared {
     pub backends: Arc<crate::backends::Backends>,
     /// Refused and fallback statements by shape (`SHOW REFUSALS`, `SHOW FALLBACKS`).
     pub shapes: crate::refusals::Shapes,
+    /// Query digests of all traffic (`SHOW DIGESTS`).
+    pub digests: crate::digest::Digests,
 }
 
 impl Shared {
@@ -91,8 +93,10 @@ impl Shared {
         let rules = RuleTable::for_engine(&engine, &RuleTable::default());
         let backends = Arc::new(crate::backends::Backends::from_config(&config));
         let shapes = crate::refusals::Shapes::new(config.shape_table_size);
+        let digests = crate::digest::Digests::new(config.digest_table_size);
         Arc::new(Shared {
             shapes,
+            digests,
             backends,
             config,
             engine: ArcSwap::from_pointee(engine),

@@ -144,6 +144,11 @@ fn renamed_text_row(row: &[u8], names: &Renames) -> Option<Vec<u8>> {
     Some(text_row(&cells))
 }
 
+/// The error code of an ERR packet's payload.
+fn err_code(payload: &[u8]) -> Option<u16> {
+    payload.get(1..3).map(|b| u16::from_le_bytes([b[0], b[1]]))
+}
+
 /// A COM_QUERY payload.
 fn query_payload(sql: &[u8]) -> Vec<u8> {
     let mut payload = Vec::with_capacity(sql.len() + 1);
@@ -278,6 +283,14 @@ impl Session {
 
     /// Sends one packet to the client as the answer to the command with `cmd_seq`.
     pub(super) async fn reply(&mut self, cmd_seq: u8, payload: &[u8]) -> Result<()> {
+        match payload.first() {
+            Some(&packets::ERR) => self.outcome.err = err_code(payload),
+            Some(&packets::OK) => {
+                self.outcome.err = None;
+                self.outcome.affected += packets::parse_ok(payload).map_or(0, |o| o.affected_rows);
+            }
+            _ => {}
+        }
         let renamed = self.renamed_err(payload);
         self.link
             .client
@@ -664,6 +677,8 @@ impl Session {
                     (ok(o.affected_rows, o.last_insert_id), last.info())
                 } else {
                     // A result set: relay it as it came, renumbered.
+                    self.outcome.rows += last.parser.rows;
+                    self.outcome.err = None;
                     let mut out = BytesMut::new();
                     let mut seq = cmd_seq.wrapping_add(1);
                     for p in &last.packets {
@@ -693,8 +708,12 @@ impl Session {
         let count = match payload.first() {
             Some(&packets::OK) | Some(&packets::ERR) | None => {
                 self.answered_error |= payload.first() == Some(&packets::ERR);
+                if payload.first() == Some(&packets::ERR) {
+                    self.outcome.err = err_code(&payload);
+                }
                 if let Some(o) = packets::parse_ok(&payload).filter(|_| payload[0] == packets::OK) {
                     self.state.set_status(o.status);
+                    self.outcome.affected += o.affected_rows;
                 }
                 let own = self.client_packet(&payload);
                 let renamed = self.renamed_err(&payload);
@@ -746,6 +765,9 @@ impl Session {
             let terminator = self.ends_rows(&payload);
             if terminator || first == Some(packets::ERR) {
                 self.answered_error |= !terminator;
+                if !terminator {
+                    self.outcome.err = err_code(&payload);
+                }
                 let mut own = None;
                 if terminator {
                     if let Some(st) = packets::terminator_status(&payload, self.link.deprecate_eof)
@@ -762,6 +784,7 @@ impl Session {
                 );
                 return self.link.client.write_all(&out).await;
             }
+            self.outcome.rows += 1;
             match &recode {
                 Some(rc) => match rc.apply(&payload) {
                     Some(row) => seq = frame_into(&mut out, seq, &row),
@@ -771,6 +794,7 @@ impl Session {
                         let msg = "heatsink: a rewritten value does not fit the column type";
                         frame_into(&mut out, seq, &err_of(errors::UNKNOWN, msg));
                         self.answered_error = true;
+                        self.outcome.err = Some(errors::UNKNOWN.0);
                         self.link.client.write_all(&out).await?;
                         // The backend is still sending this result: read it to its
                         // end so the next command's answer is the next command's.
@@ -881,6 +905,7 @@ impl Session {
         for p in &orig_pkts[1..] {
             seq = frame_into(&mut out, seq, &p.payload);
         }
+        self.last_prepared = Some(client_id);
         self.prepared.insert(
             client_id,
             PreparedRewrite {

@@ -118,6 +118,20 @@ pub fn lex(sql: &[u8], mode: LexMode) -> Result<Vec<Token>, LexError> {
     Lexer::new(sql, false, mode).run()
 }
 
+/// [`lex`] into `buf` (cleared first), reusing its allocation: the query digests
+/// lex every statement and keep one buffer per session. On error `buf` is empty.
+pub fn lex_into(sql: &[u8], mode: LexMode, buf: &mut Vec<Token>) -> Result<(), LexError> {
+    let mut toks = std::mem::take(buf);
+    toks.clear();
+    let mut lexer = Lexer::new_in(sql, false, mode, toks);
+    let r = lexer.run_in_place();
+    *buf = std::mem::take(&mut lexer.toks);
+    if r.is_err() {
+        buf.clear();
+    }
+    r
+}
+
 /// Lex text printed by the parser, where `?N` is a [`TokenKind::Marker`]. The parser
 /// prints in the default mode (backslash escapes, backticked identifiers).
 pub fn lex_markers(sql: &[u8]) -> Result<Vec<Token>, LexError> {
@@ -201,12 +215,16 @@ struct Lexer<'a> {
 
 impl<'a> Lexer<'a> {
     fn new(s: &'a [u8], markers: bool, mode: LexMode) -> Self {
+        Self::new_in(s, markers, mode, Vec::with_capacity(s.len() / 4 + 4))
+    }
+
+    fn new_in(s: &'a [u8], markers: bool, mode: LexMode, toks: Vec<Token>) -> Self {
         Lexer {
             s,
             markers,
             backslash: !mode.no_backslash_escapes,
             ansi_quotes: mode.ansi_quotes,
-            toks: Vec::with_capacity(s.len() / 4 + 4),
+            toks,
         }
     }
 
@@ -226,6 +244,12 @@ impl<'a> Lexer<'a> {
     }
 
     fn run(mut self) -> Result<Vec<Token>, LexError> {
+        self.run_in_place()?;
+        Ok(self.toks)
+    }
+
+    /// Lexes the whole statement into `self.toks`.
+    fn run_in_place(&mut self) -> Result<(), LexError> {
         let n = self.s.len();
         let mut i = 0;
         // Start of the executable comment we are inside, if any.
@@ -331,7 +355,7 @@ impl<'a> Lexer<'a> {
                 what: "unterminated executable comment",
             });
         }
-        Ok(self.toks)
+        Ok(())
     }
 
     /// If a comment (not an executable one) starts at `i`, return the offset after it.
@@ -691,7 +715,8 @@ static KEYWORD_KEYS: [u128; KEYWORDS.len()] = {
     a
 };
 
-fn is_keyword(w: &[u8]) -> bool {
+/// Whether `w` is one of the structural keywords the fingerprint uppercases (any case).
+pub fn is_keyword(w: &[u8]) -> bool {
     (2..=13).contains(&w.len()) && KEYWORD_KEYS.binary_search(&pack(w)).is_ok()
 }
 

@@ -172,6 +172,18 @@ pub struct MariaDb {
 }
 
 static MARIADB: OnceLock<MariaDb> = OnceLock::new();
+/// Start this binary's servers with `performance_schema` on (see
+/// [`with_performance_schema`]).
+static PERFORMANCE_SCHEMA: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Makes [`mariadb()`] start its server with `performance_schema` on, for the test
+/// binaries that read it (tests/digests.rs compares statement digests); call it
+/// before the first [`mariadb()`]. Other binaries do without its memory and
+/// start-up time.
+pub fn with_performance_schema() {
+    PERFORMANCE_SCHEMA.store(true, std::sync::atomic::Ordering::SeqCst);
+}
 static MARIADB_TLS: OnceLock<MariaDb> = OnceLock::new();
 static MARIADB_PFS: OnceLock<MariaDb> = OnceLock::new();
 
@@ -351,6 +363,9 @@ impl MariaDb {
         ];
         server.extend(INNODB_OPTS.iter().map(|s| s.to_string()));
         server.extend(extra.iter().map(|s| s.to_string()));
+        if PERFORMANCE_SCHEMA.load(std::sync::atomic::Ordering::SeqCst) {
+            server.push("--performance-schema=ON".into());
+        }
         let certs = tls.then(|| TestCerts::create(&dir));
         if let Some(c) = &certs {
             server.push(format!("--ssl-ca={}", c.ca.display()));

@@ -784,14 +784,18 @@ pub struct Hot<'s> {
 struct Hitter {
     hash: u64,
     count: u64,
+    /// What `count` may overstate: the count of the value it replaced.
+    over: u64,
     len: u8,
     cut: bool,
     text: [u8; HOT_TEXT],
 }
 
 /// The heavy hitters among the values of one row's hot-key column: a Space-Saving
-/// sketch of [`HOT_TRACKED`] counters (a value's count is at most overestimated by
-/// the smallest counter), and a HyperLogLog estimate of the distinct values.
+/// sketch of [`HOT_TRACKED`] counters, and a HyperLogLog estimate of the distinct
+/// values. A counter may overstate its value's count by the count of the value it
+/// replaced; the JSON shows the guaranteed part (`count - over`), so a value shown
+/// with a large share has at least that share, however many cold values went by.
 #[derive(Clone, Debug)]
 pub struct HotKeys {
     column: Box<str>,
@@ -826,6 +830,7 @@ impl HotKeys {
         let mut e = Hitter {
             hash,
             count: 1,
+            over: 0,
             len: 0,
             cut: value.len() > HOT_TEXT,
             text: [0; HOT_TEXT],
@@ -843,6 +848,7 @@ impl HotKeys {
             self.top.push(e);
         } else if let Some(min) = self.top.iter_mut().min_by_key(|e| e.count) {
             e.count = min.count + 1;
+            e.over = min.count;
             *min = e;
         }
     }
@@ -866,7 +872,7 @@ impl HotKeys {
     /// The row's `hot_keys` JSON.
     pub fn json(&self) -> String {
         let mut top = self.top.clone();
-        top.sort_by_key(|e| std::cmp::Reverse(e.count));
+        top.sort_by_key(|e| std::cmp::Reverse(e.count - e.over));
         top.truncate(HOT_SHOWN);
         let mut out = String::with_capacity(64 + 24 * top.len());
         out.push_str("{\"column\":");
@@ -882,7 +888,7 @@ impl HotKeys {
             }
             out.push('[');
             json_string(&mut out, &text);
-            out.push_str(&format!(",{}]", e.count));
+            out.push_str(&format!(",{}]", e.count - e.over));
         }
         out.push_str("]}");
         out

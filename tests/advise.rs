@@ -16,9 +16,13 @@ use serde_json::{json, Value};
 
 use common::cli::Cli;
 use common::client::{connect, run};
-use common::mariadb_pfs;
+use common::{mariadb_pfs, Proxy};
 
 const DB: &str = "advise_mix";
+/// The database of the test through a proxy's admin port.
+const DB_PROXY: &str = "advise_proxied";
+/// Both tests read the one server's performance_schema: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Tables of at least this many rows are large for the test (`--large-rows`).
 const LARGE: &str = "20000";
@@ -373,6 +377,7 @@ impl Args for Cli {
 
 #[test]
 fn advise_finds_one_rule_per_hot_spot_and_none_for_the_decoys() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let server = mariadb_pfs();
     let base = now_secs();
     server.exec(&format!(
@@ -460,6 +465,44 @@ fn advise_finds_one_rule_per_hot_spot_and_none_for_the_decoys() {
     assert_eq!(code, 0, "migrate --apply:\n{rules}\n{out}\n{err}");
     let (code, out, err) = Cli::new(["check", "--rules", &rd, "--backend-url", &url]).run();
     assert_eq!(code, 0, "check --backend-url:\n{rules}\n{out}\n{err}");
+}
+
+/// The same workload sent through a proxy without rules: `advise --admin` reads the
+/// proxy's own `SHOW DIGESTS` and proposes the same five rules.
+#[test]
+fn advise_reads_a_running_proxys_digests() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = mariadb_pfs();
+    let base = now_secs();
+    server.exec(&format!(
+        "DROP DATABASE IF EXISTS {DB_PROXY}; CREATE DATABASE {DB_PROXY}; USE {DB_PROXY}; {}",
+        schema(base)
+    ));
+    const PW: &str = "advise-admin-pw";
+    let (proxy, admin) = Proxy::builder()
+        .backend(server.addr())
+        .no_rules()
+        .env("HEATSINK_ADMIN_PASSWORD", PW)
+        .start_with_admin();
+    let stmts = workload(base);
+    let proxied = proxy.url(DB_PROXY);
+    run(Duration::from_secs(300), async {
+        run_workload(&proxied, &stmts).await;
+    });
+    let admin_url = format!("mysql://admin:{PW}@{admin}");
+    let url = server.url(DB_PROXY);
+    let report = advise(&[
+        "--admin",
+        &admin_url,
+        "--backend-url",
+        &url,
+        "--large-rows",
+        LARGE,
+        "--format",
+        "json",
+    ]);
+    assert_hot_spots(&report, false);
+    server.exec(&format!("DROP DATABASE {DB_PROXY}"));
 }
 
 #[test]

@@ -105,26 +105,8 @@ EOF
   PROXIES="haproxy heatsink haproxy_unix heatsink_unix"
 fi
 
-# One Lua workload per write statement: one statement per sysbench event.
-lua() { # NAME STATEMENT-FORMAT ARGS-LUA
-  cat >"$WORK/$1.lua" <<EOF
-function thread_init()
-  drv = sysbench.sql.driver()
-  con = drv:connect()
-end
-function event()
-  con:query(string.format("$2", $3))
-end
-function thread_done()
-  con:disconnect()
-end
-EOF
-}
-lua counter "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'hot'" "nil"
-lua ring "INSERT INTO log (uid, visitor_uid, last_update) VALUES (%d, %d, NOW(6))" \
-  "(sysbench.rand.uniform(1, 2) == 1) and sysbench.rand.uniform(1, 10) or sysbench.rand.uniform(11, 1000), sysbench.rand.uniform(1, 1000000)"
-lua rollup "INSERT INTO plays (created_at, track_id, user_id, country) VALUES (NOW(), %d, %d, '%s')" \
-  "(sysbench.rand.uniform(1, 2) == 1) and 123 or sysbench.rand.uniform(1000, 100999), sysbench.rand.uniform(1, 1000000), ({'US','GB','DE','FR','BR','JP','IN','MX','ES','SE'})[sysbench.rand.uniform(1, 10)]"
+# One Lua workload per write statement (scripts/lib/merge_workloads.sh).
+merge_workloads_lua "$WORK"
 
 threads_of() {
   case $1 in

@@ -70,35 +70,8 @@ sed -i -E "s/^table = \"/table = \"$SB_DB./" "$RULES/rules.toml"
 HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT"
 haproxy_start "$MARIADB_PORT"
 
-# One Lua workload per leg; PURGE_EVERY > 0 adds the ring's purge every n-th event.
-lua() { # NAME STATEMENT-FORMAT ARGS-LUA [PURGE]
-  cat >"$WORK/$1.lua" <<EOF
-local n = 0
-function thread_init()
-  drv = sysbench.sql.driver()
-  con = drv:connect()
-end
-function event()
-  n = n + 1
-  if ${4:-false} and n % 10 == 0 then
-    local k = (sysbench.rand.uniform(1, 2) == 1) and sysbench.rand.uniform(1, 10) or sysbench.rand.uniform(11, 1000)
-    con:query(string.format("DELETE l FROM log l JOIN (SELECT uid, id FROM log WHERE uid = %d ORDER BY id DESC LIMIT 1 OFFSET 4) t ON l.uid = t.uid AND l.id < t.id", k))
-  else
-    con:query(string.format("$2", $3))
-  end
-end
-function thread_done()
-  con:disconnect()
-end
-EOF
-}
-RING_ARGS="(sysbench.rand.uniform(1, 2) == 1) and sysbench.rand.uniform(1, 10) or sysbench.rand.uniform(11, 1000), sysbench.rand.uniform(1, 1000000)"
-RING_SQL="INSERT INTO log (uid, visitor_uid, last_update) VALUES (%d, %d, NOW(6))"
-lua counter "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'hot'" "nil"
-lua ring "$RING_SQL" "$RING_ARGS"
-lua ring_purge "$RING_SQL" "$RING_ARGS" true
-lua rollup "INSERT INTO plays (created_at, track_id, user_id, country) VALUES (NOW(), %d, %d, '%s')" \
-  "(sysbench.rand.uniform(1, 2) == 1) and 123 or sysbench.rand.uniform(1000, 100999), sysbench.rand.uniform(1, 1000000), ({'US','GB','DE','FR','BR','JP','IN','MX','ES','SE'})[sysbench.rand.uniform(1, 10)]"
+# One Lua workload per write statement (scripts/lib/merge_workloads.sh).
+merge_workloads_lua "$WORK"
 
 # The legs of a workload: name, script, where, database.
 legs_of() {

@@ -69,3 +69,41 @@ dimensions = ["track_id", "country"]
 slots = 8
 EOF
 }
+
+# merge_workloads_lua DIR -> one sysbench Lua script per write statement, one
+# statement per event: DIR/counter.lua, DIR/ring.lua, DIR/rollup.lua, and
+# DIR/ring_purge.lua (the ring's appends, and every 10th event the per-key purge
+# down to the newest 5 rows that an application without heatsink runs).
+merge_workloads_lua() {
+	local dir=$1
+	local ring_sql="INSERT INTO log (uid, visitor_uid, last_update) VALUES (%d, %d, NOW(6))"
+	local ring_args="(sysbench.rand.uniform(1, 2) == 1) and sysbench.rand.uniform(1, 10) or sysbench.rand.uniform(11, 1000), sysbench.rand.uniform(1, 1000000)"
+	_merge_workloads_lua "$dir/counter.lua" "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'hot'" "nil" false
+	_merge_workloads_lua "$dir/ring.lua" "$ring_sql" "$ring_args" false
+	_merge_workloads_lua "$dir/ring_purge.lua" "$ring_sql" "$ring_args" true
+	_merge_workloads_lua "$dir/rollup.lua" "INSERT INTO plays (created_at, track_id, user_id, country) VALUES (NOW(), %d, %d, '%s')" \
+		"(sysbench.rand.uniform(1, 2) == 1) and 123 or sysbench.rand.uniform(1000, 100999), sysbench.rand.uniform(1, 1000000), ({'US','GB','DE','FR','BR','JP','IN','MX','ES','SE'})[sysbench.rand.uniform(1, 10)]" false
+}
+
+# _merge_workloads_lua FILE STATEMENT-FORMAT ARGS-LUA PURGE
+_merge_workloads_lua() {
+	cat >"$1" <<LUA
+local n = 0
+function thread_init()
+  drv = sysbench.sql.driver()
+  con = drv:connect()
+end
+function event()
+  n = n + 1
+  if $4 and n % 10 == 0 then
+    local k = (sysbench.rand.uniform(1, 2) == 1) and sysbench.rand.uniform(1, 10) or sysbench.rand.uniform(11, 1000)
+    con:query(string.format("DELETE l FROM log l JOIN (SELECT uid, id FROM log WHERE uid = %d ORDER BY id DESC LIMIT 1 OFFSET 4) t ON l.uid = t.uid AND l.id < t.id", k))
+  else
+    con:query(string.format("$2", $3))
+  end
+end
+function thread_done()
+  con:disconnect()
+end
+LUA
+}

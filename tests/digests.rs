@@ -6,7 +6,7 @@
 //! against MariaDB's own statement digests in `performance_schema`.
 //!
 //! This binary's MariaDB runs with `performance_schema` on
-//! ([`common::with_performance_schema`]); each test has its own database
+//! ([`common::mariadb_pfs`]); each test has its own database
 //! (`dg_<name>`) and proxy.
 
 mod common;
@@ -162,7 +162,7 @@ fn hot_distinct(json: &str) -> u64 {
 
 #[test]
 fn digests_of_all_traffic() {
-    common::with_performance_schema();
+    common::mariadb_pfs();
     let db = "dg_traffic";
     let env = Env::builder(db)
         .schema(
@@ -332,7 +332,7 @@ fn digests_of_all_traffic() {
 
 #[test]
 fn hot_keys_of_a_skewed_workload() {
-    common::with_performance_schema();
+    common::mariadb_pfs();
     let db = "dg_hot";
     let env = Env::builder(db)
         .schema(
@@ -383,7 +383,7 @@ fn hot_keys_of_a_skewed_workload() {
 
 #[test]
 fn a_small_table_evicts_and_zero_turns_digests_off() {
-    common::with_performance_schema();
+    common::mariadb_pfs();
     let db = "dg_small";
     let env = Env::builder(db)
         .schema("CREATE TABLE t (id INT PRIMARY KEY);")
@@ -502,7 +502,7 @@ fn shape(text: &str) -> String {
 
 #[test]
 fn fingerprints_group_as_mariadb_digests() {
-    common::with_performance_schema();
+    common::mariadb_pfs();
     let db = "dg_corpus";
     let env = Env::builder(db)
         .schema("CREATE TABLE t (id INT PRIMARY KEY, a INT, b VARCHAR(20), c DOUBLE);")

@@ -165,6 +165,8 @@ pub struct MariaDb {
     pid: u32,
     /// The server's TLS files, when started with TLS.
     certs: Option<TestCerts>,
+    /// Started with performance_schema on (see [`mariadb_pfs()`]).
+    performance_schema: bool,
     /// Held open for the life of the process; closing it stops the server.
     _watchdog_stdin: Mutex<ChildStdin>,
     /// The watchdog shell itself (never waited on: it outlives us by design).
@@ -172,23 +174,14 @@ pub struct MariaDb {
 }
 
 static MARIADB: OnceLock<MariaDb> = OnceLock::new();
-/// Start this binary's servers with `performance_schema` on (see
-/// [`with_performance_schema`]).
+/// Whether this binary's [`mariadb()`] starts with `performance_schema` on (set by
+/// [`mariadb_pfs()`] before the first start).
 static PERFORMANCE_SCHEMA: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
-
-/// Makes [`mariadb()`] start its server with `performance_schema` on, for the test
-/// binaries that read it (tests/digests.rs compares statement digests); call it
-/// before the first [`mariadb()`]. Other binaries do without its memory and
-/// start-up time.
-pub fn with_performance_schema() {
-    PERFORMANCE_SCHEMA.store(true, std::sync::atomic::Ordering::SeqCst);
-}
 static MARIADB_TLS: OnceLock<MariaDb> = OnceLock::new();
-static MARIADB_PFS: OnceLock<MariaDb> = OnceLock::new();
 
-/// Options of [`mariadb_pfs()`]: performance_schema on, with the statement history
-/// (literal samples per digest) kept.
+/// Options of a [`mariadb_pfs()`] server: performance_schema on, with the statement
+/// history (literal samples per digest) kept.
 const PFS_OPTS: &[&str] = &[
     "--performance-schema=ON",
     "--performance-schema-consumer-events-statements-current=ON",
@@ -199,15 +192,25 @@ const PFS_OPTS: &[&str] = &[
 
 /// The test binary's MariaDB server, started on first use.
 pub fn mariadb() -> &'static MariaDb {
-    MARIADB.get_or_init(|| MariaDb::start(false, &[]))
+    MARIADB.get_or_init(|| {
+        let pfs = PERFORMANCE_SCHEMA.load(std::sync::atomic::Ordering::SeqCst);
+        MariaDb::start(false, if pfs { PFS_OPTS } else { &[] })
+    })
 }
 
-/// A MariaDB server with performance_schema on and the
-/// `events_statements_history_long` consumer enabled (what `heatsink advise
-/// --from-performance-schema` reads), otherwise like [`mariadb()`]; started on first
-/// use, separate from it.
+/// The test binary's MariaDB server ([`mariadb()`]) with performance_schema on and the
+/// statement history consumers enabled (what `tests/digests.rs` compares with and
+/// `heatsink advise --from-performance-schema` reads). A binary that uses it calls it
+/// in every test before anything else starts the server; a server already started
+/// without performance_schema is a test bug and panics here.
 pub fn mariadb_pfs() -> &'static MariaDb {
-    MARIADB_PFS.get_or_init(|| MariaDb::start(false, PFS_OPTS))
+    PERFORMANCE_SCHEMA.store(true, std::sync::atomic::Ordering::SeqCst);
+    let server = mariadb();
+    assert!(
+        server.performance_schema,
+        "mariadb() was started without performance_schema before mariadb_pfs()"
+    );
+    server
 }
 
 /// A MariaDB server with TLS (`ssl-ca`, `ssl-cert`, `ssl-key` from [`TestCerts`]),
@@ -363,9 +366,6 @@ impl MariaDb {
         ];
         server.extend(INNODB_OPTS.iter().map(|s| s.to_string()));
         server.extend(extra.iter().map(|s| s.to_string()));
-        if PERFORMANCE_SCHEMA.load(std::sync::atomic::Ordering::SeqCst) {
-            server.push("--performance-schema=ON".into());
-        }
         let certs = tls.then(|| TestCerts::create(&dir));
         if let Some(c) = &certs {
             server.push(format!("--ssl-ca={}", c.ca.display()));
@@ -396,6 +396,7 @@ impl MariaDb {
             dir: dir.clone(),
             pid,
             certs,
+            performance_schema: extra.contains(&"--performance-schema=ON"),
             _watchdog_stdin: Mutex::new(stdin),
             _watchdog: Mutex::new(watchdog),
         };

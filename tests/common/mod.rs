@@ -77,8 +77,8 @@ pub mod rawclient;
 mod sha1;
 
 pub use mariadb::{
-    mariadb, mariadb_pfs, mariadb_tls, with_performance_schema, MariaDb, TestCerts, ADMIN_USER,
-    ED_PASSWORD, ED_USER, PASSWORD, TEST_DB, USER,
+    mariadb, mariadb_pfs, mariadb_tls, MariaDb, TestCerts, ADMIN_USER, ED_PASSWORD, ED_USER,
+    PASSWORD, TEST_DB, USER,
 };
 pub use proxy::{http_get, metrics, sample, Proxy, ProxyBuilder};
 

@@ -215,6 +215,11 @@ pub struct JobArgs {
     /// Seconds_Behind_Master exceeds 10 (Galera lag is read on the backend itself).
     #[arg(long, value_name = "URL", hide_env_values = true)]
     pub replica_url: Option<String>,
+    /// Seconds a chunk of a long job waits for a row lock the application holds
+    /// before it gives way: rolled back and retried after a pause (up to 10 times)
+    /// [default: the server's innodb_lock_wait_timeout].
+    #[arg(long, value_name = "SECONDS", value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=86400))]
+    pub lock_wait_timeout: Option<u64>,
 }
 
 impl JobArgs {
@@ -240,6 +245,7 @@ impl JobArgs {
             report_every: std::time::Duration::from_secs_f64(self.progress_every),
             replica_url: self.replica_url.clone(),
             progress: true,
+            lock_wait_timeout: self.lock_wait_timeout,
         })
     }
 }

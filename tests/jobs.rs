@@ -999,3 +999,41 @@ fn a_ring_revert_copies_back_with_progress_and_its_dry_run_counts_what_moves() {
         Some("reverted")
     );
 }
+
+#[test]
+fn a_counter_revert_keeps_to_its_rate_and_prints_progress_lines() {
+    let db = "jobs_fold_rate";
+    let expected = counter_with_slots(db, 30);
+    let no_rules = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let (code, out, err) = Cli::new(["migrate", "--revert", "hits", "--rules"])
+        .arg(no_rules.path())
+        .arg("--backend-url")
+        .arg(mariadb().url(db))
+        .arg("--observe")
+        .arg("0")
+        .arg("--batch")
+        .arg("3")
+        .arg("--max-rows-per-second")
+        .arg("50")
+        .arg("--progress-every")
+        .arg("0.3")
+        .arg("--apply")
+        .run();
+    let took = started.elapsed();
+    assert_eq!(code, 0, "{out}\n{err}");
+    // 120 slot rows at 50 a second: at least 2.4 s (a lower bound only).
+    assert!(took >= Duration::from_millis(2400), "took {took:?}");
+    assert!(
+        err.contains("job revert of rule hits: 120 slot rows to do"),
+        "{err}"
+    );
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("/s, ETA ")).collect();
+    assert!(lines.len() >= 2, "too few progress lines:\n{err}");
+    assert!(!err.contains('\r'), "{err}");
+    assert!(err.contains("done: 120 slot rows in all"), "{err}");
+    assert!(out.contains("in 10 transactions"), "{out}");
+    assert_eq!(hits(db), expected);
+    // The revert forgets its job rows with the rule.
+    assert_eq!(job_row(db, "hits", "revert"), None);
+}

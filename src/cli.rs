@@ -185,7 +185,8 @@ pub struct MigrateArgs {
     /// revert. 0 skips the watch.
     #[arg(long, default_value_t = 2.0, requires = "revert")]
     pub observe: f64,
-    /// With --revert: keys per transaction when folding a counter's slot rows.
+    /// With --revert: keys per chunk (a counter's fold: a transaction each; a ring's
+    /// copy back: chunks of its one transaction); --chunk overrides it.
     #[arg(long, default_value_t = 1000, requires = "revert")]
     pub batch: usize,
     /// Leave the long jobs that can wait (a push timeline's mailbox fill) to
@@ -204,7 +205,8 @@ pub struct JobArgs {
     #[arg(long, value_name = "N")]
     pub max_rows_per_second: Option<f64>,
     /// Rows per chunk of a long job, each chunk one transaction with its progress
-    /// [default: 10000 log rows for a rollup backfill, 100 readers for a mailbox fill].
+    /// [default: 10000 log rows for a rollup backfill, 100 readers for a mailbox fill,
+    /// 1000 keys for a ring backfill (chunks of its one transaction)].
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub chunk: Option<usize>,
     /// Seconds between the progress lines of a long job when stderr is not a

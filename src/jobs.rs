@@ -21,6 +21,11 @@
 //! - throttles: at most [`Settings::max_rows_per_second`] items a second, and
 //!   waits while the server reports replication falling behind ([`Lag`]).
 //!
+//! A job that must be all or nothing (a copy under `LOCK TABLES`: the ring's
+//! backfill, its revert's copy back) owns its one transaction instead and goes
+//! through [`run_owned`]: the same chunks, progress and throttle, without the
+//! progress row, the named lock, retries and lag waits.
+//!
 //! The kinds own the SQL; the runner knows no kind.
 //!
 //! ```sql

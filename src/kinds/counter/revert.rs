@@ -12,7 +12,9 @@
 //!    SET c = c + sum`, then `DELETE … WHERE key <= bound` of exactly those rows.
 //!    Nothing else writes the renamed table, so a chunk deletes exactly what it
 //!    added; an interruption loses nothing (the chunk rolls back) and a rerun
-//!    counts nothing twice (folded rows are gone).
+//!    counts nothing twice (folded rows are gone). The chunks run through the job
+//!    runner ([`crate::jobs::run`], job `revert`): progress, throttle, replica
+//!    lag, retried deadlocks and lock waits.
 //! 4. `DROP TABLE <slot>_hs_revert` once it is empty.
 //!
 //! A rerun after an interruption finds the renamed table and goes on from step 3;

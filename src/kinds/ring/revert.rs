@@ -19,7 +19,10 @@
 //! 2. `DELETE FROM log WHERE key IS NOT NULL`, `INSERT INTO log (columns) SELECT
 //!    columns FROM ring ORDER BY key, seq`, and the rule's registry row set to
 //!    `folded`, then `COMMIT` — one transaction, so the log is either as it was or
-//!    the ring's copy, and a rerun (which sees `folded`) never copies again;
+//!    the ring's copy, and a rerun (which sees `folded`) never copies again. The
+//!    delete and the copy (in chunks of `--batch` keys of the ring, in key order)
+//!    run as a job of [`crate::jobs::run_owned`] inside that transaction: progress
+//!    lines or a bar, `--max-rows-per-second`;
 //! 3. the log's `AUTO_INCREMENT` counter is raised to the ring's when that is
 //!    higher, so ids keep increasing;
 //! 4. `UNLOCK TABLES`, then the ring and sequence tables are dropped.

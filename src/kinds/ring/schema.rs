@@ -53,7 +53,10 @@
 //! WRITE, ring WRITE, seq WRITE`, so every row appended to the log is counted exactly
 //! once, backfilled or mirrored: the rule can be switched on while the application
 //! keeps inserting, and no row that belongs in the latest N is lost. Appends and reads
-//! of the log wait for the backfill. Once every client goes through heatsink nothing
+//! of the log wait for the backfill. Inside that one transaction the backfill fills
+//! the sequence table first, then the ring in chunks of whole keys (their ranges read
+//! from the sequence table) as a job of [`crate::jobs::run_owned`], which shows its
+//! progress and keeps to the throttle; stopped, it rolls back whole. Once every client goes through heatsink nothing
 //! appends to the log any more and the trigger is idle; it keeps the ring in step with
 //! writers that bypass heatsink.
 

@@ -185,7 +185,8 @@ pub struct MigrateArgs {
     /// revert. 0 skips the watch.
     #[arg(long, default_value_t = 2.0, requires = "revert")]
     pub observe: f64,
-    /// With --revert: keys per transaction when folding a counter's slot rows.
+    /// With --revert: keys per chunk (a counter's fold: a transaction each; a ring's
+    /// copy back: chunks of its one transaction); --chunk overrides it.
     #[arg(long, default_value_t = 1000, requires = "revert")]
     pub batch: usize,
     /// Leave the long jobs that can wait (a push timeline's mailbox fill) to
@@ -204,7 +205,8 @@ pub struct JobArgs {
     #[arg(long, value_name = "N")]
     pub max_rows_per_second: Option<f64>,
     /// Rows per chunk of a long job, each chunk one transaction with its progress
-    /// [default: 10000 log rows for a rollup backfill, 100 readers for a mailbox fill].
+    /// [default: 10000 log rows for a rollup backfill, 100 readers for a mailbox fill,
+    /// 1000 keys for a ring backfill (chunks of its one transaction)].
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub chunk: Option<usize>,
     /// Seconds between the progress lines of a long job when stderr is not a
@@ -215,6 +217,11 @@ pub struct JobArgs {
     /// Seconds_Behind_Master exceeds 10 (Galera lag is read on the backend itself).
     #[arg(long, value_name = "URL", hide_env_values = true)]
     pub replica_url: Option<String>,
+    /// Seconds a chunk of a long job waits for a row lock the application holds
+    /// before it gives way: rolled back and retried after a pause (up to 10 times)
+    /// [default: the server's innodb_lock_wait_timeout].
+    #[arg(long, value_name = "SECONDS", value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=86400))]
+    pub lock_wait_timeout: Option<u64>,
 }
 
 impl JobArgs {
@@ -240,6 +247,7 @@ impl JobArgs {
             report_every: std::time::Duration::from_secs_f64(self.progress_every),
             replica_url: self.replica_url.clone(),
             progress: true,
+            lock_wait_timeout: self.lock_wait_timeout,
         })
     }
 }

@@ -21,6 +21,11 @@
 //! - throttles: at most [`Settings::max_rows_per_second`] items a second, and
 //!   waits while the server reports replication falling behind ([`Lag`]).
 //!
+//! A job that must be all or nothing (a copy under `LOCK TABLES`: the ring's
+//! backfill, its revert's copy back) owns its one transaction instead and goes
+//! through [`run_owned`]: the same chunks, progress and throttle, without the
+//! progress row, the named lock, retries and lag waits.
+//!
 //! The kinds own the SQL; the runner knows no kind.
 //!
 //! ```sql
@@ -75,6 +80,10 @@ pub struct Settings {
     pub replica_url: Option<String>,
     /// Print progress to stderr (off for jobs run inside `serve`, which log).
     pub progress: bool,
+    /// Seconds a chunk waits for a row lock the application holds
+    /// (`innodb_lock_wait_timeout` of the job's session) before it is rolled back
+    /// and retried; `None`: the server's setting.
+    pub lock_wait_timeout: Option<u64>,
 }
 
 impl Settings {
@@ -92,6 +101,7 @@ impl Default for Settings {
             report_every: Duration::from_secs_f64(DEFAULT_REPORT_SECONDS),
             replica_url: None,
             progress: true,
+            lock_wait_timeout: None,
         }
     }
 }
@@ -327,6 +337,11 @@ pub async fn run(
     if result.is_err() {
         let _ = conn.query_drop("ROLLBACK").await;
     }
+    if settings.lock_wait_timeout.is_some() {
+        let _ = conn
+            .query_drop("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+            .await;
+    }
     unlock(conn, key).await;
     gauges::finish(key);
     result
@@ -385,6 +400,11 @@ async fn run_locked(
         "UPDATE {} SET state = '{RUNNING}', position = ?, rows_done = rows_done + ? WHERE rule = ? AND job = ?",
         key.table().quoted()
     );
+    if let Some(secs) = settings.lock_wait_timeout {
+        conn.query_drop(format!("SET SESSION innodb_lock_wait_timeout = {secs}"))
+            .await
+            .or_err(Source::Backend, || "setting the job's lock wait timeout")?;
+    }
     let mut this_run = 0u64;
     loop {
         lag.wait(conn, &mut progress).await?;
@@ -430,7 +450,14 @@ async fn run_locked(
                 // chunk was rolled back; do it again.
                 Err(e) if attempt < 10 && retryable(&e) => {
                     let _ = conn.query_drop("ROLLBACK").await;
-                    tokio::time::sleep(Duration::from_millis(50 << attempt.min(5))).await;
+                    let pause = Duration::from_millis(50 << attempt.min(5));
+                    progress.note(&format!(
+                        "a chunk was rolled back ({}): retrying it in {} ms (attempt {} of 10)",
+                        retry_reason(&e),
+                        pause.as_millis(),
+                        attempt + 1
+                    ));
+                    tokio::time::sleep(pause).await;
                 }
                 Err(e) => return Err(e),
             }
@@ -460,6 +487,75 @@ fn retryable(e: &Error) -> bool {
         cause = c.source();
     }
     false
+}
+
+/// The server's error a chunk was retried for, for its progress note.
+fn retry_reason(e: &Error) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(mysql_async::Error::Server(s)) = c.downcast_ref::<mysql_async::Error>() {
+            let what = match s.code {
+                1213 => "a deadlock",
+                _ => "a lock wait timeout",
+            };
+            return format!("{what}, error {}", s.code);
+        }
+        cause = c.source();
+    }
+    e.to_string()
+}
+
+/// Runs `job` to the end inside one transaction the caller opened and ends (a
+/// job that must be all or nothing, such as a copy under `LOCK TABLES`): the
+/// job owns the transaction, the runner only drives its chunks, reports their
+/// progress as [`run`] does (a bar on a terminal, lines otherwise, the gauges)
+/// and keeps to [`Settings::max_rows_per_second`]. So there is no progress row
+/// (a stopped run rolls back whole and the next one starts over, which the first
+/// progress line says), no named lock (the caller's locks serialize runs), no
+/// retried chunk (a deadlock rolls back the whole transaction: the error goes to
+/// the caller) and no wait for replication lag (nothing of the transaction
+/// reaches a replica before it commits; waiting would only hold its locks
+/// longer). Returns the items done.
+pub async fn run_owned(
+    conn: &mut Conn,
+    key: &JobKey,
+    settings: &Settings,
+    job: &mut dyn Chunked,
+) -> Result<u64> {
+    let result = run_owned_inner(conn, key, settings, job).await;
+    gauges::finish(key);
+    result
+}
+
+async fn run_owned_inner(
+    conn: &mut Conn,
+    key: &JobKey,
+    settings: &Settings,
+    job: &mut dyn Chunked,
+) -> Result<u64> {
+    let total = job.total(conn, None).await?;
+    let mut progress = Progress::start(
+        key,
+        job.unit(),
+        0,
+        total,
+        settings,
+        " in one transaction (stopped, it rolls back whole and the next run does it again from the start)",
+    );
+    let mut pace = Pace::new(settings.max_rows_per_second);
+    let mut position: Option<String> = None;
+    let mut done = 0u64;
+    while let Some(step) = job
+        .chunk(conn, position.as_deref(), settings.chunk_or(DEFAULT_CHUNK))
+        .await?
+    {
+        position = Some(step.last);
+        done += step.rows;
+        progress.update(done);
+        pace.after(step.rows).await;
+    }
+    progress.finish(done);
+    Ok(done)
 }
 
 /// Keeps a job under its rows-per-second limit.
@@ -607,6 +703,18 @@ struct Progress {
 
 impl Progress {
     fn new(key: &JobKey, unit: &'static str, done: u64, total: u64, s: &Settings) -> Progress {
+        Progress::start(key, unit, done, total, s, "")
+    }
+
+    /// [`Progress::new`] whose first line ends with `how` (how the job runs).
+    fn start(
+        key: &JobKey,
+        unit: &'static str,
+        done: u64,
+        total: u64,
+        s: &Settings,
+        how: &str,
+    ) -> Progress {
         let tty = std::io::stderr().is_terminal();
         let p = Progress {
             key: key.clone(),
@@ -626,7 +734,7 @@ impl Progress {
             String::new()
         };
         p.line(&format!(
-            "job {} of rule {}: {total} {unit} to do{from}",
+            "job {} of rule {}: {total} {unit} to do{how}{from}",
             key.job, key.rule
         ));
         p

@@ -125,6 +125,7 @@ pub fn run(cli: cli::Cli) -> Result<()> {
                 apply: args.apply,
                 observe: std::time::Duration::from_secs_f64(args.observe),
                 batch: args.batch,
+                jobs: args.jobs.settings()?,
             };
             maintenance_runtime()?.block_on(revert::run(&opts, &mut std::io::stdout().lock()))
         }

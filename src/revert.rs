@@ -42,6 +42,9 @@ pub struct RevertOptions<'a> {
     pub observe: Duration,
     /// Keys per transaction where a kind folds in chunks.
     pub batch: usize,
+    /// How the revert's long part runs (through [`crate::jobs`]): throttle,
+    /// progress, replica lag; `chunk`, when set, overrides `batch`.
+    pub jobs: crate::jobs::Settings,
 }
 
 /// Reverts one rule (see the module documentation).
@@ -138,7 +141,8 @@ async fn revert(
         default_db: Some(&db),
         apply: opts.apply,
         observe: opts.observe,
-        batch: opts.batch.max(1),
+        batch: opts.jobs.chunk.unwrap_or(opts.batch).max(1),
+        jobs: opts.jobs.clone(),
         draining,
         registry: &reg,
         out,

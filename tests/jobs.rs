@@ -4,6 +4,16 @@
 //! the rollup equals a fresh `GROUP BY` over the log, the mailboxes equal each
 //! reader's newest timeline messages; reads through heatsink while a fill is half
 //! done answer what the plain tables answer.
+//!
+//! The runner's behaviours: on a pseudo-terminal (`script(1)`) the progress is a
+//! bar redrawn with `\r`, on a pipe plain lines; a chunk that waits too long for a
+//! row lock another transaction holds (`--lock-wait-timeout`, error 1205) is rolled
+//! back, retried (said on stderr) and the result is exact; with `--replica-url` a
+//! job waits while a real replica (a second server replicating from a primary with
+//! the binary log on) is stopped and finishes once it runs again. The ring's
+//! backfill (one transaction under its table locks, in chunks of keys) and both
+//! reverts (the counter's fold, the ring's copy back) report their progress the
+//! same way; a killed ring backfill rolls back whole and the next run redoes it.
 
 mod common;
 
@@ -13,7 +23,7 @@ use std::time::{Duration, Instant};
 use common::cli::Cli;
 use common::client::{run, run_text, Outcome};
 use common::fixture::{fresh_db, scalar, Env, Rule};
-use common::{http_get, mariadb, sample};
+use common::{http_get, mariadb, mariadb_primary, replica_of, sample, MariaDb};
 
 /// The log the rollup tests use: `n` rows over a few tracks and days.
 fn plays(n: u64) -> String {
@@ -53,12 +63,17 @@ type Groups = Vec<Vec<Option<String>>>;
 
 /// (a fresh GROUP BY over the log, the rollup's groups), sorted.
 fn rollup_and_log(db: &str) -> (Groups, Groups) {
-    let mut log = mariadb().query_strings(&format!(
+    rollup_and_log_on(mariadb(), db)
+}
+
+/// [`rollup_and_log`] on `server`.
+fn rollup_and_log_on(server: &MariaDb, db: &str) -> (Groups, Groups) {
+    let mut log = server.query_strings(&format!(
         "SELECT CAST(track_id AS CHAR), DATE_FORMAT(created_at, '%Y-%m-%d'), COUNT(*), \
          CAST(IFNULL(SUM(user_id), 0) AS CHAR) FROM {db}.plays \
          GROUP BY track_id, DATE_FORMAT(created_at, '%Y-%m-%d')"
     ));
-    let mut rollup = mariadb().query_strings(&format!(
+    let mut rollup = server.query_strings(&format!(
         "SELECT IF(hs_nulls & 1, NULL, CAST(track_id AS CHAR)), \
          IF(hs_nulls & (1 << 31), NULL, DATE_FORMAT(hs_bucket, '%Y-%m-%d')), SUM(hs_rows), \
          CAST(CAST(SUM(hs_sum_user_id) AS SIGNED) AS CHAR) FROM {db}.plays_by_track_day \
@@ -72,16 +87,26 @@ fn rollup_and_log(db: &str) -> (Groups, Groups) {
 /// `heatsink migrate --apply` for the rules in `rules` on `db` with `extra`
 /// arguments, as a child process (stdout and stderr piped to files).
 fn spawn_migrate(rules: &std::path::Path, db: &str, extra: &[&str]) -> (Child, tempfile::TempDir) {
+    spawn_heatsink(&["migrate", "--apply"], rules, &mariadb().url(db), extra)
+}
+
+/// `heatsink <args> --rules <rules> --backend-url <url> <extra>` as a child process
+/// (stdout and stderr piped to files `out` and `err` in the returned directory).
+fn spawn_heatsink(
+    args: &[&str],
+    rules: &std::path::Path,
+    url: &str,
+    extra: &[&str],
+) -> (Child, tempfile::TempDir) {
     let logs = tempfile::tempdir().unwrap();
     let out = std::fs::File::create(logs.path().join("out")).unwrap();
     let err = std::fs::File::create(logs.path().join("err")).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_heatsink"))
-        .arg("migrate")
+        .args(args)
         .arg("--rules")
         .arg(rules)
         .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--apply")
+        .arg(url)
         .args(extra)
         .env_remove("HEATSINK_BACKEND_URL")
         .env_remove("HEATSINK_RULES")
@@ -95,13 +120,18 @@ fn spawn_migrate(rules: &std::path::Path, db: &str, extra: &[&str]) -> (Child, t
 
 /// The job's `(state, rows_done)` in `heatsink_jobs`, if it has a row.
 fn job_row(db: &str, rule: &str, job: &str) -> Option<(String, u64)> {
-    let exists = scalar(&format!(
+    job_row_on(mariadb(), db, rule, job)
+}
+
+/// [`job_row`] on `server`.
+fn job_row_on(server: &MariaDb, db: &str, rule: &str, job: &str) -> Option<(String, u64)> {
+    let exists = server.query_strings(&format!(
         "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = 'heatsink_jobs'"
     ));
-    if exists.as_deref() != Some("1") {
+    if exists.first().and_then(|r| r[0].as_deref()) != Some("1") {
         return None;
     }
-    let rows = mariadb().query_strings(&format!(
+    let rows = server.query_strings(&format!(
         "SELECT state, CAST(rows_done AS CHAR) FROM {db}.heatsink_jobs WHERE rule = '{rule}' AND job = '{job}'"
     ));
     let r = rows.into_iter().next()?;
@@ -488,4 +518,527 @@ fn a_deferred_fill_runs_inside_serve_with_metrics() {
     assert!(done.is_some_and(|d| d > 0.0), "{body}");
     assert_eq!(done, total, "{body}");
     run(Duration::from_secs(60), reads_match(&env));
+}
+
+/// Waits until the file `name` in `logs` contains `needle`; panics when `child`
+/// ends first or after a minute (a deadline against a hang, not a timing assert).
+fn wait_for_output(child: &mut Child, logs: &std::path::Path, name: &str, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let text = std::fs::read_to_string(logs.join(name)).unwrap_or_default();
+        if text.contains(needle) {
+            return;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "heatsink ended ({status}) before printing {needle:?}:\n{}\n{}",
+                std::fs::read_to_string(logs.join("out")).unwrap_or_default(),
+                std::fs::read_to_string(logs.join("err")).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in {name}:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for `child` to end; (exit code, stdout, stderr).
+fn finish(mut child: Child, logs: &std::path::Path) -> (i32, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("heatsink did not end");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        status.code().unwrap_or(-1),
+        std::fs::read_to_string(logs.join("out")).unwrap_or_default(),
+        std::fs::read_to_string(logs.join("err")).unwrap_or_default(),
+    )
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+#[test]
+fn on_a_terminal_the_progress_is_a_bar_not_lines() {
+    let db = "jobs_tty";
+    fresh_db(db, &plays(600));
+    let rules = common::client::rules_dir("rollup.toml", &rollup_rule());
+    let url = mariadb().url(db);
+    let rules_path = rules.path().to_str().unwrap().to_string();
+    let args = [
+        env!("CARGO_BIN_EXE_heatsink"),
+        "migrate",
+        "--rules",
+        &rules_path,
+        "--backend-url",
+        &url,
+        "--apply",
+        "--chunk",
+        "50",
+        "--max-rows-per-second",
+        "400",
+        "--progress-every",
+        "0.2",
+    ];
+    let cmd: Vec<String> = args.iter().map(|a| sh_quote(a)).collect();
+    // script(1) runs the command with its stdin, stdout and stderr on a
+    // pseudo-terminal and copies what it writes to its own stdout.
+    let ran = common::cli::run_limited(
+        Command::new("script")
+            .arg("-qfec")
+            .arg(cmd.join(" "))
+            .arg("/dev/null")
+            .env_remove("HEATSINK_BACKEND_URL")
+            .env_remove("HEATSINK_RULES"),
+        None,
+        Duration::from_secs(120),
+    );
+    let out = ran.stdout;
+    assert!(ran.code == Some(0), "{out}\n{}", ran.stderr);
+    // The bar: redrawn in place (carriage return, erase line) with the rate and
+    // the time left.
+    assert!(
+        out.contains("\r\x1b[K"),
+        "no bar redrawn in place:\n{out:?}"
+    );
+    let bars = out
+        .split('\r')
+        .filter(|s| s.contains("plays_daily backfill: [") && s.contains("/s ETA "))
+        .count();
+    assert!(bars >= 2, "too few bar updates:\n{out:?}");
+    assert!(out.contains("] 600/"), "no full bar:\n{out:?}");
+    // No plain progress lines (their form: `done/total unit (pct%), rate/s, ETA`).
+    assert!(
+        !out.contains("/s, ETA "),
+        "plain lines on a terminal:\n{out:?}"
+    );
+    // The first and last lines stay lines.
+    assert!(out.contains("log rows to do"), "{out:?}");
+    assert!(out.contains("done: 600 log rows in all"), "{out:?}");
+    let (log, rollup) = rollup_and_log(db);
+    assert_eq!(rollup, log);
+}
+
+/// `db.hits` (slug, cnt) as text rows, sorted.
+fn hits(db: &str) -> Groups {
+    let mut rows = mariadb().query_strings(&format!(
+        "SELECT slug, CAST(cnt AS CHAR) FROM {db}.hits ORDER BY slug"
+    ));
+    rows.sort();
+    rows
+}
+
+/// A counter rule migrated on `db.hits` with `keys` keys (`k00`, … base `i`) and
+/// four slot rows per key (the slot table filled directly, as proxies would);
+/// returns the values the fold must end with.
+fn counter_with_slots(db: &str, keys: u64) -> Groups {
+    let base: Vec<String> = (0..keys).map(|i| format!("('k{i:02}', {i})")).collect();
+    common::fixture::create_counter_db(db, "", &base.join(", "));
+    let slot_col = scalar(&format!(
+        "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '{db}' \
+         AND TABLE_NAME = 'hits_slots' AND COLUMN_NAME NOT IN ('slug', 'cnt')"
+    ))
+    .unwrap();
+    let mut slots = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..keys {
+        let mut sum = i as i64;
+        for s in 0..4i64 {
+            let d = (i as i64 * 7 + s * 3) % 11 - 4;
+            slots.push(format!("('k{i:02}', {s}, {d})"));
+            sum += d;
+        }
+        expected.push(vec![Some(format!("k{i:02}")), Some(sum.to_string())]);
+    }
+    mariadb().exec(&format!(
+        "INSERT INTO {db}.hits_slots (slug, `{slot_col}`, cnt) VALUES {}",
+        slots.join(", ")
+    ));
+    expected
+}
+
+#[test]
+fn a_chunk_that_waits_too_long_for_a_lock_is_retried_and_the_fold_ends_exact() {
+    let db = "jobs_retry";
+    let mut expected = counter_with_slots(db, 60);
+    let no_rules = tempfile::tempdir().unwrap();
+    // The dry run says how much it moves.
+    let (code, out, err) = Cli::new(["migrate", "--revert", "hits", "--rules"])
+        .arg(no_rules.path())
+        .arg("--backend-url")
+        .arg(mariadb().url(db))
+        .arg("--observe")
+        .arg("0")
+        .arg("--batch")
+        .arg("10")
+        .run();
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("240 slot rows of 60 keys") && out.contains("in 6 transactions"),
+        "{out}"
+    );
+    // Another transaction holds the row of k25 (in the fold's third chunk of keys).
+    run(Duration::from_secs(300), async {
+        let mut holder = mysql_async::Conn::from_url(mariadb().admin_url(db).as_str())
+            .await
+            .unwrap();
+        use mysql_async::prelude::Queryable;
+        holder
+            .query_drop("START TRANSACTION; SELECT * FROM hits WHERE slug = 'k25' FOR UPDATE")
+            .await
+            .unwrap();
+        let (mut child, logs) = spawn_heatsink(
+            &["migrate", "--revert", "hits", "--apply"],
+            no_rules.path(),
+            &mariadb().url(db),
+            &[
+                "--observe",
+                "0",
+                "--batch",
+                "10",
+                "--lock-wait-timeout",
+                "1",
+                "--progress-every",
+                "0.1",
+            ],
+        );
+        // The chunk waits a second, is rolled back and retried: the output says so.
+        wait_for_output(&mut child, logs.path(), "err", "retrying it in");
+        // Whole chunks of 10 keys (4 slot rows each) before the one that waits are
+        // committed: two when the fold's UPDATE reaches the logical rows by key,
+        // none when the server's plan scans them (it then meets k25 in the first).
+        let (state, done) = job_row(db, "hits", "revert").unwrap();
+        assert!(
+            state == "running" && done % 40 == 0 && done <= 80,
+            "{state} {done}"
+        );
+        // The holder writes the row too, then lets go: the retried chunk folds on
+        // top of its write.
+        holder
+            .query_drop("UPDATE hits SET cnt = cnt + 1000 WHERE slug = 'k25'; COMMIT")
+            .await
+            .unwrap();
+        let _ = holder.disconnect().await;
+        let (code, out, err) = finish(child, logs.path());
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(
+            err.contains("a chunk was rolled back (a lock wait timeout, error 1205)"),
+            "{err}"
+        );
+        assert!(
+            err.contains("job revert of rule hits: 240 slot rows to do"),
+            "{err}"
+        );
+        assert!(err.contains("done: 240 slot rows in all"), "{err}");
+        assert!(
+            out.contains(
+                "-- applied: folded 240 slot rows into `jobs_retry`.`hits` in 6 transactions"
+            ),
+            "{out}"
+        );
+    });
+    // k25 also has the holder's + 1000.
+    let k25: i64 = expected[25][1].as_deref().unwrap().parse().unwrap();
+    expected[25][1] = Some((k25 + 1000).to_string());
+    assert_eq!(hits(db), expected);
+    assert!(!common::fixture::table_exists(db, "hits_slots"));
+    assert!(!common::fixture::table_exists(db, "hits_slots_hs_revert"));
+}
+
+#[test]
+fn a_job_waits_while_its_replica_is_stopped_and_finishes_once_it_runs() {
+    let primary = mariadb_primary();
+    let replica = replica_of(primary);
+    let db = "jobs_lag";
+    primary.exec(&format!(
+        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db}; {}",
+        plays(300)
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while replica
+        .query_strings(&format!(
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = 'plays'"
+        ))
+        .first()
+        .and_then(|r| r[0].clone())
+        .as_deref()
+        != Some("1")
+        || common::replica_lag(&replica) != Some(0)
+    {
+        assert!(Instant::now() < deadline, "the replica did not catch up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Stopped: Seconds_Behind_Master is NULL.
+    replica.exec("STOP SLAVE");
+    let rules = common::client::rules_dir("rollup.toml", &rollup_rule());
+    let replica_url = replica.admin_url("");
+    let (mut child, logs) = spawn_heatsink(
+        &["migrate", "--apply"],
+        rules.path(),
+        &primary.url(db),
+        &[
+            "--chunk",
+            "50",
+            "--progress-every",
+            "0.2",
+            "--replica-url",
+            &replica_url,
+        ],
+    );
+    wait_for_output(
+        &mut child,
+        logs.path(),
+        "err",
+        "waiting: the replica is not replicating",
+    );
+    // Still waiting a while later: no chunk done.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        job_row_on(primary, db, "plays_daily", "backfill"),
+        Some(("running".into(), 0))
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "migrate ended while the replica was stopped"
+    );
+    replica.exec("START SLAVE");
+    let (code, out, err) = finish(child, logs.path());
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("-- applied: backfilled 300 log rows"), "{out}");
+    assert!(err.contains("done: 300 log rows in all"), "{err}");
+    let (log, rollup) = rollup_and_log_on(primary, db);
+    assert_eq!(rollup, log);
+    assert_eq!(
+        job_row_on(primary, db, "plays_daily", "backfill"),
+        Some(("done".into(), 300))
+    );
+}
+
+const EVENTS: &str = "CREATE TABLE events (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+     user_id INT NOT NULL, body VARCHAR(20) NOT NULL, KEY (user_id));";
+
+/// `n` events over 50 users.
+fn events(n: u64) -> String {
+    let rows: Vec<String> = (0..n)
+        .map(|i| format!("({}, 'e{i}')", (i * 7) % 50))
+        .collect();
+    format!(
+        "{EVENTS} INSERT INTO events (user_id, body) VALUES {};",
+        rows.join(", ")
+    )
+}
+
+const RING_SIZE: u64 = 5;
+
+fn ring_rule() -> String {
+    Rule::ring("recent", "events")
+        .key(&["user_id"])
+        .size(RING_SIZE as usize)
+        .ring_table("events_ring")
+        .toml()
+}
+
+/// Each user's newest [`RING_SIZE`] events of the log (id, user, body), sorted.
+fn newest_events(db: &str, table: &str) -> Groups {
+    let mut rows = mariadb().query_strings(&format!(
+        "SELECT CAST(id AS CHAR), CAST(user_id AS CHAR), body FROM \
+         (SELECT id, user_id, body, ROW_NUMBER() OVER (PARTITION BY user_id ORDER BY id DESC) AS n \
+          FROM {db}.{table}) AS t WHERE n <= {RING_SIZE}"
+    ));
+    rows.sort();
+    rows
+}
+
+/// The ring's rows (id, user, body), sorted.
+fn ring_rows(db: &str) -> Groups {
+    let mut rows = mariadb().query_strings(&format!(
+        "SELECT CAST(id AS CHAR), CAST(user_id AS CHAR), body FROM {db}.events_ring"
+    ));
+    rows.sort();
+    rows
+}
+
+#[test]
+fn a_ring_backfill_reports_progress_and_a_killed_one_is_redone_whole() {
+    let db = "jobs_ring";
+    fresh_db(db, &events(2000));
+    let expected = newest_events(db, "events");
+    let rules = common::client::rules_dir("ring.toml", &ring_rule());
+    // Killed half way: the chunks so far are in the one transaction, rolled back.
+    let (mut child, logs) = spawn_migrate(
+        rules.path(),
+        db,
+        &[
+            "--chunk",
+            "5",
+            "--max-rows-per-second",
+            "400",
+            "--progress-every",
+            "0.2",
+        ],
+    );
+    wait_for_output(&mut child, logs.path(), "err", "/s, ETA ");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let err = std::fs::read_to_string(logs.path().join("err")).unwrap();
+    assert!(
+        err.contains("job backfill of rule recent: 2000 log rows to do in one transaction (stopped, it rolls back whole and the next run does it again from the start)"),
+        "{err}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The server rolls the dead connection's transaction back.
+    while scalar(&format!("SELECT COUNT(*) FROM {db}.events_ring")).as_deref() != Some("0")
+        || scalar(&format!("SELECT COUNT(*) FROM {db}.events_ring_seq")).as_deref() != Some("0")
+    {
+        assert!(Instant::now() < deadline, "the killed backfill left rows");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Run again: the whole backfill, with progress lines, throttled.
+    let started = Instant::now();
+    let (code, out, err) = Cli::new(["migrate", "--rules"])
+        .arg(rules.path())
+        .arg("--backend-url")
+        .arg(mariadb().url(db))
+        .arg("--apply")
+        .arg("--chunk")
+        .arg("10")
+        .arg("--max-rows-per-second")
+        .arg("1000")
+        .arg("--progress-every")
+        .arg("0.2")
+        .run();
+    let took = started.elapsed();
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(took >= Duration::from_secs(2), "took {took:?}");
+    assert!(
+        out.contains("-- applied: backfilled 250 ring rows and 50 sequence rows"),
+        "{out}"
+    );
+    assert!(
+        err.contains("2000 log rows to do in one transaction"),
+        "{err}"
+    );
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("/s, ETA ")).collect();
+    assert!(lines.len() >= 2, "too few progress lines:\n{err}");
+    assert!(!err.contains('\r'), "{err}");
+    assert!(err.contains("done: 2000 log rows in all"), "{err}");
+    assert_eq!(ring_rows(db), expected);
+    // The sequence table continues each key's history.
+    assert_eq!(
+        scalar(&format!(
+            "SELECT CAST(SUM(seq) AS CHAR) FROM {db}.events_ring_seq"
+        ))
+        .as_deref(),
+        Some("2000")
+    );
+}
+
+#[test]
+fn a_ring_revert_copies_back_with_progress_and_its_dry_run_counts_what_moves() {
+    let db = "jobs_ring_revert";
+    fresh_db(db, &events(1000));
+    let expected = newest_events(db, "events");
+    common::fixture::migrate_apply(db, &ring_rule());
+    assert_eq!(ring_rows(db), expected);
+    let no_rules = tempfile::tempdir().unwrap();
+    let revert = |apply: bool| {
+        let mut cli = Cli::new(["migrate", "--revert", "recent", "--rules"])
+            .arg(no_rules.path())
+            .arg("--backend-url")
+            .arg(mariadb().url(db))
+            .arg("--batch")
+            .arg("4")
+            .arg("--max-rows-per-second")
+            .arg("100")
+            .arg("--progress-every")
+            .arg("0.2");
+        if apply {
+            cli = cli.arg("--apply");
+        }
+        cli.run()
+    };
+    let (code, out, err) = revert(false);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("its 1000 rows with a key are deleted")
+            && out.contains("the ring's 250 rows of 50 keys are copied"),
+        "{out}"
+    );
+    assert!(out.contains("in chunks of at most 4 keys"), "{out}");
+    let started = Instant::now();
+    let (code, out, err) = revert(true);
+    let took = started.elapsed();
+    assert_eq!(code, 0, "{out}\n{err}");
+    // 250 rows at 100 a second: at least 2.5 s (a lower bound only).
+    assert!(took >= Duration::from_millis(2500), "took {took:?}");
+    assert!(
+        err.contains("job revert of rule recent: 250 ring rows to do in one transaction"),
+        "{err}"
+    );
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("/s, ETA ")).collect();
+    assert!(lines.len() >= 2, "too few progress lines:\n{err}");
+    assert!(err.contains("done: 250 ring rows in all"), "{err}");
+    assert!(out.contains("now holds the ring's 250 rows"), "{out}");
+    assert_eq!(newest_events(db, "events"), expected);
+    assert_eq!(
+        scalar(&format!("SELECT COUNT(*) FROM {db}.events")).as_deref(),
+        Some("250")
+    );
+    assert!(!common::fixture::table_exists(db, "events_ring"));
+    assert_eq!(
+        scalar(&format!(
+            "SELECT state FROM {db}.heatsink_rules WHERE name = 'recent'"
+        ))
+        .as_deref(),
+        Some("reverted")
+    );
+}
+
+#[test]
+fn a_counter_revert_keeps_to_its_rate_and_prints_progress_lines() {
+    let db = "jobs_fold_rate";
+    let expected = counter_with_slots(db, 30);
+    let no_rules = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let (code, out, err) = Cli::new(["migrate", "--revert", "hits", "--rules"])
+        .arg(no_rules.path())
+        .arg("--backend-url")
+        .arg(mariadb().url(db))
+        .arg("--observe")
+        .arg("0")
+        .arg("--batch")
+        .arg("3")
+        .arg("--max-rows-per-second")
+        .arg("50")
+        .arg("--progress-every")
+        .arg("0.3")
+        .arg("--apply")
+        .run();
+    let took = started.elapsed();
+    assert_eq!(code, 0, "{out}\n{err}");
+    // 120 slot rows at 50 a second: at least 2.4 s (a lower bound only).
+    assert!(took >= Duration::from_millis(2400), "took {took:?}");
+    assert!(
+        err.contains("job revert of rule hits: 120 slot rows to do"),
+        "{err}"
+    );
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("/s, ETA ")).collect();
+    assert!(lines.len() >= 2, "too few progress lines:\n{err}");
+    assert!(!err.contains('\r'), "{err}");
+    assert!(err.contains("done: 120 slot rows in all"), "{err}");
+    assert!(out.contains("in 10 transactions"), "{out}");
+    assert_eq!(hits(db), expected);
+    // The revert forgets its job rows with the rule.
+    assert_eq!(job_row(db, "hits", "revert"), None);
 }

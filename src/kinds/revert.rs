@@ -116,6 +116,9 @@ pub struct RevertContext<'a> {
     pub observe: std::time::Duration,
     /// Keys per transaction where a kind folds in chunks.
     pub batch: usize,
+    /// How a kind's copy or fold runs through [`crate::jobs`] (throttle,
+    /// progress, replica lag).
+    pub jobs: crate::jobs::Settings,
     /// The rule is still in the rule files, draining ([`RuleSpec::draining`]):
     /// proxies still run it, so the kind folds online and drops nothing.
     pub draining: bool,

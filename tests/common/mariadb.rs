@@ -213,6 +213,69 @@ pub fn mariadb_pfs() -> &'static MariaDb {
     server
 }
 
+static MARIADB_PRIMARY: OnceLock<MariaDb> = OnceLock::new();
+
+/// Options of [`mariadb_primary()`]: the binary log on, so that a replica can follow.
+const PRIMARY_OPTS: &[&str] = &[
+    "--log-bin=primary-bin",
+    "--server-id=1",
+    "--binlog-format=MIXED",
+];
+
+/// A MariaDB server with the binary log on (`--log-bin`, server id 1), otherwise
+/// like [`mariadb()`] (whose server runs without one); started on first use,
+/// separate from it. [`replica_of`] starts a replica of it.
+pub fn mariadb_primary() -> &'static MariaDb {
+    MARIADB_PRIMARY.get_or_init(|| MariaDb::start(false, PRIMARY_OPTS))
+}
+
+/// A new private server replicating from `primary` (which has the binary log on,
+/// [`mariadb_primary()`]) over loopback as its root user, from the primary's
+/// binary log position at this call (the users both servers create at start are
+/// not replayed). Returns once the replica runs and has caught up; dropping it
+/// stops it and removes its data directory.
+pub fn replica_of(primary: &MariaDb) -> MariaDb {
+    let replica = MariaDb::start(false, &["--server-id=2"]);
+    let status = primary.query_strings("SHOW MASTER STATUS");
+    let row = status
+        .first()
+        .unwrap_or_else(|| panic!("the primary has no binary log (SHOW MASTER STATUS is empty)"));
+    let file = row[0].clone().expect("binlog file");
+    let pos = row[1].clone().expect("binlog position");
+    replica.exec(&format!(
+        "CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {}, MASTER_USER = '{ADMIN_USER}', \
+         MASTER_PASSWORD = '', MASTER_LOG_FILE = '{file}', MASTER_LOG_POS = {pos}, \
+         MASTER_CONNECT_RETRY = 1, MASTER_USE_GTID = no; START SLAVE",
+        primary.port()
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if replica_lag(&replica) == Some(0) {
+            return replica;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica did not start replicating: {:?}",
+            replica.query_strings("SHOW SLAVE STATUS")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `Seconds_Behind_Master` of a replica (`None`: NULL, not replicating).
+pub fn replica_lag(replica: &MariaDb) -> Option<u64> {
+    let url = replica.admin_url("");
+    run_blocking(async move {
+        use mysql_async::prelude::Queryable;
+        let mut conn = mysql_async::Conn::from_url(url.as_str()).await.ok()?;
+        let row: Option<mysql_async::Row> = conn.query_first("SHOW SLAVE STATUS").await.ok()?;
+        let _ = conn.disconnect().await;
+        row?.get_opt::<Option<u64>, &str>("Seconds_Behind_Master")?
+            .ok()
+            .flatten()
+    })
+}
+
 /// A MariaDB server with TLS (`ssl-ca`, `ssl-cert`, `ssl-key` from [`TestCerts`]),
 /// otherwise like [`mariadb()`]; started on first use, separate from it.
 pub fn mariadb_tls() -> &'static MariaDb {

@@ -9,7 +9,10 @@
 //!   (`hs_ed`/`ed-pw`, ed25519), both with ALL on `*.*`, and `root` without a password.
 //!   `port()`, `addr()`, `url(db)` (mysql_async, user `hs`), `admin_url(db)`, `exec(sql)`
 //!   and `query_strings(sql)` (blocking, as root; usable inside or outside tokio),
-//!   `exec_async(sql)`, `error_log()`. [`mariadb_tls()`]: a second server with TLS on,
+//!   `exec_async(sql)`, `error_log()`. [`mariadb_primary()`]: a server with the binary log
+//!   on, and [`replica_of`]`(primary)`: a new server replicating from it over loopback
+//!   (caught up when returned; [`replica_lag`] reads its `Seconds_Behind_Master`).
+//!   [`mariadb_tls()`]: a second server with TLS on,
 //!   whose `certs()` ([`TestCerts`], made with the `openssl` CLI) hold a CA, a
 //!   certificate for 127.0.0.1/localhost signed by it, its key, and an unrelated CA.
 //! - [`Proxy`]: the `heatsink` binary (`serve --listen 127.0.0.1:<free> --backend ..
@@ -77,8 +80,8 @@ pub mod rawclient;
 mod sha1;
 
 pub use mariadb::{
-    mariadb, mariadb_pfs, mariadb_tls, MariaDb, TestCerts, ADMIN_USER, ED_PASSWORD, ED_USER,
-    PASSWORD, TEST_DB, USER,
+    mariadb, mariadb_pfs, mariadb_primary, mariadb_tls, replica_lag, replica_of, MariaDb,
+    TestCerts, ADMIN_USER, ED_PASSWORD, ED_USER, PASSWORD, TEST_DB, USER,
 };
 pub use proxy::{http_get, metrics, sample, Proxy, ProxyBuilder};
 

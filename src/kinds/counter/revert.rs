@@ -12,7 +12,9 @@
 //!    SET c = c + sum`, then `DELETE … WHERE key <= bound` of exactly those rows.
 //!    Nothing else writes the renamed table, so a chunk deletes exactly what it
 //!    added; an interruption loses nothing (the chunk rolls back) and a rerun
-//!    counts nothing twice (folded rows are gone).
+//!    counts nothing twice (folded rows are gone). The chunks run through the job
+//!    runner ([`crate::jobs::run`], job `revert`): progress, throttle, replica
+//!    lag, retried deadlocks and lock waits.
 //! 4. `DROP TABLE <slot>_hs_revert` once it is empty.
 //!
 //! A rerun after an interruption finds the renamed table and goes on from step 3;
@@ -20,6 +22,7 @@
 //! logical row is gone (deleted behind heatsink's back, which reads never showed)
 //! are not folded: they would bring the row back.
 
+use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Params, Row, Value};
 
@@ -94,16 +97,18 @@ pub(crate) async fn revert(spec: &CounterSpec, ctx: &mut RevertContext<'_>) -> R
         }
         let rows = row_count(ctx.conn, t).await?;
         let keys = fold.keys(ctx.conn, t).await?;
+        let chunks = keys.div_ceil(ctx.batch as u64);
         emit(
             ctx.out,
             &format!(
                 "-- counter '{}': {rows} slot rows of {keys} keys in {} are folded into {} \
-                 (each key's {} += the sum of its slots), in transactions of at most {} keys \
+                 (each key's {} += the sum of its slots), in {chunks} transaction{} of at most {} keys \
                  that each delete the slot rows they added; then the table is dropped",
                 spec.name,
                 t.quoted(),
                 logical.quoted(),
                 list(&fold.columns),
+                if chunks == 1 { "" } else { "s" },
                 ctx.batch
             ),
         )?;
@@ -346,74 +351,139 @@ impl Fold {
         emit(ctx.out, &format!("DROP TABLE {};", self.retired.quoted()))
     }
 
-    /// Folds the renamed table chunk by chunk until it is empty.
+    /// Folds the renamed table chunk by chunk until it is empty, through the job
+    /// runner ([`crate::jobs::run`]): a transaction per chunk of at most
+    /// `ctx.batch` keys, progress lines (or a bar), `--max-rows-per-second`,
+    /// replica lag, deadlocks retried. The fold's state stays the renamed table
+    /// (folded rows are gone); the job's row in `heatsink_jobs` only reports it.
     async fn run(&self, ctx: &mut RevertContext<'_>) -> Result<()> {
-        let (mut chunks, mut folded) = (0u64, 0u64);
-        loop {
-            let bound: Option<Vec<Value>> = if self.key.is_empty() {
-                None
-            } else {
-                let rows: Vec<Row> =
-                    ctx.conn
-                        .exec(self.bound_sql(ctx.batch), ())
-                        .await
-                        .map_err(|e| {
-                            schema_err(format!("rule {}: reading a chunk's bound", self.rule), e)
-                        })?;
-                rows.into_iter().next().map(values)
-            };
-            let n = self.chunk(ctx.conn, bound).await?;
-            if n == 0 {
-                break;
-            }
-            chunks += 1;
-            folded += n;
+        let key = crate::jobs::JobKey {
+            db: ctx.registry.db.clone(),
+            rule: self.rule.clone(),
+            job: REVERT_JOB,
+        };
+        // A fold that finished before (its table is folded again now) starts a
+        // new count.
+        if crate::jobs::state(ctx.conn, &key)
+            .await?
+            .is_some_and(|s| !s.unfinished())
+        {
+            crate::jobs::reset(ctx.conn, &key, crate::jobs::PENDING).await?;
         }
-        emit(
-            ctx.out,
-            &format!(
-                "-- applied: folded {folded} slot rows into {} in {chunks} transactions",
-                self.logical.quoted()
+        let mut settings = ctx.jobs.clone();
+        settings.chunk = Some(ctx.batch);
+        let mut job = FoldJob {
+            fold: self,
+            chunks: 0,
+        };
+        match crate::jobs::run(ctx.conn, &key, &settings, &mut job).await? {
+            crate::jobs::Outcome::Busy => Err(Error::new(
+                Source::Backend,
+                format!(
+                    "rule {}: another `heatsink migrate --revert {}` is folding {}; nothing \
+                     was changed by this one",
+                    self.rule,
+                    self.rule,
+                    self.retired.quoted()
+                ),
+            )),
+            crate::jobs::Outcome::Done { this_run, .. } => emit(
+                ctx.out,
+                &format!(
+                    "-- applied: folded {this_run} slot rows into {} in {} transactions",
+                    self.logical.quoted(),
+                    job.chunks
+                ),
             ),
-        )
+        }
     }
 
-    /// One chunk in one transaction: adds the sums of the keys up to `bound` (all
-    /// keys when `None`) and deletes their slot rows; returns the rows deleted.
+    /// The next chunk's upper key (`None`: the rest is the chunk), read from the
+    /// renamed table.
+    async fn next_bound(&self, conn: &mut Conn, batch: usize) -> Result<Option<Vec<Value>>> {
+        if self.key.is_empty() {
+            return Ok(None);
+        }
+        let rows: Vec<Row> = conn
+            .exec(self.bound_sql(batch), ())
+            .await
+            .map_err(|e| schema_err(format!("rule {}: reading a chunk's bound", self.rule), e))?;
+        Ok(rows.into_iter().next().map(values))
+    }
+
+    /// One chunk, in the transaction the runner opened: adds the sums of the keys
+    /// up to `bound` (all keys when `None`) and deletes their slot rows; returns
+    /// the rows deleted.
     async fn chunk(&self, conn: &mut Conn, bound: Option<Vec<Value>>) -> Result<u64> {
         let bounded = bound.is_some();
         let params = match bound {
             Some(v) => Params::Positional(v),
             None => Params::Empty,
         };
-        let what = |step: &str| {
-            format!(
-                "rule {}: folding {} ({step})",
-                self.rule,
-                self.retired.quoted()
-            )
-        };
-        conn.query_drop("START TRANSACTION")
-            .await
-            .map_err(|e| schema_err(what("begin"), e))?;
         let result: std::result::Result<u64, mysql_async::Error> = async {
             conn.exec_drop(self.update_sql(bounded), params.clone())
                 .await?;
             conn.exec_drop(self.delete_sql(bounded), params).await?;
-            let deleted = conn.affected_rows();
-            conn.query_drop("COMMIT").await?;
-            Ok(deleted)
+            Ok(conn.affected_rows())
         }
         .await;
-        match result {
-            Ok(n) => Ok(n),
-            Err(e) => {
-                let _ = conn.query_drop("ROLLBACK").await;
-                Err(schema_err(
-                    what("rolled back, nothing of this chunk changed"),
-                    e,
-                ))
-            }
-        }
+        result.map_err(|e| {
+            schema_err(
+                format!(
+                    "rule {}: folding {} (the chunk is rolled back, nothing of it changed)",
+                    self.rule,
+                    self.retired.quoted()
+                ),
+                e,
+            )
+        })
     }
+}
+
+/// The job name of a revert's fold or copy in `heatsink_jobs` and `/metrics`.
+pub const REVERT_JOB: &str = "revert";
+
+/// The fold as a job of the runner.
+struct FoldJob<'a> {
+    fold: &'a Fold,
+    /// Transactions that folded something.
+    chunks: u64,
+}
+
+#[async_trait(?Send)]
+impl crate::jobs::Chunked for FoldJob<'_> {
+    fn unit(&self) -> &'static str {
+        "slot rows"
+    }
+
+    async fn total(&mut self, conn: &mut Conn, _after: Option<&str>) -> Result<u64> {
+        row_count(conn, &self.fold.retired).await
+    }
+
+    /// The chunk starts at the renamed table's first key, whatever `after` says:
+    /// folded keys are gone from it.
+    async fn chunk(
+        &mut self,
+        conn: &mut Conn,
+        _after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<crate::jobs::Step>> {
+        let bound = self.fold.next_bound(conn, limit).await?;
+        let last = match &bound {
+            Some(v) => position(v),
+            None => "the last key".to_string(),
+        };
+        let n = self.fold.chunk(conn, bound).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.chunks += 1;
+        Ok(Some(crate::jobs::Step { last, rows: n }))
+    }
+}
+
+/// A key as the progress row shows it (at most 200 characters).
+fn position(key: &[Value]) -> String {
+    let text: Vec<String> = key.iter().map(|v| v.as_sql(true)).collect();
+    text.join(", ").chars().take(200).collect()
 }

@@ -201,6 +201,19 @@ impl Migration for schema::CheckedRing {
     }
 
     async fn run(&self, conn: &mut Conn, apply: bool, out: &mut dyn Write) -> Result<()> {
-        schema::print_and_apply_ring(conn, self, apply, out).await
+        let jobs = crate::jobs::Settings::default();
+        schema::print_and_apply_ring(conn, self, apply, &jobs, out).await
+    }
+
+    /// The backfill reports its progress and keeps to the throttle (see
+    /// `schema::RingBackfill`).
+    async fn run_with(
+        &self,
+        conn: &mut Conn,
+        apply: bool,
+        jobs: &crate::jobs::Settings,
+        out: &mut dyn Write,
+    ) -> Result<()> {
+        schema::print_and_apply_ring(conn, self, apply, jobs, out).await
     }
 }

@@ -19,7 +19,10 @@
 //! 2. `DELETE FROM log WHERE key IS NOT NULL`, `INSERT INTO log (columns) SELECT
 //!    columns FROM ring ORDER BY key, seq`, and the rule's registry row set to
 //!    `folded`, then `COMMIT` — one transaction, so the log is either as it was or
-//!    the ring's copy, and a rerun (which sees `folded`) never copies again;
+//!    the ring's copy, and a rerun (which sees `folded`) never copies again. The
+//!    delete and the copy (in chunks of `--batch` keys of the ring, in key order)
+//!    run as a job of [`crate::jobs::run_owned`] inside that transaction: progress
+//!    lines or a bar, `--max-rows-per-second`;
 //! 3. the log's `AUTO_INCREMENT` counter is raised to the ring's when that is
 //!    higher, so ids keep increasing;
 //! 4. `UNLOCK TABLES`, then the ring and sequence tables are dropped.
@@ -28,8 +31,9 @@
 //! that still ran the rule would get errors (1146) once the ring is gone, never a
 //! silently lost row: what it inserted before the lock is in the ring and copied.
 
+use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Row};
+use mysql_async::{Conn, Params, Row, Value};
 
 use super::schema::RING_TRIGGER_SUFFIX;
 use super::spec::RingSpec;
@@ -40,7 +44,7 @@ use crate::kinds::{Leftovers, RevertContext, SchemaError};
 use crate::rules::spec::{quote, TableName};
 use crate::schema::{
     emit, existing_trigger, inspect_table, list, resolve_tables, run_sql, schema_err,
-    suffixed_name, text,
+    suffixed_name, text, values,
 };
 
 /// How long `LOCK TABLES` waits for transactions holding the tables.
@@ -296,7 +300,21 @@ impl Copy {
             &format!("DROP TRIGGER IF EXISTS {};", self.trigger.quoted()),
         )?;
         emit(ctx.out, &format!("{};", self.delete_sql()))?;
-        emit(ctx.out, &format!("{};", self.insert_sql()))?;
+        if self.key.is_empty() {
+            emit(ctx.out, &format!("{};", self.insert_sql()))?;
+        } else {
+            emit(
+                ctx.out,
+                &format!(
+                    "-- copied in chunks of at most {} keys of {} (one transaction: progress \
+                     and --max-rows-per-second per chunk), each chunk's last key: {};",
+                    ctx.batch,
+                    self.ring.quoted(),
+                    self.bound_sql(true, ctx.batch)
+                ),
+            )?;
+            emit(ctx.out, &format!("{};", self.insert_range_sql(true, true)))?;
+        }
         emit(ctx.out, "COMMIT;")?;
         emit(
             ctx.out,
@@ -364,8 +382,22 @@ impl Copy {
             &format!("DROP TRIGGER IF EXISTS {}", self.trigger.quoted()),
         )
         .await?;
-        run_sql(ctx.conn, &rule, &self.delete_sql()).await?;
-        let n = run_sql(ctx.conn, &rule, &self.insert_sql()).await?;
+        // The delete and the copy by key ranges of the ring, as a job of the
+        // runner that owns this one transaction: progress and the throttle.
+        let key = crate::jobs::JobKey {
+            db: ctx.registry.db.clone(),
+            rule: rule.clone(),
+            job: crate::kinds::counter::revert::REVERT_JOB,
+        };
+        let mut settings = ctx.jobs.clone();
+        settings.chunk = Some(ctx.batch);
+        let mut job = CopyJob {
+            copy: self,
+            deleted: false,
+            lo: None,
+            finished: false,
+        };
+        let n = crate::jobs::run_owned(ctx.conn, &key, &settings, &mut job).await?;
         ctx.conn
             .exec_drop(
                 format!(
@@ -390,6 +422,146 @@ impl Copy {
             }
         }
         Ok(n)
+    }
+
+    /// `(k1, k2)`.
+    fn key_tuple(&self) -> String {
+        format!("({})", list(&self.key))
+    }
+
+    /// The chunk's last key: the `limit`-th key of the ring after `lo`.
+    fn bound_sql(&self, lower: bool, limit: usize) -> String {
+        let marks = vec!["?"; self.key.len()].join(", ");
+        format!(
+            "SELECT {k} FROM {}{} GROUP BY {k} ORDER BY {k} LIMIT 1 OFFSET {}",
+            self.ring.quoted(),
+            if lower {
+                format!(" WHERE {} > ({marks})", self.key_tuple())
+            } else {
+                String::new()
+            },
+            limit.saturating_sub(1),
+            k = list(&self.key)
+        )
+    }
+
+    /// The copy of the ring's keys in `(lo, hi]` (either bound may be absent).
+    fn insert_range_sql(&self, lower: bool, upper: bool) -> String {
+        let marks = vec!["?"; self.key.len()].join(", ");
+        let mut cond = Vec::new();
+        if lower {
+            cond.push(format!("{} > ({marks})", self.key_tuple()));
+        }
+        if upper {
+            cond.push(format!("{} <= ({marks})", self.key_tuple()));
+        }
+        let order: Vec<String> = self
+            .key
+            .iter()
+            .chain(std::iter::once(&self.seq_column))
+            .map(|c| quote(c))
+            .collect();
+        format!(
+            "INSERT INTO {} ({cols}) SELECT {cols} FROM {}{} ORDER BY {}",
+            self.logical.quoted(),
+            self.ring.quoted(),
+            if cond.is_empty() {
+                String::new()
+            } else {
+                format!(" WHERE {}", cond.join(" AND "))
+            },
+            order.join(", "),
+            cols = list(&self.columns)
+        )
+    }
+}
+
+/// The copy back as a job the runner drives inside the revert's transaction
+/// ([`crate::jobs::run_owned`]): the first chunk deletes the log's keyed rows,
+/// every chunk copies the ring's rows of its `limit` keys, in key order.
+struct CopyJob<'a> {
+    copy: &'a Copy,
+    deleted: bool,
+    /// The last key copied.
+    lo: Option<Vec<Value>>,
+    finished: bool,
+}
+
+#[async_trait(?Send)]
+impl crate::jobs::Chunked for CopyJob<'_> {
+    fn unit(&self) -> &'static str {
+        "ring rows"
+    }
+
+    async fn total(&mut self, conn: &mut Conn, _after: Option<&str>) -> Result<u64> {
+        row_count(conn, &self.copy.ring).await
+    }
+
+    async fn chunk(
+        &mut self,
+        conn: &mut Conn,
+        _after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<crate::jobs::Step>> {
+        if self.finished {
+            return Ok(None);
+        }
+        let copy = self.copy;
+        if !self.deleted {
+            run_sql(conn, &copy.rule, &copy.delete_sql()).await?;
+            self.deleted = true;
+        }
+        let hi: Option<Vec<Value>> = if copy.key.is_empty() {
+            None
+        } else {
+            let params = match &self.lo {
+                Some(lo) => Params::Positional(lo.clone()),
+                None => Params::Empty,
+            };
+            let rows: Vec<Row> = conn
+                .exec(copy.bound_sql(self.lo.is_some(), limit), params)
+                .await
+                .map_err(|e| {
+                    schema_err(format!("rule {}: reading a chunk's bound", copy.rule), e)
+                })?;
+            rows.into_iter().next().map(values)
+        };
+        let mut params: Vec<Value> = self.lo.clone().unwrap_or_default();
+        params.extend(hi.clone().unwrap_or_default());
+        let sql = copy.insert_range_sql(self.lo.is_some(), hi.is_some());
+        conn.exec_drop(
+            sql,
+            if params.is_empty() {
+                Params::Empty
+            } else {
+                Params::Positional(params)
+            },
+        )
+        .await
+        .map_err(|e| {
+            schema_err(
+                format!(
+                    "rule {}: copying {} into {}",
+                    copy.rule,
+                    copy.ring.quoted(),
+                    copy.logical.quoted()
+                ),
+                e,
+            )
+        })?;
+        let rows = conn.affected_rows();
+        let last = match &hi {
+            Some(k) => {
+                let t: Vec<String> = k.iter().map(|v| v.as_sql(true)).collect();
+                t.join(", ")
+            }
+            None => "the last key".into(),
+        };
+        match hi {
+            Some(k) => self.lo = Some(k),
+            None => self.finished = true,
+        }
+        Ok(Some(crate::jobs::Step { last, rows }))
     }
 }
 

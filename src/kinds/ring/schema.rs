@@ -53,7 +53,10 @@
 //! WRITE, ring WRITE, seq WRITE`, so every row appended to the log is counted exactly
 //! once, backfilled or mirrored: the rule can be switched on while the application
 //! keeps inserting, and no row that belongs in the latest N is lost. Appends and reads
-//! of the log wait for the backfill. Once every client goes through heatsink nothing
+//! of the log wait for the backfill. Inside that one transaction the backfill fills
+//! the sequence table first, then the ring in chunks of whole keys (their ranges read
+//! from the sequence table) as a job of [`crate::jobs::run_owned`], which shows its
+//! progress and keeps to the throttle; stopped, it rolls back whole. Once every client goes through heatsink nothing
 //! appends to the log any more and the trigger is idle; it keeps the ring in step with
 //! writers that bypass heatsink.
 
@@ -104,6 +107,9 @@ pub(crate) struct CheckedRing {
     /// The backfill (ring rows, then sequence values); `None` when the log gives no
     /// order to tell the latest rows by (then it must be empty).
     pub backfill: Option<[String; 2]>,
+    /// The ring part of the backfill per chunk of keys (see
+    /// [`ring_backfill_chunks`]); `None` without key columns.
+    pub backfill_chunks: Option<[String; 3]>,
     /// Whether the backfill is due: the log has rows and the ring and sequence tables
     /// are new or empty. Checked again under the table locks when applying.
     pub backfill_due: bool,
@@ -217,6 +223,9 @@ pub(crate) async fn check_ring(
         backfill_due,
         &mut notes,
     )?;
+    let backfill_chunks = backfill
+        .as_ref()
+        .and_then(|_| ring_backfill_chunks(spec, &logical, &ring, &table, &key_cols, &order));
     let raise_auto_inc =
         ring_auto_inc_raise(conn, &logical, &ring, existing_ring.is_some(), &auto_inc).await?;
 
@@ -243,6 +252,7 @@ pub(crate) async fn check_ring(
         create_ring,
         create_seq,
         backfill,
+        backfill_chunks,
         backfill_due,
         auto_inc,
         unenforced_unique,
@@ -1008,42 +1018,8 @@ fn backfill_sql(
     order: &[String],
 ) -> [String; 2] {
     let keys: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
-    let partition = if keys.is_empty() {
-        String::new()
-    } else {
-        format!("PARTITION BY {} ", keys.join(", "))
-    };
-    let order: Vec<String> = order.iter().map(|c| format!("{} ASC", quote(c))).collect();
-    let not_null: Vec<String> = key
-        .iter()
-        .filter(|c| c.nullable)
-        .map(|c| format!("{} IS NOT NULL", quote(&c.name)))
-        .collect();
-    let filter = if not_null.is_empty() {
-        String::new()
-    } else {
-        format!(" WHERE {}", not_null.join(" AND "))
-    };
-    let cols: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
-    let picked: Vec<String> = table
-        .columns
-        .iter()
-        .map(|c| format!("h.{}", quote(&c.name)))
-        .collect();
-    let size = spec.size;
-    let ring_sql = format!(
-        "INSERT INTO {ring} ({cols}, {slot}, {seqc})\nSELECT {picked}, h.{pos} % {size}, h.{pos}\nFROM (SELECT {cols}, ROW_NUMBER() OVER ({partition}ORDER BY {order}) AS {pos}, COUNT(*) OVER ({part_only}) AS {count}\n      FROM {log}{filter}) AS h\nWHERE h.{pos} + {size} > h.{count}",
-        ring = ring.quoted(),
-        cols = cols.join(", "),
-        slot = quote(&spec.slot_column),
-        seqc = quote(&spec.seq_column),
-        picked = picked.join(", "),
-        pos = quote(POS),
-        count = quote(COUNT),
-        order = order.join(", "),
-        part_only = partition.trim_end(),
-        log = logical.quoted(),
-    );
+    let filter = key_filter(key, &[]);
+    let ring_sql = ring_backfill_sql(spec, logical, ring, table, key, order, &[]);
     let seqc = quote(&spec.seq_column);
     let seq_sql = if keys.is_empty() {
         format!(
@@ -1060,6 +1036,94 @@ fn backfill_sql(
         )
     };
     [ring_sql, seq_sql]
+}
+
+/// ` WHERE k IS NOT NULL AND … AND extra…` (nothing when there is no condition).
+fn key_filter(key: &[Column], extra: &[String]) -> String {
+    let conds: Vec<String> = key
+        .iter()
+        .filter(|c| c.nullable)
+        .map(|c| format!("{} IS NOT NULL", quote(&c.name)))
+        .chain(extra.iter().cloned())
+        .collect();
+    if conds.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conds.join(" AND "))
+    }
+}
+
+/// The ring part of the backfill, over the log's rows that also meet `range`
+/// (whole keys: the window functions number each key's full history).
+fn ring_backfill_sql(
+    spec: &RingSpec,
+    logical: &TableName,
+    ring: &TableName,
+    table: &Table,
+    key: &[Column],
+    order: &[String],
+    range: &[String],
+) -> String {
+    let keys: Vec<String> = key.iter().map(|c| quote(&c.name)).collect();
+    let partition = if keys.is_empty() {
+        String::new()
+    } else {
+        format!("PARTITION BY {} ", keys.join(", "))
+    };
+    let order: Vec<String> = order.iter().map(|c| format!("{} ASC", quote(c))).collect();
+    let filter = key_filter(key, range);
+    let cols: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
+    let picked: Vec<String> = table
+        .columns
+        .iter()
+        .map(|c| format!("h.{}", quote(&c.name)))
+        .collect();
+    let size = spec.size;
+    format!(
+        "INSERT INTO {ring} ({cols}, {slot}, {seqc})\nSELECT {picked}, h.{pos} % {size}, h.{pos}\nFROM (SELECT {cols}, ROW_NUMBER() OVER ({partition}ORDER BY {order}) AS {pos}, COUNT(*) OVER ({part_only}) AS {count}\n      FROM {log}{filter}) AS h\nWHERE h.{pos} + {size} > h.{count}",
+        ring = ring.quoted(),
+        cols = cols.join(", "),
+        slot = quote(&spec.slot_column),
+        seqc = quote(&spec.seq_column),
+        picked = picked.join(", "),
+        pos = quote(POS),
+        count = quote(COUNT),
+        order = order.join(", "),
+        part_only = partition.trim_end(),
+        log = logical.quoted(),
+    )
+}
+
+/// The ring part of the backfill for one chunk of keys, `(k…) > (?…)` and/or
+/// `(k…) <= (?…)`: `[upper bound only, both, lower bound only]` (neither: the
+/// whole backfill). `None` for a ring without key columns (one chunk).
+fn ring_backfill_chunks(
+    spec: &RingSpec,
+    logical: &TableName,
+    ring: &TableName,
+    table: &Table,
+    key: &[Column],
+    order: &[String],
+) -> Option<[String; 3]> {
+    if key.is_empty() {
+        return None;
+    }
+    let tuple = format!(
+        "({})",
+        key.iter()
+            .map(|c| quote(&c.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let marks = vec!["?"; key.len()].join(", ");
+    let lower = format!("{tuple} > ({marks})");
+    let upper = format!("{tuple} <= ({marks})");
+    let sql = |range: &[String]| ring_backfill_sql(spec, logical, ring, table, key, order, range);
+    Some([
+        sql(std::slice::from_ref(&upper)),
+        sql(&[lower.clone(), upper.clone()]),
+        sql(std::slice::from_ref(&lower)),
+    ])
 }
 
 /// `ALTER TABLE ring AUTO_INCREMENT = next`.
@@ -1153,7 +1217,11 @@ struct RingApplied {
 
 /// Under the table locks: backfill (when still due, without the ring's numbering
 /// trigger), raise the ring's AUTO_INCREMENT counter, create the triggers, commit.
-async fn apply_ring_locked(conn: &mut Conn, rule: &CheckedRing) -> Result<RingApplied> {
+async fn apply_ring_locked(
+    conn: &mut Conn,
+    rule: &CheckedRing,
+    jobs: &crate::jobs::Settings,
+) -> Result<RingApplied> {
     let name = &rule.spec.name;
     let due = table_has_rows(conn, &rule.logical).await?
         && !table_has_rows(conn, &rule.ring).await?
@@ -1168,7 +1236,23 @@ async fn apply_ring_locked(conn: &mut Conn, rule: &CheckedRing) -> Result<RingAp
                 let drop = format!("DROP TRIGGER IF EXISTS {}", t.name.quoted());
                 run_sql(conn, name, &drop).await?;
             }
-            Some(run_all(conn, name, &[ring_sql, seq_sql]).await?)
+            // The sequence rows first: the key ranges of the ring's chunks are
+            // read from them (a primary key), and so is the progress's total.
+            let seq_rows = run_sql(conn, name, seq_sql).await?;
+            let mut job = RingBackfill {
+                rule,
+                whole: ring_sql,
+                lo: None,
+                finished: false,
+                ring_rows: 0,
+            };
+            let key = crate::jobs::JobKey {
+                db: rule.logical.db.clone().unwrap_or_default(),
+                rule: name.clone(),
+                job: BACKFILL_JOB,
+            };
+            crate::jobs::run_owned(conn, &key, jobs, &mut job).await?;
+            Some(vec![job.ring_rows, seq_rows])
         }
         (None, true) => {
             return Err(Error::new(
@@ -1213,11 +1297,167 @@ async fn apply_ring_locked(conn: &mut Conn, rule: &CheckedRing) -> Result<RingAp
     })
 }
 
+/// The backfill's job name (`heatsink_jobs`, progress lines, `/metrics`).
+const BACKFILL_JOB: &str = "backfill";
+
+/// The ring part of the backfill as a job the runner drives inside the locked
+/// transaction ([`crate::jobs::run_owned`]): chunks of whole keys, their ranges
+/// read from the sequence table (filled just before, one row per key with the
+/// key's history length, so also the count of log rows done).
+struct RingBackfill<'a> {
+    rule: &'a CheckedRing,
+    /// The whole ring part (a ring without key columns is one chunk).
+    whole: &'a str,
+    /// The last key backfilled.
+    lo: Option<Vec<mysql_async::Value>>,
+    finished: bool,
+    /// Ring rows inserted.
+    ring_rows: u64,
+}
+
+impl RingBackfill<'_> {
+    fn key_tuple(&self) -> String {
+        format!("({})", list(&self.rule.key))
+    }
+
+    fn marks(&self) -> String {
+        vec!["?"; self.rule.key.len()].join(", ")
+    }
+
+    /// `SUM(seq)` of the sequence rows whose key meets `cond` (bound to `params`).
+    async fn log_rows(
+        &self,
+        conn: &mut Conn,
+        cond: &str,
+        params: Vec<mysql_async::Value>,
+    ) -> Result<u64> {
+        let sql = format!(
+            "SELECT CAST(COALESCE(SUM({}), 0) AS UNSIGNED) FROM {}{cond}",
+            quote(&self.rule.spec.seq_column),
+            self.rule.seq.quoted()
+        );
+        let params = if params.is_empty() {
+            mysql_async::Params::Empty
+        } else {
+            mysql_async::Params::Positional(params)
+        };
+        let n: Option<u64> = conn
+            .exec_first(sql, params)
+            .await
+            .map_err(|e| schema_err(format!("reading {}", self.rule.seq.quoted()), e))?;
+        Ok(n.unwrap_or(0))
+    }
+}
+
+#[async_trait::async_trait(?Send)]
+impl crate::jobs::Chunked for RingBackfill<'_> {
+    fn unit(&self) -> &'static str {
+        "log rows"
+    }
+
+    async fn total(&mut self, conn: &mut Conn, _after: Option<&str>) -> Result<u64> {
+        self.log_rows(conn, "", Vec::new()).await
+    }
+
+    async fn chunk(
+        &mut self,
+        conn: &mut Conn,
+        _after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<crate::jobs::Step>> {
+        if self.finished {
+            return Ok(None);
+        }
+        let rule = self.rule;
+        let name = &rule.spec.name;
+        let Some(chunks) = &rule.backfill_chunks else {
+            // No key columns: one ring, one chunk.
+            let rows = self.log_rows(conn, "", Vec::new()).await?;
+            self.ring_rows += run_sql(conn, name, self.whole).await?;
+            self.finished = true;
+            return Ok(Some(crate::jobs::Step {
+                last: "all".into(),
+                rows,
+            }));
+        };
+        let lower = format!(" WHERE {} > ({})", self.key_tuple(), self.marks());
+        let bound_sql = format!(
+            "SELECT {k} FROM {}{} ORDER BY {k} LIMIT 1 OFFSET {}",
+            rule.seq.quoted(),
+            if self.lo.is_some() {
+                lower.as_str()
+            } else {
+                ""
+            },
+            limit.max(1) - 1,
+            k = list(&rule.key)
+        );
+        let lo = self.lo.clone().unwrap_or_default();
+        let params = if lo.is_empty() {
+            mysql_async::Params::Empty
+        } else {
+            mysql_async::Params::Positional(lo.clone())
+        };
+        let bound: Vec<mysql_async::Row> = conn
+            .exec(bound_sql, params)
+            .await
+            .map_err(|e| schema_err(format!("rule {name}: reading a chunk's bound"), e))?;
+        let hi: Option<Vec<mysql_async::Value>> = bound.into_iter().next().map(values);
+        let mut conds = Vec::new();
+        if self.lo.is_some() {
+            conds.push(format!("{} > ({})", self.key_tuple(), self.marks()));
+        }
+        if hi.is_some() {
+            conds.push(format!("{} <= ({})", self.key_tuple(), self.marks()));
+        }
+        let mut params = lo;
+        params.extend(hi.clone().unwrap_or_default());
+        let cond = if conds.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", conds.join(" AND "))
+        };
+        let rows = self.log_rows(conn, &cond, params.clone()).await?;
+        let sql = match (self.lo.is_some(), hi.is_some()) {
+            (false, false) => self.whole,
+            (false, true) => chunks[0].as_str(),
+            (true, true) => chunks[1].as_str(),
+            (true, false) => chunks[2].as_str(),
+        };
+        let params = if params.is_empty() {
+            mysql_async::Params::Empty
+        } else {
+            mysql_async::Params::Positional(params)
+        };
+        conn.exec_drop(sql, params).await.map_err(|e| {
+            schema_err(
+                format!("rule {name}: backfilling {}", rule.ring.quoted()),
+                e,
+            )
+        })?;
+        self.ring_rows += conn.affected_rows();
+        let last = match &hi {
+            Some(k) => k
+                .iter()
+                .map(|v| v.as_sql(true))
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "the last key".into(),
+        };
+        match hi {
+            Some(k) => self.lo = Some(k),
+            None => self.finished = true,
+        }
+        Ok(Some(crate::jobs::Step { last, rows }))
+    }
+}
+
 /// Prints one ring rule's plan and, with `apply`, executes it.
 pub(crate) async fn print_and_apply_ring(
     conn: &mut Conn,
     rule: &CheckedRing,
     apply: bool,
+    jobs: &crate::jobs::Settings,
     out: &mut dyn Write,
 ) -> Result<()> {
     print_ring_header(rule, out)?;
@@ -1253,7 +1493,7 @@ pub(crate) async fn print_and_apply_ring(
     print_trigger_purposes(rule, out)?;
     print_locked_script(rule, &lock, out)?;
     if apply {
-        apply_locked_and_report(conn, rule, &lock, out).await?;
+        apply_locked_and_report(conn, rule, &lock, jobs, out).await?;
     }
     emit(out, "")
 }
@@ -1400,8 +1640,23 @@ fn print_locked_script(rule: &CheckedRing, lock: &str, out: &mut dyn Write) -> R
                 rule.logical.quoted()
             ),
         )?;
-        emit(out, &format!("{ring_sql};"))?;
         emit(out, &format!("{seq_sql};"))?;
+        match &rule.backfill_chunks {
+            Some(chunks) => {
+                emit(
+                    out,
+                    &format!(
+                        "-- in chunks of whole keys, their ranges read from {} (progress and \
+                         --max-rows-per-second per chunk; still one transaction under the locks: \
+                         stopped, it rolls back whole and the next migrate --apply does it again), \
+                         a chunk of keys in (lo, hi]:",
+                        rule.seq.quoted()
+                    ),
+                )?;
+                emit(out, &format!("{};", chunks[1]))?;
+            }
+            None => emit(out, &format!("{ring_sql};"))?,
+        }
     }
     if let Some(next) = rule.raise_auto_inc {
         emit(
@@ -1442,10 +1697,11 @@ async fn apply_locked_and_report(
     conn: &mut Conn,
     rule: &CheckedRing,
     lock: &str,
+    jobs: &crate::jobs::Settings,
     out: &mut dyn Write,
 ) -> Result<()> {
     run_all(conn, &rule.spec.name, &["SET autocommit = 0", lock]).await?;
-    let done = apply_ring_locked(conn, rule).await;
+    let done = apply_ring_locked(conn, rule, jobs).await;
     if done.is_err() {
         let _ = conn.query_drop("ROLLBACK").await;
     }

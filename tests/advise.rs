@@ -15,7 +15,7 @@ use mysql_async::prelude::*;
 use serde_json::{json, Value};
 
 use common::cli::Cli;
-use common::client::{connect, run};
+use common::client::{assert_refused_by, connect, run};
 use common::{mariadb_pfs, Proxy};
 
 const DB: &str = "advise_mix";
@@ -336,6 +336,16 @@ fn assert_hot_spots(report: &str, with_samples: bool) {
         json!("follower_id")
     );
     assert_eq!(s("timeline", "message")["message_author"], json!("user_id"));
+    // The rule refuses the application's purges; the proposal says to stop them.
+    let ring = &got[&("ring".to_string(), "visits".to_string())];
+    assert!(
+        ring["caveats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c.as_str().unwrap().contains("purges are refused")),
+        "{ring}"
+    );
     let partition = &got[&("partition".to_string(), "Messages".to_string())];
     let toml = partition["toml"].as_str().unwrap();
     if with_samples {
@@ -465,6 +475,36 @@ fn advise_finds_one_rule_per_hot_spot_and_none_for_the_decoys() {
     assert_eq!(code, 0, "migrate --apply:\n{rules}\n{out}\n{err}");
     let (code, out, err) = Cli::new(["check", "--rules", &rd, "--backend-url", &url]).run();
     assert_eq!(code, 0, "check --backend-url:\n{rules}\n{out}\n{err}");
+
+    // Through a proxy with those rules: the purge is refused as the ring's caveat
+    // says, while the ring keeps each key's newest 5 by itself.
+    let proxy = Proxy::builder()
+        .backend(server.addr())
+        .rules_dir(rules_dir.path())
+        .start();
+    let proxied = proxy.url(DB);
+    run(Duration::from_secs(60), async {
+        let mut conn = connect(&proxied).await;
+        for v in 0..8 {
+            conn.query_drop(format!(
+                "INSERT INTO visits (uid, visitor, at) VALUES (3, {v}, NOW(6))"
+            ))
+            .await
+            .unwrap();
+        }
+        assert_refused_by(
+            &mut conn,
+            "DELETE l FROM visits l JOIN (SELECT uid, id FROM visits WHERE uid = 3 ORDER BY id DESC LIMIT 1 OFFSET 4) t ON l.uid = t.uid AND l.id < t.id",
+            "visits_latest",
+        )
+        .await;
+        let kept: Vec<i64> = conn
+            .query("SELECT visitor FROM visits WHERE uid = 3 ORDER BY id DESC")
+            .await
+            .unwrap();
+        assert_eq!(kept, vec![7, 6, 5, 4, 3]);
+        conn.disconnect().await.unwrap();
+    });
 }
 
 /// The same workload sent through a proxy without rules: `advise --admin` reads the

@@ -299,12 +299,19 @@ pub fn advise(w: &Workload) -> Advice {
                 "the purges as sent keep the newest {n} rows per key"
             ));
         }
+        // A purge deletes some of a key's rows, which the rule refuses: say so
+        // wherever the proposal is read (the migrate lines below give way to the
+        // real dry run when the schema is known).
+        caveats.push(format!(
+            "the purges are refused under the rule (ERROR 1105: a DELETE of some of a key's rows); \
+             the ring keeps the newest {size} rows per key by itself: stop sending them \
+             (the purge job, or the application's call) when the rule is put in force"
+        ));
         prop.caveats = caveats;
         prop.migrate = vec![
             format!("table {ring_table}: the log's columns, slot and seq, PRIMARY KEY (key, slot), backfilled with each key's newest rows"),
             format!("table {logical}_ring_seq: each key's last sequence number"),
             format!("triggers numbering the ring's rows and copying rows still appended to {logical} directly"),
-            "the purges then find nothing to delete: drop them from the application once the rule is on".to_string(),
         ];
         out.proposals.push(prop);
     }
@@ -358,6 +365,12 @@ mod tests {
                 assert_eq!(p.settings["size"], serde_json::json!(5), "{purge}");
             }
             assert!(!p.toml.contains("order_by"), "{}", p.toml);
+            // The rule refuses the purges: the proposal says to stop them.
+            assert!(
+                p.caveats.iter().any(|c| c.contains("purges are refused")),
+                "{purge}: {:?}",
+                p.caveats
+            );
         }
     }
 

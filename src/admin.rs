@@ -436,6 +436,12 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, reloader: Arc<Rel
 async fn run_connection(sock: TcpStream, shim: AdminShim) -> std::io::Result<()> {
     let _ = sock.set_nodelay(true);
     let (r, w) = sock.into_split();
+    let r = ClientCaps {
+        inner: r,
+        head: [0; 8],
+        seen: 0,
+        caps: Arc::clone(&shim.client_caps),
+    };
     let w = LoginErrors {
         inner: w,
         refusal: Arc::clone(&shim.refusal),
@@ -478,6 +484,8 @@ struct AdminShim {
     throttle: Arc<LoginThrottle>,
     /// The answer to a refused login, for [`LoginErrors`] to send.
     refusal: Arc<Mutex<Option<Vec<u8>>>>,
+    /// The capability flags of the client's first packet, once read ([`ClientCaps`]).
+    client_caps: Arc<AtomicU32>,
 }
 
 impl AdminShim {
@@ -504,7 +512,13 @@ impl AdminShim {
             db: None,
             throttle,
             refusal: Arc::new(Mutex::new(None)),
+            client_caps: Arc::new(AtomicU32::new(0)),
         }
+    }
+
+    /// An OK packet carrying `info` for this client (see [`ok_with_info`]).
+    fn ok(&self, info: &str) -> OkResponse {
+        ok_with_info(info, self.client_caps.load(Relaxed))
     }
 }
 
@@ -526,11 +540,27 @@ pub fn native_password_ok(password: &str, salt: &[u8], response: &[u8]) -> bool 
     }
 }
 
-/// An OK packet whose info text is written the way MySQL and MariaDB write it: as a
-/// length-encoded string (opensrv writes it raw for clients without
-/// CLIENT_SESSION_TRACK, which it does not advertise). Kept under 128 bytes, so the
-/// length is one byte that is also a valid one-byte UTF-8 character.
-fn ok_with_info(info: &str) -> OkResponse {
+/// CLIENT_SESSION_TRACK: the client reads an OK packet's info as a length-encoded
+/// string (otherwise: the rest of the packet).
+const CLIENT_SESSION_TRACK: u32 = 0x0080_0000;
+
+/// An OK packet whose info text reaches the client whole. opensrv picks the info's
+/// form from the flags the client sent, not from their intersection with the flags
+/// it advertised (which lack CLIENT_SESSION_TRACK): to a client that sent the flag
+/// (the `mariadb` CLI does) it writes a length-encoded string, which is what such a
+/// client reads from a server that does not advertise the flag either (MariaDB's
+/// own client library reads the info as length-encoded whenever the packet has
+/// more bytes); to one that did not (mysql_async does not) it writes the raw text,
+/// which such a client reads as length-encoded too, so the length goes in front
+/// here. Framed text is kept under 128 bytes, so its length is one byte that is
+/// also a valid one-byte UTF-8 character.
+fn ok_with_info(info: &str, client_caps: u32) -> OkResponse {
+    if client_caps & CLIENT_SESSION_TRACK != 0 {
+        return OkResponse {
+            info: info.to_string(),
+            ..Default::default()
+        };
+    }
     let mut text = info.to_string();
     if text.len() > 127 {
         while text.len() > 124 {
@@ -544,6 +574,42 @@ fn ok_with_info(info: &str) -> OkResponse {
     OkResponse {
         info: framed,
         ..Default::default()
+    }
+}
+
+/// The admin connection's reading half, which notes the capability flags of the
+/// client's first packet (bytes 4..8 of the stream: after the packet header, in the
+/// SSL request and the handshake response alike) for [`ok_with_info`].
+struct ClientCaps<R> {
+    inner: R,
+    /// The stream's first bytes, as they arrive.
+    head: [u8; 8],
+    /// How many of them have arrived.
+    seen: usize,
+    /// Where the flags go once all eight bytes are in.
+    caps: Arc<AtomicU32>,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ClientCaps<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if self.seen < self.head.len() {
+            let this = &mut *self;
+            let new = buf.filled().get(before..).unwrap_or_default();
+            let take = new.len().min(this.head.len() - this.seen);
+            this.head[this.seen..this.seen + take].copy_from_slice(&new[..take]);
+            this.seen += take;
+            if this.seen == this.head.len() {
+                let [_, _, _, _, a, b, c, d] = this.head;
+                this.caps.store(u32::from_le_bytes([a, b, c, d]), Relaxed);
+            }
+        }
+        polled
     }
 }
 
@@ -903,10 +969,7 @@ impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for AdminShim {
                 let n = self.shared.shapes.table(kind).reset();
                 info!(peer = %self.peer, table = kind.label(), shapes = n, "admin reset");
                 results
-                    .completed(ok_with_info(&format!(
-                        "{}: {n} shapes cleared",
-                        kind.label()
-                    )))
+                    .completed(self.ok(&format!("{}: {n} shapes cleared", kind.label())))
                     .await
             }
             Command::ShowDigests { order, limit } => {
@@ -916,7 +979,7 @@ impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for AdminShim {
                 let n = self.shared.digests.reset();
                 info!(peer = %self.peer, rows = n, "admin reset digests");
                 results
-                    .completed(ok_with_info(&format!("digests: {n} rows cleared")))
+                    .completed(self.ok(&format!("digests: {n} rows cleared")))
                     .await
             }
             Command::ReloadRules => match self.reloader.reload(Trigger::Admin).await {
@@ -926,7 +989,7 @@ impl<W: AsyncWrite + Send + Unpin> AsyncMysqlShim<W> for AdminShim {
                     } else {
                         format!("rules reloaded: {}", names.join(", "))
                     };
-                    results.completed(ok_with_info(&info)).await
+                    results.completed(self.ok(&info)).await
                 }
                 Err(e) => {
                     let msg = format!("reload failed, the previous rules stay in force: {e}");

@@ -9,7 +9,7 @@
 //! Some rules need the logical table's columns before they can plan (the counter rule
 //! reads them from the database on first use). With `--backend-url` they are read
 //! from the database exactly as the proxy reads them; without it each rule kind
-//! supplies an assumed column list (see [`crate::check::assumed_columns`]) and the
+//! supplies an assumed column list (see [`crate::kinds::RuleSpec::assumed_columns`]) and the
 //! output says so.
 //!
 //! [`Planner`] is shared with `heatsink check`, which runs the `[[test]]` cases of the
@@ -549,7 +549,7 @@ pub(crate) fn planning_db(
 /// Builds a planner for the rule set under `rules`: with a connection to `url`, or
 /// with assumed column lists. Fails like `serve` on a rule set it would refuse.
 pub(crate) async fn planner(rules: &Path, url: Option<&str>) -> Result<(Planner, bool)> {
-    let set = crate::check::load_rule_set(rules)?;
+    let set = crate::rules::load::load_rule_set(rules)?;
     let without_db = set
         .rules
         .iter()

@@ -322,7 +322,14 @@ impl Planner {
                         .collect();
                     (String::from_utf8_lossy(&p.query).into_owned(), then)
                 });
-                e.reply = Some(reply_text(&rw.reply, rw.statements.len()));
+                let mut reply = reply_text(&rw.reply, rw.statements.len());
+                if let Some(probe) = &rw.probe {
+                    reply.push_str(&format!(
+                        "; the column flags follow the server's plan of the statement, asked first: {}",
+                        String::from_utf8_lossy(&probe.explain)
+                    ));
+                }
+                e.reply = Some(reply);
                 let mut t = if rw.atomic && rw.statements.len() > 1 {
                     "the statements run in a transaction of their own (BEGIN … COMMIT) in autocommit mode; inside the client's transaction when one is open".to_string()
                 } else if rw.statements.len() > 1 {

@@ -124,10 +124,22 @@ pub(super) fn plan_read(
             "internal error: the rollup read does not parse ({e})"
         ))
     })?;
-    let Some(patch) = shape.patch(rule, &meta) else {
-        return Ok(Some(Plan::fallback(
+    let cannot_patch = || {
+        Plan::fallback(
             "the rollup cannot give the read's column definitions exactly as the log's read would",
-        )));
+        )
+    };
+    let Some(patch) = shape.patch(rule, &meta) else {
+        return Ok(Some(cannot_patch()));
+    };
+    // Column flags the shape does not settle are the server's plan's (unless the
+    // rule keeps the prediction: `exact_flags = false`).
+    let plan_flags = match rule.exact_flags {
+        true => match shape.flags_by_plan(rule, &meta) {
+            Some(f) => f.map(|f| Arc::new(f) as Arc<dyn crate::rewrite::PlanFlags>),
+            None => return Ok(Some(cannot_patch())),
+        },
+        false => None,
     };
     let prelude = match shape.prelude_sql(rule, &meta, ctx) {
         Some((query, values, then)) => Some(Prelude {
@@ -151,6 +163,7 @@ pub(super) fn plan_read(
         reply: Reply::Patched(Arc::new(patch)),
         prelude,
         param_checks,
+        plan_flags,
         ..Default::default()
     }))
 }

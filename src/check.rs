@@ -27,8 +27,8 @@ use crate::error::{Error, Result, Source};
 use crate::explain::{Columns, Explained, Outcome, Planner};
 use crate::kinds::{RuleSpec, SchemaError};
 use crate::report::{OutputFormat, Severity};
-use crate::rules::load::{read_files, static_problems, test_lines, LoadedFile};
 pub use crate::rules::load::Problem;
+use crate::rules::load::{read_files, static_problems, test_lines, LoadedFile};
 use crate::rules::{rule_lines, TestCase};
 use crate::schema::emit;
 

@@ -472,9 +472,7 @@ impl Session {
                 (None, Some(original)) => {
                     // The one-step form is not exact for these values: the
                     // statement runs as the client sent it.
-                    return self
-                        .run_original(original, PRELUDE_DECLINED, cmd_seq)
-                        .await;
+                    return self.run_original(original, PRELUDE_DECLINED, cmd_seq).await;
                 }
                 (literal, _) => literal,
             },
@@ -1246,7 +1244,11 @@ impl Session {
         let (rule, reply, atomic) = (p.rule.clone(), p.reply.clone(), p.atomic);
         // The server's plan of the client's statement with these values, asked in
         // the same round trip as the rewrite.
-        let probe = match p.probe.as_ref().map(|probe| (probe.id, probe.flags.clone())) {
+        let probe = match p
+            .probe
+            .as_ref()
+            .map(|probe| (probe.id, probe.flags.clone()))
+        {
             Some((None, _)) => return self.execute_original(id, c, Vec::new()).await,
             Some((Some(explain_id), flags)) => {
                 Some((original_execute(&payload, explain_id, p), flags))

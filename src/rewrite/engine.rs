@@ -1303,7 +1303,10 @@ fn join_units(d: Decision, original: &[u8], mode: sqltok::LexMode) -> Decision {
         rw.prelude = Some(Arc::new(p));
     }
     if let Some(p) = rw.probe.take() {
-        rw.probe = Some(Arc::new(crate::rewrite::Probe::of(original, p.flags.clone())));
+        rw.probe = Some(Arc::new(crate::rewrite::Probe::of(
+            original,
+            p.flags.clone(),
+        )));
     }
     Decision::Rewrite(rw)
 }

@@ -123,6 +123,8 @@ pub use decision::{
 pub use engine::{parse_statements, Engine, EngineError, MAX_NESTING};
 pub use merge::Merger;
 pub use refusal::{Refusal, RefusalClass};
-pub use rule::{table_db, Literal, Plan, PlanContext, Prelude, Rule, PLAN_UNTOLD, PRELUDE_DECLINED};
+pub use rule::{
+    table_db, Literal, Plan, PlanContext, Prelude, Rule, PLAN_UNTOLD, PRELUDE_DECLINED,
+};
 pub(crate) use rule::{Dynamic, SPELLING};
 pub use sqltok::{LexMode, LiteralClass, LiteralKind, Slot};

@@ -111,7 +111,8 @@ pub const PRELUDE_DECLINED: &str = "the values the server computed first for thi
 /// The reason shown (`SHOW FALLBACKS`) for a statement forwarded unchanged because
 /// the server's plan of it did not tell its reply's column flags (see
 /// [`Plan::plan_flags`]).
-pub const PLAN_UNTOLD: &str = "the server's plan of this statement (EXPLAIN) did not tell its column flags";
+pub const PLAN_UNTOLD: &str =
+    "the server's plan of this statement (EXPLAIN) did not tell its column flags";
 
 impl PartialEq for Prelude {
     fn eq(&self, other: &Self) -> bool {

@@ -27,8 +27,9 @@ impl<'q> Shape<'q> {
         &self,
         rule: &RollupRule,
         meta: &[ColumnDef],
+        prepared: bool,
     ) -> Option<Option<FlagsByPlan>> {
-        if !self.plan_unsettled(rule, meta) {
+        if !self.plan_unsettled(rule, meta, prepared) {
             return Some(None);
         }
         let open = self
@@ -150,10 +151,22 @@ impl<'q> Shape<'q> {
     /// it — a time range, another filtered column of an index, another grouped
     /// column. The one case the shape settles is one grouped column that leads an
     /// index, filtered by nothing but itself (and columns fixed to one value that
-    /// are not in an index).
-    pub(super) fn plan_unsettled(&self, rule: &RollupRule, meta: &[ColumnDef]) -> bool {
+    /// are not in an index). A prepared read's range is known only at each execute:
+    /// an empty one (`BETWEEN ? AND ?`, the lower bound after the upper) is an
+    /// "Impossible WHERE", which MariaDB answers without grouping and with the
+    /// table's flags (a text read's prelude runs such a read as sent).
+    pub(super) fn plan_unsettled(
+        &self,
+        rule: &RollupRule,
+        meta: &[ColumnDef],
+        prepared: bool,
+    ) -> bool {
         if self.group.is_none() {
             return false;
+        }
+        let ranged = self.lower.is_some() || self.upper.is_some();
+        if prepared && ranged {
+            return true;
         }
         let open = self.open_groups();
         let keyed = |d: usize| self.dim_flags(rule, meta, d) & ANY_KEY_FLAGS != 0;
@@ -161,7 +174,6 @@ impl<'q> Shape<'q> {
             // No index holds a grouped column: a temporary table, whatever the data.
             return false;
         }
-        let ranged = self.lower.is_some() || self.upper.is_some();
         let [Group::Dim(grouped)] = open.as_slice() else {
             return true;
         };
@@ -313,7 +325,11 @@ impl PlanFlags for FlagsByPlan {
 /// tables, a key whose first column is another grouped one) is `None`: not
 /// measured, so not guessed. `open`: the grouped columns not fixed to one value,
 /// lower-cased; `by_aggregate`: `ORDER BY` names an aggregate.
-pub(super) fn explained_mode(explain: &[u8], open: &[String], by_aggregate: bool) -> Option<PlanMode> {
+pub(super) fn explained_mode(
+    explain: &[u8],
+    open: &[String],
+    by_aggregate: bool,
+) -> Option<PlanMode> {
     let doc: Value = serde_json::from_slice(explain).ok()?;
     let mut node = doc.as_object()?.get("query_block")?.as_object()?;
     let (mut temporary, mut sorted) = (false, false);
@@ -322,7 +338,13 @@ pub(super) fn explained_mode(explain: &[u8], open: &[String], by_aggregate: bool
         if node.keys().any(|k| {
             !matches!(
                 k.as_str(),
-                "select_id" | "cost" | "sort_key" | "filesort" | "temporary_table" | "nested_loop" | "table"
+                "select_id"
+                    | "cost"
+                    | "sort_key"
+                    | "filesort"
+                    | "temporary_table"
+                    | "nested_loop"
+                    | "table"
             )
         }) {
             return None;
@@ -359,11 +381,10 @@ pub(super) fn explained_mode(explain: &[u8], open: &[String], by_aggregate: bool
         return None;
     }
     let first_part = first_key_part(table);
-    let grouped_index = first_part.is_some_and(|p| open.iter().any(|o| *o == p));
+    let grouped_index = first_part.is_some_and(|p| open.contains(&p));
     match (temporary, sorted) {
-        (false, false) => {
-            (grouped_index && open.len() == 1 && table.contains_key("key")).then_some(PlanMode::Index)
-        }
+        (false, false) => (grouped_index && open.len() == 1 && table.contains_key("key"))
+            .then_some(PlanMode::Index),
         (true, _) if !grouped_index => Some(PlanMode::Temporary),
         (true, _) if open.len() == 1 && by_aggregate => Some(PlanMode::IndexThenTemporary),
         _ => None,

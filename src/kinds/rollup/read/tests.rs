@@ -572,12 +572,8 @@ fn the_plan_explain_reports_picks_the_flags() {
     let doc = |inner: String| format!(r#"{{"query_block": {{"select_id": 1, {inner}}}}}"#);
     let nested = |t: String| format!(r#""nested_loop": [{t}]"#);
     let temporary = |t: String| format!(r#""temporary_table": {{{}}}"#, nested(t));
-    let sorted = |t: String, key: &str| {
-        format!(
-            r#""filesort": {{"sort_key": "{key}", {}}}"#,
-            temporary(t)
-        )
-    };
+    let sorted =
+        |t: String, key: &str| format!(r#""filesort": {{"sort_key": "{key}", {}}}"#, temporary(t));
     let open = ["track_id".to_string()];
     let mode = |d: &str, by_aggregate: bool| explained_mode(d.as_bytes(), &open, by_aggregate);
     // Measured (docs/design.md): the track index in index order; then sorted by the
@@ -585,7 +581,10 @@ fn the_plan_explain_reports_picks_the_flags() {
     let by_track = doc(nested(table("track_id", "track_id")));
     assert_eq!(mode(&by_track, false), Some(PlanMode::Index));
     let by_track_sorted = doc(sorted(table("track_id", "track_id"), "count(0) desc"));
-    assert_eq!(mode(&by_track_sorted, true), Some(PlanMode::IndexThenTemporary));
+    assert_eq!(
+        mode(&by_track_sorted, true),
+        Some(PlanMode::IndexThenTemporary)
+    );
     let by_time = doc(sorted(table("created_at", "created_at"), "plays.track_id"));
     assert_eq!(mode(&by_time, false), Some(PlanMode::Temporary));
     assert_eq!(mode(&by_time, true), Some(PlanMode::Temporary));

@@ -1302,7 +1302,9 @@ fn prepared_reads_with_a_parameter_as_time_bound_match_the_log() {
 /// A log on which MariaDB reads one grouped read through `KEY (track_id)` and
 /// another through `KEY (created_at)` and a temporary table: 6,000 plays over the
 /// last 30 days, a third of them of track 1, the rest spread over 199 tracks (with a
-/// tenth, MariaDB 10.11 intersects both indexes instead).
+/// tenth, MariaDB 10.11 filters the read of one index by the other's row ids,
+/// `range|filter`: the flags still follow the index read, but the table form of
+/// `EXPLAIN` that [`plan_of`] reads names both keys).
 const PLAN_ROWS: &str = "INSERT INTO plays (created_at, track_id, user_id, country) \
      SELECT NOW() - INTERVAL FLOOR((6000 - seq) * (30 * 86400) / 6000) SECOND, \
             IF(seq % 3 = 0, 1, 2 + (seq * 7919) % 199), seq % 1000, ELT(1 + seq % 5, 'US', 'DE', 'FR', 'BR', 'JP') \

@@ -1,25 +1,24 @@
 #!/usr/bin/env bash
-# The cost of learning the server's plan for a rollup read's column flags, in one run
-# against one private MariaDB (docs/design.md "Column definitions"):
+# The cost of the server's plan for a rollup read's column flags (`exact_flags`,
+# docs/design.md "Column definitions"), through heatsink, in one run against one
+# private MariaDB:
 #   1. a `plays` log of ROWS rows (default 300000) over the last DAYS days (default 30),
 #      TRACKS tracks (default 200; track 1 has a tenth of the plays), KEY (track_id),
 #      KEY (created_at); a day rollup by track_id, hour rollup for the edges, both
-#      made by `heatsink migrate --apply` (HEATSINK_BIN, default target/debug/heatsink:
-#      it only migrates and prints the rewrite; nothing measured goes through it).
-#   2. for each read of READS (below) whose flags depend on the plan (a grouped
-#      column leading an index while a time range competes), at 1 connection, legs
-#      interleaved for ROUNDS rounds (default 5) of ITERS statements each (default 400),
-#      p50 and mean latency per read as the client sees it (round trips to the server
-#      included, the proxy's own overhead not):
-#        rollup        what heatsink sends today for a text read: the bounds query, then
-#                      the read (its one-step form, as `heatsink explain` prints it)
-#        explain_same  the bounds query and `EXPLAIN <the client's read>` in one round
-#                      trip (a multi-statement; what pipelining them would cost), then
-#                      the read
-#        explain_more  the bounds query, `EXPLAIN <the client's read>`, the read: one
-#                      round trip more
-#        direct        the client's read sent to the log (reference)
-#      and what EXPLAIN reports (key, Extra) for each read.
+#      made by `heatsink migrate --apply` (HEATSINK_BIN, default target/debug/heatsink).
+#   2. two proxies on it: one with the rules as they are (`exact_flags` on), one with
+#      `exact_flags = false`.
+#   3. for each read of READS (scripts/lib/rollup_flags.py) whose flags depend on the
+#      plan (a grouped column leading an index while a time range competes), at 1
+#      connection, legs interleaved for ROUNDS rounds (default 5) of ITERS reads each
+#      (default 400), p50 and mean latency per read as the client sees it:
+#        exact, predicted, direct            the text read through each proxy, and sent
+#                                            to the log
+#        exact_ps, predicted_ps, direct_ps   the same prepared once and executed
+#        explain, explain_json               EXPLAIN / EXPLAIN FORMAT=JSON of the read,
+#                                            sent to MariaDB (what each format costs)
+#      what EXPLAIN reports (key, Extra), and whether each side's column flags are the
+#      server's.
 # Writes bench/results/rollup-flags.md (OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,8 +77,16 @@ TOML
 url="mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$MARIADB_PORT/logs"
 "$HEATSINK_BIN" migrate --rules "$rules" --backend-url "$url" --apply >/dev/null
 
-python3 scripts/lib/rollup_flags.py --port "$MARIADB_PORT" --user "$SB_USER" --password "$SB_PASSWORD" \
-  --heatsink "$HEATSINK_BIN" --rules "$rules" --url "$url" --rounds "$ROUNDS" --iters "$ITERS" \
-  --rows "$ROWS" --days "$DAYS" --tracks "$TRACKS" --version "$MARIADB_VERSION" \
-  --commit "$(git rev-parse --short HEAD)" --out "$OUT"
+predicted=""
+hs_tmpdir_into predicted rules-predicted
+sed 's/^dimensions = .*/&\nexact_flags = false/' "$rules/rollup.toml" >"$predicted/rollup.toml"
+HS_RULES_DIR=$rules heatsink_start "$MARIADB_PORT"
+exact_port=$HEATSINK_PORT
+HS_RULES_DIR=$predicted heatsink_start "$MARIADB_PORT"
+predicted_port=$HEATSINK_PORT
+
+python3 scripts/lib/rollup_flags.py --port "$MARIADB_PORT" --exact-port "$exact_port" \
+  --predicted-port "$predicted_port" --user "$SB_USER" --password "$SB_PASSWORD" \
+  --rounds "$ROUNDS" --iters "$ITERS" --rows "$ROWS" --days "$DAYS" --tracks "$TRACKS" \
+  --version "$MARIADB_VERSION" --commit "$(git rev-parse --short HEAD)" --out "$OUT"
 hs_log "wrote $OUT"

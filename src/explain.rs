@@ -9,7 +9,7 @@
 //! Some rules need the logical table's columns before they can plan (the counter rule
 //! reads them from the database on first use). With `--backend-url` they are read
 //! from the database exactly as the proxy reads them; without it each rule kind
-//! supplies an assumed column list (see [`crate::check::assumed_columns`]) and the
+//! supplies an assumed column list (see [`crate::kinds::RuleSpec::assumed_columns`]) and the
 //! output says so.
 //!
 //! [`Planner`] is shared with `heatsink check`, which runs the `[[test]]` cases of the
@@ -322,7 +322,14 @@ impl Planner {
                         .collect();
                     (String::from_utf8_lossy(&p.query).into_owned(), then)
                 });
-                e.reply = Some(reply_text(&rw.reply, rw.statements.len()));
+                let mut reply = reply_text(&rw.reply, rw.statements.len());
+                if let Some(probe) = &rw.probe {
+                    reply.push_str(&format!(
+                        "; the column flags follow the server's plan of the statement, asked first: {}",
+                        String::from_utf8_lossy(&probe.explain)
+                    ));
+                }
+                e.reply = Some(reply);
                 let mut t = if rw.atomic && rw.statements.len() > 1 {
                     "the statements run in a transaction of their own (BEGIN … COMMIT) in autocommit mode; inside the client's transaction when one is open".to_string()
                 } else if rw.statements.len() > 1 {
@@ -549,7 +556,7 @@ pub(crate) fn planning_db(
 /// Builds a planner for the rule set under `rules`: with a connection to `url`, or
 /// with assumed column lists. Fails like `serve` on a rule set it would refuse.
 pub(crate) async fn planner(rules: &Path, url: Option<&str>) -> Result<(Planner, bool)> {
-    let set = crate::check::load_rule_set(rules)?;
+    let set = crate::rules::load::load_rule_set(rules)?;
     let without_db = set
         .rules
         .iter()

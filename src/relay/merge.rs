@@ -140,6 +140,7 @@ impl Session {
             param_checks: Vec::new(),
             merge: Some(m.merger.clone()),
             prelude: None,
+            probe: None,
         })
     }
 

@@ -43,6 +43,21 @@ pub struct PreparedRewrite {
     /// (see [`Rewritten::aux_holes`]), from which an execute becomes a text
     /// statement when it merges or needs `RETURNING`.
     pub merge: Option<PreparedMerge>,
+    /// The reply's column flags follow the server's plan of the client's statement
+    /// (see [`crate::rewrite::Plan::plan_flags`]).
+    pub probe: Option<PreparedProbe>,
+}
+
+/// The plan probe of a prepared rewrite: `EXPLAIN FORMAT=JSON` of the client's
+/// statement, prepared on the server, executed with each execute's parameters in
+/// the same round trip as the rewrite.
+#[derive(Debug)]
+pub struct PreparedProbe {
+    /// The backend statement; `None` when it did not prepare (every execute then
+    /// runs the client's statement as sent).
+    pub id: Option<u32>,
+    /// The reply's patch for a plan.
+    pub flags: Arc<dyn crate::rewrite::PlanFlags>,
 }
 
 /// Long data of a prepared rewrite, buffered until its execute (the command has no
@@ -323,6 +338,7 @@ mod tests {
             original: None,
             checks: Vec::new(),
             merge: None,
+            probe: None,
         }
     }
 

@@ -79,7 +79,7 @@ pub async fn serve_client(
         shared,
         info,
         answered_error: false,
-        fell_back: false,
+        fell_back: None,
         state: SessionState::new(false),
         peer,
         backend_id: 0,
@@ -188,10 +188,12 @@ pub(super) struct Session {
     pub(super) info: Registration,
     /// A backend response during the current rewrite was an error (per-rule `errors`).
     pub(super) answered_error: bool,
-    /// The current rewrite forwarded the original statement instead (its prelude
-    /// declined the literal form: [`crate::rewrite::Prelude::original_on_decline`]);
-    /// counted as the rule's fallback, not as a rewrite.
-    pub(super) fell_back: bool,
+    /// The current rewrite forwarded the original statement instead, for this
+    /// reason (its prelude declined the literal form:
+    /// [`crate::rewrite::Prelude::original_on_decline`]; the server's plan did not
+    /// tell the column flags: [`crate::rewrite::Plan::plan_flags`]); counted as the
+    /// rule's fallback, not as a rewrite.
+    pub(super) fell_back: Option<&'static str>,
     /// What the relay knows of the backend session's state (status flags, default
     /// database, character set and `sql_mode` for the lexer, Galera share, whether
     /// it may share merged writes): see [`SessionState`].
@@ -1283,17 +1285,17 @@ impl Session {
                 }
                 let rule = rw.rule.clone();
                 self.answered_error = false;
-                self.fell_back = false;
+                self.fell_back = None;
                 self.rewrite_names = engine.message_names();
                 let r = self.run_rewrite(rw, c.last_seq).await;
-                if self.fell_back {
+                if let Some(reason) = self.fell_back {
                     self.outcome.handling = crate::digest::Handling::Fallback;
                     if let Some(stats) = self.shared.rules.load().get(&rule) {
                         stats.fallbacks.fetch_add(1, Relaxed);
                     }
                     self.shared.shapes.fell_back(&Seen {
                         rule: &rule,
-                        reason: crate::rewrite::PRELUDE_DECLINED,
+                        reason,
                         class: None,
                         shadow: false,
                         sql: &c.payload()[1..],

@@ -12,18 +12,22 @@
 //!   values.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 
 use super::prepared::{
-    original_execute, param_violation, remap_execute, LongData, PreparedMerge, PreparedRewrite,
-    LONG_DATA_LIMIT,
+    original_execute, param_violation, remap_execute, LongData, PreparedMerge, PreparedProbe,
+    PreparedRewrite, LONG_DATA_LIMIT,
 };
 use super::response::{ResponseKind, ResponseParser};
 use super::session::{Diagnostics, Session};
 use crate::error::{Error, Result, Source};
-use crate::rewrite::{Affected, ColumnPatch, Decision, Engine, RenderedPrelude, Reply, Rewritten};
+use crate::rewrite::{
+    Affected, ColumnPatch, Decision, Engine, PlanFlags, RenderedPrelude, Reply, Rewritten,
+    PLAN_UNTOLD, PRELUDE_DECLINED,
+};
 use crate::wire::io::{frame_into, Logical, Packet};
 use crate::wire::packets::{self, err_of, errors, lenenc_int, OkSummary, Renames};
 use crate::wire::resultset::{text_cells, text_row, ColumnDef, RowRecode, UNSIGNED_FLAG};
@@ -155,6 +159,39 @@ fn query_payload(sql: &[u8]) -> Vec<u8> {
     payload.push(cmd::QUERY);
     payload.extend_from_slice(sql);
     payload
+}
+
+/// The document of an `EXPLAIN FORMAT=JSON` answer: its one row's one cell, of a
+/// result that ended without warnings; `binary`: rows of the binary protocol (a
+/// header byte and a NULL bitmap before the cell).
+fn explain_document(c: &Collected, binary: bool, deprecate_eof: bool) -> Option<&[u8]> {
+    if c.parser.errored {
+        return None;
+    }
+    let first = c.packets.first()?;
+    if lenenc_int(&first.payload)? != (1, 1) {
+        return None;
+    }
+    let rows = c.text_rows(deprecate_eof);
+    if rows.len() != 1 {
+        return None;
+    }
+    let warnings = packets::end_of_rows_warnings(&c.packets.last()?.payload, deprecate_eof)?;
+    if warnings != 0 {
+        return None;
+    }
+    let row = &c.packets.get(rows.start)?.payload;
+    let cell = match binary {
+        // Header 0x00, then the NULL bitmap of one column (offset 2: bit 2).
+        true => match row.get(..2)? {
+            [0x00, bitmap] if bitmap & 0x04 == 0 => row.get(2..)?,
+            _ => return None,
+        },
+        false => row.as_ref(),
+    };
+    let (len, used) = lenenc_int(cell)?;
+    let end = used.checked_add(usize::try_from(len).ok()?)?;
+    (end == cell.len()).then(|| cell.get(used..end)).flatten()
 }
 
 /// The column definitions in a collected result-set response.
@@ -412,26 +449,49 @@ impl Session {
         if let Some(column) = self.returning_column(rw) {
             return self.run_returning(rw, &column, cmd_seq).await;
         }
+        // The server's plan of the client's statement, asked in the prelude's round
+        // trip (before its query) when there is one.
+        let probed = match &rw.probe {
+            Some(probe) => {
+                self.link
+                    .backend
+                    .write_packet(0, &query_payload(&probe.explain))
+                    .await?;
+                if let Some(p) = &rw.prelude {
+                    self.link
+                        .backend
+                        .write_packet(0, &query_payload(&p.query))
+                        .await?;
+                }
+                Some(self.read_probe(probe.flags.as_ref(), false).await?)
+            }
+            None => None,
+        };
         let with_literals = match &rw.prelude {
-            Some(p) => match (self.run_prelude(p).await?, &p.original) {
+            Some(p) => match (self.read_prelude(p, rw.probe.is_some()).await?, &p.original) {
                 (None, Some(original)) => {
                     // The one-step form is not exact for these values: the
                     // statement runs as the client sent it.
-                    self.fell_back = true;
-                    let next = self
-                        .link
-                        .backend
-                        .write_packet(0, &query_payload(original))
-                        .await?;
-                    let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
-                    return self
-                        .relay_response(ResponseKind::Generic, shift, cmd_seq)
-                        .await
-                        .map(|_| ());
+                    return self.run_original(original, PRELUDE_DECLINED, cmd_seq).await;
                 }
                 (literal, _) => literal,
             },
             None => None,
+        };
+        let probed_reply;
+        let reply = match (probed, &rw.probe) {
+            (Some(Some(patch)), _) => {
+                probed_reply = Reply::Patched(patch);
+                &probed_reply
+            }
+            (Some(None), Some(probe)) => {
+                // The plan does not tell the column flags: the statement runs as
+                // the client sent it.
+                return self
+                    .run_original(&probe.original, PLAN_UNTOLD, cmd_seq)
+                    .await;
+            }
+            _ => &rw.reply,
         };
         let statements = with_literals.as_deref().unwrap_or(&rw.statements);
         let n = statements.len();
@@ -450,7 +510,7 @@ impl Session {
                 .write_packet(0, &query_payload(sql))
                 .await?;
             let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
-            return match &rw.reply {
+            return match reply {
                 Reply::Patched(p) => self.relay_patched(p, false, cmd_seq).await,
                 _ => self
                     .relay_response(ResponseKind::Generic, shift, cmd_seq)
@@ -459,16 +519,71 @@ impl Session {
             };
         }
         let commands: Vec<Vec<u8>> = statements.iter().map(|sql| query_payload(sql)).collect();
-        self.run_commands(&rw.rule, &commands, &rw.reply, rw.atomic, cmd_seq)
+        self.run_commands(&rw.rule, &commands, reply, rw.atomic, cmd_seq)
             .await
+    }
+
+    /// Forwards the client's own text statement in place of its rewrite, counted
+    /// as the rule's fallback for `reason`.
+    async fn run_original(
+        &mut self,
+        original: &[u8],
+        reason: &'static str,
+        cmd_seq: u8,
+    ) -> Result<()> {
+        self.fell_back = Some(reason);
+        let next = self
+            .link
+            .backend
+            .write_packet(0, &query_payload(original))
+            .await?;
+        let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
+        self.relay_response(ResponseKind::Generic, shift, cmd_seq)
+            .await
+            .map(|_| ())
+    }
+
+    /// Reads the answer to a rewrite's plan probe (already sent) and returns the
+    /// reply's patch for the plan it describes, or `None` when it does not tell
+    /// (an error, a warning, not one document). `binary`: the answer to an execute.
+    /// The probe is the proxy's own question: an error in it is not the client's.
+    async fn read_probe(
+        &mut self,
+        flags: &dyn PlanFlags,
+        binary: bool,
+    ) -> Result<Option<Arc<ColumnPatch>>> {
+        let answered_error = self.answered_error;
+        let (parser, packets) = self.collect_response(ResponseKind::Generic).await?;
+        self.answered_error = answered_error;
+        let c = Collected { parser, packets };
+        let document = explain_document(&c, binary, self.link.deprecate_eof);
+        let patch = document.and_then(|d| flags.patch(d));
+        if patch.is_none() {
+            tracing::debug!(
+                explain = %String::from_utf8_lossy(document.unwrap_or_default()),
+                "the server's plan does not tell the column flags: the statement runs as sent"
+            );
+        }
+        Ok(patch)
     }
 
     /// Runs a rewrite's prelude query and returns its statements with the computed
     /// values written in, or `None` when the row does not allow them (the one-step
     /// form runs instead). A failing or warning query changed nothing: it is a
-    /// `SELECT` of constants.
-    async fn run_prelude(&mut self, p: &RenderedPrelude) -> Result<Option<Vec<Vec<u8>>>> {
-        let c = self.run_collect(&p.query).await?;
+    /// `SELECT` of constants. `sent`: the query was written already (pipelined
+    /// behind a plan probe).
+    async fn read_prelude(
+        &mut self,
+        p: &RenderedPrelude,
+        sent: bool,
+    ) -> Result<Option<Vec<Vec<u8>>>> {
+        let c = match sent {
+            true => {
+                let (parser, packets) = self.collect_response(ResponseKind::Generic).await?;
+                Collected { parser, packets }
+            }
+            false => self.run_collect(&p.query).await?,
+        };
         let out = c
             .quiet_row(self.link.deprecate_eof, self.link.extended_metadata)
             .and_then(|(at, types)| {
@@ -897,6 +1012,33 @@ impl Session {
         let Some(&(client_id, _)) = stmts.first() else {
             return Err(Error::new(Source::Internal, "rewrite has no statement"));
         };
+        // The plan probe: `EXPLAIN FORMAT=JSON` of the client's text, with its
+        // parameters. One that does not prepare leaves the executes to run the
+        // client's statement as sent.
+        let probe = match &rw.probe {
+            Some(probe) => {
+                let mut payload = vec![cmd::STMT_PREPARE];
+                payload.extend_from_slice(&probe.explain);
+                self.link.backend.write_packet(0, &payload).await?;
+                // The proxy's own statement: its error is not the client's.
+                let answered_error = self.answered_error;
+                let (prep, _) = self.collect_response(ResponseKind::Prepare).await?;
+                self.answered_error = answered_error;
+                let id = match prep.prepare_ok {
+                    Some(ok) if ok.params == orig_ok.params => Some(ok.statement_id),
+                    Some(ok) => {
+                        self.close_backend_statement(ok.statement_id).await?;
+                        None
+                    }
+                    None => None,
+                };
+                Some(PreparedProbe {
+                    id,
+                    flags: probe.flags.clone(),
+                })
+            }
+            None => None,
+        };
         // Answer with the client's statement id and everything else from the original.
         let mut out = BytesMut::new();
         let mut first = orig_pkts[0].payload.to_vec();
@@ -932,6 +1074,7 @@ impl Session {
                         aux: rw.aux.clone(),
                         holes: rw.aux_holes.clone(),
                     }),
+                probe,
             },
         );
         self.link.client.write_all(&out).await
@@ -1011,6 +1154,9 @@ impl Session {
         };
         for (backend_id, _) in p.stmts {
             self.close_backend_statement(backend_id).await?;
+        }
+        if let Some(id) = p.probe.and_then(|probe| probe.id) {
+            self.close_backend_statement(id).await?;
         }
         Ok(true)
     }
@@ -1096,12 +1242,44 @@ impl Session {
             }
         };
         let (rule, reply, atomic) = (p.rule.clone(), p.reply.clone(), p.atomic);
-        match (&reply, commands.as_slice()) {
-            (Reply::Patched(patch), [one]) => {
+        // The server's plan of the client's statement with these values, asked in
+        // the same round trip as the rewrite.
+        let probe = match p
+            .probe
+            .as_ref()
+            .map(|probe| (probe.id, probe.flags.clone()))
+        {
+            Some((None, _)) => return self.execute_original(id, c, Vec::new()).await,
+            Some((Some(explain_id), flags)) => {
+                Some((original_execute(&payload, explain_id, p), flags))
+            }
+            None => None,
+        };
+        match (&reply, commands.as_slice(), probe) {
+            (Reply::Patched(_), [one], Some((explain, flags))) => {
+                self.link.backend.write_packet(0, &explain).await?;
+                self.link.backend.write_packet(0, one).await?;
+                match self.read_probe(flags.as_ref(), true).await? {
+                    Some(patch) => self.relay_patched(&patch, true, cmd_seq).await,
+                    None => {
+                        // The plan does not tell the column flags: the rewrite's
+                        // answer is dropped and the client's statement runs.
+                        let answered_error = self.answered_error;
+                        self.collect_response(ResponseKind::Generic).await?;
+                        self.answered_error = answered_error;
+                        self.execute_original(id, c, Vec::new()).await
+                    }
+                }
+            }
+            (_, _, Some(_)) => Err(Error::new(
+                Source::Internal,
+                format!("rule '{rule}': a plan probe needs one patched statement"),
+            )),
+            (Reply::Patched(patch), [one], None) => {
                 self.link.backend.write_packet(0, one).await?;
                 self.relay_patched(patch, true, cmd_seq).await
             }
-            (Reply::Last, [one]) if self.rewrite_names.is_none() => {
+            (Reply::Last, [one], None) if self.rewrite_names.is_none() => {
                 let next = self.link.backend.write_packet(0, one).await?;
                 let shift = cmd_seq.wrapping_add(1).wrapping_sub(next);
                 self.relay_response(ResponseKind::Generic, shift, cmd_seq)

@@ -69,6 +69,8 @@ pub struct Template {
     /// The two-step form (see [`crate::rewrite::Prelude`]): the query, its values,
     /// then the statements with holes for them.
     pub prelude: Option<Box<PreludeTemplate>>,
+    /// The reply's flags follow the server's plan (see [`crate::rewrite::Plan::plan_flags`]).
+    pub plan_flags: Option<std::sync::Arc<dyn crate::rewrite::PlanFlags>>,
 }
 
 impl Template {
@@ -135,6 +137,7 @@ impl Template {
             merge: None,
             param_checks: Vec::new(),
             prelude: None,
+            plan_flags: None,
         })
     }
 
@@ -220,6 +223,10 @@ impl Template {
                 Vec::new()
             },
             prelude,
+            probe: self
+                .plan_flags
+                .as_ref()
+                .map(|f| Arc::new(crate::rewrite::Probe::of(sql, f.clone()))),
         })
     }
 }

@@ -168,7 +168,65 @@ pub struct Rewritten {
     pub param_checks: Vec<(usize, ParamCheck)>,
     /// Text statements only: the two-step form of the rewrite (see [`Prelude`](super::Prelude)).
     pub prelude: Option<Arc<RenderedPrelude>>,
+    /// The reply's column flags follow the server's plan of the original statement
+    /// (see [`Plan::plan_flags`](super::Plan::plan_flags)).
+    pub probe: Option<Arc<Probe>>,
 }
+
+/// How a rewrite learns the plan the server picks for the original statement.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    /// `EXPLAIN FORMAT=JSON ` and the original statement (text statements; a
+    /// prepared statement's is prepared from the client's text).
+    pub explain: Vec<u8>,
+    /// The original statement, run as sent when the plan does not tell.
+    pub original: Vec<u8>,
+    /// The reply's patch for a plan.
+    pub flags: Arc<dyn PlanFlags>,
+}
+
+impl PartialEq for Probe {
+    fn eq(&self, other: &Self) -> bool {
+        self.explain == other.explain
+            && self.original == other.original
+            && *self.flags == *other.flags
+    }
+}
+
+impl Eq for Probe {}
+
+/// What `EXPLAIN FORMAT=JSON` is prefixed with to ask the server's plan.
+pub const EXPLAIN_JSON: &[u8] = b"EXPLAIN FORMAT=JSON ";
+
+impl Probe {
+    /// The probe of the original statement `sql`.
+    pub fn of(sql: &[u8], flags: Arc<dyn PlanFlags>) -> Probe {
+        Probe {
+            explain: [EXPLAIN_JSON, sql].concat(),
+            original: sql.to_vec(),
+            flags,
+        }
+    }
+}
+
+/// How a rule's reply depends on the server's plan of the original statement (see
+/// [`Plan::plan_flags`](super::Plan::plan_flags)).
+pub trait PlanFlags: Send + Sync + fmt::Debug {
+    /// A name for logs and comparisons.
+    fn name(&self) -> &'static str;
+
+    /// The reply's patch for the plan `explain` describes (the document `EXPLAIN
+    /// FORMAT=JSON` answers), or `None` when it does not tell.
+    fn patch(&self, explain: &[u8]) -> Option<Arc<ColumnPatch>>;
+}
+
+impl PartialEq for dyn PlanFlags {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for dyn PlanFlags {}
 
 /// A text with holes for a prelude's literals: (byte offset, literal index), in order.
 pub type Holed = (Vec<u8>, Vec<(usize, u16)>);

@@ -1031,6 +1031,7 @@ impl Engine {
                     }
                 }
                 template.reply = plan.reply;
+                template.plan_flags = plan.plan_flags;
                 template.atomic = plan.atomic;
                 template.merge = plan.merge;
                 template.param_checks = plan.param_checks;
@@ -1301,6 +1302,12 @@ fn join_units(d: Decision, original: &[u8], mode: sqltok::LexMode) -> Decision {
         }
         rw.prelude = Some(Arc::new(p));
     }
+    if let Some(p) = rw.probe.take() {
+        rw.probe = Some(Arc::new(crate::rewrite::Probe::of(
+            original,
+            p.flags.clone(),
+        )));
+    }
     Decision::Rewrite(rw)
 }
 
@@ -1413,6 +1420,14 @@ fn with_prefix(
             p.original = Some(original.to_vec());
         }
         rw.prelude = Some(Arc::new(p));
+    }
+    if let Some(p) = rw.probe.take() {
+        // `SET STATEMENT … FOR EXPLAIN …`: the plan under the statement's settings.
+        rw.probe = Some(Arc::new(crate::rewrite::Probe {
+            explain: join(&p.explain),
+            original: original.to_vec(),
+            flags: p.flags.clone(),
+        }));
     }
     rw.merge = None;
     rw.aux.clear();

@@ -116,12 +116,15 @@ pub use charset::{
 };
 pub use cluster::{ClusterInfo, NodeShare};
 pub use decision::{
-    Affected, ColumnPatch, Decision, Fallback, Holed, MetadataRequest, ParamCheck, PreludeValues,
-    Rejection, RenderedPrelude, Reply, Rewritten, StatementContext,
+    Affected, ColumnPatch, Decision, Fallback, Holed, MetadataRequest, ParamCheck, PlanFlags,
+    PreludeValues, Probe, Rejection, RenderedPrelude, Reply, Rewritten, StatementContext,
+    EXPLAIN_JSON,
 };
 pub use engine::{parse_statements, Engine, EngineError, MAX_NESTING};
 pub use merge::Merger;
 pub use refusal::{Refusal, RefusalClass};
-pub use rule::{table_db, Literal, Plan, PlanContext, Prelude, Rule, PRELUDE_DECLINED};
+pub use rule::{
+    table_db, Literal, Plan, PlanContext, Prelude, Rule, PLAN_UNTOLD, PRELUDE_DECLINED,
+};
 pub(crate) use rule::{Dynamic, SPELLING};
 pub use sqltok::{LexMode, LiteralClass, LiteralKind, Slot};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sqlparser::ast::{Expr, ObjectName, Statement, Value};
 
-use super::decision::{ParamCheck, PreludeValues, Reply};
+use super::decision::{ParamCheck, PlanFlags, PreludeValues, Reply};
 use super::merge::Merger;
 use super::refusal::Refusal;
 use super::sqltok::{self, LiteralClass, LiteralKind, Slot};
@@ -65,6 +65,15 @@ pub struct Plan {
     /// A cheaper form of `statements` that needs values only the server can
     /// compute (see [`Prelude`]); text protocol only.
     pub prelude: Option<Prelude>,
+    /// The reply's column flags depend on the plan the server picks for the
+    /// original statement, which only the server can tell: the connection asks it
+    /// (`EXPLAIN FORMAT=JSON` of the client's statement, in the prelude's round trip
+    /// when there is one, pipelined with the execute of a prepared statement) and
+    /// patches the reply with the [`ColumnPatch`](super::ColumnPatch) this gives for
+    /// that plan. When the server's answer does not tell (an error, a plan of
+    /// another form), the client's statement runs as sent, counted as the rule's
+    /// fallback. [`Plan::reply`] must be [`Reply::Patched`].
+    pub plan_flags: Option<Arc<dyn PlanFlags>>,
 }
 
 /// Two steps instead of one: a `SELECT` of constant expressions runs first, and
@@ -98,6 +107,12 @@ pub struct Prelude {
 /// The reason shown (`SHOW FALLBACKS`) for a statement forwarded unchanged because
 /// its prelude declined the values (see [`Prelude::original_on_decline`]).
 pub const PRELUDE_DECLINED: &str = "the values the server computed first for this statement (its bounds) are not exact in the one-step form";
+
+/// The reason shown (`SHOW FALLBACKS`) for a statement forwarded unchanged because
+/// the server's plan of it did not tell its reply's column flags (see
+/// [`Plan::plan_flags`]).
+pub const PLAN_UNTOLD: &str =
+    "the server's plan of this statement (EXPLAIN) did not tell its column flags";
 
 impl PartialEq for Prelude {
     fn eq(&self, other: &Self) -> bool {

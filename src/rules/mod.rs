@@ -14,6 +14,7 @@ use crate::error::{Error, OrErr, Source};
 use crate::kinds::{kind, RuleSpec, KINDS};
 use crate::rewrite::{Engine, Rule};
 
+pub mod load;
 pub mod spec;
 
 /// A rule-file problem, located.

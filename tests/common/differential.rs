@@ -301,6 +301,10 @@ pub struct Stmt {
     /// (a temporary table for `GROUP BY`), for reads a rule answers with another plan
     /// by design.
     pub flags_mask: u16,
+    /// Column flag bits not compared when a literal is sent as a parameter (bound
+    /// to a prepared statement): for reads a rule forwards unchanged then, whose
+    /// flags are each side's own server plan of its own table.
+    pub param_flags_mask: u16,
 }
 
 impl Stmt {
@@ -312,6 +316,7 @@ impl Stmt {
             tags: Vec::new(),
             text_only: false,
             flags_mask: 0,
+            param_flags_mask: 0,
         }
     }
 
@@ -1359,8 +1364,13 @@ impl<'k> Differential<'k> {
                 report.binary += 1;
             }
 
+            let mask = if params.is_empty() {
+                stmt.flags_mask
+            } else {
+                stmt.flags_mask | stmt.param_flags_mask
+            };
             let (mut pa, mut ra, refused) = if binary {
-                self.exchange_binary(&mut p, &mut r, (&psql, &rsql), &params, stmt.flags_mask)
+                self.exchange_binary(&mut p, &mut r, (&psql, &rsql), &params, mask)
             } else {
                 let pa = query_items(&mut p, &psql);
                 match refusal(&pa) {
@@ -1373,8 +1383,8 @@ impl<'k> Differential<'k> {
             };
             normalize(&mut pa, &dbs);
             normalize(&mut ra, &dbs);
-            mask_flags(&mut pa, stmt.flags_mask);
-            mask_flags(&mut ra, stmt.flags_mask);
+            mask_flags(&mut pa, mask);
+            mask_flags(&mut ra, mask);
             if stmt.order == Order::Unordered {
                 sort_rows(&mut pa);
                 sort_rows(&mut ra);

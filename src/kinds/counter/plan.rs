@@ -275,6 +275,7 @@ impl CounterRule {
                 param_checks,
                 fallback: None,
                 prelude: None,
+                plan_flags: None,
             }));
         }
         // Absolute set: the base takes the value, the slots are cleared.

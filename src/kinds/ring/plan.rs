@@ -239,6 +239,7 @@ impl RingRule {
             param_checks,
             fallback: None,
             prelude: None,
+            plan_flags: None,
         }))
     }
 

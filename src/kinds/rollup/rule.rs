@@ -25,6 +25,9 @@ pub struct RollupRule {
     pub(super) shadow: bool,
     /// `coalesce` (default on): concurrent inserts into the log may merge.
     pub(super) coalesce: bool,
+    /// `exact_flags` (default on): column flags the shape does not settle are
+    /// taken from the server's plan of the read.
+    pub(super) exact_flags: bool,
     /// Rollups of the same log with finer buckets (hours under days), which the
     /// ragged edges of a range are read from before the log ([`Rule::cooperate`]).
     pub(super) finer: OnceLock<Vec<Tier>>,
@@ -83,6 +86,7 @@ impl RollupRule {
             measures: spec.parsed_measures()?,
             shadow: spec.mode == crate::rules::spec::Mode::Shadow,
             coalesce: spec.coalesce,
+            exact_flags: spec.exact_flags,
             finer: OnceLock::new(),
         })
     }

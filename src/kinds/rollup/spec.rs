@@ -10,6 +10,7 @@
 //! dimensions = ["track_id", "country"]    # grouping columns kept in the rollup
 //! measures = ["count(*)"]                 # optional; also "count(col)", "sum(col)"
 //! slots = 8                               # optional: rows per group and bucket
+//! exact_flags = true                      # optional: ask the server's plan for column flags
 //! ```
 
 use serde::Deserialize;
@@ -44,6 +45,12 @@ pub struct RollupSpec {
     /// multi-row insert (group commit; default on).
     #[serde(default = "default_coalesce")]
     pub coalesce: bool,
+    /// Column flags of grouped reads whose plan the shape does not settle (a
+    /// grouped column that leads an index while a time range or another indexed
+    /// filter competes) are the server's own: `EXPLAIN` of the read is asked with
+    /// it (default on). Off: they are predicted from the shape, and may differ.
+    #[serde(default = "default_exact_flags")]
+    pub exact_flags: bool,
     /// `on` (default) or `shadow`.
     #[serde(default)]
     pub mode: Mode,
@@ -125,6 +132,10 @@ impl Measure {
 
 fn default_measures() -> Vec<String> {
     vec!["count(*)".to_string()]
+}
+
+fn default_exact_flags() -> bool {
+    true
 }
 
 fn default_slots() -> u32 {

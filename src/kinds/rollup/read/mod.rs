@@ -93,6 +93,11 @@ pub(super) fn plan_read(
             "the read groups a TIMESTAMP log by days or hours of the session's time zone, which are not the rollup's UTC buckets",
         )));
     }
+    if !shape.settle_in_lists(ctx) {
+        return Ok(Some(Plan::fallback(
+            "an IN list's values may be equal to each other, which changes the column flags",
+        )));
+    }
     if !shape.filters_compare_as_stored(rule, &meta, ctx) {
         return Ok(Some(Plan::fallback(
             "a filter compares a column with a value of another kind, whose result depends on the server's plan",
@@ -124,10 +129,22 @@ pub(super) fn plan_read(
             "internal error: the rollup read does not parse ({e})"
         ))
     })?;
-    let Some(patch) = shape.patch(rule, &meta) else {
-        return Ok(Some(Plan::fallback(
+    let cannot_patch = || {
+        Plan::fallback(
             "the rollup cannot give the read's column definitions exactly as the log's read would",
-        )));
+        )
+    };
+    let Some(patch) = shape.patch(rule, &meta) else {
+        return Ok(Some(cannot_patch()));
+    };
+    // Column flags the shape does not settle are the server's plan's (unless the
+    // rule keeps the prediction: `exact_flags = false`).
+    let plan_flags = match rule.exact_flags {
+        true => match shape.flags_by_plan(rule, &meta, ctx.prepared) {
+            Some(f) => f.map(|f| Arc::new(f) as Arc<dyn crate::rewrite::PlanFlags>),
+            None => return Ok(Some(cannot_patch())),
+        },
+        false => None,
     };
     let prelude = match shape.prelude_sql(rule, &meta, ctx) {
         Some((query, values, then)) => Some(Prelude {
@@ -151,6 +168,7 @@ pub(super) fn plan_read(
         reply: Reply::Patched(Arc::new(patch)),
         prelude,
         param_checks,
+        plan_flags,
         ..Default::default()
     }))
 }
@@ -173,6 +191,59 @@ fn aggregates(q: &Query) -> bool {
                 i.value.eq_ignore_ascii_case("count") || i.value.eq_ignore_ascii_case("sum")
             }))
         })
+}
+
+/// How two literals of an `IN` list compare, as far as the text tells.
+#[derive(PartialEq, Eq)]
+enum Same {
+    Equal,
+    Distinct,
+    Unknown,
+}
+
+/// Two literals of an `IN` list: integers by value, strings of plain ASCII letters,
+/// digits, spaces, `_` and `-` (quoted, or with an `N` introducer) by their text —
+/// equal when identical, distinct when they differ in more than case and trailing
+/// spaces (which a collation may ignore). Anything else is unknown.
+fn same(a: &crate::rewrite::Literal<'_>, b: &crate::rewrite::Literal<'_>) -> Same {
+    if let (Some(x), Some(y)) = (a.as_i64(), b.as_i64()) {
+        return if x == y { Same::Equal } else { Same::Distinct };
+    }
+    let plain = |l: &crate::rewrite::Literal<'_>| -> Option<Vec<u8>> {
+        if l.kind != crate::rewrite::LiteralKind::String {
+            return None;
+        }
+        let t: &[u8] = &l.text;
+        let t = t
+            .strip_prefix(b"N")
+            .or_else(|| t.strip_prefix(b"n"))
+            .unwrap_or(t);
+        let inner = match t {
+            [b'\'', inner @ .., b'\''] | [b'"', inner @ .., b'"'] => inner,
+            _ => return None,
+        };
+        inner
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b' ' | b'_' | b'-'))
+            .then(|| inner.to_vec())
+    };
+    let (Some(x), Some(y)) = (plain(a), plain(b)) else {
+        return Same::Unknown;
+    };
+    let folded = |v: &[u8]| {
+        let mut v = v.to_ascii_lowercase();
+        while v.last() == Some(&b' ') {
+            v.pop();
+        }
+        v
+    };
+    if x == y {
+        Same::Equal
+    } else if folded(&x) != folded(&y) {
+        Same::Distinct
+    } else {
+        Same::Unknown
+    }
 }
 
 /// An output column of the read.
@@ -248,6 +319,51 @@ struct Shape<'q> {
 }
 
 impl<'q> Shape<'q> {
+    /// Marks each `IN` list of one value (`country IN ('US', 'US')`) as fixing its
+    /// dimension, as MariaDB reads it (no group flag on the column); `false` when
+    /// the text cannot tell whether its values are equal (a parameter, literals of
+    /// other kinds or that a collation may equate). Reads the literals' values: the
+    /// plan is cached per value.
+    fn settle_in_lists(&mut self, ctx: &PlanContext<'_>) -> bool {
+        for f in &mut self.filters {
+            let Filter::Value {
+                expr: Expr::InList { list, .. },
+                single,
+                ..
+            } = f
+            else {
+                continue;
+            };
+            if list.len() < 2 {
+                *single = true;
+                continue;
+            }
+            let mut values = Vec::with_capacity(list.len());
+            for v in list.iter() {
+                let mut v = v;
+                while let Expr::Nested(inner) = v {
+                    v = inner;
+                }
+                match ctx.literal(v) {
+                    Some(l) => values.push(l),
+                    None => return false,
+                }
+            }
+            let mut all_equal = true;
+            for (i, a) in values.iter().enumerate() {
+                for b in &values[i + 1..] {
+                    match same(a, b) {
+                        Same::Equal => {}
+                        Same::Distinct => all_equal = false,
+                        Same::Unknown => return false,
+                    }
+                }
+            }
+            *single = all_equal;
+        }
+        true
+    }
+
     /// The dimension `e` names (unqualified, or qualified by the statement's alias).
     fn dim_of(&self, rule: &RollupRule, e: &Expr) -> Option<usize> {
         let name = self.column_of(e)?;

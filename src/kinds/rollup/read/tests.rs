@@ -524,3 +524,101 @@ fn set_statement_keeps_its_prefix_on_every_statement() {
         .as_deref()
         .is_some_and(|o| o.starts_with(b"SET STATEMENT time_zone")));
 }
+
+#[test]
+fn the_servers_plan_is_asked_only_where_the_shape_does_not_settle_it() {
+    let probed = |e: &Engine, sql: &str| rewrite(e, sql).probe.is_some();
+    let e = engine();
+    for sql in [
+        // The grouped column leads an index; a range, a second grouped column or
+        // another indexed filter competes.
+        "SELECT track_id, COUNT(*) AS n FROM plays WHERE track_id IN (1, 2) \
+         AND created_at >= '2024-03-01' GROUP BY track_id",
+        "SELECT track_id, COUNT(*) AS n FROM plays WHERE created_at < NOW() GROUP BY track_id ORDER BY n DESC",
+        "SELECT track_id, country, COUNT(*) AS n FROM plays GROUP BY track_id, country",
+    ] {
+        assert!(probed(&e, sql), "{sql}");
+        let p = rewrite(&e, sql).probe.expect("a probe");
+        assert_eq!(
+            p.explain,
+            [crate::rewrite::EXPLAIN_JSON, sql.as_bytes()].concat()
+        );
+    }
+    for sql in [
+        "SELECT track_id, COUNT(*) AS n FROM plays GROUP BY track_id",
+        "SELECT track_id, COUNT(*) AS n FROM plays WHERE track_id IN (1, 2) GROUP BY track_id ORDER BY n",
+        // No grouped column in an index: a temporary table on any data.
+        "SELECT country, COUNT(*) AS n FROM plays WHERE created_at >= '2024-03-01' GROUP BY country",
+        // Fixed to one value, or no groups.
+        "SELECT track_id, COUNT(*) AS n FROM plays WHERE track_id = 1 AND created_at >= '2024-03-01' GROUP BY track_id",
+        "SELECT COUNT(*) AS n FROM plays WHERE track_id IN (1, 2) AND created_at >= '2024-03-01'",
+    ] {
+        assert!(!probed(&e, sql), "{sql}");
+    }
+    let predicted = engine_with("exact_flags = false\n");
+    let sql = "SELECT track_id, COUNT(*) AS n FROM plays WHERE track_id IN (1, 2) \
+               AND created_at >= '2024-03-01' GROUP BY track_id";
+    assert!(!probed(&predicted, sql), "exact_flags = false");
+}
+
+#[test]
+fn the_plan_explain_reports_picks_the_flags() {
+    use super::columns::{explained_mode, PlanMode};
+    let table = |key: &str, part: &str| {
+        format!(
+            r#"{{"table": {{"table_name": "plays", "access_type": "range", "key": "{key}", "used_key_parts": ["{part}"], "rows": 20118}}}}"#
+        )
+    };
+    let doc = |inner: String| format!(r#"{{"query_block": {{"select_id": 1, {inner}}}}}"#);
+    let nested = |t: String| format!(r#""nested_loop": [{t}]"#);
+    let temporary = |t: String| format!(r#""temporary_table": {{{}}}"#, nested(t));
+    let sorted =
+        |t: String, key: &str| format!(r#""filesort": {{"sort_key": "{key}", {}}}"#, temporary(t));
+    let open = ["track_id".to_string()];
+    let mode = |d: &str, by_aggregate: bool| explained_mode(d.as_bytes(), &open, by_aggregate);
+    // Measured (docs/design.md): the track index in index order; then sorted by the
+    // count; the time index through a temporary table, sorted or not.
+    let by_track = doc(nested(table("track_id", "track_id")));
+    assert_eq!(mode(&by_track, false), Some(PlanMode::Index));
+    let by_track_sorted = doc(sorted(table("track_id", "track_id"), "count(0) desc"));
+    assert_eq!(
+        mode(&by_track_sorted, true),
+        Some(PlanMode::IndexThenTemporary)
+    );
+    let by_time = doc(sorted(table("created_at", "created_at"), "plays.track_id"));
+    assert_eq!(mode(&by_time, false), Some(PlanMode::Temporary));
+    assert_eq!(mode(&by_time, true), Some(PlanMode::Temporary));
+    let unsorted = doc(temporary(table("created_at", "created_at")));
+    assert_eq!(mode(&unsorted, false), Some(PlanMode::Temporary));
+    let scan = doc(temporary(
+        r#"{"table": {"table_name": "plays", "access_type": "ALL", "rows": 6000}}"#.into(),
+    ));
+    assert_eq!(mode(&scan, false), Some(PlanMode::Temporary));
+    // Not measured, so not guessed.
+    for d in [
+        // The grouped column's index with a temporary table, no aggregate order.
+        by_track_sorted.clone(),
+        // Another index in read order, or a sort without a temporary table.
+        doc(nested(table("created_at", "created_at"))),
+        doc(format!(
+            r#""filesort": {{"sort_key": "plays.track_id", {}}}"#,
+            nested(table("created_at", "created_at"))
+        )),
+        // A loose index scan, a message, two tables, an unknown node.
+        doc(nested(
+            r#"{"table": {"key": "track_id", "used_key_parts": ["track_id"], "using_index_for_group_by": true}}"#
+                .into(),
+        )),
+        doc(r#""table": {"message": "Impossible WHERE noticed after reading const tables"}"#.into()),
+        doc(format!(
+            r#""nested_loop": [{}, {}]"#,
+            table("track_id", "track_id"),
+            table("created_at", "created_at")
+        )),
+        doc(format!(r#""duplicate_removal": {{{}}}"#, nested(table("track_id", "track_id")))),
+        "not json".into(),
+        "[]".into(),
+    ] {
+        assert_eq!(mode(&d, false), None, "{d}");
+    }
+}

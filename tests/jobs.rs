@@ -322,6 +322,15 @@ fn a_rollup_backfill_killed_half_way_continues_and_ends_exact() {
     w.join().unwrap();
     assert!(done1 > 0 && done1 < 2000, "killed after {done1} rows");
     let p1 = job_position(db, "plays_daily").unwrap();
+    // The writes to old rows are recorded, on both sides of the position.
+    let recorded = |cmp: &str| {
+        scalar(&format!(
+            "SELECT COUNT(*) FROM {db}.plays_by_track_day_backfill_delta WHERE hs_pk {cmp} {p1}"
+        ))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0)
+    };
+    assert!(recorded("<=") > 0 && recorded(">") > 0, "no deltas recorded");
     assert_eq!(
         job_row(db, "plays_daily", "backfill").map(|(s, _)| s),
         Some("running".into())

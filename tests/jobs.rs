@@ -114,7 +114,7 @@ fn job_row(db: &str, rule: &str, job: &str) -> Option<(String, u64)> {
 /// Waits until the rollup backfill of `rule` runs (its snapshot is taken).
 fn wait_running(child: &mut Child, logs: &std::path::Path, db: &str, rule: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !job_row(db, rule, "backfill").is_some_and(|(s, _)| s == "running") {
+    while job_row(db, rule, "backfill").is_none_or(|(s, _)| s != "running") {
         if let Some(status) = child.try_wait().unwrap() {
             panic!(
                 "migrate ended ({status}) before the job ran:\n{}\n{}",
@@ -330,7 +330,10 @@ fn a_rollup_backfill_killed_half_way_continues_and_ends_exact() {
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0)
     };
-    assert!(recorded("<=") > 0 && recorded(">") > 0, "no deltas recorded");
+    assert!(
+        recorded("<=") > 0 && recorded(">") > 0,
+        "no deltas recorded"
+    );
     assert_eq!(
         job_row(db, "plays_daily", "backfill").map(|(s, _)| s),
         Some("running".into())
@@ -493,6 +496,65 @@ fn a_stopped_rollup_backfill_without_its_delta_triggers_starts_over_exact() {
     }
     let (log, rollup) = rollup_and_log(db);
     assert_eq!(rollup, log, "the rollup after more writes");
+}
+
+#[test]
+fn an_unfinished_rollup_backfill_is_reverted_with_its_delta_triggers_and_table() {
+    let db = "jobs_rollup_revert";
+    fresh_db(db, &plays(2000));
+    let rules = common::client::rules_dir("rollup.toml", &rollup_rule());
+    let migrate = |extra: &[&str]| {
+        let mut cli = Cli::new(["migrate", "--rules"])
+            .arg(rules.path())
+            .arg("--backend-url")
+            .arg(mariadb().url(db))
+            .arg("--apply");
+        for a in extra {
+            cli = cli.arg(a);
+        }
+        cli.run()
+    };
+    let (code, out, err) = migrate(&[]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    // Rebuilt as check advises for a rollup that missed writes (triggers dropped,
+    // emptied), and stopped half way.
+    mariadb().exec(&format!(
+        "USE {db}; DROP TRIGGER plays_by_track_day_hs_ins; DROP TRIGGER plays_by_track_day_hs_upd; \
+         DROP TRIGGER plays_by_track_day_hs_del; TRUNCATE TABLE plays_by_track_day"
+    ));
+    let (mut child, logs) = spawn_migrate(
+        rules.path(),
+        db,
+        &["--chunk", "20", "--max-rows-per-second", "400"],
+    );
+    kill_mid_way(&mut child, logs.path(), db, "plays_daily", "backfill", 100);
+    assert_eq!(deltas_left(db).len(), 4, "{:?}", deltas_left(db));
+    // The rule leaves the rule files; its revert drops what the backfill kept too.
+    let none = common::client::rules_dir("other.toml", "");
+    let (code, out, err) = Cli::new(["migrate", "--revert", "plays_daily", "--rules"])
+        .arg(none.path())
+        .arg("--backend-url")
+        .arg(mariadb().url(db))
+        .arg("--apply")
+        .run();
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains(
+            "DROP TABLE IF EXISTS `jobs_rollup_revert`.`plays_by_track_day_backfill_delta`"
+        ),
+        "{out}"
+    );
+    assert_eq!(deltas_left(db), Vec::<String>::new());
+    assert_eq!(
+        scalar(&format!(
+            "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = '{db}'"
+        ))
+        .as_deref(),
+        Some("0")
+    );
+    assert_eq!(job_row(db, "plays_daily", "backfill"), None);
+    // Writes to the log work without them.
+    write_to_log(db, 1);
 }
 
 const TIMELINE: &str = "CREATE TABLE follower (user_id INT UNSIGNED NOT NULL, follower_id INT UNSIGNED NOT NULL, \

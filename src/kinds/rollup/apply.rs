@@ -155,6 +155,9 @@ impl Migration for CheckedRollup {
             return emit(out, "");
         }
         print_locked_script(self, &missing, jobs, out)?;
+        if self.stale_delta && !self.backfill_due {
+            print_drop_delta(self, out)?;
+        }
         if apply {
             apply_locked(conn, self, &missing, jobs, out).await?;
         }

@@ -510,6 +510,28 @@ async fn apply_locked(
                 ),
             );
         }
+        if rule.restart {
+            // The check ran before the lock: a run that held it may have moved the
+            // backfill on (or finished it) since.
+            let now = crate::jobs::state(conn, &rule.job).await;
+            let same = match (&now, &rule.resume) {
+                (Ok(Some(s)), Some(r)) => s.unfinished() && s.position == r.position,
+                (Ok(Some(s)), None) => s.unfinished(),
+                _ => false,
+            };
+            if !same {
+                crate::jobs::unlock(conn, &rule.job).await;
+                now?;
+                return emit(
+                    out,
+                    &format!(
+                        "-- rule {}: the backfill of {} moved on in another run meanwhile; skipped (run migrate again)",
+                        rule.spec.name,
+                        rule.rollup.quoted()
+                    ),
+                );
+            }
+        }
         if rule.resume.is_none() {
             // Before anything of a new backfill exists: a run stopped from here on
             // finds no position of an earlier one.

@@ -982,3 +982,131 @@ fn partition_and_timeline_through_one_proxy_per_node() {
         .query_strings(&format!("SELECT COUNT(*) FROM {db}.Messages"));
     assert_eq!(rows[0][0].as_deref(), Some("120"));
 }
+
+/// A rollup backfill through node 1, killed half way (writes through the same
+/// node while it runs, through node 2 between the runs), continues at the next
+/// `migrate --apply` and ends exact on every node, its delta triggers and table
+/// gone everywhere.
+#[test]
+fn a_rollup_backfill_killed_on_a_node_continues_exact_on_every_node() {
+    let _serial = cluster_lock();
+    let cluster = galera();
+    let db = "cl_backfill";
+    let rows: Vec<String> = (0..1500)
+        .map(|i| {
+            format!(
+                "('2024-05-0{} 10:00:00', {}, {})",
+                1 + i % 7,
+                i % 13,
+                i % 101
+            )
+        })
+        .collect();
+    cluster.any_synced().exec(&format!(
+        "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; USE {db};
+         CREATE TABLE plays (id BIGINT AUTO_INCREMENT PRIMARY KEY, created_at DATETIME NULL,
+           track_id INT NULL, user_id INT NULL);
+         INSERT INTO plays (created_at, track_id, user_id) VALUES {};",
+        rows.join(", ")
+    ));
+    let rule = Rule::rollup(
+        "plays_daily",
+        "plays",
+        "plays_by_track_day",
+        "created_at",
+        "day",
+    )
+    .dimensions(&["track_id"])
+    .measures(&["count(*)", "sum(user_id)"]);
+    let rules = rules_dir("rollup.toml", &rule.toml());
+    let node = cluster.node(0);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_heatsink"))
+        .args([
+            "migrate",
+            "--apply",
+            "--chunk",
+            "20",
+            "--max-rows-per-second",
+            "300",
+        ])
+        .arg("--rules")
+        .arg(rules.path())
+        .arg("--backend-url")
+        .arg(node.url(db))
+        .env_remove("HEATSINK_BACKEND_URL")
+        .env_remove("HEATSINK_RULES")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn migrate");
+    let done = |n: &GaleraNode| -> Option<(String, u64)> {
+        let exists = n.query_strings(&format!(
+            "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' \
+             AND TABLE_NAME = 'heatsink_jobs'"
+        ));
+        if exists.is_empty() {
+            return None;
+        }
+        let rows = n.query_strings(&format!(
+            "SELECT state, CAST(rows_done AS CHAR) FROM {db}.heatsink_jobs WHERE rule = 'plays_daily'"
+        ));
+        let r = rows.into_iter().next()?;
+        Some((r[0].clone()?, r[1].as_deref()?.parse().ok()?))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut round = 0u64;
+    loop {
+        if done(node).is_some_and(|(s, n)| s == "running" && n >= 300) {
+            break;
+        }
+        if let Some(status) = child.try_wait().expect("wait") {
+            panic!("migrate ended ({status}) before it was half way");
+        }
+        assert!(Instant::now() < deadline, "the backfill made no progress");
+        if done(node).is_some_and(|(s, _)| s == "running") {
+            round += 1;
+            node.exec(&format!(
+                "USE {db}; UPDATE plays SET user_id = user_id + 1000, track_id = 99 WHERE id = {}; \
+                 DELETE FROM plays WHERE id = {}; \
+                 INSERT INTO plays (created_at, track_id, user_id) VALUES ('2024-05-02 11:00:00', 3, {round})",
+                1 + round * 37 % 1500,
+                2 + round * 53 % 1500
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("wait");
+    let (state, before) = done(node).expect("a job row");
+    assert_eq!(state, "running");
+    cluster.node(1).exec(&format!(
+        "USE {db}; UPDATE plays SET user_id = 5 WHERE id IN (7, 800, 1450); \
+         DELETE FROM plays WHERE id IN (8, 1200); \
+         INSERT INTO plays (created_at, track_id, user_id) VALUES ('2024-05-03 11:00:00', 4, 4)"
+    ));
+    let out = migrate_on(node, rules.path(), db);
+    assert!(out.contains("continuing at"), "{out}");
+    assert!(out.contains(&format!("({before} log rows done)")), "{out}");
+    let (state, total) = done(node).expect("a job row");
+    assert_eq!(state, "done");
+    assert!(total <= 1500, "{total}");
+    for n in cluster.nodes() {
+        let log = n.query_strings(&format!(
+            "SELECT CAST(track_id AS CHAR), DATE_FORMAT(created_at, '%Y-%m-%d'), COUNT(*), \
+             CAST(IFNULL(SUM(user_id), 0) AS CHAR) FROM {db}.plays GROUP BY 1, 2 ORDER BY 1, 2"
+        ));
+        let rollup = n.query_strings(&format!(
+            "SELECT CAST(track_id AS CHAR), DATE_FORMAT(hs_bucket, '%Y-%m-%d'), \
+             CAST(SUM(hs_rows) AS CHAR), CAST(CAST(SUM(hs_sum_user_id) AS SIGNED) AS CHAR) \
+             FROM {db}.plays_by_track_day GROUP BY 1, 2 HAVING SUM(hs_rows) <> 0 ORDER BY 1, 2"
+        ));
+        assert_eq!(log, rollup, "node {}", n.index() + 1);
+        let left = n.query_strings(&format!(
+            "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' \
+             AND TABLE_NAME LIKE '%backfill_delta' UNION ALL SELECT TRIGGER_NAME \
+             FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = '{db}' AND TRIGGER_NAME LIKE '%hs\\_bf\\_%'"
+        ));
+        assert!(left.is_empty(), "node {}: {left:?}", n.index() + 1);
+    }
+}

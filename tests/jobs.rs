@@ -141,6 +141,22 @@ fn job_row_on(server: &MariaDb, db: &str, rule: &str, job: &str) -> Option<(Stri
     ))
 }
 
+/// Waits until the rollup backfill of `rule` runs (its snapshot is taken).
+fn wait_running(child: &mut Child, logs: &std::path::Path, db: &str, rule: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while job_row(db, rule, "backfill").is_none_or(|(s, _)| s != "running") {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "migrate ended ({status}) before the job ran:\n{}\n{}",
+                std::fs::read_to_string(logs.join("out")).unwrap_or_default(),
+                std::fs::read_to_string(logs.join("err")).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "the job did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits until the job has committed at least `rows` items and is still running,
 /// then kills `child` with SIGKILL; returns the items done when it was killed.
 fn kill_mid_way(
@@ -218,26 +234,249 @@ fn a_throttled_backfill_prints_progress_lines_and_keeps_to_its_rate() {
     );
 }
 
-/// Writes straight to the log (the triggers keep the rollup): inserts, updates of
-/// rows on both sides of the backfill's progress, deletes.
+/// Writes straight to the log (the triggers keep the rollup): inserts of new rows,
+/// updates and deletes of old rows on both sides of the backfill's progress, an old
+/// key deleted and inserted again, a row moved from an old key past the backfill's
+/// last key, and a new row moved onto an old key.
 fn write_to_log(db: &str, round: u64) {
+    let deleted = 2 + round * 41 % 2000;
     mariadb().exec(&format!(
-        "USE {db}; INSERT INTO plays (created_at, track_id, user_id) VALUES \
-         ('2024-05-0{} 12:00:00', {}, {round}), (NULL, NULL, 7); \
+        "USE {db}; \
          UPDATE plays SET user_id = user_id + 1000, track_id = 99 WHERE id IN ({}, {}); \
-         DELETE FROM plays WHERE id IN ({}, {});",
-        1 + round % 7,
-        round % 5,
+         DELETE FROM plays WHERE id IN ({deleted}, {}); \
+         INSERT IGNORE INTO plays (id, created_at, track_id, user_id) VALUES \
+         ({deleted}, '2024-05-03 08:00:00', 4, {round}); \
+         UPDATE IGNORE plays SET id = id + 1000000 WHERE id = {}; \
+         INSERT INTO plays (created_at, track_id, user_id) VALUES \
+         ('2024-05-0{} 12:00:00', {}, {round}), (NULL, NULL, 7); \
+         UPDATE IGNORE plays SET id = {} WHERE id = LAST_INSERT_ID();",
         1 + round * 37 % 2000,
         1 + round * 53 % 2000,
-        2 + round * 41 % 2000,
+        3 + round * 59 % 2000,
+        4 + round * 43 % 2000,
+        1 + round % 7,
+        round % 5,
         3 + round * 59 % 2000,
     ));
 }
 
+/// A second rollup of the same log: hourly, no dimensions.
+fn hourly_rule() -> String {
+    Rule::rollup(
+        "plays_hourly",
+        "plays",
+        "plays_by_hour",
+        "created_at",
+        "hour",
+    )
+    .measures(&["count(*)", "count(track_id)"])
+    .toml()
+}
+
+/// (a fresh GROUP BY over the log, the hourly rollup's groups), sorted.
+fn hourly_and_log(db: &str) -> (Groups, Groups) {
+    let mut log = mariadb().query_strings(&format!(
+        "SELECT DATE_FORMAT(created_at, '%Y-%m-%d %H'), COUNT(*), COUNT(track_id) \
+         FROM {db}.plays GROUP BY DATE_FORMAT(created_at, '%Y-%m-%d %H')"
+    ));
+    let mut rollup = mariadb().query_strings(&format!(
+        "SELECT IF(hs_nulls & (1 << 31), NULL, DATE_FORMAT(hs_bucket, '%Y-%m-%d %H')), \
+         SUM(hs_rows), SUM(hs_count_track_id) FROM {db}.plays_by_hour \
+         GROUP BY hs_nulls, hs_bucket HAVING SUM(hs_rows) <> 0"
+    ));
+    log.sort();
+    rollup.sort();
+    (log, rollup)
+}
+
+/// The job's position in `heatsink_jobs`.
+fn job_position(db: &str, rule: &str) -> Option<u64> {
+    scalar(&format!(
+        "SELECT position FROM {db}.heatsink_jobs WHERE rule = '{rule}' AND job = 'backfill'"
+    ))
+    .and_then(|p| p.parse().ok())
+}
+
+/// The backfill's delta tables and triggers left in `db`.
+fn deltas_left(db: &str) -> Vec<String> {
+    mariadb()
+        .query_strings(&format!(
+            "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' \
+             AND TABLE_NAME LIKE '%backfill_delta' UNION ALL \
+             SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = '{db}' \
+             AND TRIGGER_NAME LIKE '%hs\\_bf\\_%'"
+        ))
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+        .collect()
+}
+
+/// Writes rounds `from..to` to the log on a thread, `pause` apart.
+fn writer(db: &str, from: u64, to: u64, pause: Duration) -> std::thread::JoinHandle<()> {
+    let db = db.to_string();
+    std::thread::spawn(move || {
+        for round in from..to {
+            write_to_log(&db, round);
+            std::thread::sleep(pause);
+        }
+    })
+}
+
+fn stdout_of(logs: &std::path::Path) -> String {
+    std::fs::read_to_string(logs.join("out")).unwrap_or_default()
+}
+
+/// The N of each "backfilled N log rows" line of a run's output.
+fn backfilled(out: &str) -> Vec<u64> {
+    out.lines()
+        .filter_map(|l| l.strip_prefix("-- applied: backfilled "))
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect()
+}
+
 #[test]
-fn a_rollup_backfill_killed_half_way_ends_exact_when_run_again() {
+fn a_rollup_backfill_killed_half_way_continues_and_ends_exact() {
     let db = "jobs_rollup_kill";
+    fresh_db(db, &plays(2000));
+    let rules = common::client::rules_dir(
+        "rollup.toml",
+        &format!("{}\n{}", rollup_rule(), hourly_rule()),
+    );
+    let throttled = ["--chunk", "20", "--max-rows-per-second", "400"];
+    // First run: killed a few chunks into the daily backfill, writers busy.
+    let (mut child, logs) = spawn_migrate(rules.path(), db, &throttled);
+    // The writes start once the snapshot is taken: its last key is then 2000.
+    wait_running(&mut child, logs.path(), db, "plays_daily");
+    let w = writer(db, 0, 20, Duration::from_millis(40));
+    let done1 = kill_mid_way(&mut child, logs.path(), db, "plays_daily", "backfill", 200);
+    w.join().unwrap();
+    assert!(done1 > 0 && done1 < 2000, "killed after {done1} rows");
+    let p1 = job_position(db, "plays_daily").unwrap();
+    // The writes to old rows are recorded, on both sides of the position.
+    let recorded = |cmp: &str| {
+        scalar(&format!(
+            "SELECT COUNT(*) FROM {db}.plays_by_track_day_backfill_delta WHERE hs_pk {cmp} {p1}"
+        ))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0)
+    };
+    assert!(
+        recorded("<=") > 0 && recorded(">") > 0,
+        "no deltas recorded"
+    );
+    assert_eq!(
+        job_row(db, "plays_daily", "backfill").map(|(s, _)| s),
+        Some("running".into())
+    );
+    // check names the stopped backfill and where it stopped.
+    let (_, out, err) = Cli::new(["check", "--rules"])
+        .arg(rules.path())
+        .arg("--backend-url")
+        .arg(mariadb().url(db))
+        .run();
+    assert!(
+        out.contains(&format!("stopped half way (at {p1} of 2000)"))
+            || err.contains(&format!("stopped half way (at {p1} of 2000)")),
+        "{out}\n{err}"
+    );
+    // Between the runs: more writes; the triggers are on.
+    for round in 20..30 {
+        write_to_log(db, round);
+    }
+    // Second run: continues at the position, killed again mid-way.
+    let (mut child, logs) = spawn_migrate(rules.path(), db, &throttled);
+    let w = writer(db, 30, 45, Duration::from_millis(40));
+    let done2 = kill_mid_way(
+        &mut child,
+        logs.path(),
+        db,
+        "plays_daily",
+        "backfill",
+        done1 + 300,
+    );
+    w.join().unwrap();
+    let out = stdout_of(logs.path());
+    assert!(
+        out.contains(&format!(
+            "continuing at {p1} of 2000 ({done1} log rows done)"
+        )),
+        "{out}"
+    );
+    let p2 = job_position(db, "plays_daily").unwrap();
+    assert!(
+        p2 > p1 && done2 > done1 && done2 < 2000,
+        "{p1} {p2} {done2}"
+    );
+    for round in 45..50 {
+        write_to_log(db, round);
+    }
+    // Third run: finishes the daily backfill from p2, then the hourly one (killed
+    // a few chunks in: several rollups of one log each keep their own deltas).
+    let (mut child, logs) = spawn_migrate(rules.path(), db, &throttled);
+    let w = writer(db, 50, 70, Duration::from_millis(40));
+    kill_mid_way(&mut child, logs.path(), db, "plays_hourly", "backfill", 200);
+    w.join().unwrap();
+    let out = stdout_of(logs.path());
+    assert!(
+        out.contains(&format!("continuing at {p2} of 2000")),
+        "{out}"
+    );
+    // The daily backfill did only the keys after p2, once.
+    let daily = backfilled(&out);
+    assert!(
+        daily.first().is_some_and(|n| *n <= 2000 - p2),
+        "the continuation redid work: {daily:?} after {p2}\n{out}"
+    );
+    let (state, total) = job_row(db, "plays_daily", "backfill").unwrap();
+    assert_eq!(state, "done");
+    assert!(
+        total <= 2000,
+        "{total} rows backfilled of at most 2000 keys"
+    );
+    let (log, rollup) = rollup_and_log(db);
+    assert_eq!(rollup, log, "the daily rollup once its backfill is done");
+    assert!(
+        deltas_left(db)
+            .iter()
+            .all(|t| t.starts_with("plays_by_hour")),
+        "{:?}",
+        deltas_left(db)
+    );
+    // Fourth run: the hourly backfill continues and ends.
+    let w = writer(db, 70, 80, Duration::from_millis(20));
+    let (code, out, err) = Cli::new(["migrate", "--rules"])
+        .arg(rules.path())
+        .arg("--backend-url")
+        .arg(mariadb().url(db))
+        .arg("--apply")
+        .run();
+    w.join().unwrap();
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("rule plays_hourly: the backfill of"), "{out}");
+    assert!(out.contains("continuing at"), "{out}");
+    assert!(err.contains("continuing after"), "{err}");
+    assert_eq!(
+        job_row(db, "plays_hourly", "backfill").map(|(s, _)| s),
+        Some("done".into())
+    );
+    let (log, rollup) = rollup_and_log(db);
+    assert_eq!(rollup, log, "the daily rollup after the last run");
+    let (log, rollup) = hourly_and_log(db);
+    assert_eq!(rollup, log, "the hourly rollup after the last run");
+    assert_eq!(deltas_left(db), Vec::<String>::new());
+    // And they stay exact under later writes.
+    for round in 80..85 {
+        write_to_log(db, round);
+    }
+    let (log, rollup) = rollup_and_log(db);
+    assert_eq!(rollup, log, "the daily rollup after more writes");
+    let (log, rollup) = hourly_and_log(db);
+    assert_eq!(rollup, log, "the hourly rollup after more writes");
+}
+
+#[test]
+fn a_stopped_rollup_backfill_without_its_delta_triggers_starts_over_exact() {
+    let db = "jobs_rollup_restart";
     fresh_db(db, &plays(2000));
     let rules = common::client::rules_dir("rollup.toml", &rollup_rule());
     let (mut child, logs) = spawn_migrate(
@@ -245,37 +484,26 @@ fn a_rollup_backfill_killed_half_way_ends_exact_when_run_again() {
         db,
         &["--chunk", "20", "--max-rows-per-second", "400"],
     );
-    // Writes while it runs, then the kill once several chunks are committed.
-    let writer = std::thread::spawn({
-        let db = db.to_string();
-        move || {
-            for round in 0..20 {
-                write_to_log(&db, round);
-                std::thread::sleep(Duration::from_millis(40));
-            }
-        }
-    });
+    let w = writer(db, 0, 10, Duration::from_millis(40));
     let done = kill_mid_way(&mut child, logs.path(), db, "plays_daily", "backfill", 200);
-    writer.join().unwrap();
+    w.join().unwrap();
     assert!(done > 0 && done < 2000, "killed after {done} rows");
-    assert_eq!(
-        job_row(db, "plays_daily", "backfill").map(|(s, _)| s),
-        Some("running".into())
-    );
-    // check names the stopped backfill.
+    // A delta trigger gone (dropped by hand): the deltas are incomplete, so the
+    // next run cannot continue and starts over.
+    mariadb().exec(&format!("DROP TRIGGER {db}.plays_by_track_day_hs_bf_upd"));
+    for round in 10..20 {
+        write_to_log(db, round);
+    }
     let (_, out, err) = Cli::new(["check", "--rules"])
         .arg(rules.path())
         .arg("--backend-url")
         .arg(mariadb().url(db))
         .run();
     assert!(
-        out.contains("stopped half way") || err.contains("stopped half way"),
+        out.contains("backfills it again (from the start)")
+            || err.contains("backfills it again (from the start)"),
         "{out}\n{err}"
     );
-    // Between the runs: more writes; the triggers are on.
-    for round in 20..30 {
-        write_to_log(db, round);
-    }
     let (code, out, err) = Cli::new(["migrate", "--rules"])
         .arg(rules.path())
         .arg("--backend-url")
@@ -284,18 +512,79 @@ fn a_rollup_backfill_killed_half_way_ends_exact_when_run_again() {
         .run();
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("a backfill stopped half way"), "{out}");
+    assert!(out.contains("started over"), "{out}");
+    assert!(!out.contains("continuing at"), "{out}");
     let (log, rollup) = rollup_and_log(db);
     assert_eq!(rollup, log, "the rollup after the second run");
     assert_eq!(
         job_row(db, "plays_daily", "backfill").map(|(s, _)| s),
         Some("done".into())
     );
-    // And it stays exact under later writes.
-    for round in 30..35 {
+    assert_eq!(deltas_left(db), Vec::<String>::new());
+    for round in 20..25 {
         write_to_log(db, round);
     }
     let (log, rollup) = rollup_and_log(db);
     assert_eq!(rollup, log, "the rollup after more writes");
+}
+
+#[test]
+fn an_unfinished_rollup_backfill_is_reverted_with_its_delta_triggers_and_table() {
+    let db = "jobs_rollup_revert";
+    fresh_db(db, &plays(2000));
+    let rules = common::client::rules_dir("rollup.toml", &rollup_rule());
+    let migrate = |extra: &[&str]| {
+        let mut cli = Cli::new(["migrate", "--rules"])
+            .arg(rules.path())
+            .arg("--backend-url")
+            .arg(mariadb().url(db))
+            .arg("--apply");
+        for a in extra {
+            cli = cli.arg(a);
+        }
+        cli.run()
+    };
+    let (code, out, err) = migrate(&[]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    // Rebuilt as check advises for a rollup that missed writes (triggers dropped,
+    // emptied), and stopped half way.
+    mariadb().exec(&format!(
+        "USE {db}; DROP TRIGGER plays_by_track_day_hs_ins; DROP TRIGGER plays_by_track_day_hs_upd; \
+         DROP TRIGGER plays_by_track_day_hs_del; TRUNCATE TABLE plays_by_track_day"
+    ));
+    let (mut child, logs) = spawn_migrate(
+        rules.path(),
+        db,
+        &["--chunk", "20", "--max-rows-per-second", "400"],
+    );
+    kill_mid_way(&mut child, logs.path(), db, "plays_daily", "backfill", 100);
+    assert_eq!(deltas_left(db).len(), 4, "{:?}", deltas_left(db));
+    // The rule leaves the rule files; its revert drops what the backfill kept too.
+    let none = common::client::rules_dir("other.toml", "");
+    let (code, out, err) = Cli::new(["migrate", "--revert", "plays_daily", "--rules"])
+        .arg(none.path())
+        .arg("--backend-url")
+        .arg(mariadb().url(db))
+        .arg("--apply")
+        .run();
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains(
+            "DROP TABLE IF EXISTS `jobs_rollup_revert`.`plays_by_track_day_backfill_delta`"
+        ),
+        "{out}"
+    );
+    assert_eq!(deltas_left(db), Vec::<String>::new());
+    assert_eq!(
+        scalar(&format!(
+            "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = '{db}'"
+        ))
+        .as_deref(),
+        Some("0")
+    );
+    assert_eq!(job_row(db, "plays_daily", "backfill"), None);
+    // Writes to the log work without them.
+    write_to_log(db, 1);
 }
 
 const TIMELINE: &str = "CREATE TABLE follower (user_id INT UNSIGNED NOT NULL, follower_id INT UNSIGNED NOT NULL, \

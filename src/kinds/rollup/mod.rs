@@ -116,20 +116,23 @@ impl RuleSpec for RollupSpec {
         crate::kinds::entry_toml(self.kind(), self)
     }
 
-    /// The rollup table and its three triggers on the log.
+    /// The rollup table and its three triggers on the log, and what an unfinished
+    /// backfill keeps: its delta table and three delta triggers.
     fn leftovers(&self, default_db: Option<&str>) -> std::result::Result<Leftovers, String> {
         let (log, physical) =
             crate::kinds::resolved(&self.table, &[&self.rollup_table], default_db)?;
         let triggers = physical
             .iter()
             .flat_map(|r| {
-                triggers::EVENTS
-                    .iter()
-                    .map(|e| crate::kinds::trigger_in(&log.db, &r.name, e.suffix()))
+                triggers::EVENTS.iter().flat_map(|e| {
+                    [e.suffix(), e.delta_suffix()]
+                        .map(|suffix| crate::kinds::trigger_in(&log.db, &r.name, suffix))
+                })
             })
             .collect();
+        let deltas: Vec<TableName> = physical.iter().map(schema::delta_table).collect();
         Ok(Leftovers {
-            tables: physical,
+            tables: physical.into_iter().chain(deltas).collect(),
             triggers,
         })
     }

@@ -78,12 +78,20 @@
 //! The chunks run through the job runner ([`crate::jobs`]): progress, throttle, and
 //! one transaction per chunk holding its upserts and its progress row in
 //! `heatsink_jobs`. A backfill stopped half way leaves a partial rollup and an
-//! unfinished progress row; the next `migrate --apply` starts it over: under the
-//! lock of step 1 it empties the rollup (`TRUNCATE`) before taking the new
-//! snapshot, which puts the rollup in the state of one created at that instant (no
-//! writer in flight, every trigger delta so far gone with the partial sums). It
-//! cannot continue instead: the old images of rows updated since T are only in the
-//! stopped run's snapshot (see `docs/design.md`, "Long jobs"). A non-empty rollup
+//! unfinished progress row; the next `migrate --apply` continues it. For that, under
+//! the lock of step 1 a backfill also notes its last key `end` (the log's largest
+//! key at T, in the comment of `<rollup>_backfill_delta`) and creates three delta
+//! triggers (`<rollup>_hs_bf_ins/_upd/_del`) that append, in the writer's
+//! transaction, the change the rollup's trigger makes to a row with a key up to
+//! `end`, with that key, to the delta table. The next run, under the same lock,
+//! subtracts the delta table's changes to keys after the position from the rollup
+//! and empties it in one transaction, then takes a new snapshot and goes on from the
+//! position up to `end` (the argument: `docs/design.md`, "Long jobs"). When the last
+//! chunk is committed the delta triggers and table are dropped. A stopped backfill
+//! whose delta table or triggers are incomplete starts over instead: under the lock
+//! it empties the rollup (`TRUNCATE`), which puts it in the state of one created at
+//! that instant (no writer in flight, every trigger delta so far gone with the
+//! partial sums), and starts a new backfill. A non-empty rollup
 //! whose triggers are missing has missed writes and is refused: drop the remaining
 //! triggers, empty it and run `migrate --apply` again.
 
@@ -124,6 +132,24 @@ pub(crate) struct Measured {
 /// The backfill's name as a job (its progress row in `heatsink_jobs`).
 pub const BACKFILL: &str = "backfill";
 
+/// Suffix of the backfill's delta table's name.
+pub(crate) const DELTA_SUFFIX: &str = "_backfill_delta";
+
+/// The start of the delta table's comment; the last key the backfill covers follows.
+const DELTA_COMMENT: &str = "heatsink: changes to log rows with a key <= ";
+
+/// A stopped backfill that can continue: its delta table and triggers cover the log
+/// keys up to `end`, and its chunks are committed up to `position`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Resume {
+    /// The largest key of the log when the backfill started (its last key).
+    pub end: String,
+    /// The key the last committed chunk ended at (`None`: no chunk committed).
+    pub position: Option<String>,
+    /// Items done so far.
+    pub rows_done: u64,
+}
+
 /// One of the three triggers on the log.
 pub(crate) use crate::schema::{NeededTrigger as Trigger, TriggerState};
 
@@ -146,8 +172,20 @@ pub(crate) struct CheckedRollup {
     /// The log has rows and the rollup none, or a backfill stopped half way.
     pub backfill_due: bool,
     /// A backfill stopped half way (its progress row is unfinished): the next one
-    /// empties the rollup under the lock and starts over.
+    /// continues it when it can ([`CheckedRollup::resume`]), else empties the
+    /// rollup under the lock and starts over.
     pub restart: bool,
+    /// The stopped backfill's delta table and triggers are complete: the next run
+    /// continues after its position instead of starting over.
+    pub resume: Option<Resume>,
+    /// The backfill's delta table (`<rollup>_backfill_delta`), which the delta
+    /// triggers fill while a backfill is unfinished.
+    pub delta: TableName,
+    /// `CREATE TABLE IF NOT EXISTS` of the delta table.
+    pub delta_create: String,
+    /// The delta table or a delta trigger exists and no backfill continues with
+    /// them: migrate drops them (a finished backfill's, or an incomplete set).
+    pub stale_delta: bool,
     /// The backfill's progress row.
     pub job: crate::jobs::JobKey,
     /// The existing rollup table has the legacy primary key order.
@@ -187,6 +225,13 @@ pub(crate) async fn check(
         triggers: Vec::new(),
         backfill_due: false,
         restart: false,
+        resume: None,
+        delta: TableName {
+            db: None,
+            name: String::new(),
+        },
+        delta_create: String::new(),
+        stale_delta: false,
         job: crate::jobs::JobKey {
             db: String::new(),
             rule: spec.name.clone(),
@@ -218,11 +263,29 @@ pub(crate) async fn check(
         )));
     }
     checked.job.db = checked.log.db.clone().unwrap_or_default();
-    checked.restart = !missing
-        && crate::jobs::state(conn, &checked.job)
-            .await
-            .map_err(SchemaError::Failed)?
-            .is_some_and(|s| s.unfinished());
+    checked.delta = delta_table(&checked.rollup);
+    checked.delta_create = delta_create_sql(&checked, &table);
+    let job = crate::jobs::state(conn, &checked.job)
+        .await
+        .map_err(SchemaError::Failed)?;
+    checked.restart = !missing && job.as_ref().is_some_and(|s| s.unfinished());
+    let delta = delta_state(conn, &checked).await?;
+    if checked.restart {
+        // The position is a key the backfill wrote; anything else starts over.
+        let numeric = |p: &str| {
+            let digits = p.strip_prefix('-').unwrap_or(p);
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+        };
+        let job = job.filter(|j| j.position.as_deref().is_none_or(numeric));
+        if let (Some(end), Some(job)) = (&delta.complete, &job) {
+            checked.resume = Some(Resume {
+                end: end.clone(),
+                position: job.position.clone(),
+                rows_done: job.rows_done,
+            });
+        }
+    }
+    checked.stale_delta = delta.any && checked.resume.is_none();
     checked.backfill_due = (log_has_rows && !rollup_has_rows) || checked.restart;
     if checked.backfill_due && checked.pk.is_none() {
         return Err(refuse(format!(
@@ -238,6 +301,110 @@ pub(crate) async fn check(
         ));
     }
     Ok(checked)
+}
+
+/// The backfill's delta table of `rollup`, in its database.
+pub(crate) fn delta_table(rollup: &TableName) -> TableName {
+    TableName {
+        db: rollup.db.clone(),
+        name: suffixed_name(&rollup.name, DELTA_SUFFIX),
+    }
+}
+
+/// The delta trigger of `event` on the log, named after the rollup table.
+pub(crate) fn delta_trigger(rule: &CheckedRollup, event: super::triggers::Event) -> TableName {
+    TableName {
+        db: rule.log.db.clone(),
+        name: suffixed_name(&rule.rollup.name, event.delta_suffix()),
+    }
+}
+
+/// The delta table's comment naming `end`, the backfill's last key.
+pub(crate) fn delta_comment(end: &str) -> String {
+    format!("{DELTA_COMMENT}{end}")
+}
+
+/// `CREATE TABLE IF NOT EXISTS` of the delta table: an append-only list of the
+/// changes the rollup's triggers made to log rows with keys up to the backfill's
+/// last key (each with the row's key), in the rollup's group columns (no slot).
+fn delta_create_sql(rule: &CheckedRollup, log: &Table) -> String {
+    let pk_type = rule
+        .pk
+        .as_deref()
+        .and_then(|pk| log.column(pk))
+        .map_or_else(|| "BIGINT".to_string(), |c| c.column_type.clone());
+    let mut lines = vec![
+        "  `hs_seq` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT".to_string(),
+        format!("  {} {pk_type} NOT NULL", quote(super::triggers::DELTA_PK)),
+    ];
+    lines.extend(
+        layout(rule)
+            .into_iter()
+            .filter(|(n, _)| n != "hs_slot")
+            .map(|(name, ty)| format!("  {} {ty} NOT NULL", quote(&name))),
+    );
+    lines.push("  PRIMARY KEY (`hs_seq`)".into());
+    lines.push(format!("  KEY ({})", quote(super::triggers::DELTA_PK)));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\n{}\n) {}",
+        rule.delta.quoted(),
+        lines.join(",\n"),
+        table_options(log)
+    )
+}
+
+/// What of a backfill's delta table and triggers exists.
+struct DeltaState {
+    /// The delta table or one of the delta triggers exists.
+    any: bool,
+    /// The backfill's last key, when the table and all three triggers exist and
+    /// the triggers' bodies are those of that key.
+    complete: Option<String>,
+}
+
+async fn delta_state(conn: &mut Conn, rule: &CheckedRollup) -> SchemaResult<DeltaState> {
+    use mysql_async::prelude::Queryable;
+    let comment: Option<Option<String>> = conn
+        .exec_first(
+            "SELECT TABLE_COMMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (
+                rule.delta.db.clone().unwrap_or_default(),
+                rule.delta.name.clone(),
+            ),
+        )
+        .await
+        .map_err(|e| crate::schema::schema_err(format!("reading {}", rule.delta.quoted()), e))?;
+    let table = comment.is_some();
+    let end = comment
+        .flatten()
+        .and_then(|c| c.strip_prefix(DELTA_COMMENT).map(str::to_string))
+        .filter(|e| {
+            let digits = e.strip_prefix('-').unwrap_or(e);
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+        });
+    let mut any = table;
+    let mut complete = end.is_some();
+    for event in super::triggers::EVENTS {
+        let name = delta_trigger(rule, event);
+        let Some(t) = crate::schema::existing_trigger(conn, &name).await? else {
+            complete = false;
+            continue;
+        };
+        any = true;
+        let body = end
+            .as_deref()
+            .map(|end| super::triggers::delta_body(rule, event, end));
+        let fits = t.table.eq_ignore_ascii_case(&rule.log.name)
+            && t.timing.eq_ignore_ascii_case("AFTER")
+            && t.event.eq_ignore_ascii_case(event.sql())
+            && body
+                .is_some_and(|b| crate::schema::normalize(&b) == crate::schema::normalize(&t.body));
+        complete &= fits;
+    }
+    Ok(DeltaState {
+        any,
+        complete: end.filter(|_| complete),
+    })
 }
 
 /// The log and the rollup table, each with its database: the rule's prefix, else

@@ -26,6 +26,15 @@ impl Event {
         }
     }
 
+    /// Suffix of the name of the delta trigger a backfill keeps while unfinished.
+    pub(crate) fn delta_suffix(self) -> &'static str {
+        match self {
+            Event::Insert => "_hs_bf_ins",
+            Event::Update => "_hs_bf_upd",
+            Event::Delete => "_hs_bf_del",
+        }
+    }
+
     /// The event as SQL (`INSERT`).
     pub(crate) fn sql(self) -> &'static str {
         match self {
@@ -132,11 +141,10 @@ fn slot_expr(slots: u32, galera: bool) -> String {
     }
 }
 
-/// The upsert adding (`sign` "") or subtracting (`sign` "-") the row `row`.
-fn upsert(rule: &CheckedRollup, row: &str, sign: &str, galera: bool) -> String {
-    let mut values = group_exprs(rule, row);
-    values.push(slot_expr(rule.spec.slots, galera));
-    values.push(format!("{sign}1"));
+/// The measures of row `row` (`hs_rows`, the `hs_count_<col>`, the `hs_sum_<col>`),
+/// added (`sign` "") or subtracted (`sign` "-").
+fn measure_values(rule: &CheckedRollup, row: &str, sign: &str) -> Vec<String> {
+    let mut values = vec![format!("{sign}1")];
     for c in counted(rule) {
         values.push(format!("{sign}({} IS NOT NULL)", col(row, c)));
     }
@@ -146,6 +154,14 @@ fn upsert(rule: &CheckedRollup, row: &str, sign: &str, galera: bool) -> String {
             col(row, c)
         ));
     }
+    values
+}
+
+/// The upsert adding (`sign` "") or subtracting (`sign` "-") the row `row`.
+fn upsert(rule: &CheckedRollup, row: &str, sign: &str, galera: bool) -> String {
+    let mut values = group_exprs(rule, row);
+    values.push(slot_expr(rule.spec.slots, galera));
+    values.extend(measure_values(rule, row, sign));
     format!(
         "INSERT INTO {} ({}) VALUES ({}) {}",
         rule.rollup.quoted(),
@@ -165,6 +181,65 @@ fn read_columns(rule: &CheckedRollup) -> Vec<String> {
         }
     }
     cols
+}
+
+/// The columns of the backfill's delta table a delta trigger fills, in order: the
+/// log row's key, the group (as in the rollup), the measures.
+pub(crate) fn delta_columns(rule: &CheckedRollup) -> Vec<String> {
+    let mut cols = vec![DELTA_PK.to_string()];
+    cols.extend(
+        super::schema::layout(rule)
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| n != "hs_slot"),
+    );
+    cols
+}
+
+/// The column of the delta table holding the log row's primary key.
+pub(crate) const DELTA_PK: &str = "hs_pk";
+
+/// The append to the delta table of row `row`'s contribution, added (`sign` "") or
+/// subtracted (`sign` "-"), when its key is at most `end`.
+fn delta_append(rule: &CheckedRollup, row: &str, sign: &str, end: &str) -> String {
+    let pk = col(row, rule.pk.as_deref().unwrap_or_default());
+    let mut values = vec![pk.clone()];
+    values.extend(group_exprs(rule, row));
+    values.extend(measure_values(rule, row, sign));
+    let cols: Vec<String> = delta_columns(rule).iter().map(|c| quote(c)).collect();
+    format!(
+        "IF {pk} <= {end} THEN INSERT INTO {} ({}) VALUES ({}); END IF",
+        rule.delta.quoted(),
+        cols.join(", "),
+        values.join(", ")
+    )
+}
+
+/// The body of the delta trigger of `event` while a backfill covering the log's keys
+/// up to `end` is unfinished: the same change the rollup's trigger makes, appended
+/// to the delta table with the row's key, for rows with a key of at most `end`. An
+/// update that changes the key moves the row's contribution from one key to
+/// another, so it is recorded even when no column the rollup reads changed.
+pub(crate) fn delta_body(rule: &CheckedRollup, event: Event, end: &str) -> String {
+    match event {
+        Event::Insert => format!("BEGIN {}; END", delta_append(rule, "NEW", "", end)),
+        Event::Delete => format!("BEGIN {}; END", delta_append(rule, "OLD", "-", end)),
+        Event::Update => {
+            let pk = rule.pk.as_deref().unwrap_or_default();
+            let mut same = vec![format!("{} <=> {}", col("OLD", pk), col("NEW", pk))];
+            same.extend(
+                read_columns(rule)
+                    .iter()
+                    .map(|c| format!("{} <=> {}", col("OLD", c), col("NEW", c))),
+            );
+            format!(
+                "BEGIN IF NOT ({}) THEN {}; {}; END IF; END",
+                same.join(" AND "),
+                delta_append(rule, "OLD", "-", end),
+                delta_append(rule, "NEW", "", end)
+            )
+        }
+    }
 }
 
 /// The trigger body (what follows `FOR EACH ROW`); `galera`: made on a Galera node

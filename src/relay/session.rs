@@ -1413,6 +1413,18 @@ impl Session {
     async fn prepare(&mut self, c: Logical) -> Result<()> {
         let engine = self.shared.engine.load_full();
         let digest = self.begin_digest(&c.payload()[1..]);
+        if let Some(hash) = digest {
+            // Counted in its digest's `prepares`, whatever its answer.
+            let sql = &c.payload()[1..];
+            let digester = &self.digester;
+            self.shared.digests.record_prepare(
+                hash,
+                self.state.current_db.as_deref(),
+                &self.user,
+                Instant::now(),
+                || digester.text(sql),
+            );
+        }
         let Some(decision) = self.statement_decision(&engine, &c, true).await? else {
             return Ok(());
         };

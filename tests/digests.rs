@@ -397,7 +397,11 @@ fn prepares_executes_refused_at_execute_and_multi_statement_queries() {
             let names: Vec<String> = r.collect().await.unwrap();
             assert_eq!(names, ["item5"]);
             r.drop_result().await.unwrap();
-            assert_eq!(c.affected_rows(), 1);
+            let name: Option<String> = c
+                .query_first("SELECT name AS changed FROM items WHERE id = 6")
+                .await
+                .unwrap();
+            assert_eq!(name.as_deref(), Some("z"));
         }
 
         let rows = digests(&mut admin, "SHOW DIGESTS").await;

@@ -157,7 +157,7 @@ fn main() {
     println!("|---|---:|---:|---:|");
     for _ in 0..2 {
         // The first pass warms up; the second is reported.
-        let report_it = table.len() > 0;
+        let report_it = !table.is_empty();
         let t = Clock::start();
         for i in 0..n {
             let sql = &point[(i % 1024) as usize];

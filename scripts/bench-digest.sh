@@ -11,10 +11,18 @@
 # statements/s, and the proxy's CPU time (user + system from /proc/PID/stat) over
 # the leg. The report gives the ratios on/off per round and their median.
 #
+# In the same run, the digest path alone (examples/digest_bench.rs: fingerprint, hot
+# key and one record per statement, single thread, CPU time per statement) for a
+# point select as text and as a prepared execute, a 50-item IN list and a 100-row
+# INSERT, set against the proxy's CPU per statement with digests off. CPU time, not
+# wall time: on a shared machine the wall clock counts the waits for a core. The
+# hardware instruction counters (`perf stat -e instructions:u`) are used when the
+# machine exposes them; the report says whether it does.
+#
 #   scripts/bench-digest.sh                     # about 4 minutes
 #   ROUNDS=3 DURATION=5 scripts/bench-digest.sh
 #
-# Environment: DURATION (10 s), ROUNDS (5), THREADS (16), TEXT (1), SKIP_BUILD=1,
+# Environment: DURATION (10 s), ROUNDS (9), THREADS (16), TEXT (1), SKIP_BUILD=1,
 # HEATSINK_BIN (default target/release/heatsink), OUT (bench/results/digest.md).
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,7 +31,7 @@ source "$SCRIPT_DIR/lib/mariadb.sh"
 cd "$HS_REPO_DIR"
 
 DURATION=${DURATION:-10}
-ROUNDS=${ROUNDS:-5}
+ROUNDS=${ROUNDS:-9}
 THREADS=${THREADS:-16}
 TEXT=${TEXT:-1}
 OUT=${OUT:-bench/results/digest.md}
@@ -32,7 +40,7 @@ TABLE_SIZE=10000
 export MARIADB_EXTRA_ARGS=${MARIADB_EXTRA_ARGS:---innodb-buffer-pool-size=256M}
 
 hs_install_traps
-[[ ${SKIP_BUILD:-0} == 1 ]] || cargo build --release --quiet --bin heatsink
+[[ ${SKIP_BUILD:-0} == 1 ]] || cargo build --release --quiet --bin heatsink --example digest_bench
 HEATSINK_BIN=${HEATSINK_BIN:-$HS_REPO_DIR/target/release/heatsink}
 export HEATSINK_BIN
 REV=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo " (uncommitted changes)")
@@ -111,13 +119,23 @@ for ((round = 1; round <= ROUNDS; round++)); do
   done
 done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+hs_log "the digest path alone (examples/digest_bench)"
+"$HS_REPO_DIR/target/release/examples/digest_bench" "${MICRO_ITERATIONS:-2000000}" >"$WORK/micro.md" 2>/dev/null ||
+  hs_die "digest_bench failed"
+if perf stat -e instructions:u -- true 2>&1 | grep -q "not supported"; then
+  COUNTERS="not exposed by this machine (perf stat: instructions:u not supported): CPU time instead"
+elif command -v perf >/dev/null; then
+  COUNTERS="exposed, but this script reads CPU time"
+else
+  COUNTERS="perf not installed: CPU time instead"
+fi
 SB_VERSION=$(sysbench --version | awk '{print $2}')
 
 B_REV=$REV B_VERSION=$MARIADB_VERSION B_SYSBENCH=$SB_VERSION B_LOAD_START=$load_start \
   B_LOAD_END=$load_end B_DURATION=$DURATION B_ROUNDS=$ROUNDS B_THREADS=$THREADS \
-  B_WORKLOADS=$WORKLOADS python3 - "$RAW" "$OUT" <<'PY'
+  B_WORKLOADS=$WORKLOADS B_COUNTERS=$COUNTERS python3 - "$RAW" "$OUT" "$WORK/micro.md" <<'PY'
 import datetime, os, statistics, sys
-raw, out = sys.argv[1:3]
+raw, out, micro = sys.argv[1:4]
 E = os.environ
 rows = {}
 for line in open(raw):
@@ -140,6 +158,7 @@ L = [
     f"- {rounds} rounds of {E['B_DURATION']} s per leg, {E['B_THREADS']} threads; two heatsink processes without rules, digests on (digest_table_size 2000) and off (0), legs back to back, order alternating",
     "- point_select: sysbench oltp_point_select (prepared statements, binary protocol); text_point_select: the same read as a text statement (`SELECT c FROM sbtestN WHERE id = K`)",
     "- CPU: user + system time of the proxy process over the leg (`/proc/PID/stat`) divided by the statements sysbench completed",
+    f"- hardware instruction counters: {E['B_COUNTERS']}",
     "",
     "## On / off",
     "",
@@ -153,7 +172,23 @@ for w in workloads:
              f" **{med(t):.3f}** | {', '.join(f'{x:.3f}' for x in t)} |"
              f" {med(cpu(r, w, 'on') for r in rr):.1f} | {med(cpu(r, w, 'off') for r in rr):.1f} |"
              f" **{med(c):.3f}** | {', '.join(f'{x:.3f}' for x in c)} |")
-L += ["", "Ratios are medians of per-round ratios (the two legs of a round ran back to back).", "",
+L += ["", "Ratios are medians of per-round ratios (the two legs of a round ran back to back).", ""]
+# The digest path alone, against the proxy's CPU per statement with digests off.
+off_cpu = {w: med(cpu(r, w, "off") for r in rr) for w in workloads}
+against = {"point select, text (COM_QUERY)": "text_point_select",
+           "point select, prepared (COM_STMT_EXECUTE)": "point_select"}
+L += ["## The digest path alone", "",
+      "`examples/digest_bench.rs`, single thread, CPU time (`/proc/thread-self/schedstat`) per statement: fingerprint, hot key and one `Digests::record` into a table holding the row (steady traffic).", "",
+      "| statement | bytes | iterations | CPU ns per statement | share of the proxy's CPU per statement (digests off, median) |",
+      "|---|---:|---:|---:|---:|"]
+for line in open(micro):
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) != 4 or not cells[3].isdigit():
+        continue
+    w = against.get(cells[0])
+    share = f"{int(cells[3]) / 1000 / off_cpu[w] * 100:.1f} % of {off_cpu[w]:.1f} µs" if w in off_cpu else ""
+    L.append(f"| {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | {share} |")
+L += ["",
       "## Raw numbers", "",
       "| round | workload | digests | statements | statements/s | proxy CPU ms | CPU µs per statement |",
       "|---:|---|---|---:|---:|---:|---:|"]

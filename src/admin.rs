@@ -1126,6 +1126,7 @@ impl AdminShim {
             text_col("handling"),
             text_col("rule"),
             text_col("hot_keys"),
+            num_col("prepares"),
         ];
         let rows = sorted_digests(&self.shared.digests, order, limit);
         let mut w = results.start(&cols).await?;
@@ -1148,6 +1149,7 @@ impl AdminShim {
             w.write_col(r.handling.label())?;
             w.write_col(r.rule)?;
             w.write_col(r.hot_keys)?;
+            w.write_col(r.prepares)?;
             w.end_row().await?;
         }
         w.finish().await

@@ -301,6 +301,73 @@ fn in_list(list: &[&[u8]], w: &[u8]) -> bool {
     list.iter().any(|k| k.eq_ignore_ascii_case(w))
 }
 
+/// A word packed for a [`WordSet`]: its first 32 bytes uppercase, left-aligned, so
+/// that packed words order as the words do.
+const fn pack_word(w: &[u8]) -> (u128, u128) {
+    let mut hi = 0u128;
+    let mut lo = 0u128;
+    let mut i = 0;
+    while i < w.len() && i < 32 {
+        let b = w[i].to_ascii_uppercase() as u128;
+        if i < 16 {
+            hi |= b << (8 * (15 - i));
+        } else {
+            lo |= b << (8 * (31 - i));
+        }
+        i += 1;
+    }
+    (hi, lo)
+}
+
+/// A set of words of at most 32 bytes (alphabetical, uppercase), matched without
+/// regard to case: a binary search over packed words, not a scan of the list (this
+/// runs for every word of every statement digested).
+struct WordSet<const N: usize>([(u128, u128); N]);
+
+impl<const N: usize> WordSet<N> {
+    const fn new(words: &[&[u8]; N]) -> WordSet<N> {
+        let mut keys = [(0u128, 0u128); N];
+        let mut i = 0;
+        while i < N {
+            keys[i] = pack_word(words[i]);
+            i += 1;
+        }
+        WordSet(keys)
+    }
+
+    #[inline]
+    fn contains(&self, w: &[u8]) -> bool {
+        (1..=32).contains(&w.len()) && self.0.binary_search(&pack_word(w)).is_ok()
+    }
+}
+
+/// [`START_EXPR_WORDS`], packed.
+static START_EXPR_SET: WordSet<{ START_EXPR_WORDS.len() }> = WordSet::new(&{
+    let mut a: [&[u8]; START_EXPR_WORDS.len()] = [b""; START_EXPR_WORDS.len()];
+    let mut i = 0;
+    while i < a.len() {
+        a[i] = START_EXPR_WORDS[i];
+        i += 1;
+    }
+    a
+});
+/// [`MORE_KEYWORDS`], packed.
+static MORE_KEYWORD_SET: WordSet<{ MORE_KEYWORDS.len() }> = WordSet::new(&{
+    let mut a: [&[u8]; MORE_KEYWORDS.len()] = [b""; MORE_KEYWORDS.len()];
+    let mut i = 0;
+    while i < a.len() {
+        a[i] = MORE_KEYWORDS[i];
+        i += 1;
+    }
+    a
+});
+
+/// A keyword MariaDB's digest uppercases that the lexer does not know as one.
+#[inline]
+fn more_keyword(w: &[u8]) -> bool {
+    MORE_KEYWORD_SET.contains(w)
+}
+
 /// Where a `column = value` equality of the WHERE clause lies (token indexes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct HotSpot {
@@ -453,8 +520,7 @@ impl Digester {
                 TokenKind::Word => {
                     // Keywords also before `(` (`IN (…)`, `VALUES (…)`, `IF(…)`): MariaDB's
                     // digest shows every keyword uppercase, function or not.
-                    let keyword =
-                        !after_dot && (sqltok::is_keyword(bytes) || in_list(MORE_KEYWORDS, bytes));
+                    let keyword = !after_dot && (sqltok::is_keyword(bytes) || more_keyword(bytes));
                     let (s, e) = span(&t);
                     if keyword {
                         if bytes.eq_ignore_ascii_case(b"WHERE") {
@@ -632,7 +698,7 @@ fn needs_quotes(name: &[u8]) -> bool {
         || !name.iter().all(|&b| sqltok::is_ident_byte(b))
         || name.iter().all(u8::is_ascii_digit)
         || sqltok::is_keyword(name)
-        || in_list(MORE_KEYWORDS, name)
+        || more_keyword(name)
         || name.eq_ignore_ascii_case(b"NULL")
 }
 
@@ -643,7 +709,7 @@ fn is_punct(sql: &[u8], d: Option<&DTok>, p: &[u8]) -> bool {
 fn starts_expr(sql: &[u8], d: Option<&DTok>) -> bool {
     match d {
         Some(DTok::Text(s, e)) => in_list(START_EXPR_PUNCT, &sql[*s as usize..*e as usize]),
-        Some(DTok::Keyword(s, e)) => in_list(START_EXPR_WORDS, &sql[*s as usize..*e as usize]),
+        Some(DTok::Keyword(s, e)) => START_EXPR_SET.contains(&sql[*s as usize..*e as usize]),
         _ => false,
     }
 }
@@ -973,6 +1039,7 @@ struct Row {
     handling: [u64; 5],
     rule: Option<Arc<str>>,
     hot: Option<Box<HotKeys>>,
+    prepares: u64,
 }
 
 /// The bucket of a latency in µs: 0 for 0, then two per power of two.
@@ -1095,6 +1162,7 @@ impl Row {
             handling: best,
             rule: self.rule.as_deref().map(str::to_string),
             hot_keys: self.hot.as_ref().map(|h| h.json()),
+            prepares: self.prepares,
         }
     }
 }
@@ -1138,6 +1206,8 @@ pub struct DigestRow {
     pub rule: Option<String>,
     /// The hot-key JSON.
     pub hot_keys: Option<String>,
+    /// COM_STMT_PREPAREs of the statement (its executes are in `count_star`).
+    pub prepares: u64,
 }
 
 /// Columns `SHOW DIGESTS` may be ordered by.
@@ -1152,6 +1222,7 @@ pub const ORDER_COLUMNS: &[&str] = &[
     "rows_sent",
     "rows_affected",
     "errors",
+    "prepares",
 ];
 
 impl DigestRow {
@@ -1168,6 +1239,7 @@ impl DigestRow {
             "rows_sent" => self.rows_sent,
             "rows_affected" => self.rows_affected,
             "errors" => self.errors,
+            "prepares" => self.prepares,
             _ => return None,
         })
     }
@@ -1224,6 +1296,7 @@ impl DigestRow {
             Some(h) => o.push_str(h),
             None => o.push_str("null"),
         }
+        num(&mut o, "prepares", self.prepares);
         o.push('}');
         o
     }
@@ -1383,7 +1456,45 @@ impl Digests {
         }
         self.by_handling[s.handling.index()].fetch_add(1, Relaxed);
         let now = self.base.1 + s.at.saturating_duration_since(self.base.0).as_secs();
-        let key = row_key(s.hash, s.schema, s.user);
+        self.with_row(s.hash, s.schema, s.user, now, text, |row, tick| {
+            row.add(s, now, tick)
+        });
+    }
+
+    /// Counts one COM_STMT_PREPARE of the statement of digest `hash` (its executes
+    /// are counted by [`Digests::record`]); `text` makes its digest text when the
+    /// row is new.
+    pub fn record_prepare(
+        &self,
+        hash: u64,
+        schema: Option<&str>,
+        user: &str,
+        at: Instant,
+        text: impl FnOnce() -> String,
+    ) {
+        if self.max == 0 {
+            return;
+        }
+        let now = self.base.1 + at.saturating_duration_since(self.base.0).as_secs();
+        self.with_row(hash, schema, user, now, text, |row, tick| {
+            row.prepares += 1;
+            row.last_seen = row.last_seen.max(now);
+            row.tick = tick;
+        });
+    }
+
+    /// Applies `update` to the row of (`hash`, `schema`, `user`), made (with `text`)
+    /// if it is new, under its shard's lock.
+    fn with_row(
+        &self,
+        hash: u64,
+        schema: Option<&str>,
+        user: &str,
+        now: u64,
+        text: impl FnOnce() -> String,
+        update: impl FnOnce(&mut Row, u64),
+    ) {
+        let key = row_key(hash, schema, user);
         let spread = mix((key as u64) ^ ((key >> 64) as u64));
         let (m, cap) = &self.shards[(spread % self.shards.len() as u64) as usize];
         let mut g = lock(m);
@@ -1391,7 +1502,7 @@ impl Digests {
         let tick = g.tick;
         if let Some(&i) = g.map.get(&key) {
             if let Some(row) = g.rows.get_mut(i) {
-                row.add(s, now, tick);
+                update(row, tick);
             }
             return;
         }
@@ -1402,9 +1513,9 @@ impl Digests {
         }
         let mut row = Row {
             key,
-            digest: s.hash,
-            schema: s.schema.map(Into::into),
-            user: s.user.into(),
+            digest: hash,
+            schema: schema.map(Into::into),
+            user: user.into(),
             text: text().into(),
             count: 0,
             first_seen: now,
@@ -1421,8 +1532,9 @@ impl Digests {
             handling: [0; 5],
             rule: None,
             hot: None,
+            prepares: 0,
         };
-        row.add(s, now, tick);
+        update(&mut row, tick);
         let i = g.rows.len();
         g.rows.push(row);
         g.map.insert(key, i);
@@ -1764,6 +1876,62 @@ mod tests {
         let off = Digests::new(0);
         off.record(&sample(1, "u", 1), || "x".into());
         assert_eq!(off.len(), 0);
+    }
+
+    #[test]
+    fn word_sets_match_their_lists() {
+        for list in [MORE_KEYWORDS, START_EXPR_WORDS] {
+            assert!(list.windows(2).all(|w| w[0] < w[1]), "sorted");
+            assert!(list.iter().all(|w| w.len() <= 32));
+        }
+        for w in MORE_KEYWORDS {
+            assert!(more_keyword(w) && more_keyword(&w.to_ascii_lowercase()));
+        }
+        for w in START_EXPR_WORDS {
+            assert!(START_EXPR_SET.contains(&w.to_ascii_lowercase()));
+        }
+        for w in [
+            &b"SQL_CALC_FOUND_ROW"[..],
+            b"sql_calc_found_rows_",
+            b"",
+            b"A",
+            b"id",
+            b"ALTERS",
+        ] {
+            assert!(!more_keyword(w), "{}", String::from_utf8_lossy(w));
+        }
+        assert!(!START_EXPR_SET.contains(b"ANDX") && !START_EXPR_SET.contains(b"A"));
+    }
+
+    #[test]
+    fn prepares_count_in_their_row() {
+        let t = Digests::new(10);
+        let at = Instant::now();
+        // A prepare makes the row (no execute yet), executes count in the same row.
+        t.record_prepare(1, Some("db"), "u", at, || "one".into());
+        t.record_prepare(1, Some("db"), "u", at, || unreachable!());
+        let rows = t.rows();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (rows[0].prepares, rows[0].count_star, rows[0].min_time_us),
+            (2, 0, 0)
+        );
+        assert_eq!(rows[0].p99_time_us, 0);
+        t.record(&sample(1, "u", 5), || unreachable!());
+        let rows = t.rows();
+        assert_eq!((rows[0].prepares, rows[0].count_star), (2, 1));
+        assert!(
+            rows[0].json().ends_with(",\"prepares\":2}"),
+            "{}",
+            rows[0].json()
+        );
+        assert_eq!(rows[0].order_value("prepares"), Some(2));
+        // Counted per (digest, schema, user); nothing when digests are off.
+        t.record_prepare(1, Some("db"), "v", at, || "one".into());
+        assert_eq!(t.len(), 2);
+        let off = Digests::new(0);
+        off.record_prepare(1, None, "u", at, || "x".into());
+        assert!(off.is_empty());
     }
 
     #[test]

@@ -26,7 +26,7 @@ const COUNTER: &str = "page_hits";
 const ADMIN_PW: &str = "adm-pw";
 
 /// The columns of `SHOW DIGESTS`, in order (the row contract).
-const COLUMNS: [&str; 18] = [
+const COLUMNS: [&str; 19] = [
     "digest",
     "schema_name",
     "user",
@@ -45,6 +45,7 @@ const COLUMNS: [&str; 18] = [
     "handling",
     "rule",
     "hot_keys",
+    "prepares",
 ];
 
 fn admin_url(addr: SocketAddr) -> String {
@@ -231,6 +232,8 @@ fn digests_of_all_traffic() {
         let rows = digests(&mut admin, "SHOW DIGESTS").await;
         let read = row(&rows, db, "SELECT name FROM items WHERE id = ?");
         assert_eq!(read.n("count_star"), 8, "{read:?}");
+        // The client prepared it once (its statement cache) for its three executes.
+        assert_eq!(read.n("prepares"), 1, "{read:?}");
         assert_eq!(read.n("rows_sent"), 6, "{read:?}");
         assert_eq!((read.n("errors"), read.s("error_codes")), (0, ""));
         assert_eq!(
@@ -249,6 +252,7 @@ fn digests_of_all_traffic() {
 
         let upd = row(&rows, db, "UPDATE items SET name = ? WHERE id <= ?");
         assert_eq!((upd.n("count_star"), upd.n("rows_affected")), (2, 5));
+        assert_eq!(upd.n("prepares"), 0);
         assert_eq!((upd.n("rows_sent"), upd.s("hot_keys")), (0, "NULL"));
         let dup = row(&rows, db, "INSERT INTO items VALUES (...)");
         assert_eq!((dup.n("errors"), dup.s("error_codes")), (1, "1062:1"));
@@ -327,6 +331,108 @@ fn digests_of_all_traffic() {
             row(&rows, db, "SELECT name FROM items WHERE id = ?").n("count_star"),
             1
         );
+    });
+}
+
+/// COM_STMT_PREPARE is counted in its digest's `prepares` (refused prepares too);
+/// executes refused at COM_STMT_EXECUTE count as refused; a COM_QUERY of several
+/// statements is one digest (docs/design.md, "Query digests").
+#[test]
+fn prepares_executes_refused_at_execute_and_multi_statement_queries() {
+    let db = "dg_prepares";
+    let env = Env::builder(db)
+        .schema(
+            "CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0); \
+             INSERT INTO hits VALUES ('home', 10), ('about', 3); \
+             CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(32) NOT NULL); \
+             INSERT INTO items SELECT seq, CONCAT('item', seq) FROM seq_1_to_100;",
+        )
+        .rule("hits.toml", counter_rule(COUNTER))
+        .migrate()
+        .metrics()
+        .admin(ADMIN_PW)
+        .start();
+    run(LIMIT, async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut admin = connect(&admin_url(env.admin_addr())).await;
+        let read = "SELECT name FROM items WHERE id = ?";
+        // Prepared three times, once executed each; and once for four executes.
+        for id in [1i64, 2, 3] {
+            for c in [&mut p, &mut d] {
+                let stmt = c.prep(read).await.unwrap();
+                let name: Option<String> = c.exec_first(&stmt, (id,)).await.unwrap();
+                assert_eq!(name, Some(format!("item{id}")));
+                c.close(stmt).await.unwrap();
+            }
+        }
+        let other = "SELECT id FROM items WHERE name = ?";
+        let stmt = p.prep(other).await.unwrap();
+        for k in 0..4 {
+            let _: Vec<i64> = p.exec(&stmt, (format!("item{k}"),)).await.unwrap();
+        }
+        p.close(stmt).await.unwrap();
+        // A counter's increment: rewritten once, refused twice at execute (a key
+        // longer than the column).
+        let inc = "UPDATE hits SET cnt = cnt + ? WHERE slug = ?";
+        let stmt = p.prep(inc).await.unwrap();
+        p.exec_drop(&stmt, (1, "home")).await.unwrap();
+        for _ in 0..2 {
+            match p.exec_drop(&stmt, (1, "k".repeat(80))).await {
+                Err(mysql_async::Error::Server(e)) => assert_eq!(e.code, 1105, "{e:?}"),
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
+        p.close(stmt).await.unwrap();
+        // A prepare the counter refuses: a prepare, no execute.
+        assert!(p
+            .prep("UPDATE hits SET cnt = cnt * ? WHERE slug = ?")
+            .await
+            .is_err());
+        // Several statements in one COM_QUERY: one digest, as the proxy sees one
+        // client statement; the results are MariaDB's.
+        let multi = "SELECT name FROM items WHERE id = 5; UPDATE items SET name = 'z' WHERE id = 6";
+        for c in [&mut p, &mut d] {
+            let mut r = c.query_iter(multi).await.unwrap();
+            let names: Vec<String> = r.collect().await.unwrap();
+            assert_eq!(names, ["item5"]);
+            r.drop_result().await.unwrap();
+            let name: Option<String> = c
+                .query_first("SELECT name AS changed FROM items WHERE id = 6")
+                .await
+                .unwrap();
+            assert_eq!(name.as_deref(), Some("z"));
+        }
+
+        let rows = digests(&mut admin, "SHOW DIGESTS").await;
+        let r = row(&rows, db, read);
+        assert_eq!(
+            (r.n("prepares"), r.n("count_star"), r.n("rows_sent")),
+            (3, 3, 3)
+        );
+        let o = row(&rows, db, other);
+        assert_eq!((o.n("prepares"), o.n("count_star")), (1, 4));
+        let i = row(&rows, db, inc);
+        assert_eq!((i.n("prepares"), i.n("count_star")), (1, 3), "{i:?}");
+        assert_eq!(
+            (i.s("handling"), i.s("rule"), i.s("error_codes")),
+            ("refused", COUNTER, "1105:2")
+        );
+        let refused = row(&rows, db, "UPDATE hits SET cnt = cnt * ? WHERE slug = ?");
+        assert_eq!((refused.n("prepares"), refused.n("count_star")), (1, 0));
+        let m = row(
+            &rows,
+            db,
+            "SELECT name FROM items WHERE id = ? ; UPDATE items SET name = ? WHERE id = ?",
+        );
+        assert_eq!((m.n("count_star"), m.n("prepares")), (1, 0), "{m:?}");
+        assert_eq!((m.n("rows_sent"), m.n("rows_affected")), (1, 1), "{m:?}");
+
+        let by = digests(&mut admin, "SHOW DIGESTS ORDER BY prepares DESC LIMIT 1").await;
+        assert_eq!(by[0].text(), read);
+        let (status, body) = common::http_get(env.metrics_addr(), "/digests");
+        assert_eq!(status, 200);
+        assert!(body.contains("\"prepares\":3}"), "{body}");
     });
 }
 

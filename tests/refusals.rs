@@ -530,3 +530,210 @@ fn examples_follow_the_sessions_sql_mode_and_character_set() {
         assert_eq!(log_lines(&env, &[REFUSED_LINE]), 2, "{}", env.tail());
     });
 }
+
+/// The error of a prepared statement's execute, which must be a refusal by `rule`.
+async fn assert_execute_refused(
+    conn: &mut Conn,
+    stmt: &mysql_async::Statement,
+    params: mysql_async::Params,
+    rule: &str,
+) -> mysql_async::ServerError {
+    match conn.exec_drop(stmt, params).await {
+        Err(mysql_async::Error::Server(e)) => {
+            assert_eq!((e.code, e.state.as_str()), (1105, "HY000"), "{e:?}");
+            assert!(
+                e.message.contains(&format!("heatsink rule '{rule}'")),
+                "{e:?}"
+            );
+            e
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Executes of a prepared statement (binary protocol) refused at COM_STMT_EXECUTE
+/// for a parameter value the rule's check does not take are listed in `SHOW
+/// REFUSALS` under the prepared text; an execute whose value the check declines
+/// runs the client's statement (as MariaDB answers it directly) and is listed in
+/// `SHOW FALLBACKS`. Reasons, examples and log lines show no parameter value.
+#[test]
+fn refusals_and_fallbacks_decided_at_execute() {
+    let db = "rf_execute";
+    let rollup = Rule::rollup(ROLLUP, "plays", "plays_by_country_day", "created_at", "day")
+        .dimensions(&["track_id", "country"])
+        .measures(&["count(*)", "count(user_id)", "sum(user_id)"]);
+    let env = Env::builder(db)
+        .schema(format!(
+            "CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0); \
+             INSERT INTO hits VALUES ('home', 10), ('about', 3); {PLAYS}"
+        ))
+        .rule("hits.toml", counter_rule(COUNTER))
+        .rule("plays.toml", rollup.toml())
+        .migrate()
+        .metrics()
+        .admin(ADMIN_PW)
+        .start();
+    run(LIMIT, async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut admin = connect(&admin_url(env.admin_addr())).await;
+        let update = "UPDATE hits SET cnt = cnt + ? WHERE slug = ?";
+        let stmt = p.prep(update).await.unwrap();
+        // Rewritten: a value the checks take.
+        p.exec_drop(&stmt, (1, "home")).await.unwrap();
+        // A key longer than the column (twice, other values): one shape.
+        let long_a = format!("secret-a{}", "x".repeat(70));
+        let long_b = format!("secret-b{}", "y".repeat(90));
+        let mut messages = Vec::new();
+        for key in [&long_a, &long_b] {
+            let e = assert_execute_refused(&mut p, &stmt, (1, key.as_str()).into(), COUNTER).await;
+            messages.push(e.message);
+        }
+        // An increment out of the counter's range: its message names the value, its
+        // reason does not.
+        let big: i64 = 4_000_000_000_000_000_000;
+        let e = assert_execute_refused(&mut p, &stmt, (big, "home").into(), COUNTER).await;
+        assert!(e.message.contains(&big.to_string()), "{e:?}");
+        p.close(stmt).await.unwrap();
+
+        let refusals = shapes(&mut admin, "SHOW REFUSALS").await;
+        assert_eq!(refusals.len(), 2, "{refusals:?}");
+        let top = &refusals[0];
+        assert_eq!(
+            (
+                top.rule.as_str(),
+                top.mode.as_deref(),
+                top.class.as_deref(),
+                top.count
+            ),
+            (COUNTER, Some("on"), Some("value"), 2)
+        );
+        assert_eq!(top.example, update);
+        assert_eq!(
+            top.reason,
+            "a string parameter longer than 64 bytes cannot be rewritten with MariaDB's meaning"
+        );
+        // The client's message is the rule's and the same reason.
+        assert!(
+            messages
+                .iter()
+                .all(|m| *m == format!("heatsink rule '{COUNTER}': {}", top.reason)),
+            "{messages:?}"
+        );
+        let range = &refusals[1];
+        assert_eq!((range.count, range.class.as_deref()), (1, Some("value")));
+        assert_eq!(range.fingerprint, top.fingerprint);
+        assert_eq!(
+            range.reason,
+            "a parameter value outside -999999999999999999..=999999999999999999 cannot be rewritten with MariaDB's meaning"
+        );
+        assert_eq!(
+            metric(&env, "heatsink_refusals_total{class=\"value\"}"),
+            3.0
+        );
+
+        // A rollup read whose date parameter the check declines (not a valid date):
+        // the client's statement runs, as it does directly.
+        let read = "SELECT COUNT(*) AS n FROM plays WHERE created_at >= ?";
+        for value in ["2024-02-30", "2024-03-01 10:30:00", "2024-13-01"] {
+            let proxied: Vec<i64> = p.exec(read, (value,)).await.unwrap();
+            let direct: Vec<i64> = d.exec(read, (value,)).await.unwrap();
+            assert_eq!(proxied, direct, "{value}");
+        }
+        let fell = shapes(&mut admin, "SHOW FALLBACKS").await;
+        assert_eq!(fell.len(), 1, "{fell:?}");
+        assert_eq!(
+            (
+                fell[0].rule.as_str(),
+                fell[0].count,
+                fell[0].example.as_str()
+            ),
+            (ROLLUP, 2, read)
+        );
+        assert!(
+            fell[0].reason.contains("not a valid date and time"),
+            "{fell:?}"
+        );
+
+        // The first sighting of each shape is logged once; no value anywhere.
+        for s in &refusals {
+            assert_eq!(
+                log_lines(&env, &[REFUSED_LINE, &s.fingerprint, &s.reason]),
+                1,
+                "{s:?}\n{}",
+                env.tail()
+            );
+        }
+        assert_eq!(
+            log_lines(&env, &[FALLBACK_LINE, &fell[0].fingerprint, ROLLUP]),
+            1,
+            "{}",
+            env.tail()
+        );
+        let all = format!("{refusals:?}{fell:?}{}", env.proxy.log_text());
+        for value in ["secret", &big.to_string(), "2024-02-30", "2024-13-01"] {
+            assert!(!all.contains(value), "{value}: {all}");
+        }
+    });
+}
+
+/// Shadow mode: an execute the rule would refuse for its parameter value runs
+/// unchanged (as directly) and is listed in `SHOW REFUSALS` as `shadow`, with the
+/// shadow first-seen line.
+#[test]
+fn shadow_refusals_decided_at_execute() {
+    let db = "rf_shadow_execute";
+    create_counter_db(db, "", "('home', 10), ('about', 3)");
+    let shadow = Rule::counter(COUNTER, "hits")
+        .slots(4)
+        .set("mode", "\"shadow\"");
+    let env = Env::builder(db)
+        .rule("hits.toml", shadow.toml())
+        .metrics()
+        .admin(ADMIN_PW)
+        .start();
+    run(LIMIT, async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let mut admin = connect(&admin_url(env.admin_addr())).await;
+        let update = "UPDATE hits SET cnt = cnt + ? WHERE slug = ?";
+        let long = format!("secret-{}", "z".repeat(80));
+        let cases: [(i64, &str); 3] = [(1, "home"), (2, &long), (3, &long)];
+        for (inc, key) in cases {
+            for c in [&mut p, &mut d] {
+                let stmt = c.prep(update).await.unwrap();
+                let r = c.exec_drop(&stmt, (inc, key)).await;
+                assert!(r.is_ok(), "{r:?}");
+                assert_eq!(c.affected_rows(), u64::from(key == "home"));
+                c.close(stmt).await.unwrap();
+            }
+        }
+        let refusals = shapes(&mut admin, "SHOW REFUSALS").await;
+        assert_eq!(refusals.len(), 1, "{refusals:?}");
+        let s = &refusals[0];
+        assert_eq!(
+            (
+                s.mode.as_deref(),
+                s.class.as_deref(),
+                s.count,
+                s.example.as_str()
+            ),
+            (Some("shadow"), Some("value"), 2, update)
+        );
+        assert_eq!(
+            s.reason,
+            "a string parameter longer than 64 bytes cannot be rewritten with MariaDB's meaning"
+        );
+        assert_eq!(
+            log_lines(&env, &[SHADOW_LINE, &s.fingerprint]),
+            1,
+            "{}",
+            env.tail()
+        );
+        assert_eq!(log_lines(&env, &[REFUSED_LINE]), 0);
+        assert!(!env.proxy.log_text().contains("secret"));
+        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
+        let col = cols.iter().position(|c| c == "shadow_rejects").unwrap();
+        assert_eq!(stats[0][col], "2");
+    });
+}

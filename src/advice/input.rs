@@ -107,6 +107,7 @@ pub async fn from_admin(url: &str) -> Result<Vec<DigestRow>> {
             handling: named(r, "handling"),
             rule: named(r, "rule"),
             hot_keys: named(r, "hot_keys"),
+            prepares: number(r, "prepares"),
         })
         .collect())
 }
@@ -196,6 +197,8 @@ pub async fn from_performance_schema(conn: &mut Conn) -> Result<Vec<Observed>> {
             handling: Some("passthrough".into()),
             rule: None,
             hot_keys: None,
+            // performance_schema's digest summary does not count prepares.
+            prepares: 0,
         };
         let mut o = Observed::new(d);
         o.rows_examined = Some(n(row, 9));

@@ -55,6 +55,8 @@ pub struct DigestRow {
     pub rule: Option<String>,
     /// JSON: the first `column = literal` equality's heavy hitters ([`HotKeys`]).
     pub hot_keys: Option<String>,
+    /// COM_STMT_PREPAREs of the statement (0 when the source does not say).
+    pub prepares: u64,
 }
 
 impl DigestRow {

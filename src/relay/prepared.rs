@@ -37,6 +37,12 @@ pub struct PreparedRewrite {
     /// ([`crate::rewrite::Rule::runs_unread`]): an execute with long data runs it as
     /// the server's own prepared statement.
     pub original: Option<Vec<u8>>,
+    /// The client's statement text and how it was read (`None`: a character set
+    /// the lexer cannot read), for `SHOW REFUSALS` / `SHOW FALLBACKS` when an
+    /// execute is refused or falls back.
+    pub text: Arc<[u8]>,
+    /// See [`PreparedRewrite::text`].
+    pub mode: Option<crate::rewrite::LexMode>,
     /// Checks of each execute's parameter values (see [`Rewritten::param_checks`]).
     pub checks: Vec<(usize, crate::rewrite::ParamCheck)>,
     /// A rewrite with a merger: the plan's pieces, with holes for the parameters
@@ -71,6 +77,31 @@ pub struct LongData {
     /// More than [`LONG_DATA_LIMIT`] bytes were sent: the chunks were dropped and
     /// the execute fails.
     pub overflow: bool,
+}
+
+/// Why an execute with long data ran the client's own statement (`SHOW FALLBACKS`).
+pub(super) const LONG_DATA_FALLBACK: &str =
+    "parameter values sent as COM_STMT_SEND_LONG_DATA run the client's statement as sent";
+
+/// A prepared statement a rule in shadow mode would have rewritten: what its
+/// executes are checked against, so that `SHOW REFUSALS` / `SHOW FALLBACKS` list
+/// the executes the rule would refuse or let through unchanged.
+#[derive(Debug)]
+pub struct ShadowPrepared {
+    /// The rule.
+    pub rule: Arc<str>,
+    /// Checks of each execute's parameter values (the plan's).
+    pub checks: Vec<(usize, crate::rewrite::ParamCheck)>,
+    /// The rule lets its statements run as sent: a declining check falls back.
+    pub runs_unread: bool,
+    /// Parameters the statement has.
+    pub params: usize,
+    /// Parameter types the client bound last.
+    pub types: Option<Vec<u8>>,
+    /// The client's statement text.
+    pub text: Arc<[u8]>,
+    /// How it was read (see [`PreparedRewrite::mode`]).
+    pub mode: Option<crate::rewrite::LexMode>,
 }
 
 /// The most long data buffered for one prepared rewrite between two executes.
@@ -152,25 +183,52 @@ pub struct PreparedMerge {
     pub holes: Vec<Vec<(usize, usize)>>,
 }
 
-/// Why an execute's parameter values fail the rewrite's checks, if they do, and
-/// whether the failing check declines ([`crate::rewrite::ParamCheck::declines`]:
-/// the execute then runs the client's own statement). A malformed execute passes
-/// here and is refused where it is sliced.
+/// An execute's parameter value that fails its statement's checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ParamViolation {
+    /// Why, for the client's error message (may name the value).
+    pub message: String,
+    /// Why, without the value ([`crate::rewrite::ParamCheck::violation_reason`]):
+    /// the reason `SHOW REFUSALS` / `SHOW FALLBACKS` group and show.
+    pub reason: String,
+    /// The failing check declines ([`crate::rewrite::ParamCheck::declines`]: the
+    /// execute then runs the client's own statement).
+    pub declines: bool,
+}
+
+/// Why an execute's parameter values fail the rewrite's checks, if they do. A
+/// malformed execute passes here and is refused where it is sliced.
 pub(super) fn param_violation(
     payload: &[u8],
     p: &mut PreparedRewrite,
     charset: Option<crate::rewrite::Charset>,
-) -> Option<(String, bool)> {
-    if p.checks.is_empty() {
+) -> Option<ParamViolation> {
+    check_params(payload, p.client_params, &mut p.types, &p.checks, charset)
+}
+
+/// [`param_violation`] for a statement of `n` parameters whose types were last
+/// bound as `types` (updated when the execute binds new ones).
+pub(super) fn check_params(
+    payload: &[u8],
+    n: usize,
+    types: &mut Option<Vec<u8>>,
+    checks: &[(usize, crate::rewrite::ParamCheck)],
+    charset: Option<crate::rewrite::Charset>,
+) -> Option<ParamViolation> {
+    if checks.is_empty() {
         return None;
     }
-    let values = execute_params(payload, p).ok()?;
-    let types = p.types.as_deref()?;
-    p.checks.iter().find_map(|&(j, check)| {
+    let values = execute_values(payload, n, types).ok()?;
+    let types = types.as_deref()?;
+    checks.iter().find_map(|&(j, check)| {
         let ty = [*types.get(2 * j)?, *types.get(2 * j + 1)?];
-        check
-            .violation(ty, *values.get(j)?, charset)
-            .map(|why| (why, check.declines()))
+        let value = *values.get(j)?;
+        let message = check.violation(ty, value, charset)?;
+        Some(ParamViolation {
+            message,
+            reason: check.violation_reason(ty, value, charset)?,
+            declines: check.declines(),
+        })
     })
 }
 
@@ -275,7 +333,16 @@ pub(super) fn execute_params<'a>(
     payload: &'a [u8],
     p: &mut PreparedRewrite,
 ) -> std::result::Result<Vec<Option<&'a [u8]>>, ExecuteError> {
-    let n = p.client_params;
+    execute_values(payload, p.client_params, &mut p.types)
+}
+
+/// [`execute_params`] for a statement of `n` parameters whose types were last
+/// bound as `bound_types`.
+fn execute_values<'a>(
+    payload: &'a [u8],
+    n: usize,
+    bound_types: &mut Option<Vec<u8>>,
+) -> std::result::Result<Vec<Option<&'a [u8]>>, ExecuteError> {
     payload.get(5..10).ok_or(ExecuteError::Malformed)?;
     let mut values: Vec<Option<&[u8]>> = Vec::with_capacity(n);
     if n > 0 {
@@ -289,16 +356,16 @@ pub(super) fn execute_params<'a>(
         let mut rest = &payload[11 + bitmap_len..];
         if bound == 1 {
             let t = rest.get(..2 * n).ok_or(ExecuteError::Malformed)?;
-            p.types = Some(t.to_vec());
+            *bound_types = Some(t.to_vec());
             rest = &rest[2 * n..];
         }
-        let types = p.types.as_deref().ok_or(ExecuteError::WrongArguments)?;
+        let types = bound_types.as_deref().ok_or(ExecuteError::WrongArguments)?;
         for j in 0..n {
             if bitmap[j / 8] & (1 << (j % 8)) != 0 {
                 values.push(None);
                 continue;
             }
-            let t = types[2 * j];
+            let t = *types.get(2 * j).ok_or(ExecuteError::WrongArguments)?;
             let Some(len) = binary_value_len(t, rest) else {
                 return Err(if rest.is_empty() || fixed_size(t) {
                     ExecuteError::WrongArguments
@@ -336,6 +403,8 @@ mod tests {
             atomic: false,
             long_data: LongData::default(),
             original: None,
+            text: Arc::from(&b"SELECT 1"[..]),
+            mode: None,
             checks: Vec::new(),
             merge: None,
             probe: None,

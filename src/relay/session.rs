@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::link::Link;
-use super::prepared::PreparedRewrite;
+use super::prepared::{check_params, PreparedRewrite, ShadowPrepared};
 use super::response::{ResponseKind, ResponseParser};
 use super::shared::Shared;
 use super::state::SessionState;
@@ -97,6 +97,7 @@ pub async fn serve_client(
         user: String::new(),
         stmt_digests: HashMap::new(),
         last_prepared: None,
+        shadow_prepared: HashMap::new(),
     };
     let outcome = async {
         let hs = s.shared.config.handshake_timeout;
@@ -242,6 +243,10 @@ pub(super) struct Session {
     pub(super) stmt_digests: HashMap<u32, StmtDigest>,
     /// The client's id of the statement a rewritten COM_STMT_PREPARE just prepared.
     pub(super) last_prepared: Option<u32>,
+    /// Prepared statements a rule in shadow mode would have rewritten with checks
+    /// of their parameter values, by statement id (forwarded unchanged; their
+    /// executes are checked to list what the rule would refuse).
+    pub(super) shadow_prepared: HashMap<u32, ShadowPrepared>,
 }
 
 /// What a client statement got, as its digest counts it.
@@ -257,6 +262,9 @@ pub(super) struct Outcome {
     pub(super) handling: crate::digest::Handling,
     /// The rule that handled it.
     pub(super) rule: Option<Arc<str>>,
+    /// A COM_STMT_EXECUTE was refused or fell back at execute (its prepare's
+    /// handling was a rewrite).
+    pub(super) decided: Option<crate::digest::Handling>,
     /// The client was answered before the statement ran (a rule's metadata query
     /// failed): not counted.
     pub(super) skip: bool,
@@ -766,6 +774,7 @@ impl Session {
             cmd::STMT_CLOSE => {
                 if let Some(id) = statement_id(&c.payload()) {
                     self.stmt_digests.remove(&id);
+                    self.shadow_prepared.remove(&id);
                     if self.close_rewrite(id).await? {
                         return Ok(true);
                     }
@@ -897,6 +906,9 @@ impl Session {
             }
         }
         let started = Instant::now();
+        if !self.shadow_prepared.is_empty() {
+            self.shadow_execute(&c.payload());
+        }
         if self.state.lexing_prepared {
             self.state.lexing = None;
         }
@@ -905,6 +917,95 @@ impl Session {
             .await?;
         self.shared.stats.backend_latency.observe(started.elapsed());
         Ok(())
+    }
+
+    /// Shadow mode: checks the parameter values of an execute of a statement the
+    /// rule would have rewritten, and lists the execute in `SHOW REFUSALS` (or `SHOW
+    /// FALLBACKS`, for a check that declines) when the rule would have refused it
+    /// (or run it as sent). The execute itself is forwarded unchanged.
+    fn shadow_execute(&mut self, payload: &[u8]) {
+        let Some(id) = statement_id(payload) else {
+            return;
+        };
+        let charset = self.state.lexing.map(|l| l.charset);
+        let Some(p) = self.shadow_prepared.get_mut(&id) else {
+            return;
+        };
+        let Some(v) = check_params(payload, p.params, &mut p.types, &p.checks, charset) else {
+            return;
+        };
+        let table = self.shared.rules.load();
+        let stats = table.get(&p.rule);
+        let shapes = &self.shared.shapes;
+        if v.declines && p.runs_unread {
+            if let Some(r) = stats {
+                r.fallbacks.fetch_add(1, Relaxed);
+            }
+            shapes.fell_back(&Seen {
+                rule: &p.rule,
+                reason: &v.reason,
+                class: None,
+                shadow: false,
+                sql: &p.text,
+                mode: p.mode,
+            });
+        } else {
+            if let Some(r) = stats {
+                r.shadow_rejects.fetch_add(1, Relaxed);
+            }
+            let reason = format!("{} cannot be rewritten with MariaDB's meaning", v.reason);
+            debug!(peer = %self.peer, rule = %p.rule, reason = %reason, "shadow: the rule would reject this execute");
+            shapes.refused(&Seen {
+                rule: &p.rule,
+                reason: &reason,
+                class: Some(crate::rewrite::RefusalClass::Value),
+                shadow: true,
+                sql: &p.text,
+                mode: p.mode,
+            });
+        }
+    }
+
+    /// An execute of the prepared rewrite `id` refused (ERR 1105) for `reason` (no
+    /// value in it): listed in `SHOW REFUSALS` under the prepared text, counted in
+    /// its digest as refused.
+    pub(super) fn execute_refused(
+        &mut self,
+        id: u32,
+        reason: &str,
+        class: crate::rewrite::RefusalClass,
+    ) {
+        let Some(p) = self.prepared.get(&id) else {
+            return;
+        };
+        debug!(peer = %self.peer, rule = %p.rule, class = %class, reason, "execute rejected");
+        self.shared.shapes.refused(&Seen {
+            rule: &p.rule,
+            reason,
+            class: Some(class),
+            shadow: false,
+            sql: &p.text,
+            mode: p.mode,
+        });
+        self.outcome.decided = Some(crate::digest::Handling::Refused);
+    }
+
+    /// An execute of the prepared rewrite `id` that runs the client's own statement
+    /// instead, for `reason`: listed in `SHOW FALLBACKS`, counted in its digest as a
+    /// fallback.
+    pub(super) fn execute_fell_back(&mut self, id: u32, reason: &str) {
+        let Some(p) = self.prepared.get(&id) else {
+            return;
+        };
+        self.shared.shapes.fell_back(&Seen {
+            rule: &p.rule,
+            reason,
+            class: None,
+            shadow: false,
+            sql: &p.text,
+            mode: p.mode,
+        });
+        self.outcome.decided = Some(crate::digest::Handling::Fallback);
     }
 
     /// COM_CHANGE_USER: forgets the session's state and relays the authentication.
@@ -921,6 +1022,7 @@ impl Session {
         self.changed_user = true;
         self.state.tracking_stopped();
         self.stmt_digests.clear();
+        self.shadow_prepared.clear();
         if let Some(user) = change_user_name(&c.payload()) {
             self.info.set_user(&user);
             self.user = user;
@@ -939,6 +1041,7 @@ impl Session {
         if code == cmd::RESET_CONNECTION && !errored {
             self.prepared.clear();
             self.stmt_digests.clear();
+            self.shadow_prepared.clear();
             self.packet_limit = None;
             // Everything but the database is the connection's default again, the
             // proxy's tracking settings too. After COM_CHANGE_USER the session's
@@ -1067,7 +1170,7 @@ impl Session {
 
     /// How [`Seen::sql`] is read: under the session's `sql_mode`, unless its
     /// character set is one the lexer cannot read.
-    fn shape_mode(&self) -> Option<crate::rewrite::LexMode> {
+    pub(super) fn shape_mode(&self) -> Option<crate::rewrite::LexMode> {
         let lexing = self.state.lexing.unwrap_or_default();
         (lexing.charset.class != crate::rewrite::CharsetClass::Refused).then_some(lexing.mode)
     }
@@ -1312,10 +1415,32 @@ impl Session {
     async fn prepare(&mut self, c: Logical) -> Result<()> {
         let engine = self.shared.engine.load_full();
         let digest = self.begin_digest(&c.payload()[1..]);
+        if let Some(hash) = digest {
+            // Counted in its digest's `prepares`, whatever its answer.
+            let sql = &c.payload()[1..];
+            let digester = &self.digester;
+            self.shared.digests.record_prepare(
+                hash,
+                self.state.current_db.as_deref(),
+                &self.user,
+                Instant::now(),
+                || digester.text(sql),
+            );
+        }
         let Some(decision) = self.statement_decision(&engine, &c, true).await? else {
             return Ok(());
         };
         self.note_handling(&decision);
+        // A rule in shadow mode that would check the parameter values of each execute.
+        let shadow_plan = match &decision {
+            Decision::Shadow(would) => match &**would {
+                Decision::Rewrite(rw) if !rw.param_checks.is_empty() => {
+                    Some((rw.rule.clone(), rw.param_checks.clone()))
+                }
+                _ => None,
+            },
+            _ => None,
+        };
         match decision {
             Decision::Passthrough
             | Decision::Fallback(_)
@@ -1328,6 +1453,18 @@ impl Session {
                     .await?;
                 if let (Some(hash), Some(ok)) = (digest, r.parser.prepare_ok) {
                     self.keep_stmt_digest(&c.payload()[1..], hash, ok.statement_id, ok.params);
+                }
+                if let (Some((rule, checks)), Some(ok)) = (shadow_plan, r.parser.prepare_ok) {
+                    let shadow = ShadowPrepared {
+                        runs_unread: engine.rule_runs_unread(&rule),
+                        rule,
+                        checks,
+                        params: usize::from(ok.params),
+                        types: None,
+                        text: Arc::from(&c.payload()[1..]),
+                        mode: self.shape_mode(),
+                    };
+                    self.shadow_prepared.insert(ok.statement_id, shadow);
                 }
                 Ok(())
             }
@@ -1391,7 +1528,7 @@ impl Session {
                 rows_sent: o.rows,
                 rows_affected: o.affected,
                 error,
-                handling: d.handling,
+                handling: o.decided.unwrap_or(d.handling),
                 rule: d.rule.as_ref(),
                 hot,
             },

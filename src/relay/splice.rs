@@ -19,7 +19,7 @@ use bytes::BytesMut;
 
 use super::prepared::{
     original_execute, param_violation, remap_execute, LongData, PreparedMerge, PreparedProbe,
-    PreparedRewrite, LONG_DATA_LIMIT,
+    PreparedRewrite, LONG_DATA_FALLBACK, LONG_DATA_LIMIT,
 };
 use super::response::{ResponseKind, ResponseParser};
 use super::session::{Diagnostics, Session};
@@ -1064,6 +1064,8 @@ impl Session {
                     .load()
                     .rule_runs_unread(&rw.rule)
                     .then(|| c.payload()[1..].to_vec()),
+                text: std::sync::Arc::from(&c.payload()[1..]),
+                mode: self.shape_mode(),
                 checks: rw.param_checks.clone(),
                 merge: rw
                     .merge
@@ -1174,20 +1176,19 @@ impl Session {
         };
         if !p.long_data.is_empty() {
             let long_data = std::mem::take(&mut p.long_data);
-            let msg = if long_data.overflow {
+            let why = if long_data.overflow {
                 format!(
-                    "heatsink rule '{}': more than {} MiB of COM_STMT_SEND_LONG_DATA for one execute",
-                    p.rule,
+                    "more than {} MiB of COM_STMT_SEND_LONG_DATA for one execute",
                     LONG_DATA_LIMIT >> 20
                 )
             } else if p.original.is_some() {
+                self.execute_fell_back(id, LONG_DATA_FALLBACK);
                 return self.execute_original(id, c, long_data.chunks).await;
             } else {
-                format!(
-                    "heatsink rule '{}': COM_STMT_SEND_LONG_DATA is not supported for statements this rule rewrites; send the value in the execute",
-                    p.rule
-                )
+                "COM_STMT_SEND_LONG_DATA is not supported for statements this rule rewrites; send the value in the execute".to_string()
             };
+            let msg = format!("heatsink rule '{}': {why}", p.rule);
+            self.execute_refused(id, &why, crate::rewrite::RefusalClass::Parameter);
             return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
         }
         let strings = p
@@ -1208,16 +1209,19 @@ impl Session {
         let Some(p) = self.prepared.get_mut(&id) else {
             return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
         };
-        if let Some((why, declines)) = param_violation(&payload, p, charset) {
+        if let Some(v) = param_violation(&payload, p, charset) {
             // A value the rewrite is not exact for, of a statement the server
             // answers as well as ever: the client's own statement runs.
-            if declines && p.original.is_some() {
+            if v.declines && p.original.is_some() {
+                self.execute_fell_back(id, &v.reason);
                 return self.execute_original(id, c, Vec::new()).await;
             }
             let msg = format!(
-                "heatsink rule '{}': {why} cannot be rewritten with MariaDB's meaning",
-                p.rule
+                "heatsink rule '{}': {} cannot be rewritten with MariaDB's meaning",
+                p.rule, v.message
             );
+            let reason = format!("{} cannot be rewritten with MariaDB's meaning", v.reason);
+            self.execute_refused(id, &reason, crate::rewrite::RefusalClass::Value);
             return self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await;
         }
         // An execute that merges, or that needs RETURNING for its ids, runs as the

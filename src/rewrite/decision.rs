@@ -335,9 +335,31 @@ impl ParamCheck {
         value: Option<&[u8]>,
         charset: Option<Charset>,
     ) -> Option<String> {
+        self.failure(ty, value, charset).map(|f| f.message())
+    }
+
+    /// Why the value fails the check, as [`ParamCheck::violation`], but without the
+    /// value itself (SHOW REFUSALS and SHOW FALLBACKS group by it, and never show a
+    /// value a client sent): "a parameter value outside -128..=127", not "the
+    /// parameter value 200 is out of range".
+    pub fn violation_reason(
+        &self,
+        ty: [u8; 2],
+        value: Option<&[u8]>,
+        charset: Option<Charset>,
+    ) -> Option<String> {
+        self.failure(ty, value, charset).map(|f| f.reason(self))
+    }
+
+    fn failure(
+        &self,
+        ty: [u8; 2],
+        value: Option<&[u8]>,
+        charset: Option<Charset>,
+    ) -> Option<ParamFailure> {
         use crate::wire::resultset::types;
         let Some(v) = value else {
-            return Some("a NULL parameter".into());
+            return Some(ParamFailure::Null);
         };
         let unsigned = ty[1] & 0x80 != 0;
         let string = |v: &[u8]| -> Option<Vec<u8>> {
@@ -356,27 +378,21 @@ impl ParamCheck {
                 };
                 match year {
                     Some(y) if (min_year..=max_year).contains(&y) => None,
-                    Some(y) => Some(format!("a date parameter of the year {y}")),
-                    None => Some(format!(
-                        "a parameter of type {:#04x} that is not a valid date and time",
-                        ty[0]
-                    )),
+                    Some(y) => Some(ParamFailure::Year(y)),
+                    None => Some(ParamFailure::NotDatetime(ty[0])),
                 }
             }
             ParamCheck::String { max_bytes } => {
                 if !is_string {
-                    return Some(format!("a parameter of type {:#04x} where a string key is compared (MariaDB would compare numerically)", ty[0]));
+                    return Some(ParamFailure::NotString(ty[0]));
                 }
                 match (string(v), charset) {
                     (Some(s), Some(cs)) if s.len() <= max_bytes && cs.accepts(&s) => None,
-                    (Some(s), Some(cs)) if s.len() <= max_bytes => Some(format!(
-                        "a string parameter that is not well-formed in {}",
-                        cs.name
-                    )),
-                    (Some(_), None) => {
-                        Some("a string parameter in an unknown character set".into())
+                    (Some(s), Some(cs)) if s.len() <= max_bytes => {
+                        Some(ParamFailure::IllFormed(cs.name))
                     }
-                    _ => Some(format!("a string parameter longer than {max_bytes} bytes")),
+                    (Some(_), None) => Some(ParamFailure::UnknownCharset),
+                    _ => Some(ParamFailure::TooLong(max_bytes)),
                 }
             }
             ParamCheck::Integer { min, max } => {
@@ -427,13 +443,78 @@ impl ParamCheck {
                 };
                 match n {
                     Some(n) if (min..=max).contains(&n) => None,
-                    Some(n) => Some(format!("the parameter value {n} is out of range")),
-                    None => Some(format!(
-                        "a parameter of type {:#04x} that is not an integer",
-                        ty[0]
-                    )),
+                    Some(n) => Some(ParamFailure::OutOfRange(n)),
+                    None => Some(ParamFailure::NotInteger(ty[0])),
                 }
             }
+        }
+    }
+}
+
+/// How a parameter value failed its [`ParamCheck`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ParamFailure {
+    Null,
+    /// A valid date of another year.
+    Year(u16),
+    /// Of this type, not a valid date and time.
+    NotDatetime(u8),
+    /// Of this type, not a string.
+    NotString(u8),
+    /// Not well-formed in this character set.
+    IllFormed(&'static str),
+    UnknownCharset,
+    /// Longer than this many bytes.
+    TooLong(usize),
+    /// An integer out of the check's range.
+    OutOfRange(i128),
+    /// Of this type, not an integer.
+    NotInteger(u8),
+}
+
+impl ParamFailure {
+    /// The client's error message (may name the value).
+    fn message(self) -> String {
+        match self {
+            ParamFailure::Year(y) => format!("a date parameter of the year {y}"),
+            ParamFailure::OutOfRange(n) => format!("the parameter value {n} is out of range"),
+            _ => self.described(),
+        }
+    }
+
+    /// The same without the value.
+    fn reason(self, check: &ParamCheck) -> String {
+        match (self, *check) {
+            (ParamFailure::Year(_), ParamCheck::Datetime { min_year, max_year }) => {
+                format!("a date parameter outside the years {min_year}..={max_year}")
+            }
+            (ParamFailure::OutOfRange(_), ParamCheck::Integer { min, max }) => {
+                format!("a parameter value outside {min}..={max}")
+            }
+            (ParamFailure::Year(_), _) => "a date parameter of another year".into(),
+            (ParamFailure::OutOfRange(_), _) => "a parameter value out of range".into(),
+            _ => self.described(),
+        }
+    }
+
+    /// Failures that name no value.
+    fn described(self) -> String {
+        match self {
+            ParamFailure::Null => "a NULL parameter".into(),
+            ParamFailure::NotDatetime(t) => {
+                format!("a parameter of type {t:#04x} that is not a valid date and time")
+            }
+            ParamFailure::NotString(t) => format!("a parameter of type {t:#04x} where a string key is compared (MariaDB would compare numerically)"),
+            ParamFailure::IllFormed(cs) => {
+                format!("a string parameter that is not well-formed in {cs}")
+            }
+            ParamFailure::UnknownCharset => "a string parameter in an unknown character set".into(),
+            ParamFailure::TooLong(n) => format!("a string parameter longer than {n} bytes"),
+            ParamFailure::NotInteger(t) => {
+                format!("a parameter of type {t:#04x} that is not an integer")
+            }
+            ParamFailure::Year(y) => format!("a date parameter of the year {y}"),
+            ParamFailure::OutOfRange(n) => format!("the parameter value {n} is out of range"),
         }
     }
 }
@@ -725,5 +806,56 @@ mod tests {
         assert!(ParamCheck::NotNull
             .violation([0xfe, 0], None, None)
             .is_some());
+    }
+
+    /// The reason SHOW REFUSALS shows names the check, never the value; the
+    /// client's message may name it.
+    #[test]
+    fn violation_reasons_name_no_value() {
+        use crate::wire::resultset::types;
+        let int = ParamCheck::Integer {
+            min: -128,
+            max: 127,
+        };
+        let v = 1000i64.to_le_bytes();
+        let ty = [types::LONGLONG, 0];
+        assert_eq!(
+            int.violation(ty, Some(&v), None).as_deref(),
+            Some("the parameter value 1000 is out of range")
+        );
+        assert_eq!(
+            int.violation_reason(ty, Some(&v), None).as_deref(),
+            Some("a parameter value outside -128..=127")
+        );
+        let date = ParamCheck::Datetime {
+            min_year: 1000,
+            max_year: 9998,
+        };
+        let y = 999u16.to_le_bytes();
+        let d = [4, y[0], y[1], 1, 1];
+        assert_eq!(
+            date.violation([types::DATE, 0], Some(&d), None).as_deref(),
+            Some("a date parameter of the year 999")
+        );
+        assert_eq!(
+            date.violation_reason([types::DATE, 0], Some(&d), None)
+                .as_deref(),
+            Some("a date parameter outside the years 1000..=9998")
+        );
+        // Failures that name no value read the same either way.
+        let key = ParamCheck::String { max_bytes: 4 };
+        for (c, ty, v) in [
+            (key, [0xfe, 0], Some(&b"\x05homes"[..])),
+            (key, [types::LONGLONG, 0], Some(&v[..])),
+            (key, [0xfe, 0], None),
+            (int, [0xfd, 0], Some(&b"\x031.5"[..])),
+        ] {
+            let message = c.violation(ty, v, None).expect("a violation");
+            assert_eq!(c.violation_reason(ty, v, None), Some(message));
+        }
+        assert_eq!(
+            int.violation_reason(ty, Some(&5i64.to_le_bytes()), None),
+            None
+        );
     }
 }

@@ -27,9 +27,9 @@ impl<'q> Shape<'q> {
         &self,
         rule: &RollupRule,
         meta: &[ColumnDef],
-        prepared: bool,
+        one_step_only: bool,
     ) -> Option<Option<FlagsByPlan>> {
-        if !self.plan_unsettled(rule, meta, prepared) {
+        if !self.plan_unsettled(rule, meta, one_step_only) {
             return Some(None);
         }
         let open = self
@@ -151,21 +151,22 @@ impl<'q> Shape<'q> {
     /// it — a time range, another filtered column of an index, another grouped
     /// column. The one case the shape settles is one grouped column that leads an
     /// index, filtered by nothing but itself (and columns fixed to one value that
-    /// are not in an index). A prepared read's range is known only at each execute:
-    /// an empty one (`BETWEEN ? AND ?`, the lower bound after the upper) is an
+    /// are not in an index). A read with the one-step form only (prepared, or of a
+    /// TIMESTAMP log) has no prelude that checks its range: an empty one
+    /// (`BETWEEN ? AND ?` or two literals, the lower bound after the upper) is an
     /// "Impossible WHERE", which MariaDB answers without grouping and with the
     /// table's flags (a text read's prelude runs such a read as sent).
     pub(super) fn plan_unsettled(
         &self,
         rule: &RollupRule,
         meta: &[ColumnDef],
-        prepared: bool,
+        one_step_only: bool,
     ) -> bool {
         if self.group.is_none() {
             return false;
         }
         let ranged = self.lower.is_some() || self.upper.is_some();
-        if prepared && ranged {
+        if one_step_only && ranged {
             return true;
         }
         let open = self.open_groups();

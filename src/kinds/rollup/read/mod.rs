@@ -138,9 +138,12 @@ pub(super) fn plan_read(
         return Ok(Some(cannot_patch()));
     };
     // Column flags the shape does not settle are the server's plan's (unless the
-    // rule keeps the prediction: `exact_flags = false`).
+    // rule keeps the prediction: `exact_flags = false`). Without a prelude (the
+    // one-step form only) nothing checks a range for emptiness before the read, and
+    // an empty one is an "Impossible WHERE" answered with the table's flags: such a
+    // ranged read asks the server's plan whatever its shape.
     let plan_flags = match rule.exact_flags {
-        true => match shape.flags_by_plan(rule, &meta, ctx.prepared) {
+        true => match shape.flags_by_plan(rule, &meta, one_step_only) {
             Some(f) => f.map(|f| Arc::new(f) as Arc<dyn crate::rewrite::PlanFlags>),
             None => return Ok(Some(cannot_patch())),
         },

@@ -204,20 +204,9 @@ impl Copy {
         format!("DELETE FROM {}{}", self.logical.quoted(), self.keyed())
     }
 
+    /// The whole copy (what the dry run prints): [`Copy::insert_range_sql`] unbounded.
     fn insert_sql(&self) -> String {
-        let order: Vec<String> = self
-            .key
-            .iter()
-            .chain(std::iter::once(&self.seq_column))
-            .map(|c| quote(c))
-            .collect();
-        format!(
-            "INSERT INTO {} ({cols}) SELECT {cols} FROM {} ORDER BY {}",
-            self.logical.quoted(),
-            self.ring.quoted(),
-            order.join(", "),
-            cols = list(&self.columns)
-        )
+        self.insert_range_sql(false, false)
     }
 
     fn lock_sql(&self, registry: &TableName) -> String {

@@ -631,6 +631,19 @@ fn refusals_and_fallbacks_decided_at_execute() {
             metric(&env, "heatsink_refusals_total{class=\"value\"}"),
             3.0
         );
+        // SHOW RULE STATS counts the three refused executes as the rule's rejections,
+        // not as rewrites (the one rewritten execute is its only rewrite).
+        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
+        let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
+        let row = stats.iter().find(|r| r[0] == COUNTER).unwrap();
+        assert_eq!(
+            (
+                row[col("rejected")].as_str(),
+                row[col("rewritten")].as_str()
+            ),
+            ("3", "1"),
+            "{cols:?} {row:?}"
+        );
 
         // A rollup read whose date parameter the check declines (not a valid date):
         // the client's statement runs, as it does directly.
@@ -653,6 +666,18 @@ fn refusals_and_fallbacks_decided_at_execute() {
         assert!(
             fell[0].reason.contains("not a valid date and time"),
             "{fell:?}"
+        );
+        // Two fallbacks and one rewrite for the rollup's rule.
+        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
+        let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
+        let row = stats.iter().find(|r| r[0] == ROLLUP).unwrap();
+        assert_eq!(
+            (
+                row[col("fallbacks")].as_str(),
+                row[col("rewritten")].as_str()
+            ),
+            ("2", "1"),
+            "{cols:?} {row:?}"
         );
 
         // The first sighting of each shape is logged once; no value anywhere.

@@ -79,6 +79,7 @@ pub async fn serve_client(
         shared,
         info,
         answered_error: false,
+        execute_not_rewritten: false,
         fell_back: None,
         state: SessionState::new(false),
         peer,
@@ -189,6 +190,10 @@ pub(super) struct Session {
     pub(super) info: Registration,
     /// A backend response during the current rewrite was an error (per-rule `errors`).
     pub(super) answered_error: bool,
+    /// The current execute of a prepared rewrite was refused or ran the client's own
+    /// statement instead: counted as the rule's rejection or fallback, not as a
+    /// rewrite.
+    pub(super) execute_not_rewritten: bool,
     /// The current rewrite forwarded the original statement instead, for this
     /// reason (its prelude declined the literal form:
     /// [`crate::rewrite::Prelude::original_on_decline`]; the server's plan did not
@@ -898,9 +903,12 @@ impl Session {
                 let rule = p.rule.clone();
                 let started = Instant::now();
                 self.answered_error = false;
+                self.execute_not_rewritten = false;
                 self.rewrite_names = self.shared.engine.load().message_names();
                 let r = self.execute_rewrite(id, c).await;
-                self.record_rewrite(&rule, started, r.is_err());
+                if !self.execute_not_rewritten {
+                    self.record_rewrite(&rule, started, r.is_err());
+                }
                 r?;
                 return Ok(());
             }
@@ -968,7 +976,7 @@ impl Session {
 
     /// An execute of the prepared rewrite `id` refused (ERR 1105) for `reason` (no
     /// value in it): listed in `SHOW REFUSALS` under the prepared text, counted in
-    /// its digest as refused.
+    /// its digest as refused and in the rule's `rejected` (as a refused statement is).
     pub(super) fn execute_refused(
         &mut self,
         id: u32,
@@ -978,6 +986,11 @@ impl Session {
         let Some(p) = self.prepared.get(&id) else {
             return;
         };
+        self.execute_not_rewritten = true;
+        self.shared.stats.rejected.fetch_add(1, Relaxed);
+        if let Some(r) = self.shared.rules.load().get(&p.rule) {
+            r.rejected.fetch_add(1, Relaxed);
+        }
         debug!(peer = %self.peer, rule = %p.rule, class = %class, reason, "execute rejected");
         self.shared.shapes.refused(&Seen {
             rule: &p.rule,
@@ -994,6 +1007,7 @@ impl Session {
     /// instead, for `reason`: listed in `SHOW FALLBACKS`, counted in its digest as a
     /// fallback.
     pub(super) fn execute_fell_back(&mut self, id: u32, reason: &str) {
+        self.execute_not_rewritten = true;
         let Some(p) = self.prepared.get(&id) else {
             return;
         };

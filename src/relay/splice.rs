@@ -1135,6 +1135,8 @@ impl Session {
             .await;
         self.close_backend_statement(ok.statement_id).await?;
         relayed?;
+        // The rule's fallback, not one of its rewrites.
+        self.execute_not_rewritten = true;
         if let Some(stats) = self.shared.rules.load().get(&rule) {
             stats.fallbacks.fetch_add(1, Ordering::Relaxed);
         }

@@ -1433,8 +1433,17 @@ fn column_flags_of_grouped_reads_follow_the_servers_plan() {
         }
     });
     // Every read was answered from the rollups but the empty range's, whose plan
-    // (an Impossible WHERE) ran it as sent.
+    // (an Impossible WHERE) ran it as sent, listed as such (`SHOW FALLBACKS`, whose
+    // first sighting is logged).
     assert_eq!(fallbacks(), before + 1.0, "fallbacks");
+    let log = env.proxy.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("fell back for the first time")
+                && l.contains("did not tell its column flags")
+                && l.contains("BETWEEN ? AND ?")),
+        "{log}"
+    );
 
     // The opt-out keeps the prediction.
     let db = "rollup_plan_predicted";

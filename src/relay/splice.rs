@@ -1255,7 +1255,10 @@ impl Session {
             .as_ref()
             .map(|probe| (probe.id, probe.flags.clone()))
         {
-            Some((None, _)) => return self.execute_original(id, c, Vec::new()).await,
+            Some((None, _)) => {
+                self.execute_fell_back(id, PLAN_UNTOLD);
+                return self.execute_original(id, c, Vec::new()).await;
+            }
             Some((Some(explain_id), flags)) => {
                 Some((original_execute(&payload, explain_id, p), flags))
             }
@@ -1273,6 +1276,7 @@ impl Session {
                         let answered_error = self.answered_error;
                         self.collect_response(ResponseKind::Generic).await?;
                         self.answered_error = answered_error;
+                        self.execute_fell_back(id, PLAN_UNTOLD);
                         self.execute_original(id, c, Vec::new()).await
                     }
                 }

@@ -848,7 +848,7 @@ fn a_desynced_node_takes_no_new_connections() {
 
 /// `YYYY-MM-DD` of day `d` after the epoch.
 fn epoch_day(d: i64) -> String {
-    heatsink::kinds::partition::rotate::day_sql(d)
+    heatsink::kinds::partition::period::day_sql(d)
 }
 
 /// The partition and timeline kinds through one heatsink per node: keyed inserts

@@ -6,8 +6,8 @@
 //! Partition bounds, `NOW()` and the partition column are all such times, so the
 //! arithmetic never meets a time zone.
 
-use super::rotate::{civil, parse_day, Day};
-use super::spec::Period;
+use super::spec::{PartitionSpec, Period};
+pub use crate::kinds::calendar::{civil, Day};
 
 /// A wall-clock time: seconds since 1970-01-01 00:00:00 (proleptic Gregorian).
 pub type Stamp = i64;
@@ -152,6 +152,39 @@ impl Period {
         };
         back + u64::from(premake) + 2
     }
+}
+
+/// Days since 1970-01-01 of a `YYYY-MM-DD` date.
+pub fn parse_day(s: &str) -> Option<Day> {
+    let s = s.trim().trim_matches('\'');
+    let mut it = s.get(..10)?.split('-');
+    let y: i64 = it.next()?.parse().ok()?;
+    let m: i64 = it.next()?.parse().ok()?;
+    let d: i64 = it.next()?.parse().ok()?;
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    Some(crate::kinds::calendar::days_from_civil(y, m, d))
+}
+
+/// `YYYY-MM-DD`.
+pub fn day_sql(z: Day) -> String {
+    let (y, m, d) = civil(z);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The catch-all partition's definition.
+pub const CATCH_ALL: &str = "PARTITION pmax VALUES LESS THAN (MAXVALUE)";
+
+/// The first time a rule keeps at `now`: `retention_days` days before the current
+/// hour (hourly partitions) or day.
+pub fn keep_from(spec: &PartitionSpec, now: Stamp) -> Stamp {
+    let unit = if spec.period == Period::Hour {
+        HOUR_SECS
+    } else {
+        DAY_SECS
+    };
+    now - now.rem_euclid(unit) - i64::from(spec.retention_days) * DAY_SECS
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
-use super::period::{parse_stamp, stamp_sql, Stamp, DAY_SECS, HOUR_SECS};
+use super::period::{day_sql, keep_from, parse_stamp, stamp_sql, Stamp, CATCH_ALL, DAY_SECS};
 use super::schema::{partitions, Layout};
 use super::spec::{PartitionSpec, Period};
 use crate::error::{Error, OrErr, Result, Source};
@@ -37,45 +37,10 @@ pub const MAX_PAUSE: Duration = Duration::from_secs(4);
 /// Seconds a rotation statement waits for its table lock (`lock_wait_timeout`).
 pub const LOCK_WAIT_SECONDS: u32 = 0;
 
-pub use crate::kinds::calendar::{civil, Day};
-
-/// Days since 1970-01-01 of a `YYYY-MM-DD` date.
-pub fn parse_day(s: &str) -> Option<Day> {
-    let s = s.trim().trim_matches('\'');
-    let mut it = s.get(..10)?.split('-');
-    let y: i64 = it.next()?.parse().ok()?;
-    let m: i64 = it.next()?.parse().ok()?;
-    let d: i64 = it.next()?.parse().ok()?;
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
-        return None;
-    }
-    Some(crate::kinds::calendar::days_from_civil(y, m, d))
-}
-
-/// `YYYY-MM-DD`.
-pub fn day_sql(z: Day) -> String {
-    let (y, m, d) = civil(z);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
 /// Partitions one rotation statement adds: the statement holds a lock that blocks
 /// the application's writes while it creates its partitions (about 50 ms each on
 /// this VM, more under load), so a table far behind is caught up in small steps.
 pub const PARTITIONS_PER_DDL: usize = 3;
-
-/// The catch-all partition's definition.
-pub const CATCH_ALL: &str = "PARTITION pmax VALUES LESS THAN (MAXVALUE)";
-
-/// The first time a rule keeps at `now`: `retention_days` days before the current
-/// hour (hourly partitions) or day.
-pub fn keep_from(spec: &PartitionSpec, now: Stamp) -> Stamp {
-    let unit = if spec.period == Period::Hour {
-        HOUR_SECS
-    } else {
-        DAY_SECS
-    };
-    now - now.rem_euclid(unit) - i64::from(spec.retention_days) * DAY_SECS
-}
 
 /// What the rotation must run on a table laid out as `layout` at `now`.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -319,6 +284,7 @@ pub async fn run(spec: &PartitionSpec, ctx: &mut JobContext<'_>) -> Result<JobRe
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::partition::period::{parse_day, HOUR_SECS};
 
     #[test]
     fn days_round_trip() {

@@ -29,8 +29,7 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
-use super::period::{parse_stamp, Stamp};
-use super::rotate::CATCH_ALL;
+use super::period::{keep_from, parse_stamp, Stamp, CATCH_ALL};
 use super::spec::{PartitionSpec, Period};
 use crate::error::{OrErr, Result, Source};
 use crate::kinds::{Migration, SchemaError};
@@ -320,7 +319,7 @@ impl PartitionMigration {
         if period == Period::Hour {
             // Hours older than the retention would be dropped at the next
             // rotation: the first partition holds them all.
-            first = first.max(super::rotate::keep_from(&self.spec, now));
+            first = first.max(keep_from(&self.spec, now));
         }
         let mut alter = Vec::new();
         let col = &self.spec.column;

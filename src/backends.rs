@@ -27,18 +27,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
-use crate::config::{BackendPolicy, Config};
+use crate::config::{parse_list, BackendPolicy, Config};
 use crate::rewrite::ClusterInfo;
-
-/// The addresses of a `backend` setting: comma-separated, blanks trimmed, empty
-/// entries skipped.
-pub fn parse_list(list: &str) -> Vec<String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect()
-}
 
 /// One backend node and what the proxy knows of it.
 #[derive(Debug)]

@@ -452,7 +452,7 @@ impl Config {
         if self.handshake_timeout.is_zero() || self.connect_timeout.is_zero() {
             return bad("handshake_timeout and connect_timeout must be at least 1 second");
         }
-        if crate::backends::parse_list(&self.backend).is_empty() {
+        if parse_list(&self.backend).is_empty() {
             return bad("backend must name at least one address");
         }
         if self.health_interval.is_zero() || self.health_timeout.is_zero() {
@@ -497,6 +497,16 @@ impl Config {
         }
         Ok(self)
     }
+}
+
+/// The addresses of a `backend` setting: comma-separated, blanks trimmed, empty
+/// entries skipped.
+pub fn parse_list(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 #[cfg(test)]
@@ -625,7 +635,7 @@ mod tests {
         assert_eq!(c.health_timeout, Duration::from_millis(1000));
         assert_eq!(c.health_user.as_deref(), Some("hc"));
         assert_eq!(c.health_password.0, "pw");
-        assert_eq!(crate::backends::parse_list(&c.backend).len(), 3);
+        assert_eq!(parse_list(&c.backend).len(), 3);
         // The default policy, and refusals.
         let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
         assert_eq!(c.backend_policy, BackendPolicy::LeastConnections);

@@ -68,6 +68,22 @@ async fn admin_query(conn: &mut Conn, sql: &str) -> (Vec<String>, Vec<Vec<String
     (columns, rows)
 }
 
+/// The `columns` of `rule`'s row of `SHOW RULE STATS`.
+async fn rule_stats(admin: &mut Conn, rule: &str, columns: &[&str]) -> Vec<String> {
+    let (cols, stats) = admin_query(admin, "SHOW RULE STATS").await;
+    let row = stats
+        .iter()
+        .find(|r| r[0] == rule)
+        .unwrap_or_else(|| panic!("{rule}: {stats:?}"));
+    columns
+        .iter()
+        .map(|name| {
+            let i = cols.iter().position(|c| c == name);
+            row[i.unwrap_or_else(|| panic!("{name}: {cols:?}"))].clone()
+        })
+        .collect()
+}
+
 /// One row of `SHOW REFUSALS` / `SHOW FALLBACKS`, by column name.
 #[derive(Debug, Clone)]
 struct Shape {
@@ -633,16 +649,9 @@ fn refusals_and_fallbacks_decided_at_execute() {
         );
         // SHOW RULE STATS counts the three refused executes as the rule's rejections,
         // not as rewrites (the one rewritten execute is its only rewrite).
-        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
-        let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
-        let row = stats.iter().find(|r| r[0] == COUNTER).unwrap();
         assert_eq!(
-            (
-                row[col("rejected")].as_str(),
-                row[col("rewritten")].as_str()
-            ),
-            ("3", "1"),
-            "{cols:?} {row:?}"
+            rule_stats(&mut admin, COUNTER, &["rejected", "rewritten"]).await,
+            ["3", "1"]
         );
 
         // A rollup read whose date parameter the check declines (not a valid date):
@@ -668,16 +677,9 @@ fn refusals_and_fallbacks_decided_at_execute() {
             "{fell:?}"
         );
         // Two fallbacks and one rewrite for the rollup's rule.
-        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
-        let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
-        let row = stats.iter().find(|r| r[0] == ROLLUP).unwrap();
         assert_eq!(
-            (
-                row[col("fallbacks")].as_str(),
-                row[col("rewritten")].as_str()
-            ),
-            ("2", "1"),
-            "{cols:?} {row:?}"
+            rule_stats(&mut admin, ROLLUP, &["fallbacks", "rewritten"]).await,
+            ["2", "1"]
         );
 
         // The first sighting of each shape is logged once; no value anywhere.
@@ -927,16 +929,9 @@ fn bulk_executes_of_rewritten_statements_are_listed_as_refusals() {
             "{}",
             env.tail()
         );
-        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
-        let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
-        let row = stats.iter().find(|r| r[0] == COUNTER).unwrap();
         assert_eq!(
-            (
-                row[col("rejected")].as_str(),
-                row[col("rewritten")].as_str()
-            ),
-            ("2", "1"),
-            "{cols:?} {row:?}"
+            rule_stats(&mut admin, COUNTER, &["rejected", "rewritten"]).await,
+            ["2", "1"]
         );
         assert!(!env.proxy.log_text().contains("secret"));
     });

@@ -269,6 +269,47 @@ pub async fn forget_rule(conn: &mut Conn, db: &str, rule: &str) -> Result<()> {
     })
 }
 
+/// Every job row of rule `rule` in `db`: (job, state, items done), by job name.
+pub async fn of_rule(conn: &mut Conn, db: &str, rule: &str) -> Result<Vec<(String, JobState)>> {
+    let t = TableName {
+        db: Some(db.to_string()),
+        name: TABLE.into(),
+    };
+    let exists: Option<i64> = conn
+        .exec_first(
+            "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (db, TABLE),
+        )
+        .await
+        .or_err(Source::Backend, || format!("looking for {}", t.quoted()))?;
+    if exists.is_none() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<Row> = conn
+        .exec(
+            format!(
+                "SELECT job, state, position, CAST(rows_done AS CHAR) FROM {} WHERE rule = ? ORDER BY job",
+                t.quoted()
+            ),
+            (rule,),
+        )
+        .await
+        .or_err(Source::Backend, || format!("reading {}", t.quoted()))?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            (
+                text(r, 0).unwrap_or_default(),
+                JobState {
+                    state: text(r, 1).unwrap_or_default(),
+                    position: text(r, 2),
+                    rows_done: text(r, 3).and_then(|s| s.parse().ok()).unwrap_or(0),
+                },
+            )
+        })
+        .collect())
+}
+
 async fn set_state(conn: &mut Conn, key: &JobKey, state: &str, total: Option<u64>) -> Result<()> {
     conn.exec_drop(
         format!(

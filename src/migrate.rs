@@ -92,6 +92,11 @@ pub async fn run(opts: &MigrateOptions<'_>, out: &mut dyn Write) -> Result<()> {
         }
     }
     for (migration, spec) in checked.iter().zip(&specs) {
+        if opts.apply {
+            let (logical, _) = crate::kinds::resolved(spec.table(), &[], default_db.as_deref())
+                .map_err(|r| Error::new(Source::Rules, r))?;
+            crate::registry::record_migrating(&mut conn, &logical, spec.as_ref()).await?;
+        }
         migration
             .run_with(&mut conn, opts.apply, &opts.jobs, out)
             .await?;

@@ -13,8 +13,10 @@
 //!   kind VARCHAR(32) NOT NULL,              -- its section (`counter`)
 //!   logical_table VARCHAR(129) NOT NULL,    -- `db.table`, resolved
 //!   spec TEXT NOT NULL,                     -- the rule as a rule-file entry
-//!   state VARCHAR(16) NULL,                 -- NULL: migrated; 'folded': a revert
-//!                                           --   brought the data back; 'reverted'
+//!   state VARCHAR(16) NULL,                 -- NULL: migrated; 'migrating': the first
+//!                                           --   migrate --apply has not finished;
+//!                                           --   'folded': a revert brought the data
+//!                                           --   back; 'reverted'
 //!   updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
 //!     ON UPDATE CURRENT_TIMESTAMP(6)
 //! ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
@@ -33,7 +35,7 @@ use crate::kinds::RuleSpec;
 use crate::rules::spec::TableName;
 use crate::schema::{schema_err, text};
 
-pub use crate::kinds::revert::{registry_table, Registered, FOLDED, REVERTED, TABLE};
+pub use crate::kinds::revert::{registry_table, Registered, FOLDED, MIGRATING, REVERTED, TABLE};
 
 /// `CREATE TABLE IF NOT EXISTS` of the registry in `db`.
 pub fn create_sql(db: &str) -> String {
@@ -50,6 +52,28 @@ pub fn create_sql(db: &str) -> String {
 /// Records `spec`, whose logical table is `logical` (resolved), as migrated:
 /// creates the registry when missing and inserts or replaces the rule's row.
 pub async fn record(conn: &mut Conn, logical: &TableName, spec: &dyn RuleSpec) -> Result<()> {
+    write(conn, logical, spec, false).await
+}
+
+/// Records `spec` as [`MIGRATING`] before its first migration makes anything, so
+/// that a migration stopped half way (a backfill killed) is known to `migrate
+/// --revert`, which then backs it out. A rule recorded otherwise (migrated,
+/// or half reverted) keeps its row; a reverted one, or one still migrating, takes
+/// the rule as written now.
+pub async fn record_migrating(
+    conn: &mut Conn,
+    logical: &TableName,
+    spec: &dyn RuleSpec,
+) -> Result<()> {
+    write(conn, logical, spec, true).await
+}
+
+async fn write(
+    conn: &mut Conn,
+    logical: &TableName,
+    spec: &dyn RuleSpec,
+    first: bool,
+) -> Result<()> {
     let db = logical.db.clone().ok_or_else(|| {
         Error::new(
             Source::Internal,
@@ -63,13 +87,27 @@ pub async fn record(conn: &mut Conn, logical: &TableName, spec: &dyn RuleSpec) -
     conn.query_drop(create_sql(&db))
         .await
         .map_err(|e| schema_err(format!("creating {}", table.quoted()), e))?;
-    conn.exec_drop(
+    // Assignments run left to right: `state` is the old one until the last.
+    let sql = if first {
+        format!(
+            "INSERT INTO {} (name, kind, logical_table, spec, state) VALUES (?, ?, ?, ?, '{MIGRATING}') \
+             ON DUPLICATE KEY UPDATE \
+             kind = IF(state IN ('{MIGRATING}', '{REVERTED}'), VALUES(kind), kind), \
+             logical_table = IF(state IN ('{MIGRATING}', '{REVERTED}'), VALUES(logical_table), logical_table), \
+             spec = IF(state IN ('{MIGRATING}', '{REVERTED}'), VALUES(spec), spec), \
+             state = IF(state IN ('{MIGRATING}', '{REVERTED}'), '{MIGRATING}', state)",
+            table.quoted()
+        )
+    } else {
         format!(
             "INSERT INTO {} (name, kind, logical_table, spec, state) VALUES (?, ?, ?, ?, NULL) \
              ON DUPLICATE KEY UPDATE kind = VALUES(kind), logical_table = VALUES(logical_table), \
              spec = VALUES(spec), state = NULL",
             table.quoted()
-        ),
+        )
+    };
+    conn.exec_drop(
+        sql,
         (
             spec.name(),
             spec.kind(),

@@ -147,17 +147,88 @@ async fn revert(
         registry: &reg,
         out,
     };
-    spec.revert(&mut ctx).await?;
+    let migrating = !draining && reg.state.as_deref() == Some(registry::MIGRATING);
+    if migrating {
+        half_migrated(&mut ctx, spec.as_ref()).await?;
+        spec.back_out(&mut ctx).await?;
+    } else {
+        spec.revert(&mut ctx).await?;
+    }
     if opts.apply && !draining {
         registry::set_state(ctx.conn, &reg.table(), name, Some(registry::REVERTED)).await?;
         crate::jobs::forget_rule(ctx.conn, &reg.db, name).await?;
         emit(
             ctx.out,
             &format!(
-                "-- applied: rule '{name}' is reverted (its row in {} says so)",
+                "-- applied: rule '{name}' is {} (its row in {} says so)",
+                if migrating {
+                    "backed out: what its stopped migration made is removed, and it is reverted"
+                } else {
+                    "reverted"
+                },
                 reg.table().quoted()
             ),
         )?;
     }
     Ok(())
+}
+
+/// Says what a first migration that stopped half way (the rule recorded as
+/// [`registry::MIGRATING`]) left: which of the rule's triggers and side tables
+/// exist (with their rows) and its job rows, all of which the back-out removes.
+async fn half_migrated(
+    ctx: &mut RevertContext<'_>,
+    spec: &dyn crate::kinds::RuleSpec,
+) -> Result<()> {
+    let name = spec.name();
+    let leftovers = spec
+        .leftovers(ctx.default_db)
+        .map_err(|r| Error::new(Source::Rules, r))?;
+    let mut found = Vec::new();
+    for t in &leftovers.triggers {
+        if crate::schema::existing_trigger(ctx.conn, t)
+            .await?
+            .is_some()
+        {
+            found.push(format!("trigger {}", t.quoted()));
+        }
+    }
+    for t in &leftovers.tables {
+        if crate::schema::inspect_table(ctx.conn, t).await?.is_some() {
+            let rows = crate::kinds::revert::row_count(ctx.conn, t).await?;
+            found.push(format!("table {} ({rows} rows)", t.quoted()));
+        }
+    }
+    for (job, st) in crate::jobs::of_rule(ctx.conn, &ctx.registry.db, name).await? {
+        found.push(format!(
+            "job {job} in {} ({}, {} done)",
+            crate::jobs::JobKey {
+                db: ctx.registry.db.clone(),
+                rule: name.to_string(),
+                job: "",
+            }
+            .table()
+            .quoted(),
+            st.state,
+            st.rows_done
+        ));
+    }
+    emit(
+        ctx.out,
+        &format!(
+            "-- rule '{name}' is recorded as {}: its first `migrate --apply` stopped before it \
+             finished, so no proxy has served it from its tables. The revert backs that \
+             migration out: it removes what the migration made and copies nothing back; \
+             the logical table's rows stay as they are",
+            registry::MIGRATING
+        ),
+    )?;
+    if found.is_empty() {
+        emit(ctx.out, "-- found: nothing the migration made is left")
+    } else {
+        emit(
+            ctx.out,
+            &format!("-- found (removed below): {}", found.join("; ")),
+        )
+    }
 }

@@ -17,10 +17,11 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cli::Cli;
+use common::cli::{Cli, Running};
 use common::client::{run, run_text, Outcome};
 use common::fixture::{fresh_db, scalar, Env, Rule};
 use common::{http_get, mariadb, mariadb_primary, replica_of, sample, MariaDb};
@@ -84,38 +85,24 @@ fn rollup_and_log_on(server: &MariaDb, db: &str) -> (Groups, Groups) {
     (log, rollup)
 }
 
-/// `heatsink migrate --apply` for the rules in `rules` on `db` with `extra`
-/// arguments, as a child process (stdout and stderr piped to files).
-fn spawn_migrate(rules: &std::path::Path, db: &str, extra: &[&str]) -> (Child, tempfile::TempDir) {
-    spawn_heatsink(&["migrate", "--apply"], rules, &mariadb().url(db), extra)
+/// `heatsink <command…> --rules <rules> --backend-url <db on the shared server>`.
+fn heatsink_on(command: &[&str], rules: &Path, db: &str) -> Cli {
+    Cli::on(command, rules, &mariadb().url(db))
 }
 
-/// `heatsink <args> --rules <rules> --backend-url <url> <extra>` as a child process
-/// (stdout and stderr piped to files `out` and `err` in the returned directory).
-fn spawn_heatsink(
-    args: &[&str],
-    rules: &std::path::Path,
-    url: &str,
-    extra: &[&str],
-) -> (Child, tempfile::TempDir) {
-    let logs = tempfile::tempdir().unwrap();
-    let out = std::fs::File::create(logs.path().join("out")).unwrap();
-    let err = std::fs::File::create(logs.path().join("err")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_heatsink"))
-        .args(args)
-        .arg("--rules")
-        .arg(rules)
-        .arg("--backend-url")
-        .arg(url)
-        .args(extra)
-        .env_remove("HEATSINK_BACKEND_URL")
-        .env_remove("HEATSINK_RULES")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .unwrap();
-    (child, logs)
+/// `heatsink migrate` of the rules in `rules` on `db`.
+fn migrate(rules: &Path, db: &str) -> Cli {
+    heatsink_on(&["migrate"], rules, db)
+}
+
+/// `heatsink migrate --apply` with `extra` arguments, in the background.
+fn spawn_migrate(rules: &Path, db: &str, extra: &[&str]) -> Running {
+    migrate(rules, db).apply().args(extra).spawn()
+}
+
+/// `heatsink migrate --revert <rule>` on `db`, its rule files `rules`.
+fn revert(rule: &str, rules: &Path, db: &str) -> Cli {
+    heatsink_on(&["migrate", "--revert", rule], rules, db)
 }
 
 /// The job's `(state, rows_done)` in `heatsink_jobs`, if it has a row.
@@ -142,50 +129,25 @@ fn job_row_on(server: &MariaDb, db: &str, rule: &str, job: &str) -> Option<(Stri
 }
 
 /// Waits until the rollup backfill of `rule` runs (its snapshot is taken).
-fn wait_running(child: &mut Child, logs: &std::path::Path, db: &str, rule: &str) {
+fn wait_running(run: &mut Running, db: &str, rule: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while job_row(db, rule, "backfill").is_none_or(|(s, _)| s != "running") {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!(
-                "migrate ended ({status}) before the job ran:\n{}\n{}",
-                std::fs::read_to_string(logs.join("out")).unwrap_or_default(),
-                std::fs::read_to_string(logs.join("err")).unwrap_or_default()
-            );
-        }
+        run.assert_alive("before the job ran");
         assert!(Instant::now() < deadline, "the job did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 /// Waits until the job has committed at least `rows` items and is still running,
-/// then kills `child` with SIGKILL; returns the items done when it was killed.
-fn kill_mid_way(
-    child: &mut Child,
-    logs: &std::path::Path,
-    db: &str,
-    rule: &str,
-    job: &str,
-    rows: u64,
-) -> u64 {
+/// then kills the run with SIGKILL; returns the items done when it was killed.
+fn kill_mid_way(run: &mut Running, db: &str, rule: &str, job: &str, rows: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some((state, done)) = job_row(db, rule, job) {
-            if state == "running" && done >= rows {
-                break;
-            }
-        }
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!(
-                "migrate ended ({status}) before the job was half way:\n{}\n{}",
-                std::fs::read_to_string(logs.join("out")).unwrap_or_default(),
-                std::fs::read_to_string(logs.join("err")).unwrap_or_default()
-            );
-        }
+    while job_row(db, rule, job).is_none_or(|(state, done)| state != "running" || done < rows) {
+        run.assert_alive("before the job was half way");
         assert!(Instant::now() < deadline, "the job made no progress");
         std::thread::sleep(Duration::from_millis(50));
     }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    run.kill();
     job_row(db, rule, job).map(|(_, n)| n).unwrap_or(0)
 }
 
@@ -196,17 +158,11 @@ fn a_throttled_backfill_prints_progress_lines_and_keeps_to_its_rate() {
     fresh_db(db, &plays(rows));
     let rules = common::client::rules_dir("rollup.toml", &rollup_rule());
     let started = Instant::now();
-    let (code, out, err) = Cli::new(["migrate", "--rules"])
-        .arg(rules.path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--apply")
-        .arg("--chunk")
-        .arg("50")
-        .arg("--max-rows-per-second")
-        .arg("200")
-        .arg("--progress-every")
-        .arg("0.5")
+    let (code, out, err) = migrate(rules.path(), db)
+        .apply()
+        .flag("--chunk", 50)
+        .flag("--max-rows-per-second", 200)
+        .flag("--progress-every", 0.5)
         .run();
     let took = started.elapsed();
     assert_eq!(code, 0, "{out}\n{err}");
@@ -322,10 +278,6 @@ fn writer(db: &str, from: u64, to: u64, pause: Duration) -> std::thread::JoinHan
     })
 }
 
-fn stdout_of(logs: &std::path::Path) -> String {
-    std::fs::read_to_string(logs.join("out")).unwrap_or_default()
-}
-
 /// The N of each "backfilled N log rows" line of a run's output.
 fn backfilled(out: &str) -> Vec<u64> {
     out.lines()
@@ -344,11 +296,11 @@ fn a_rollup_backfill_killed_half_way_continues_and_ends_exact() {
     );
     let throttled = ["--chunk", "20", "--max-rows-per-second", "400"];
     // First run: killed a few chunks into the daily backfill, writers busy.
-    let (mut child, logs) = spawn_migrate(rules.path(), db, &throttled);
+    let mut child = spawn_migrate(rules.path(), db, &throttled);
     // The writes start once the snapshot is taken: its last key is then 2000.
-    wait_running(&mut child, logs.path(), db, "plays_daily");
+    wait_running(&mut child, db, "plays_daily");
     let w = writer(db, 0, 20, Duration::from_millis(40));
-    let done1 = kill_mid_way(&mut child, logs.path(), db, "plays_daily", "backfill", 200);
+    let done1 = kill_mid_way(&mut child, db, "plays_daily", "backfill", 200);
     w.join().unwrap();
     assert!(done1 > 0 && done1 < 2000, "killed after {done1} rows");
     let p1 = job_position(db, "plays_daily").unwrap();
@@ -369,11 +321,7 @@ fn a_rollup_backfill_killed_half_way_continues_and_ends_exact() {
         Some("running".into())
     );
     // check names the stopped backfill and where it stopped.
-    let (_, out, err) = Cli::new(["check", "--rules"])
-        .arg(rules.path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .run();
+    let (_, out, err) = heatsink_on(&["check"], rules.path(), db).run();
     assert!(
         out.contains(&format!("stopped half way (at {p1} of 2000)"))
             || err.contains(&format!("stopped half way (at {p1} of 2000)")),
@@ -384,18 +332,11 @@ fn a_rollup_backfill_killed_half_way_continues_and_ends_exact() {
         write_to_log(db, round);
     }
     // Second run: continues at the position, killed again mid-way.
-    let (mut child, logs) = spawn_migrate(rules.path(), db, &throttled);
+    let mut child = spawn_migrate(rules.path(), db, &throttled);
     let w = writer(db, 30, 45, Duration::from_millis(40));
-    let done2 = kill_mid_way(
-        &mut child,
-        logs.path(),
-        db,
-        "plays_daily",
-        "backfill",
-        done1 + 300,
-    );
+    let done2 = kill_mid_way(&mut child, db, "plays_daily", "backfill", done1 + 300);
     w.join().unwrap();
-    let out = stdout_of(logs.path());
+    let out = child.output("out");
     assert!(
         out.contains(&format!(
             "continuing at {p1} of 2000 ({done1} log rows done)"
@@ -412,11 +353,11 @@ fn a_rollup_backfill_killed_half_way_continues_and_ends_exact() {
     }
     // Third run: finishes the daily backfill from p2, then the hourly one (killed
     // a few chunks in: several rollups of one log each keep their own deltas).
-    let (mut child, logs) = spawn_migrate(rules.path(), db, &throttled);
+    let mut child = spawn_migrate(rules.path(), db, &throttled);
     let w = writer(db, 50, 70, Duration::from_millis(40));
-    kill_mid_way(&mut child, logs.path(), db, "plays_hourly", "backfill", 200);
+    kill_mid_way(&mut child, db, "plays_hourly", "backfill", 200);
     w.join().unwrap();
-    let out = stdout_of(logs.path());
+    let out = child.output("out");
     assert!(
         out.contains(&format!("continuing at {p2} of 2000")),
         "{out}"
@@ -444,12 +385,7 @@ fn a_rollup_backfill_killed_half_way_continues_and_ends_exact() {
     );
     // Fourth run: the hourly backfill continues and ends.
     let w = writer(db, 70, 80, Duration::from_millis(20));
-    let (code, out, err) = Cli::new(["migrate", "--rules"])
-        .arg(rules.path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--apply")
-        .run();
+    let (code, out, err) = migrate(rules.path(), db).apply().run();
     w.join().unwrap();
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("rule plays_hourly: the backfill of"), "{out}");
@@ -479,13 +415,13 @@ fn a_stopped_rollup_backfill_without_its_delta_triggers_starts_over_exact() {
     let db = "jobs_rollup_restart";
     fresh_db(db, &plays(2000));
     let rules = common::client::rules_dir("rollup.toml", &rollup_rule());
-    let (mut child, logs) = spawn_migrate(
+    let mut child = spawn_migrate(
         rules.path(),
         db,
         &["--chunk", "20", "--max-rows-per-second", "400"],
     );
     let w = writer(db, 0, 10, Duration::from_millis(40));
-    let done = kill_mid_way(&mut child, logs.path(), db, "plays_daily", "backfill", 200);
+    let done = kill_mid_way(&mut child, db, "plays_daily", "backfill", 200);
     w.join().unwrap();
     assert!(done > 0 && done < 2000, "killed after {done} rows");
     // A delta trigger gone (dropped by hand): the deltas are incomplete, so the
@@ -494,22 +430,13 @@ fn a_stopped_rollup_backfill_without_its_delta_triggers_starts_over_exact() {
     for round in 10..20 {
         write_to_log(db, round);
     }
-    let (_, out, err) = Cli::new(["check", "--rules"])
-        .arg(rules.path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .run();
+    let (_, out, err) = heatsink_on(&["check"], rules.path(), db).run();
     assert!(
         out.contains("backfills it again (from the start)")
             || err.contains("backfills it again (from the start)"),
         "{out}\n{err}"
     );
-    let (code, out, err) = Cli::new(["migrate", "--rules"])
-        .arg(rules.path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--apply")
-        .run();
+    let (code, out, err) = migrate(rules.path(), db).apply().run();
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("a backfill stopped half way"), "{out}");
     assert!(out.contains("started over"), "{out}");
@@ -534,11 +461,7 @@ fn an_unfinished_rollup_backfill_is_reverted_with_its_delta_triggers_and_table()
     fresh_db(db, &plays(2000));
     let rules = common::client::rules_dir("rollup.toml", &rollup_rule());
     let migrate = |extra: &[&str]| {
-        let mut cli = Cli::new(["migrate", "--rules"])
-            .arg(rules.path())
-            .arg("--backend-url")
-            .arg(mariadb().url(db))
-            .arg("--apply");
+        let mut cli = migrate(rules.path(), db).apply();
         for a in extra {
             cli = cli.arg(a);
         }
@@ -552,21 +475,16 @@ fn an_unfinished_rollup_backfill_is_reverted_with_its_delta_triggers_and_table()
         "USE {db}; DROP TRIGGER plays_by_track_day_hs_ins; DROP TRIGGER plays_by_track_day_hs_upd; \
          DROP TRIGGER plays_by_track_day_hs_del; TRUNCATE TABLE plays_by_track_day"
     ));
-    let (mut child, logs) = spawn_migrate(
+    let mut child = spawn_migrate(
         rules.path(),
         db,
         &["--chunk", "20", "--max-rows-per-second", "400"],
     );
-    kill_mid_way(&mut child, logs.path(), db, "plays_daily", "backfill", 100);
+    kill_mid_way(&mut child, db, "plays_daily", "backfill", 100);
     assert_eq!(deltas_left(db).len(), 4, "{:?}", deltas_left(db));
     // The rule leaves the rule files; its revert drops what the backfill kept too.
     let none = common::client::rules_dir("other.toml", "");
-    let (code, out, err) = Cli::new(["migrate", "--revert", "plays_daily", "--rules"])
-        .arg(none.path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--apply")
-        .run();
+    let (code, out, err) = revert("plays_daily", none.path(), db).apply().run();
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
         out.contains(
@@ -678,7 +596,7 @@ fn a_mailbox_fill_killed_half_way_continues_and_ends_exact() {
         .schema(graph())
         .rule("timeline.toml", push_rule())
         .start();
-    let (mut child, logs) = spawn_migrate(
+    let mut child = spawn_migrate(
         env.rules_path(),
         db,
         &["--chunk", "3", "--max-rows-per-second", "30"],
@@ -699,7 +617,7 @@ fn a_mailbox_fill_killed_half_way_continues_and_ends_exact() {
             }
         }
     });
-    let done = kill_mid_way(&mut child, logs.path(), db, "friends", "fill", 15);
+    let done = kill_mid_way(&mut child, db, "friends", "fill", 15);
     writer.join().unwrap();
     assert!(done > 0 && done < USERS, "killed after {done} readers");
     let partial: u64 = scalar(&format!(
@@ -715,12 +633,7 @@ fn a_mailbox_fill_killed_half_way_continues_and_ends_exact() {
         "USE {db}; INSERT INTO message (user_id, body) VALUES (3, 'late'), (50, 'late'); \
          INSERT IGNORE INTO follower VALUES (2, 60), (90, 5);"
     ));
-    let (code, out, err) = Cli::new(["migrate", "--rules"])
-        .arg(env.rules_path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--apply")
-        .run();
+    let (code, out, err) = migrate(env.rules_path(), db).apply().run();
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("continuing after reader"), "{out}");
     assert!(err.contains("continuing after"), "{err}");
@@ -741,13 +654,9 @@ fn a_mailbox_fill_killed_half_way_continues_and_ends_exact() {
          WHERE m.id IS NULL OR f.user_id IS NULL"
     ));
     assert_eq!(extras.as_deref(), Some("0"));
-    let (code, out, err) = Cli::new(["maintain", "--rules"])
-        .arg(env.rules_path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--job")
-        .arg("trim")
-        .arg("--apply")
+    let (code, out, err) = heatsink_on(&["maintain"], env.rules_path(), db)
+        .flag("--job", "trim")
+        .apply()
         .run();
     assert_eq!(code, 0, "{out}\n{err}");
     let (timelines, mailboxes) = mailboxes_and_timelines(db);
@@ -760,13 +669,7 @@ fn a_deferred_fill_runs_inside_serve_with_metrics() {
     let db = "jobs_fill_serve";
     fresh_db(db, &graph());
     let rules = common::client::rules_dir("timeline.toml", &push_rule());
-    let (code, out, err) = Cli::new(["migrate", "--rules"])
-        .arg(rules.path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--apply")
-        .arg("--defer-jobs")
-        .run();
+    let (code, out, err) = migrate(rules.path(), db).apply().arg("--defer-jobs").run();
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("long jobs deferred"), "{out}");
     assert_eq!(
@@ -807,51 +710,6 @@ fn a_deferred_fill_runs_inside_serve_with_metrics() {
     assert!(done.is_some_and(|d| d > 0.0), "{body}");
     assert_eq!(done, total, "{body}");
     run(Duration::from_secs(60), reads_match(&env));
-}
-
-/// Waits until the file `name` in `logs` contains `needle`; panics when `child`
-/// ends first or after a minute (a deadline against a hang, not a timing assert).
-fn wait_for_output(child: &mut Child, logs: &std::path::Path, name: &str, needle: &str) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let text = std::fs::read_to_string(logs.join(name)).unwrap_or_default();
-        if text.contains(needle) {
-            return;
-        }
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!(
-                "heatsink ended ({status}) before printing {needle:?}:\n{}\n{}",
-                std::fs::read_to_string(logs.join("out")).unwrap_or_default(),
-                std::fs::read_to_string(logs.join("err")).unwrap_or_default()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {needle:?} in {name}:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Waits for `child` to end; (exit code, stdout, stderr).
-fn finish(mut child: Child, logs: &std::path::Path) -> (i32, String, String) {
-    let deadline = Instant::now() + Duration::from_secs(240);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("heatsink did not end");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (
-        status.code().unwrap_or(-1),
-        std::fs::read_to_string(logs.join("out")).unwrap_or_default(),
-        std::fs::read_to_string(logs.join("err")).unwrap_or_default(),
-    )
 }
 
 fn sh_quote(s: &str) -> String {
@@ -963,14 +821,9 @@ fn a_chunk_that_waits_too_long_for_a_lock_is_retried_and_the_fold_ends_exact() {
     let mut expected = counter_with_slots(db, 60);
     let no_rules = tempfile::tempdir().unwrap();
     // The dry run says how much it moves.
-    let (code, out, err) = Cli::new(["migrate", "--revert", "hits", "--rules"])
-        .arg(no_rules.path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--observe")
-        .arg("0")
-        .arg("--batch")
-        .arg("10")
+    let (code, out, err) = revert("hits", no_rules.path(), db)
+        .flag("--observe", 0)
+        .flag("--batch", 10)
         .run();
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
@@ -987,23 +840,15 @@ fn a_chunk_that_waits_too_long_for_a_lock_is_retried_and_the_fold_ends_exact() {
             .query_drop("START TRANSACTION; SELECT * FROM hits WHERE slug = 'k25' FOR UPDATE")
             .await
             .unwrap();
-        let (mut child, logs) = spawn_heatsink(
-            &["migrate", "--revert", "hits", "--apply"],
-            no_rules.path(),
-            &mariadb().url(db),
-            &[
-                "--observe",
-                "0",
-                "--batch",
-                "10",
-                "--lock-wait-timeout",
-                "1",
-                "--progress-every",
-                "0.1",
-            ],
-        );
+        let mut child = revert("hits", no_rules.path(), db)
+            .apply()
+            .flag("--observe", 0)
+            .flag("--batch", 10)
+            .flag("--lock-wait-timeout", 1)
+            .flag("--progress-every", 0.1)
+            .spawn();
         // The chunk waits a second, is rolled back and retried: the output says so.
-        wait_for_output(&mut child, logs.path(), "err", "retrying it in");
+        child.wait_for("err", "retrying it in");
         // Whole chunks of 10 keys (4 slot rows each) before the one that waits are
         // committed: two when the fold's UPDATE reaches the logical rows by key,
         // none when the server's plan scans them (it then meets k25 in the first).
@@ -1019,7 +864,7 @@ fn a_chunk_that_waits_too_long_for_a_lock_is_retried_and_the_fold_ends_exact() {
             .await
             .unwrap();
         let _ = holder.disconnect().await;
-        let (code, out, err) = finish(child, logs.path());
+        let (code, out, err) = child.finish();
         assert_eq!(code, 0, "{out}\n{err}");
         assert!(
             err.contains("a chunk was rolled back (a lock wait timeout, error 1205)"),
@@ -1072,25 +917,13 @@ fn a_job_waits_while_its_replica_is_stopped_and_finishes_once_it_runs() {
     replica.exec("STOP SLAVE");
     let rules = common::client::rules_dir("rollup.toml", &rollup_rule());
     let replica_url = replica.admin_url("");
-    let (mut child, logs) = spawn_heatsink(
-        &["migrate", "--apply"],
-        rules.path(),
-        &primary.url(db),
-        &[
-            "--chunk",
-            "50",
-            "--progress-every",
-            "0.2",
-            "--replica-url",
-            &replica_url,
-        ],
-    );
-    wait_for_output(
-        &mut child,
-        logs.path(),
-        "err",
-        "waiting: the replica is not replicating",
-    );
+    let mut child = Cli::on(&["migrate"], rules.path(), &primary.url(db))
+        .apply()
+        .flag("--chunk", 50)
+        .flag("--progress-every", 0.2)
+        .flag("--replica-url", &replica_url)
+        .spawn();
+    child.wait_for("err", "waiting: the replica is not replicating");
     // Still waiting a while later: no chunk done.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
@@ -1098,11 +931,11 @@ fn a_job_waits_while_its_replica_is_stopped_and_finishes_once_it_runs() {
         Some(("running".into(), 0))
     );
     assert!(
-        child.try_wait().unwrap().is_none(),
+        child.child.try_wait().unwrap().is_none(),
         "migrate ended while the replica was stopped"
     );
     replica.exec("START SLAVE");
-    let (code, out, err) = finish(child, logs.path());
+    let (code, out, err) = child.finish();
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("-- applied: backfilled 300 log rows"), "{out}");
     assert!(err.contains("done: 300 log rows in all"), "{err}");
@@ -1165,7 +998,7 @@ fn a_ring_backfill_reports_progress_and_a_killed_one_is_redone_whole() {
     let expected = newest_events(db, "events");
     let rules = common::client::rules_dir("ring.toml", &ring_rule());
     // Killed half way: the chunks so far are in the one transaction, rolled back.
-    let (mut child, logs) = spawn_migrate(
+    let mut child = spawn_migrate(
         rules.path(),
         db,
         &[
@@ -1177,10 +1010,9 @@ fn a_ring_backfill_reports_progress_and_a_killed_one_is_redone_whole() {
             "0.2",
         ],
     );
-    wait_for_output(&mut child, logs.path(), "err", "/s, ETA ");
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
-    let err = std::fs::read_to_string(logs.path().join("err")).unwrap();
+    child.wait_for("err", "/s, ETA ");
+    child.kill();
+    let err = child.output("err");
     assert!(
         err.contains("job backfill of rule recent: 2000 log rows to do in one transaction (stopped, it rolls back whole and the next run does it again from the start)"),
         "{err}"
@@ -1195,17 +1027,11 @@ fn a_ring_backfill_reports_progress_and_a_killed_one_is_redone_whole() {
     }
     // Run again: the whole backfill, with progress lines, throttled.
     let started = Instant::now();
-    let (code, out, err) = Cli::new(["migrate", "--rules"])
-        .arg(rules.path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--apply")
-        .arg("--chunk")
-        .arg("10")
-        .arg("--max-rows-per-second")
-        .arg("1000")
-        .arg("--progress-every")
-        .arg("0.2")
+    let (code, out, err) = migrate(rules.path(), db)
+        .apply()
+        .flag("--chunk", 10)
+        .flag("--max-rows-per-second", 1000)
+        .flag("--progress-every", 0.2)
         .run();
     let took = started.elapsed();
     assert_eq!(code, 0, "{out}\n{err}");
@@ -1241,23 +1067,17 @@ fn a_ring_revert_copies_back_with_progress_and_its_dry_run_counts_what_moves() {
     common::fixture::migrate_apply(db, &ring_rule());
     assert_eq!(ring_rows(db), expected);
     let no_rules = tempfile::tempdir().unwrap();
-    let revert = |apply: bool| {
-        let mut cli = Cli::new(["migrate", "--revert", "recent", "--rules"])
-            .arg(no_rules.path())
-            .arg("--backend-url")
-            .arg(mariadb().url(db))
-            .arg("--batch")
-            .arg("4")
-            .arg("--max-rows-per-second")
-            .arg("100")
-            .arg("--progress-every")
-            .arg("0.2");
+    let reverting = |apply: bool| {
+        let mut cli = revert("recent", no_rules.path(), db)
+            .flag("--batch", 4)
+            .flag("--max-rows-per-second", 100)
+            .flag("--progress-every", 0.2);
         if apply {
-            cli = cli.arg("--apply");
+            cli = cli.apply();
         }
         cli.run()
     };
-    let (code, out, err) = revert(false);
+    let (code, out, err) = reverting(false);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
         out.contains("its 1000 rows with a key are deleted")
@@ -1266,7 +1086,7 @@ fn a_ring_revert_copies_back_with_progress_and_its_dry_run_counts_what_moves() {
     );
     assert!(out.contains("in chunks of at most 4 keys"), "{out}");
     let started = Instant::now();
-    let (code, out, err) = revert(true);
+    let (code, out, err) = reverting(true);
     let took = started.elapsed();
     assert_eq!(code, 0, "{out}\n{err}");
     // 250 rows at 100 a second: at least 2.5 s (a lower bound only).
@@ -1300,19 +1120,12 @@ fn a_counter_revert_keeps_to_its_rate_and_prints_progress_lines() {
     let expected = counter_with_slots(db, 30);
     let no_rules = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    let (code, out, err) = Cli::new(["migrate", "--revert", "hits", "--rules"])
-        .arg(no_rules.path())
-        .arg("--backend-url")
-        .arg(mariadb().url(db))
-        .arg("--observe")
-        .arg("0")
-        .arg("--batch")
-        .arg("3")
-        .arg("--max-rows-per-second")
-        .arg("50")
-        .arg("--progress-every")
-        .arg("0.3")
-        .arg("--apply")
+    let (code, out, err) = revert("hits", no_rules.path(), db)
+        .flag("--observe", 0)
+        .flag("--batch", 3)
+        .flag("--max-rows-per-second", 50)
+        .flag("--progress-every", 0.3)
+        .apply()
         .run();
     let took = started.elapsed();
     assert_eq!(code, 0, "{out}\n{err}");
@@ -1330,4 +1143,200 @@ fn a_counter_revert_keeps_to_its_rate_and_prints_progress_lines() {
     assert_eq!(hits(db), expected);
     // The revert forgets its job rows with the rule.
     assert_eq!(job_row(db, "hits", "revert"), None);
+}
+
+/// Increments keys `k00`… of `db.hits` through the proxy at `url`, one key after
+/// the other, until `stop`; returns the increments that committed, per key.
+fn incrementer(
+    url: String,
+    keys: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<i64>> {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            use mysql_async::prelude::Queryable;
+            let mut conn = mysql_async::Conn::from_url(url.as_str()).await.unwrap();
+            let mut done = vec![0i64; keys];
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let sql = format!(
+                    "UPDATE hits SET cnt = cnt + 1 WHERE slug = 'k{:02}'",
+                    i % keys
+                );
+                match conn.query_drop(sql).await {
+                    Ok(()) => done[i % keys] += 1,
+                    // A deadlock with the fold's chunk rolled the increment back.
+                    Err(mysql_async::Error::Server(e)) if e.code == 1213 || e.code == 1205 => {}
+                    Err(e) => panic!("increment: {e}"),
+                }
+                i += 7;
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            let _ = conn.disconnect().await;
+            done
+        })
+    })
+}
+
+/// A draining counter (`drain = true`) is folded by `migrate --revert` through the
+/// job runner: chunks of `--batch` keys with their progress rows, progress lines,
+/// the throttle. Increments run all along through a proxy that drains (they go to
+/// the base rows) and one that has not reloaded yet (they go to slot rows); the
+/// fold is killed half way, run again (it continues, saying how much was done) and
+/// once more after the increments stop: every increment is counted once, and the
+/// slot table ends empty.
+#[test]
+fn a_draining_fold_killed_half_way_under_increments_ends_exact() {
+    let db = "jobs_drain";
+    let keys = 60;
+    let mut expected = counter_with_slots(db, keys as u64);
+    let drained = Env::builder(db)
+        .rule(
+            "hits.toml",
+            Rule::counter("hits", "hits")
+                .slots(4)
+                .set("drain", "true")
+                .toml(),
+        )
+        .start();
+    let not_reloaded = Env::builder(db)
+        .rule("hits.toml", common::fixture::counter_rule("hits"))
+        .start();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers = [
+        incrementer(drained.url(), keys, stop.clone()),
+        incrementer(not_reloaded.url(), keys, stop.clone()),
+    ];
+    let fold = || {
+        revert("hits", drained.rules_path(), db)
+            .flag("--observe", 0)
+            .flag("--batch", 5)
+            .flag("--progress-every", 0.2)
+            .apply()
+    };
+    let mut first = fold().flag("--max-rows-per-second", 40).spawn();
+    let at_kill = kill_mid_way(&mut first, db, "hits", "drain", 60);
+    assert!(at_kill >= 60, "{at_kill}");
+    let err = first.output("err");
+    assert!(err.contains("job drain of rule hits: "), "{err}");
+    assert!(err.contains("/s, ETA "), "no progress line:\n{err}");
+
+    let (out, err) = fold().ok();
+    assert!(
+        err.contains(&format!("continuing after {at_kill} done")),
+        "{err}"
+    );
+    assert!(err.contains("job drain of rule hits: done: "), "{err}");
+    assert!(
+        out.contains("-- applied: folded ") && out.contains("transactions"),
+        "{out}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let counts: Vec<Vec<i64>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    // The slot rows the proxy that has not reloaded wrote since.
+    fold().ok();
+    assert_eq!(
+        scalar(&format!("SELECT COUNT(*) FROM {db}.hits_slots")).as_deref(),
+        Some("0")
+    );
+    let total: i64 = counts.iter().flatten().sum();
+    assert!(total > 100, "too few increments: {total}");
+    for (i, row) in expected.iter_mut().enumerate() {
+        let v: i64 = row[1].as_deref().unwrap().parse().unwrap();
+        row[1] = Some((v + counts[0][i] + counts[1][i]).to_string());
+    }
+    assert_eq!(hits(db), expected);
+    assert_eq!(
+        job_row(db, "hits", "drain").map(|(s, _)| s).as_deref(),
+        Some("done")
+    );
+}
+
+/// The tables (with `SHOW CREATE TABLE`) and triggers of `db`, heatsink's own
+/// bookkeeping tables (`heatsink_rules`, `heatsink_jobs`) aside.
+fn schema_of(db: &str) -> Groups {
+    let tables = mariadb().query_strings(&format!(
+        "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' \
+         AND TABLE_NAME NOT IN ('heatsink_rules', 'heatsink_jobs') ORDER BY TABLE_NAME"
+    ));
+    let mut out: Groups = tables
+        .iter()
+        .flat_map(|t| {
+            let t = t[0].clone().unwrap_or_default();
+            mariadb().query_strings(&format!("SHOW CREATE TABLE {db}.`{t}`"))
+        })
+        .collect();
+    out.extend(mariadb().query_strings(&format!(
+        "SELECT TRIGGER_NAME, ACTION_STATEMENT FROM information_schema.TRIGGERS \
+         WHERE TRIGGER_SCHEMA = '{db}' ORDER BY TRIGGER_NAME"
+    )));
+    out
+}
+
+/// A rule's first `migrate --apply`, killed half way through its backfill, is
+/// recorded as migrating; `migrate --revert` says what it found (the rollup table,
+/// its triggers and the backfill's delta triggers and table, the job row) and backs
+/// it out: the schema is the one before the migration, the log's rows untouched;
+/// run again it finds nothing left; migrating again then ends exact.
+#[test]
+fn a_first_migration_killed_during_its_backfill_is_backed_out_by_revert() {
+    let db = "jobs_first_backout";
+    fresh_db(db, &plays(2000));
+    let before = schema_of(db);
+    let log = mariadb().query_strings(&format!("SELECT * FROM {db}.plays ORDER BY id"));
+    let rules = common::client::rules_dir("rollup.toml", &rollup_rule());
+    let mut child = spawn_migrate(
+        rules.path(),
+        db,
+        &["--chunk", "20", "--max-rows-per-second", "400"],
+    );
+    kill_mid_way(&mut child, db, "plays_daily", "backfill", 200);
+    assert_ne!(schema_of(db), before);
+    assert_eq!(
+        scalar(&format!(
+            "SELECT state FROM {db}.heatsink_rules WHERE name = 'plays_daily'"
+        ))
+        .as_deref(),
+        Some("migrating")
+    );
+    let none = common::client::rules_dir("other.toml", "");
+    // The dry run says what it found and changes nothing.
+    let (out, _) = revert("plays_daily", none.path(), db).ok();
+    assert!(out.contains("is recorded as migrating"), "{out}");
+    for found in [
+        "trigger `jobs_first_backout`.`plays_by_track_day_hs_ins`",
+        "trigger `jobs_first_backout`.`plays_by_track_day_hs_bf_upd`",
+        "table `jobs_first_backout`.`plays_by_track_day` (",
+        "table `jobs_first_backout`.`plays_by_track_day_backfill_delta` (",
+        "job backfill in `jobs_first_backout`.`heatsink_jobs` (running, ",
+    ] {
+        assert!(out.contains(found), "{found}:\n{out}");
+    }
+    assert_ne!(schema_of(db), before);
+    let (out, _) = revert("plays_daily", none.path(), db).apply().ok();
+    assert!(
+        out.contains("-- applied: rule 'plays_daily' is backed out"),
+        "{out}"
+    );
+    assert_eq!(schema_of(db), before);
+    assert_eq!(
+        mariadb().query_strings(&format!("SELECT * FROM {db}.plays ORDER BY id")),
+        log
+    );
+    assert_eq!(job_row(db, "plays_daily", "backfill"), None);
+    // Again: nothing is left to do.
+    let (out, _) = revert("plays_daily", none.path(), db).apply().ok();
+    assert!(
+        out.contains("none of its triggers and side tables is left"),
+        "{out}"
+    );
+    assert_eq!(schema_of(db), before);
+    // The rule migrates afresh, exact.
+    migrate(rules.path(), db).apply().ok();
+    let (log, rollup) = rollup_and_log(db);
+    assert_eq!(rollup, log);
 }

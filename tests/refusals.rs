@@ -68,6 +68,22 @@ async fn admin_query(conn: &mut Conn, sql: &str) -> (Vec<String>, Vec<Vec<String
     (columns, rows)
 }
 
+/// The `columns` of `rule`'s row of `SHOW RULE STATS`.
+async fn rule_stats(admin: &mut Conn, rule: &str, columns: &[&str]) -> Vec<String> {
+    let (cols, stats) = admin_query(admin, "SHOW RULE STATS").await;
+    let row = stats
+        .iter()
+        .find(|r| r[0] == rule)
+        .unwrap_or_else(|| panic!("{rule}: {stats:?}"));
+    columns
+        .iter()
+        .map(|name| {
+            let i = cols.iter().position(|c| c == name);
+            row[i.unwrap_or_else(|| panic!("{name}: {cols:?}"))].clone()
+        })
+        .collect()
+}
+
 /// One row of `SHOW REFUSALS` / `SHOW FALLBACKS`, by column name.
 #[derive(Debug, Clone)]
 struct Shape {
@@ -633,16 +649,9 @@ fn refusals_and_fallbacks_decided_at_execute() {
         );
         // SHOW RULE STATS counts the three refused executes as the rule's rejections,
         // not as rewrites (the one rewritten execute is its only rewrite).
-        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
-        let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
-        let row = stats.iter().find(|r| r[0] == COUNTER).unwrap();
         assert_eq!(
-            (
-                row[col("rejected")].as_str(),
-                row[col("rewritten")].as_str()
-            ),
-            ("3", "1"),
-            "{cols:?} {row:?}"
+            rule_stats(&mut admin, COUNTER, &["rejected", "rewritten"]).await,
+            ["3", "1"]
         );
 
         // A rollup read whose date parameter the check declines (not a valid date):
@@ -668,16 +677,9 @@ fn refusals_and_fallbacks_decided_at_execute() {
             "{fell:?}"
         );
         // Two fallbacks and one rewrite for the rollup's rule.
-        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
-        let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
-        let row = stats.iter().find(|r| r[0] == ROLLUP).unwrap();
         assert_eq!(
-            (
-                row[col("fallbacks")].as_str(),
-                row[col("rewritten")].as_str()
-            ),
-            ("2", "1"),
-            "{cols:?} {row:?}"
+            rule_stats(&mut admin, ROLLUP, &["fallbacks", "rewritten"]).await,
+            ["2", "1"]
         );
 
         // The first sighting of each shape is logged once; no value anywhere.
@@ -704,7 +706,7 @@ fn refusals_and_fallbacks_decided_at_execute() {
 
 /// Shadow mode: an execute the rule would refuse for its parameter value runs
 /// unchanged (as directly) and is listed in `SHOW REFUSALS` as `shadow`, with the
-/// shadow first-seen line.
+/// shadow first-seen line; so is a bulk execute (which the rule refuses whole).
 #[test]
 fn shadow_refusals_decided_at_execute() {
     let db = "rf_shadow_execute";
@@ -760,5 +762,177 @@ fn shadow_refusals_decided_at_execute() {
         let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
         let col = cols.iter().position(|c| c == "shadow_rejects").unwrap();
         assert_eq!(stats[0][col], "2");
+
+        // A bulk execute (COM_STMT_BULK_EXECUTE, raw packets) of the statement runs
+        // unchanged, answered as the same packet directly, and is listed as the
+        // rule would refuse it.
+        let answers = shadow_bulk(&env, update);
+        assert_eq!(answers[1][0].ok().map(|o| o.affected_rows), Some(2));
+        assert_eq!(answers[0], answers[1], "shadow bulk execute");
+        let refusals = shapes(&mut admin, "SHOW REFUSALS").await;
+        let bulk = refusals
+            .iter()
+            .find(|s| s.reason.starts_with("bulk execution"))
+            .unwrap_or_else(|| panic!("{refusals:?}"));
+        assert_eq!(
+            (
+                bulk.mode.as_deref(),
+                bulk.class.as_deref(),
+                bulk.count,
+                bulk.example.as_str()
+            ),
+            (Some("shadow"), Some("shape"), 1, update)
+        );
+        let (cols, stats) = admin_query(&mut admin, "SHOW RULE STATS").await;
+        let col = cols.iter().position(|c| c == "shadow_rejects").unwrap();
+        assert_eq!(stats[0][col], "3");
+    });
+}
+
+/// `update` prepared and bulk executed (two rows) through the proxy of `env`, then
+/// directly: the two answers.
+fn shadow_bulk(env: &Env, update: &str) -> Vec<Vec<common::packets::Packet>> {
+    use common::rawclient::{mariadb_caps, ConnectOpts, RawClient, RawParam};
+    let opts = ConnectOpts::new(common::USER, common::PASSWORD)
+        .db(&env.db)
+        .mariadb_caps(mariadb_caps::STMT_BULK_OPERATIONS);
+    let rows = vec![
+        vec![RawParam::Int(5), RawParam::str("about")],
+        vec![RawParam::Int(7), RawParam::str("home")],
+    ];
+    [env.proxy.addr(), common::mariadb().addr()]
+        .into_iter()
+        .map(|addr| {
+            let mut c = RawClient::connect(addr, &opts).unwrap();
+            let (id, _) = c.prepare(update).unwrap();
+            let answer = c.bulk_execute(id, &rows).unwrap();
+            c.close_stmt(id).unwrap();
+            answer
+        })
+        .collect()
+}
+
+/// MariaDB's bulk execute (COM_STMT_BULK_EXECUTE, `mariadb_stmt_execute` with
+/// array binding), sent as raw packets: of a statement on a plain table it is
+/// relayed and answered as MariaDB answers the same packet directly, byte for
+/// byte; of a statement the rule rewrites it is refused (ERR 1105, nothing
+/// written; the same packet sent directly runs), listed in `SHOW REFUSALS` under
+/// the prepared text (class `shape`, no parameter value) and counted in `SHOW
+/// RULE STATS` as the rule's rejection, as a refused COM_STMT_EXECUTE is.
+#[test]
+fn bulk_executes_of_rewritten_statements_are_listed_as_refusals() {
+    use common::rawclient::{mariadb_caps, ConnectOpts, RawClient, RawParam};
+    let db = "rf_bulk";
+    let env = Env::builder(db)
+        .schema(
+            "CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0); \
+             INSERT INTO hits VALUES ('home', 10), ('about', 3); \
+             CREATE TABLE plain (id INT PRIMARY KEY, v INT NOT NULL); \
+             INSERT INTO plain VALUES (1, 0), (2, 0), (3, 0);",
+        )
+        .rule("hits.toml", counter_rule(COUNTER))
+        .migrate()
+        .metrics()
+        .admin(ADMIN_PW)
+        .start();
+    let opts = ConnectOpts::new(common::USER, common::PASSWORD)
+        .db(db)
+        .mariadb_caps(mariadb_caps::STMT_BULK_OPERATIONS);
+    let mut p = RawClient::connect(env.proxy.addr(), &opts).unwrap();
+    let mut d = RawClient::connect(common::mariadb().addr(), &opts).unwrap();
+    let value = |sql: &str| env.backend_scalar(sql);
+
+    // A plain table: the proxy relays the bulk execute, answered as directly.
+    let plain = "UPDATE plain SET v = v + ? WHERE id = ?";
+    let rows = vec![
+        vec![RawParam::Int(1), RawParam::Int(1)],
+        vec![RawParam::Int(2), RawParam::Int(3)],
+        vec![RawParam::Int(4), RawParam::Int(9)],
+    ];
+    let mut answers = Vec::new();
+    for c in [&mut p, &mut d] {
+        let (id, _) = c.prepare(plain).unwrap();
+        answers.push(c.bulk_execute(id, &rows).unwrap());
+        c.close_stmt(id).unwrap();
+    }
+    assert!(answers[1][0].is_ok(), "{:?}", answers[1]);
+    assert_eq!(answers[0], answers[1], "bulk execute on a plain table");
+    assert_eq!(
+        value(&format!("SELECT SUM(v) FROM {db}.plain")).as_deref(),
+        Some("6")
+    );
+
+    // The rule's statement: refused through the proxy, nothing written.
+    let update = "UPDATE hits SET cnt = cnt + ? WHERE slug = ?";
+    let rows = vec![
+        vec![RawParam::Int(5), RawParam::str("secret-key")],
+        vec![RawParam::Int(7), RawParam::str("home")],
+    ];
+    let (id, _) = p.prepare(update).unwrap();
+    for _ in 0..2 {
+        let answer = p.bulk_execute(id, &rows).unwrap();
+        let err = answer[0].err().unwrap_or_else(|| panic!("{answer:?}"));
+        assert_eq!(err.code, 1105, "{err:?}");
+        assert_eq!(
+            err.message,
+            format!(
+                "heatsink rule '{COUNTER}': bulk execution of a rewritten statement is not \
+                 supported; execute it row by row"
+            )
+        );
+    }
+    // The statement still runs row by row.
+    let answer = p
+        .execute(id, &[RawParam::Int(1), RawParam::str("about")])
+        .unwrap();
+    assert!(answer[0].is_ok(), "{answer:?}");
+    p.close_stmt(id).unwrap();
+    assert_eq!(
+        common::fixture::counter_value(db, "home"),
+        Some(10),
+        "a refused bulk wrote"
+    );
+    assert_eq!(common::fixture::counter_value(db, "about"), Some(4));
+    // The same packet sent directly runs.
+    let (id, _) = d.prepare(update).unwrap();
+    let answer = d.bulk_execute(id, &rows).unwrap();
+    assert_eq!(
+        answer[0].ok().map(|o| o.affected_rows),
+        Some(1),
+        "{answer:?}"
+    );
+    d.close_stmt(id).unwrap();
+    assert_eq!(common::fixture::counter_value(db, "home"), Some(17));
+
+    run(LIMIT, async {
+        let mut admin = connect(&admin_url(env.admin_addr())).await;
+        let refusals = shapes(&mut admin, "SHOW REFUSALS").await;
+        assert_eq!(refusals.len(), 1, "{refusals:?}");
+        let s = &refusals[0];
+        assert_eq!(
+            (
+                s.rule.as_str(),
+                s.mode.as_deref(),
+                s.class.as_deref(),
+                s.count,
+                s.example.as_str()
+            ),
+            (COUNTER, Some("on"), Some("shape"), 2, update)
+        );
+        assert_eq!(
+            s.reason,
+            "bulk execution of a rewritten statement is not supported; execute it row by row"
+        );
+        assert_eq!(
+            log_lines(&env, &[REFUSED_LINE, &s.fingerprint]),
+            1,
+            "{}",
+            env.tail()
+        );
+        assert_eq!(
+            rule_stats(&mut admin, COUNTER, &["rejected", "rewritten"]).await,
+            ["2", "1"]
+        );
+        assert!(!env.proxy.log_text().contains("secret"));
     });
 }

@@ -244,6 +244,18 @@ pub trait RuleSpec: Send + Sync + fmt::Debug {
         revert::drop_leftovers(ctx, &leftovers).await
     }
 
+    /// Backs out a first migration that stopped before it finished (the rule is
+    /// recorded as [`revert::MIGRATING`]): no proxy has served the rule from its
+    /// tables, so nothing is brought back; whatever exists of its triggers and side
+    /// tables is dropped, triggers first. A kind whose side tables may hold data
+    /// the logical table lacks even so overrides it. Safe to run again.
+    async fn back_out(&self, ctx: &mut RevertContext<'_>) -> Result<()> {
+        let leftovers = self
+            .leftovers(ctx.default_db)
+            .map_err(|r| crate::error::Error::new(crate::error::Source::Rules, r))?;
+        revert::drop_leftovers(ctx, &leftovers).await
+    }
+
     /// Maintenance jobs of this rule, for `heatsink maintain`.
     fn jobs(&self) -> &'static [Job] {
         &[]

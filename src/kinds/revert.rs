@@ -18,6 +18,10 @@ use super::RuleSpec;
 /// The registry table's name (in each database that holds ruled tables).
 pub const TABLE: &str = "heatsink_rules";
 
+/// State of a rule whose first `migrate --apply` has started and not finished
+/// (its objects may be half made: a backfill stopped half way).
+pub const MIGRATING: &str = "migrating";
+
 /// State of a rule whose revert brought its data back (dropping may remain).
 pub const FOLDED: &str = "folded";
 
@@ -37,7 +41,7 @@ pub struct Registered {
     pub logical_table: String,
     /// The rule as a rule-file entry.
     pub spec: String,
-    /// `None` (migrated), [`FOLDED`] or [`REVERTED`].
+    /// `None` (migrated), [`MIGRATING`], [`FOLDED`] or [`REVERTED`].
     pub state: Option<String>,
 }
 

@@ -297,6 +297,11 @@ pub(super) struct StmtDigest {
 /// too large, and the proxy never holds more than this much of an unchecked one.
 pub const LEARN_PACKET_LIMIT_AT: usize = 1 << 20;
 
+/// Why a COM_STMT_BULK_EXECUTE (MariaDB's array binding) of a rewritten prepared
+/// statement is refused: the plans run one execute's parameters at a time.
+const BULK_REFUSED: &str =
+    "bulk execution of a rewritten statement is not supported; execute it row by row";
+
 /// How long a session refused for an oversized command keeps reading (and
 /// discarding) what the client still sends, so that its ERR is not lost to a TCP
 /// reset when the connection closes.
@@ -813,10 +818,8 @@ impl Session {
             cmd::STMT_BULK_EXECUTE => {
                 if let Some(id) = statement_id(&c.payload()) {
                     if let Some(p) = self.prepared.get(&id) {
-                        let msg = format!(
-                            "heatsink rule '{}': bulk execution of a rewritten statement is not supported; execute it row by row",
-                            p.rule
-                        );
+                        let msg = format!("heatsink rule '{}': {BULK_REFUSED}", p.rule);
+                        self.execute_refused(id, BULK_REFUSED, crate::rewrite::RefusalClass::Shape);
                         self.link
                             .client
                             .write_packet(
@@ -826,6 +829,7 @@ impl Session {
                             .await?;
                         return Ok(true);
                     }
+                    self.shadow_bulk(id);
                 }
                 ResponseKind::Generic
             }
@@ -972,6 +976,27 @@ impl Session {
                 mode: p.mode,
             });
         }
+    }
+
+    /// Shadow mode: a COM_STMT_BULK_EXECUTE of a statement the rule would have
+    /// rewritten is forwarded unchanged, and listed in `SHOW REFUSALS` as the rule
+    /// would have refused it ([`BULK_REFUSED`]), under the prepared text.
+    fn shadow_bulk(&mut self, id: u32) {
+        let Some(p) = self.shadow_prepared.get(&id) else {
+            return;
+        };
+        if let Some(r) = self.shared.rules.load().get(&p.rule) {
+            r.shadow_rejects.fetch_add(1, Relaxed);
+        }
+        debug!(peer = %self.peer, rule = %p.rule, "shadow: the rule would reject this bulk execute");
+        self.shared.shapes.refused(&Seen {
+            rule: &p.rule,
+            reason: BULK_REFUSED,
+            class: Some(crate::rewrite::RefusalClass::Shape),
+            shadow: true,
+            sql: &p.text,
+            mode: p.mode,
+        });
     }
 
     /// An execute of the prepared rewrite `id` refused (ERR 1105) for `reason` (no

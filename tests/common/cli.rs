@@ -74,6 +74,127 @@ impl Cli {
         let out = run_limited(&mut self.cmd, stdin, self.limit);
         (out.code.unwrap_or(-1), out.stdout, out.stderr)
     }
+
+    /// `heatsink <command…> --rules <rules> --backend-url <url>`: the shape of
+    /// every `migrate`, `migrate --revert` and `maintain` run.
+    pub fn on(command: &[&str], rules: &Path, url: &str) -> Cli {
+        Cli::new(command)
+            .arg("--rules")
+            .arg(rules)
+            .arg("--backend-url")
+            .arg(url)
+    }
+
+    /// Appends `--name value`.
+    pub fn flag(self, name: &str, value: impl ToString) -> Cli {
+        self.arg(name).arg(value.to_string())
+    }
+
+    /// Appends `--apply`.
+    pub fn apply(self) -> Cli {
+        self.arg("--apply")
+    }
+
+    /// Appends every argument of `args`.
+    pub fn args<I, S>(mut self, args: I) -> Cli
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.cmd.args(args);
+        self
+    }
+
+    /// [`Cli::run`] that must exit 0; returns (stdout, stderr).
+    pub fn ok(self) -> (String, String) {
+        let (code, out, err) = self.run();
+        assert_eq!(code, 0, "heatsink failed:\n{out}\n{err}");
+        (out, err)
+    }
+
+    /// Starts the process in the background, its stdout and stderr written to the
+    /// files `out` and `err` of a directory of its own ([`Running`]).
+    pub fn spawn(mut self) -> Running {
+        let logs = tempfile::tempdir().expect("a directory for the output");
+        let out = std::fs::File::create(logs.path().join("out")).expect("out");
+        let err = std::fs::File::create(logs.path().join("err")).expect("err");
+        let child = self
+            .cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {:?}: {e}", self.cmd));
+        Running { child, logs }
+    }
+}
+
+/// A `heatsink` run in the background ([`Cli::spawn`]).
+pub struct Running {
+    pub child: std::process::Child,
+    /// Holds the files `out` and `err`.
+    pub logs: tempfile::TempDir,
+}
+
+impl Running {
+    /// What it wrote to `name` (`out` or `err`) so far.
+    pub fn output(&self, name: &str) -> String {
+        std::fs::read_to_string(self.logs.path().join(name)).unwrap_or_default()
+    }
+
+    /// Panics with what it printed when it has ended (`why`: what it ended before).
+    pub fn assert_alive(&mut self, why: &str) {
+        if let Some(status) = self.child.try_wait().expect("wait for child") {
+            panic!(
+                "heatsink ended ({status}) {why}:\n{}\n{}",
+                self.output("out"),
+                self.output("err")
+            );
+        }
+    }
+
+    /// Waits until `name` (`out` or `err`) contains `needle`; panics when the
+    /// process ends first or after two minutes (a deadline against a hang, not a
+    /// timing assert).
+    pub fn wait_for(&mut self, name: &str, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.output(name).contains(needle) {
+            self.assert_alive(&format!("before printing {needle:?}"));
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in {name}:\n{}",
+                self.output(name)
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills it with SIGKILL (by its pid) and reaps it.
+    pub fn kill(&mut self) {
+        self.child.kill().expect("kill");
+        self.child.wait().expect("reap");
+    }
+
+    /// Waits for it to end (killing it after four minutes); (exit code, stdout,
+    /// stderr).
+    pub fn finish(mut self) -> (i32, String, String) {
+        let deadline = Instant::now() + Duration::from_secs(240);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait for child") {
+                break s;
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                panic!("heatsink did not end");
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        (
+            status.code().unwrap_or(-1),
+            self.output("out"),
+            self.output("err"),
+        )
+    }
 }
 
 /// `heatsink <args…>`: (exit code, stdout, stderr).
@@ -163,12 +284,9 @@ pub fn run_limited(cmd: &mut Command, stdin: Option<&[u8]>, limit: Duration) -> 
 /// `heatsink migrate --rules <rules> --backend-url <db on mariadb()> [--apply]`:
 /// (exit code, stdout, stderr).
 pub fn migrate(rules: &Path, db: &str, apply: bool) -> (i32, String, String) {
-    let cli = Cli::new(["migrate", "--rules"])
-        .arg(rules)
-        .arg("--backend-url")
-        .arg(mariadb().url(db));
+    let cli = Cli::on(&["migrate"], rules, &mariadb().url(db));
     if apply {
-        cli.arg("--apply").run()
+        cli.apply().run()
     } else {
         cli.run()
     }

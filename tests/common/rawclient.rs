@@ -91,6 +91,7 @@ pub mod cmd {
     pub const STMT_RESET: u8 = 0x1a;
     pub const SET_OPTION: u8 = 0x1b;
     pub const STMT_FETCH: u8 = 0x1c;
+    pub const STMT_BULK_EXECUTE: u8 = 0xfa;
     pub const RESET_CONNECTION: u8 = 0x1f;
 }
 
@@ -112,6 +113,11 @@ pub mod types {
 const NATIVE: &str = "mysql_native_password";
 const MAX_PAYLOAD: usize = 0xFF_FFFF;
 
+/// MariaDB extended capability flags (the handshake's last 4 reserved bytes).
+pub mod mariadb_caps {
+    pub const STMT_BULK_OPERATIONS: u32 = 1 << 2;
+}
+
 /// How to connect.
 #[derive(Clone, Debug)]
 pub struct ConnectOpts {
@@ -123,6 +129,9 @@ pub struct ConnectOpts {
     pub caps: u32,
     /// Collation id in the handshake response (default 45, utf8mb4_general_ci).
     pub charset: u8,
+    /// MariaDB extended capabilities requested (`& the server's`); when any is,
+    /// CLIENT_MYSQL (bit 0) is cleared so the server reads them.
+    pub mariadb_caps: u32,
     /// Connect, read and write timeout.
     pub timeout: Duration,
 }
@@ -136,8 +145,15 @@ impl ConnectOpts {
             db: None,
             caps: caps::DEFAULT | caps::DEPRECATE_EOF,
             charset: 45,
+            mariadb_caps: 0,
             timeout: Duration::from_secs(20),
         }
+    }
+
+    /// Requests MariaDB extended capabilities (`mariadb_caps::…`).
+    pub fn mariadb_caps(mut self, caps: u32) -> Self {
+        self.mariadb_caps = caps;
+        self
     }
 
     /// Connect with this default database.
@@ -453,6 +469,10 @@ impl RawClient {
         } else {
             caps &= !caps::CONNECT_WITH_DB;
         }
+        let mariadb_caps = opts.mariadb_caps & client.greeting.mariadb_capabilities;
+        if mariadb_caps != 0 {
+            caps &= !caps::LONG_PASSWORD;
+        }
         client.caps = caps;
 
         let auth = native_password(opts.password.as_bytes(), &client.greeting.scramble);
@@ -460,7 +480,8 @@ impl RawClient {
         resp.extend_from_slice(&caps.to_le_bytes());
         resp.extend_from_slice(&(64u32 << 20).to_le_bytes());
         resp.push(opts.charset);
-        resp.extend_from_slice(&[0u8; 23]);
+        resp.extend_from_slice(&[0u8; 19]);
+        resp.extend_from_slice(&mariadb_caps.to_le_bytes());
         resp.extend_from_slice(opts.user.as_bytes());
         resp.push(0);
         push_auth(&mut resp, caps, &auth);
@@ -563,6 +584,33 @@ impl RawClient {
             }
             for param in params.iter().take(count) {
                 param.encode_value(&mut p);
+            }
+        }
+        self.command(&p)
+    }
+
+    /// MariaDB's COM_STMT_BULK_EXECUTE: `rows` of parameters (each value sent with
+    /// indicator 0, NULL with indicator 1), the types taken from the first row
+    /// (STMT_BULK_FLAG_SEND_TYPES). Needs `mariadb_caps::STMT_BULK_OPERATIONS`.
+    pub fn bulk_execute(
+        &mut self,
+        stmt_id: u32,
+        rows: &[Vec<RawParam>],
+    ) -> io::Result<Vec<Packet>> {
+        let mut p = vec![cmd::STMT_BULK_EXECUTE];
+        p.extend_from_slice(&stmt_id.to_le_bytes());
+        p.extend_from_slice(&128u16.to_le_bytes());
+        for param in rows.first().map(Vec::as_slice).unwrap_or_default() {
+            p.extend_from_slice(&param.type_bytes());
+        }
+        for row in rows {
+            for param in row {
+                if *param == RawParam::Null {
+                    p.push(1);
+                } else {
+                    p.push(0);
+                    param.encode_value(&mut p);
+                }
             }
         }
         self.command(&p)

@@ -57,16 +57,7 @@ pub struct Stats {
 /// Keys that could not be compacted are reported in [`JobReport::failed`]; the other
 /// keys are still compacted. A rule whose tables do not fit it is an error.
 pub(crate) async fn job(spec: &CounterSpec, ctx: &mut JobContext<'_>) -> Result<JobReport> {
-    let rule = match check_rule(ctx.conn, spec, ctx.default_db).await {
-        Ok(rule) => rule,
-        Err(SchemaError::Refused(reason)) => {
-            return Err(Error::new(
-                Source::Rules,
-                format!("counter '{}': {reason}", spec.name),
-            ))
-        }
-        Err(SchemaError::Failed(e)) => return Err(e),
-    };
+    let rule = checked(ctx.conn, spec, ctx.default_db).await?;
     if rule.create_table.is_some() {
         return Ok(JobReport {
             summary: format!(
@@ -94,6 +85,22 @@ pub(crate) async fn job(spec: &CounterSpec, ctx: &mut JobContext<'_>) -> Result<
         summary,
         failed: stats.failed,
     })
+}
+
+/// The rule checked against its tables; one they do not fit is an error.
+pub(crate) async fn checked(
+    conn: &mut Conn,
+    spec: &CounterSpec,
+    default_db: Option<&str>,
+) -> Result<CheckedRule> {
+    check_rule(conn, spec, default_db)
+        .await
+        .map_err(|e| match e {
+            SchemaError::Refused(reason) => {
+                Error::new(Source::Rules, format!("counter '{}': {reason}", spec.name))
+            }
+            SchemaError::Failed(e) => e,
+        })
 }
 
 /// The dry run: how many keys and slot rows a compaction would fold now, and the
@@ -374,10 +381,23 @@ async fn compact_key(
     key: &[Value],
 ) -> std::result::Result<u64, KeyError> {
     conn.query_drop("START TRANSACTION").await?;
+    let removed = fold_key(conn, rule, sql, key).await?;
+    conn.query_drop("COMMIT").await?;
+    Ok(removed)
+}
+
+/// Folds one key's slot rows into its base row inside the caller's transaction:
+/// locks them, adds their sums to the base, deletes exactly the rows summed.
+/// Returns the slot rows removed (0: none left, compacted by someone else or the
+/// key deleted meanwhile).
+async fn fold_key(
+    conn: &mut Conn,
+    rule: &CheckedRule,
+    sql: &Sql,
+    key: &[Value],
+) -> std::result::Result<u64, KeyError> {
     let rows: Vec<Row> = conn.exec(sql.select.as_str(), key.to_vec()).await?;
     if rows.is_empty() {
-        // Compacted by someone else, or the key was deleted meanwhile.
-        conn.query_drop("COMMIT").await?;
         return Ok(0);
     }
     let mut slots = Vec::with_capacity(rows.len());
@@ -417,8 +437,225 @@ async fn compact_key(
             slots.len()
         )));
     }
-    conn.query_drop("COMMIT").await?;
     Ok(removed)
+}
+
+/// The job name of a draining counter's fold in `heatsink_jobs`.
+pub const DRAIN_JOB: &str = "drain";
+
+/// What a draining fold ([`drain`]) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Drained {
+    /// Finished: slot rows folded by this run and over all runs, keys folded and
+    /// transactions committed by this run, keys that could not be folded.
+    Done {
+        this_run: u64,
+        total: u64,
+        keys: u64,
+        chunks: u64,
+        failed: Vec<String>,
+    },
+    /// Another run of the fold holds its lock.
+    Busy,
+}
+
+/// Folds every key's slot rows of a draining rule into its base row, online,
+/// through the job runner ([`crate::jobs::run`], job [`DRAIN_JOB`] of the rule):
+/// chunks of `settings.chunk` keys in primary-key order, one transaction each,
+/// committed with the job's progress row; progress lines (or a bar), the
+/// `/metrics` gauges, the throttle, replica lag, deadlocks and lock waits retried
+/// (the whole chunk). Each key of a chunk is folded as [`compact_rule`] folds it
+/// (its slot rows locked, summed into the base, exactly those deleted), so the
+/// chunk is exact under live increments (docs/design.md, "Long jobs"). A key
+/// whose fold the server refuses (an overflowing sum, …) is rolled back to its
+/// savepoint and reported; the chunk's other keys are still folded.
+pub(crate) async fn drain(
+    conn: &mut Conn,
+    rule: &CheckedRule,
+    key: &crate::jobs::JobKey,
+    settings: &crate::jobs::Settings,
+) -> Result<Drained> {
+    // A fold that finished before (new slot rows are folded now) starts a new count.
+    if crate::jobs::state(conn, key)
+        .await?
+        .is_some_and(|s| !s.unfinished())
+    {
+        crate::jobs::reset(conn, key, crate::jobs::PENDING).await?;
+    }
+    let mut job = DrainJob {
+        rule,
+        sql: Sql::new(rule),
+        committed: None,
+        proposed: None,
+        keys: 0,
+        chunks: 0,
+        failed: Vec::new(),
+    };
+    Ok(
+        match crate::jobs::run(conn, key, settings, &mut job).await? {
+            crate::jobs::Outcome::Busy => Drained::Busy,
+            crate::jobs::Outcome::Done { this_run, total } => Drained::Done {
+                this_run,
+                total,
+                keys: job.keys,
+                chunks: job.chunks,
+                failed: job.failed,
+            },
+        },
+    )
+}
+
+/// One chunk the runner was handed: the position it was told, the chunk's last
+/// key, and what the chunk did (counted once the runner says it committed).
+#[derive(Debug, Clone)]
+struct Proposed {
+    position: String,
+    last: Vec<Value>,
+    keys: u64,
+    failed: Vec<String>,
+}
+
+/// The draining fold as a job of the runner. The runner hands each chunk the
+/// position the last committed one returned; a position this run returned is
+/// resumed from its key, any other (a run killed before, or none) starts at the
+/// slot table's first key: folded keys have no slot rows left, so starting over
+/// folds only what is still there (rows a proxy that has not reloaded wrote since
+/// included) and counts nothing twice.
+struct DrainJob<'a> {
+    rule: &'a CheckedRule,
+    sql: Sql,
+    /// The last chunk known committed.
+    committed: Option<Proposed>,
+    /// The last chunk handed to the runner (committed once the runner asks for the
+    /// chunk after it).
+    proposed: Option<Proposed>,
+    keys: u64,
+    chunks: u64,
+    failed: Vec<String>,
+}
+
+impl DrainJob<'_> {
+    /// Counts the proposed chunk when `after` is its position (the runner
+    /// committed it); returns the key to go on after.
+    fn settle(&mut self, after: Option<&str>) -> Option<Vec<Value>> {
+        if let (Some(p), Some(a)) = (&self.proposed, after) {
+            if p.position == a {
+                if let Some(p) = self.proposed.take() {
+                    self.keys += p.keys;
+                    self.chunks += 1;
+                    self.failed.extend(p.failed.iter().cloned());
+                    self.committed = Some(p);
+                }
+            }
+        }
+        self.proposed = None;
+        match (&self.committed, after) {
+            (Some(c), Some(a)) if c.position == a => Some(c.last.clone()),
+            _ => None,
+        }
+    }
+
+    /// Folds `key` under a savepoint: a server error other than a deadlock or a
+    /// lock wait (which the runner retries, whole chunk) rolls back this key only
+    /// and is reported. Returns the slot rows removed.
+    async fn fold(&self, conn: &mut Conn, key: &[Value], failed: &mut Vec<String>) -> Result<u64> {
+        let name = &self.rule.spec.name;
+        let sp = |e| Error::with_cause(Source::Backend, format!("rule {name}: a savepoint"), e);
+        conn.query_drop("SAVEPOINT hs_drain_key")
+            .await
+            .map_err(sp)?;
+        match fold_key(conn, self.rule, &self.sql, key).await {
+            Ok(n) => Ok(n),
+            Err(KeyError::Sql(mysql_async::Error::Server(s)))
+                if s.code != 1213 && s.code != 1205 =>
+            {
+                conn.query_drop("ROLLBACK TO SAVEPOINT hs_drain_key")
+                    .await
+                    .map_err(sp)?;
+                failed.push(format!("key {}: {}", show_key(key), s));
+                Ok(0)
+            }
+            Err(KeyError::Value(v)) => {
+                conn.query_drop("ROLLBACK TO SAVEPOINT hs_drain_key")
+                    .await
+                    .map_err(sp)?;
+                failed.push(format!("key {}: {v}", show_key(key)));
+                Ok(0)
+            }
+            Err(KeyError::Sql(e)) => Err(Error::with_cause(
+                Source::Backend,
+                format!("rule {name}: folding key {}", show_key(key)),
+                e,
+            )),
+        }
+    }
+}
+
+#[async_trait::async_trait(?Send)]
+impl crate::jobs::Chunked for DrainJob<'_> {
+    fn unit(&self) -> &'static str {
+        "slot rows"
+    }
+
+    async fn total(&mut self, conn: &mut Conn, _after: Option<&str>) -> Result<u64> {
+        crate::kinds::revert::row_count(conn, &self.rule.slot).await
+    }
+
+    async fn chunk(
+        &mut self,
+        conn: &mut Conn,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<crate::jobs::Step>> {
+        let cursor = self.settle(after);
+        let keys: Vec<Vec<Value>> = if self.rule.key.is_empty() {
+            // The single counter row: one chunk.
+            if self.committed.is_some() {
+                return Ok(None);
+            }
+            vec![Vec::new()]
+        } else {
+            let (scan, params) = Sql::next_keys(self.rule, cursor.as_deref(), limit);
+            let rows: Vec<Row> = conn.exec(scan.as_str(), params).await.map_err(|e| {
+                Error::with_cause(
+                    Source::Backend,
+                    format!(
+                        "rule {}: listing keys of {}",
+                        self.rule.spec.name,
+                        self.rule.slot.quoted()
+                    ),
+                    e,
+                )
+            })?;
+            rows.into_iter().map(values).collect()
+        };
+        let Some(last) = keys.last().cloned() else {
+            return Ok(None);
+        };
+        let mut rows = 0;
+        let mut folded = 0;
+        let mut failed = Vec::new();
+        for key in &keys {
+            let n = self.fold(conn, key, &mut failed).await?;
+            rows += n;
+            folded += u64::from(n > 0);
+        }
+        // The chunk's number makes each position of a run distinct.
+        let position: String = format!("chunk {}, up to key {}", self.chunks + 1, show_key(&last))
+            .chars()
+            .take(200)
+            .collect();
+        self.proposed = Some(Proposed {
+            position: position.clone(),
+            last,
+            keys: folded,
+            failed,
+        });
+        Ok(Some(crate::jobs::Step {
+            last: position,
+            rows,
+        }))
+    }
 }
 
 /// A slot delta as an integer (NULL counts as 0, like `SUM`).

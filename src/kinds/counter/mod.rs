@@ -132,6 +132,12 @@ impl RuleSpec for CounterSpec {
         revert::revert(self, ctx).await
     }
 
+    /// A proxy that loaded the rule early may have written slot rows: they are
+    /// folded as in a revert, exactly, before the slot table is dropped.
+    async fn back_out(&self, ctx: &mut RevertContext<'_>) -> Result<()> {
+        revert::revert(self, ctx).await
+    }
+
     async fn run_job(&self, job: &str, ctx: &mut JobContext<'_>) -> Result<JobReport> {
         match job {
             "compact" => compact::job(self, ctx).await,

@@ -139,54 +139,96 @@ pub(crate) async fn revert(spec: &CounterSpec, ctx: &mut RevertContext<'_>) -> R
 
 /// The rule is still in the rule files with `drain = true`: proxies still read the
 /// slot rows and clear them on sets and deletes, but write none. The slot rows are
-/// folded online as the `compact` job does (one key per transaction, its slot rows
-/// locked), which is exact while proxies run the rule, drained or not; nothing is
-/// dropped.
+/// folded online through the job runner ([`super::compact::drain`], job `drain`):
+/// chunks of `--batch` keys, one transaction each with its progress row, each key's
+/// slot rows locked, summed into its base and exactly those deleted — exact while
+/// proxies run the rule, drained or not; nothing is dropped. The dry run prints the
+/// per-key statements, as `heatsink maintain --job compact` does.
 async fn fold_draining(spec: &CounterSpec, ctx: &mut RevertContext<'_>) -> Result<()> {
     let (_, slot, _) = tables(spec, ctx.default_db).map_err(|r| Error::new(Source::Rules, r))?;
     emit(
         ctx.out,
         &format!(
             "-- counter '{}' drains (drain = true): its slot rows are folded into the logical \
-             table online, key by key, while proxies run it; nothing is dropped. Then remove \
-             the rule from every proxy's rule files, reload each, and run the revert again to \
-             drop {}",
+             table online, in transactions of at most {} keys, while proxies run it; nothing \
+             is dropped. Then remove the rule from every proxy's rule files, reload each, and \
+             run the revert again to drop {}",
             spec.name,
+            ctx.batch,
             slot.quoted()
         ),
     )?;
-    let mut job = crate::kinds::JobContext {
-        conn: &mut *ctx.conn,
-        default_db: ctx.default_db,
-        batch: ctx.batch,
-        out: &mut *ctx.out,
-        apply: ctx.apply,
-        jobs: Default::default(),
+    let rule = super::compact::checked(ctx.conn, spec, ctx.default_db).await?;
+    if rule.create_table.is_some() || !ctx.apply {
+        let mut job = crate::kinds::JobContext {
+            conn: &mut *ctx.conn,
+            default_db: ctx.default_db,
+            batch: ctx.batch,
+            out: &mut *ctx.out,
+            apply: false,
+            jobs: Default::default(),
+        };
+        let report = super::compact::job(spec, &mut job).await?;
+        return emit(ctx.out, &format!("-- {}", report.summary));
+    }
+    let key = crate::jobs::JobKey {
+        db: ctx.registry.db.clone(),
+        rule: spec.name.clone(),
+        job: super::compact::DRAIN_JOB,
     };
-    let report = super::compact::job(spec, &mut job).await?;
-    emit(ctx.out, &format!("-- {}", report.summary))?;
-    if !report.failed.is_empty() {
+    let mut settings = ctx.jobs.clone();
+    settings.chunk = Some(ctx.batch);
+    let (this_run, keys, chunks, failed) =
+        match super::compact::drain(ctx.conn, &rule, &key, &settings).await? {
+            super::compact::Drained::Busy => {
+                return Err(Error::new(
+                    Source::Backend,
+                    format!(
+                        "counter '{}': another `heatsink migrate --revert {}` is folding {}; \
+                         nothing was changed by this one",
+                        spec.name,
+                        spec.name,
+                        slot.quoted()
+                    ),
+                ))
+            }
+            super::compact::Drained::Done {
+                this_run,
+                keys,
+                chunks,
+                failed,
+                ..
+            } => (this_run, keys, chunks, failed),
+        };
+    emit(
+        ctx.out,
+        &format!(
+            "-- applied: folded {this_run} slot rows of {keys} keys into {} in {chunks} \
+             transaction{}",
+            rule.logical.quoted(),
+            if chunks == 1 { "" } else { "s" }
+        ),
+    )?;
+    if !failed.is_empty() {
         return Err(Error::new(
             Source::Backend,
             format!(
                 "counter '{}': keys not folded (run the revert again): {}",
                 spec.name,
-                report.failed.join("; ")
+                failed.join("; ")
             ),
         ));
     }
-    if ctx.apply && inspect_table(ctx.conn, &slot).await?.is_some() {
-        let left = row_count(ctx.conn, &slot).await?;
-        if left > 0 {
-            emit(
-                ctx.out,
-                &format!(
-                    "-- warning: {} holds {left} slot rows again: a proxy has not reloaded the \
-                     rule with drain = true yet; reload it and run the revert again",
-                    slot.quoted()
-                ),
-            )?;
-        }
+    let left = row_count(ctx.conn, &slot).await?;
+    if left > 0 {
+        emit(
+            ctx.out,
+            &format!(
+                "-- warning: {} holds {left} slot rows again: a proxy has not reloaded the \
+                 rule with drain = true yet; reload it and run the revert again",
+                slot.quoted()
+            ),
+        )?;
     }
     Ok(())
 }

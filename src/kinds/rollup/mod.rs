@@ -14,6 +14,7 @@
 pub mod advise;
 mod apply;
 mod bounds;
+mod checked;
 pub mod merge;
 pub mod plan;
 mod read;

@@ -3,7 +3,7 @@
 
 use crate::rules::spec::{quote, TableName};
 
-use super::schema::{counted, summed, CheckedRollup, NULL_BUCKET};
+use super::checked::{counted, summed, CheckedRollup, NULL_BUCKET};
 
 /// A write event on the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub(crate) fn bucket_expr(rule: &CheckedRollup, time: &str) -> String {
 
 /// The rollup's column list for an upsert, in layout order.
 pub(crate) fn insert_columns(rule: &CheckedRollup) -> String {
-    let cols: Vec<String> = super::schema::layout(rule)
+    let cols: Vec<String> = super::checked::layout(rule)
         .into_iter()
         .map(|(n, _)| quote(&n))
         .collect();
@@ -113,7 +113,7 @@ pub(crate) fn insert_columns(rule: &CheckedRollup) -> String {
 
 /// `ON DUPLICATE KEY UPDATE` adding every measure column.
 pub(crate) fn on_duplicate(rule: &CheckedRollup) -> String {
-    let adds: Vec<String> = super::schema::layout(rule)
+    let adds: Vec<String> = super::checked::layout(rule)
         .into_iter()
         .skip(rule.dims.len() + 3)
         .map(|(n, _)| {
@@ -188,7 +188,7 @@ fn read_columns(rule: &CheckedRollup) -> Vec<String> {
 pub(crate) fn delta_columns(rule: &CheckedRollup) -> Vec<String> {
     let mut cols = vec![DELTA_PK.to_string()];
     cols.extend(
-        super::schema::layout(rule)
+        super::checked::layout(rule)
             .into_iter()
             .map(|(n, _)| n)
             .filter(|n| n != "hs_slot"),

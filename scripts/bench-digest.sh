@@ -10,8 +10,9 @@
 # same machine at the same moment: two sysbench processes, one per proxy, each with
 # half the threads, started together (odd rounds the first proxy's first, even
 # rounds the second's). Nothing is pinned. Per proxy over the same window: the
-# statements its sysbench completed, statements/s, and its CPU time (user + system
-# from /proc/PID/stat, read before both start and after both end). Three heatsink
+# statements its sysbench completed, statements/s, and its CPU time (the run time
+# of its threads from /proc/PID/task/*/schedstat, read before both start and after
+# both end). Three heatsink
 # processes without rules: ON (digests on), OFF and NULL (both off). Each round runs,
 # per workload, the pair ON | OFF and then the null pair NULL | OFF: the null pair's
 # ratios are what the method itself scatters, with nothing between its two proxies
@@ -30,12 +31,18 @@
 # proxies over the same window) and the report lists the top symbols' shares of
 # each proxy's samples side by side.
 #
-#   scripts/bench-digest.sh                     # about 8 minutes
+#   scripts/bench-digest.sh                     # about 7 minutes
 #   ROUNDS=3 DURATION=5 scripts/bench-digest.sh
 #
+# Each sysbench sends RATE statements/s (`--rate`; RATE=0: as many as its proxy
+# answers): both proxies of a window then do the same work at the same pace, and
+# their CPU per statement is compared at equal load. Unthrottled, the proxy whose
+# sysbench starts first gets up to twice the statements of the other, and CPU per
+# statement follows throughput (fewer statements per wake-up cost more each).
+#
 # Environment: DURATION (10 s per window), ROUNDS (7), THREADS (16, split between
-# the pair), TEXT (1), PERF, SKIP_BUILD=1, HEATSINK_BIN (default
-# target/release/heatsink), OUT (bench/results/digest.md).
+# the pair), RATE (2000; 0: unthrottled), TEXT (1), PERF, SKIP_BUILD=1, HEATSINK_BIN
+# (default target/release/heatsink), OUT (bench/results/digest.md).
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib/mariadb.sh
@@ -45,6 +52,7 @@ cd "$HS_REPO_DIR"
 DURATION=${DURATION:-10}
 ROUNDS=${ROUNDS:-7}
 THREADS=${THREADS:-16}
+RATE=${RATE:-2000}
 TEXT=${TEXT:-1}
 OUT=${OUT:-bench/results/digest.md}
 TABLES=4
@@ -99,8 +107,11 @@ LUA
 WORKLOADS=point_select
 [[ $TEXT == 1 ]] && WORKLOADS="point_select text_point_select"
 
-CLK_TCK=$(getconf CLK_TCK)
-cpu_us() { awk -v t="$CLK_TCK" '{ printf "%d\n", ($14 + $15) * 1000000 / t }' "/proc/$1/stat"; }
+# A process's CPU time in µs: the scheduler's run time of each of its threads
+# (/proc/PID/task/TID/schedstat, ns), not /proc/PID/stat's user + system, which
+# the kernel samples at clock ticks (a proxy running in bursts of tens of µs
+# is charged whole ticks: several % of noise over a window of a few seconds).
+cpu_us() { cat /proc/"$1"/task/*/schedstat | awk '{ s += $1 } END { printf "%d\n", s / 1000 }'; }
 
 # sysbench WORKLOAD PORT SECONDS THREADS LOG (in the foreground)
 run_sysbench() {
@@ -109,7 +120,7 @@ run_sysbench() {
   sysbench "$test" --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$port" \
     --mysql-user="$SB_USER" --mysql-password="$SB_PASSWORD" --mysql-db="$SB_DB" \
     --tables=$TABLES --table-size=$TABLE_SIZE --threads="$threads" --time="$secs" \
-    --report-interval=0 run >"$log" 2>&1
+    --rate="$RATE" --report-interval=0 run >"$log" 2>&1
 }
 
 # together ROUND WORKLOAD PAIR A B: proxies A and B driven at the same time, HALF
@@ -186,7 +197,7 @@ if [[ $PERF == 1 ]]; then
   unset PERF_DIR
   for p in on off; do
     perf report -i "$WORK/perf/$p.data" --no-children --sort symbol -g none --stdio \
-      --percent-limit 0.2 2>/dev/null | grep -E '^ +[0-9.]+%' >"$WORK/perf/$p.txt" || true
+      2>/dev/null | grep -E '^ +[0-9.]+%' >"$WORK/perf/$p.txt" || true
   done
   PROFILE=$PW
 fi
@@ -194,7 +205,8 @@ fi
 hs_log "the digest path alone (examples/digest_bench)"
 "$HS_REPO_DIR/target/release/examples/digest_bench" "${MICRO_ITERATIONS:-2000000}" >"$WORK/micro.md" 2>/dev/null ||
   hs_die "digest_bench failed"
-if perf stat -e instructions:u -- true 2>&1 | grep -q "not supported"; then
+counters=$(perf stat -e instructions:u -- true 2>&1 || true)
+if [[ $counters == *"not supported"* ]]; then
   COUNTERS="not exposed by this machine (perf stat: instructions:u not supported): CPU time instead"
 elif command -v perf >/dev/null; then
   COUNTERS="exposed, but this script reads CPU time"
@@ -205,7 +217,7 @@ SB_VERSION=$(sysbench --version | awk '{print $2}')
 
 B_REV=$REV B_VERSION=$MARIADB_VERSION B_SYSBENCH=$SB_VERSION B_LOAD_START=$load_start \
   B_LOAD_END=$load_end B_DURATION=$DURATION B_ROUNDS=$ROUNDS B_THREADS=$THREADS B_HALF=$HALF \
-  B_WORKLOADS=$WORKLOADS B_COUNTERS=$COUNTERS B_PROFILE=$PROFILE python3 - "$RAW" "$OUT" "$WORK/micro.md" "$WORK/perf" <<'PY'
+  B_WORKLOADS=$WORKLOADS B_RATE=$RATE B_COUNTERS=$COUNTERS B_PROFILE=$PROFILE python3 - "$RAW" "$OUT" "$WORK/micro.md" "$WORK/perf" <<'PY'
 import datetime, os, re, statistics, sys
 raw, out, micro, perfdir = sys.argv[1:5]
 E = os.environ
@@ -234,16 +246,17 @@ L = [
     f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; heatsink {E['B_REV']}; MariaDB {E['B_VERSION']}, sysbench {E['B_SYSBENCH']}",
     f"- machine: {os.cpu_count()} cores, shared by sysbench, the proxies and the server (and other work); load average (1/5/15 min) at the start {E['B_LOAD_START']}, at the end {E['B_LOAD_END']}",
     f"- {rounds} rounds; per round and workload two windows of {E['B_DURATION']} s: the pair **on | off** (digests on: digest_table_size 2000; off: 0), then the **null pair** null | off (both off); in a window both proxies are driven at the same time, {E['B_HALF']} sysbench threads each ({E['B_THREADS']} in all), started together (odd rounds the first named first); three heatsink processes without rules, nothing pinned",
+    "- pace: " + (f"each sysbench sends {int(E['B_RATE']):,} statements/s (`--rate`): both proxies do the same work at the same pace" if int(E["B_RATE"]) > 0 else "unthrottled: each sysbench sends as fast as its proxy answers"),
     "- point_select: sysbench oltp_point_select (prepared statements, binary protocol); text_point_select: the same read as a text statement (`SELECT c FROM sbtestN WHERE id = K`)",
-    "- CPU: user + system time of each proxy process over the same window (`/proc/PID/stat` read before both sysbench start and after both end) divided by the statements its sysbench completed",
+    "- CPU: run time of each proxy's threads over the same window (`/proc/PID/task/*/schedstat`, read before both sysbench start and after both end; not `/proc/PID/stat`, which samples at clock ticks) divided by the statements its sysbench completed",
     f"- hardware instruction counters: {E['B_COUNTERS']}",
     "",
     "## On / off, and the null pair",
     "",
-    "Ratios are first / second of the pair, per round (both in the same window) and their median.",
+    "Ratios are first / second of the pair, per round (both in the same window) and their median; pooled: the ratio of CPU per statement over all rounds together (total CPU / total statements).",
     "",
-    "| workload | pair | statements/s (medians) | **CPU per statement, ratio** (median) | range | per round | **statements/s, ratio** (median) | range | per round |",
-    "|---|---|---|---:|---|---|---:|---|---|",
+    "| workload | pair | statements/s (medians) | **CPU per statement, ratio** (median) | pooled | range | per round | **statements/s, ratio** (median) | range | per round |",
+    "|---|---|---|---:|---:|---|---|---:|---|---|",
 ]
 summary = {}
 for w in workloads:
@@ -252,8 +265,10 @@ for w in workloads:
         c = ratios(w, pair, cpu)
         t = ratios(w, pair, rate)
         summary[(w, pair)] = (med(c), c, med(t), t)
+        tot = lambda p, k: sum(rows[(r, w, pair, p)][k] for r in rr)
+        pooled = (tot(a, "cpu") / max(tot(a, "events"), 1)) / max(tot(b, "cpu") / max(tot(b, "events"), 1), 1e-9)
         L.append(f"| {w} | {label} | {med(rate(r, w, pair, a) for r in rr):,.0f} / {med(rate(r, w, pair, b) for r in rr):,.0f} |"
-                 f" **{med(c):.3f}** | {spread(c)} | {', '.join(f'{x:.3f}' for x in c)} |"
+                 f" **{med(c):.3f}** | {pooled:.3f} | {spread(c)} | {', '.join(f'{x:.3f}' for x in c)} |"
                  f" **{med(t):.3f}** | {spread(t)} | {', '.join(f'{x:.3f}' for x in t)} |")
 L += ["", "CPU µs per statement (medians): " + "; ".join(
     f"{w}: on {med(cpu(r, w, 'onoff', 'on') for r in rr):.1f}, off {med(cpu(r, w, 'onoff', 'off') for r in rr):.1f}, "
@@ -281,7 +296,8 @@ if E.get("B_PROFILE"):
             for line in open(os.path.join(perfdir, p + ".txt")):
                 m = re.match(r"\s*([0-9.]+)%\s+\[(.)\]\s+(.*\S)", line)
                 if m:
-                    d[m.group(3)] = (float(m.group(1)), m.group(2))
+                    name = re.split(r"\s{2,}", m.group(3))[0]
+                    d[name] = (float(m.group(1)), m.group(2))
         except OSError:
             pass
         return d
@@ -301,7 +317,10 @@ if E.get("B_PROFILE"):
         if len(name) > 90:
             name = name[:87] + "…"
         L.append(f"| `[{kind}]` {name} | {a[0]:.2f} | {b[0]:.2f} | {a[0] - b[0]:+.2f} |")
-    L.append("")
+    digest_path = lambda d: sum(v[0] for k, v in d.items() if "heatsink::digest::" in k or "sqltok" in k)
+    ours = lambda d: sum(v[0] for k, v in d.items() if v[1] == "." and "heatsink::" in k)
+    L += ["", f"Digest path (symbols of `heatsink::digest` and the lexer `sqltok`): {digest_path(on):.2f} % of the on proxy's samples, {digest_path(off):.2f} % of the off proxy's; "
+          f"all of heatsink's own symbols: {ours(on):.1f} % and {ours(off):.1f} %.", ""]
 L += ["## Raw numbers", "",
       "| round | workload | pair | proxy | statements | statements/s | proxy CPU ms | CPU µs per statement |",
       "|---:|---|---|---|---:|---:|---:|---:|"]

@@ -48,9 +48,15 @@ fn text_statement(d: &mut Digester, table: &Digests, sql: &[u8], rule: Option<&A
 }
 
 /// One prepared execute's digest work, as `Session::end_execute_digest` does it.
-fn execute(table: &Digests, hash: u64, text: &str, payload: &[u8], types: &mut Vec<u8>) {
-    let value = execute_param(payload, 1, types, 0);
-    let hot = value.as_deref().map(|v| ("id", v));
+fn execute(
+    table: &Digests,
+    hash: u64,
+    text: &str,
+    payload: &[u8],
+    types: &mut Vec<u8>,
+    value: &mut Vec<u8>,
+) {
+    let hot = execute_param(payload, 1, types, 0, value).then_some(("id", value.as_slice()));
     let at = Instant::now();
     table.record(
         &Sample {
@@ -166,11 +172,18 @@ fn main() {
         if report_it {
             report("point select, text (COM_QUERY)", point[0].len(), n, &t);
         }
-        let mut types = Vec::new();
+        let (mut types, mut value) = (Vec::new(), Vec::new());
         let t = Clock::start();
         for i in 0..n {
             let p = &executes[(i % 1024) as usize];
-            execute(&table, prep_fp.hash, &prep_text, black_box(p), &mut types);
+            execute(
+                &table,
+                prep_fp.hash,
+                &prep_text,
+                black_box(p),
+                &mut types,
+                &mut value,
+            );
         }
         if report_it {
             report(

@@ -1136,8 +1136,8 @@ impl AdminShim {
             w.write_col(r.user)?;
             w.write_col(r.digest_text)?;
             w.write_col(r.count_star)?;
-            w.write_col(crate::refusals::utc(r.first_seen))?;
-            w.write_col(crate::refusals::utc(r.last_seen))?;
+            w.write_col(r.first_seen)?;
+            w.write_col(r.last_seen)?;
             w.write_col(r.sum_time_us)?;
             w.write_col(r.min_time_us)?;
             w.write_col(r.max_time_us)?;
@@ -1146,7 +1146,7 @@ impl AdminShim {
             w.write_col(r.rows_affected)?;
             w.write_col(r.errors)?;
             w.write_col(r.error_codes)?;
-            w.write_col(r.handling.label())?;
+            w.write_col(r.handling)?;
             w.write_col(r.rule)?;
             w.write_col(r.hot_keys)?;
             w.write_col(r.prepares)?;

@@ -37,6 +37,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::rewrite::sqltok::{self, LexMode, LiteralKind, Token, TokenKind};
 
+mod row;
+pub use row::{cell_named, cell_text, DigestRow, OrderValue, ORDER_COLUMNS, SUMMARY_BY_DIGEST};
+
 /// Rows kept by default.
 pub const DEFAULT_DIGESTS: usize = 2000;
 /// Largest `digest_table_size`.
@@ -1127,179 +1130,6 @@ impl Row {
         }
         self.max_us
     }
-
-    fn snapshot(&self) -> DigestRow {
-        let mut codes = self.codes.clone();
-        codes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let error_codes = codes
-            .iter()
-            .take(CODES_SHOWN)
-            .map(|(c, n)| format!("{c}:{n}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let (mut best, mut most) = (Handling::Passthrough, 0);
-        for h in Handling::ALL {
-            if self.handling[h.index()] > most {
-                (best, most) = (h, self.handling[h.index()]);
-            }
-        }
-        DigestRow {
-            digest: format!("{:016x}", self.digest),
-            schema_name: self.schema.as_deref().map(str::to_string),
-            user: self.user.to_string(),
-            digest_text: self.text.to_string(),
-            count_star: self.count,
-            first_seen: self.first_seen,
-            last_seen: self.last_seen,
-            sum_time_us: self.sum_us,
-            min_time_us: if self.count == 0 { 0 } else { self.min_us },
-            max_time_us: self.max_us,
-            p99_time_us: self.p99(),
-            rows_sent: self.rows_sent,
-            rows_affected: self.rows_affected,
-            errors: self.errors,
-            error_codes,
-            handling: best,
-            rule: self.rule.as_deref().map(str::to_string),
-            hot_keys: self.hot.as_ref().map(|h| h.json()),
-            prepares: self.prepares,
-        }
-    }
-}
-
-/// One row of `SHOW DIGESTS` (docs/design.md, "Query digests": the row contract).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DigestRow {
-    /// 16 hex digits: FNV-1a 64 of `digest_text`.
-    pub digest: String,
-    /// The default database.
-    pub schema_name: Option<String>,
-    /// The client's user.
-    pub user: String,
-    /// The fingerprint.
-    pub digest_text: String,
-    /// Executions.
-    pub count_star: u64,
-    /// First seen, seconds since the Unix epoch.
-    pub first_seen: u64,
-    /// Last seen, seconds since the Unix epoch.
-    pub last_seen: u64,
-    /// Total latency, µs.
-    pub sum_time_us: u64,
-    /// Smallest latency, µs.
-    pub min_time_us: u64,
-    /// Largest latency, µs.
-    pub max_time_us: u64,
-    /// 99th percentile latency, µs (the top of its histogram bucket, within min and max).
-    pub p99_time_us: u64,
-    /// Rows of result sets.
-    pub rows_sent: u64,
-    /// Affected rows of OK packets.
-    pub rows_affected: u64,
-    /// Statements answered with ERR.
-    pub errors: u64,
-    /// `code:count` pairs, most frequent first, at most [`CODES_SHOWN`].
-    pub error_codes: String,
-    /// The most frequent handling.
-    pub handling: Handling,
-    /// The rule that handled it last, if any.
-    pub rule: Option<String>,
-    /// The hot-key JSON.
-    pub hot_keys: Option<String>,
-    /// COM_STMT_PREPAREs of the statement (its executes are in `count_star`).
-    pub prepares: u64,
-}
-
-/// Columns `SHOW DIGESTS` may be ordered by.
-pub const ORDER_COLUMNS: &[&str] = &[
-    "count_star",
-    "first_seen",
-    "last_seen",
-    "sum_time_us",
-    "min_time_us",
-    "max_time_us",
-    "p99_time_us",
-    "rows_sent",
-    "rows_affected",
-    "errors",
-    "prepares",
-];
-
-impl DigestRow {
-    /// The value of an [`ORDER_COLUMNS`] column.
-    pub fn order_value(&self, column: &str) -> Option<u64> {
-        Some(match column {
-            "count_star" => self.count_star,
-            "first_seen" => self.first_seen,
-            "last_seen" => self.last_seen,
-            "sum_time_us" => self.sum_time_us,
-            "min_time_us" => self.min_time_us,
-            "max_time_us" => self.max_time_us,
-            "p99_time_us" => self.p99_time_us,
-            "rows_sent" => self.rows_sent,
-            "rows_affected" => self.rows_affected,
-            "errors" => self.errors,
-            "prepares" => self.prepares,
-            _ => return None,
-        })
-    }
-
-    /// The row as a JSON object with the contract's keys.
-    pub fn json(&self) -> String {
-        let mut o = String::with_capacity(256 + self.digest_text.len());
-        let s = |o: &mut String, k: &str, v: Option<&str>| {
-            o.push('"');
-            o.push_str(k);
-            o.push_str("\":");
-            match v {
-                Some(v) => json_string(o, v),
-                None => o.push_str("null"),
-            }
-        };
-        o.push('{');
-        s(&mut o, "digest", Some(&self.digest));
-        o.push(',');
-        s(&mut o, "schema_name", self.schema_name.as_deref());
-        o.push(',');
-        s(&mut o, "user", Some(&self.user));
-        o.push(',');
-        s(&mut o, "digest_text", Some(&self.digest_text));
-        let num = |o: &mut String, k: &str, v: u64| o.push_str(&format!(",\"{k}\":{v}"));
-        num(&mut o, "count_star", self.count_star);
-        o.push(',');
-        s(
-            &mut o,
-            "first_seen",
-            Some(&crate::refusals::utc(self.first_seen)),
-        );
-        o.push(',');
-        s(
-            &mut o,
-            "last_seen",
-            Some(&crate::refusals::utc(self.last_seen)),
-        );
-        num(&mut o, "sum_time_us", self.sum_time_us);
-        num(&mut o, "min_time_us", self.min_time_us);
-        num(&mut o, "max_time_us", self.max_time_us);
-        num(&mut o, "p99_time_us", self.p99_time_us);
-        num(&mut o, "rows_sent", self.rows_sent);
-        num(&mut o, "rows_affected", self.rows_affected);
-        num(&mut o, "errors", self.errors);
-        o.push(',');
-        s(&mut o, "error_codes", Some(&self.error_codes));
-        o.push(',');
-        s(&mut o, "handling", Some(self.handling.label()));
-        o.push(',');
-        s(&mut o, "rule", self.rule.as_deref());
-        o.push_str(",\"hot_keys\":");
-        match &self.hot_keys {
-            Some(h) => o.push_str(h),
-            None => o.push_str("null"),
-        }
-        num(&mut o, "prepares", self.prepares);
-        o.push('}');
-        o
-    }
 }
 
 /// Every row as the JSON array `heatsink advise --digests FILE` reads.
@@ -1343,6 +1173,9 @@ struct Shard {
     rows: Vec<Row>,
     tick: u64,
     rng: u64,
+    /// Statements recorded in this shard since start, by handling (counted under
+    /// the lock the statement takes anyway: no counter shared by every session).
+    by_handling: [u64; 5],
 }
 
 impl Shard {
@@ -1383,7 +1216,6 @@ pub struct Digests {
     max: usize,
     shards: Box<[(Mutex<Shard>, usize)]>,
     evicted: AtomicU64,
-    by_handling: [AtomicU64; 5],
     /// The wall clock at `base`, to date statements from their `Instant`.
     base: (Instant, u64),
 }
@@ -1439,7 +1271,6 @@ impl Digests {
             max,
             shards,
             evicted: AtomicU64::new(0),
-            by_handling: Default::default(),
             base: (Instant::now(), wall),
         }
     }
@@ -1454,11 +1285,14 @@ impl Digests {
         if self.max == 0 {
             return;
         }
-        self.by_handling[s.handling.index()].fetch_add(1, Relaxed);
         let now = self.base.1 + s.at.saturating_duration_since(self.base.0).as_secs();
-        self.with_row(s.hash, s.schema, s.user, now, text, |row, tick| {
-            row.add(s, now, tick)
-        });
+        self.with_row(
+            (s.hash, s.schema, s.user),
+            now,
+            Some(s.handling),
+            text,
+            |row, tick| row.add(s, now, tick),
+        );
     }
 
     /// Counts one COM_STMT_PREPARE of the statement of digest `hash` (its executes
@@ -1476,7 +1310,7 @@ impl Digests {
             return;
         }
         let now = self.base.1 + at.saturating_duration_since(self.base.0).as_secs();
-        self.with_row(hash, schema, user, now, text, |row, tick| {
+        self.with_row((hash, schema, user), now, None, text, |row, tick| {
             row.prepares += 1;
             row.last_seen = row.last_seen.max(now);
             row.tick = tick;
@@ -1484,13 +1318,12 @@ impl Digests {
     }
 
     /// Applies `update` to the row of (`hash`, `schema`, `user`), made (with `text`)
-    /// if it is new, under its shard's lock.
+    /// if it is new, under its shard's lock; counts a statement of `handling`.
     fn with_row(
         &self,
-        hash: u64,
-        schema: Option<&str>,
-        user: &str,
+        (hash, schema, user): (u64, Option<&str>, &str),
         now: u64,
+        handling: Option<Handling>,
         text: impl FnOnce() -> String,
         update: impl FnOnce(&mut Row, u64),
     ) {
@@ -1498,6 +1331,9 @@ impl Digests {
         let spread = mix((key as u64) ^ ((key >> 64) as u64));
         let (m, cap) = &self.shards[(spread % self.shards.len() as u64) as usize];
         let mut g = lock(m);
+        if let Some(h) = handling {
+            g.by_handling[h.index()] += 1;
+        }
         g.tick += 1;
         let tick = g.tick;
         if let Some(&i) = g.map.get(&key) {
@@ -1544,7 +1380,7 @@ impl Digests {
     pub fn rows(&self) -> Vec<DigestRow> {
         let mut out = Vec::with_capacity(self.len());
         for (m, _) in self.shards.iter() {
-            out.extend(lock(m).rows.iter().map(Row::snapshot));
+            out.extend(lock(m).rows.iter().map(DigestRow::from_table));
         }
         out
     }
@@ -1583,7 +1419,10 @@ impl Digests {
 
     /// Statements recorded since start, by handling.
     pub fn recorded(&self, h: Handling) -> u64 {
-        self.by_handling[h.index()].load(Relaxed)
+        self.shards
+            .iter()
+            .map(|(m, _)| lock(m).by_handling[h.index()])
+            .sum()
     }
 }
 
@@ -1591,16 +1430,34 @@ impl Digests {
 // Prepared statements' parameters
 // ---------------------------------------------------------------------------------
 
-/// The text of parameter `want` (0-based) of a COM_STMT_EXECUTE `payload` (command
-/// byte first) for a statement of `params` parameters, with `types` the parameter
-/// types last bound (updated when the execute binds new ones). `None` when the
-/// value is NULL, sent as long data, or of a type not shown.
+/// Writes into `out` (cleared first) the text of parameter `want` (0-based) of a
+/// COM_STMT_EXECUTE `payload` (command byte first) for a statement of `params`
+/// parameters, with `types` the parameter types last bound (updated when the
+/// execute binds new ones). False (and `out` empty) when the value is NULL, sent
+/// as long data, or of a type not shown.
 pub fn execute_param(
     payload: &[u8],
     params: usize,
     types: &mut Vec<u8>,
     want: usize,
-) -> Option<Vec<u8>> {
+    out: &mut Vec<u8>,
+) -> bool {
+    out.clear();
+    let shown = execute_param_into(payload, params, types, want, out).is_some();
+    if !shown {
+        out.clear();
+    }
+    shown
+}
+
+fn execute_param_into(
+    payload: &[u8],
+    params: usize,
+    types: &mut Vec<u8>,
+    want: usize,
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    use std::io::Write;
     if want >= params {
         return None;
     }
@@ -1649,31 +1506,27 @@ pub fn execute_param(
         };
         let v = payload.get(at + skip..at + skip + len)?;
         if k == want {
-            let int = |b: &[u8]| {
-                let mut x = [0u8; 8];
-                x[..b.len()].copy_from_slice(b);
-                let u = u64::from_le_bytes(x);
-                if unsigned {
-                    u.to_string()
-                } else {
-                    let bits = 64 - 8 * b.len() as u32;
-                    (((u << bits) as i64) >> bits).to_string()
-                }
-            };
+            // Written into `out` (a buffer the session reuses): no allocation once
+            // it has grown.
             return match ty {
-                1 | 2 | 3 | 8 | 9 | 13 => Some(int(v).into_bytes()),
-                4 => Some(
-                    f32::from_le_bytes(v.try_into().ok()?)
-                        .to_string()
-                        .into_bytes(),
-                ),
-                5 => Some(
-                    f64::from_le_bytes(v.try_into().ok()?)
-                        .to_string()
-                        .into_bytes(),
-                ),
+                1 | 2 | 3 | 8 | 9 | 13 => {
+                    let mut x = [0u8; 8];
+                    x[..v.len()].copy_from_slice(v);
+                    let u = u64::from_le_bytes(x);
+                    if unsigned {
+                        write!(out, "{u}").ok()
+                    } else {
+                        let bits = 64 - 8 * v.len() as u32;
+                        write!(out, "{}", ((u << bits) as i64) >> bits).ok()
+                    }
+                }
+                4 => write!(out, "{}", f32::from_le_bytes(v.try_into().ok()?)).ok(),
+                5 => write!(out, "{}", f64::from_le_bytes(v.try_into().ok()?)).ok(),
                 7 | 10 | 11 | 12 => None,
-                _ => Some(v.to_vec()),
+                _ => {
+                    out.extend_from_slice(v);
+                    Some(())
+                }
             };
         }
         at += skip + len;
@@ -1864,9 +1717,12 @@ mod tests {
         assert_eq!(one.rows_sent, 100);
         let two = rows
             .iter()
-            .find(|r| r.digest_text == "two" && r.user == "u")
+            .find(|r| r.digest_text == "two" && r.user.as_deref() == Some("u"))
             .unwrap();
-        assert_eq!((two.errors, two.error_codes.as_str()), (1, "1062:1"));
+        assert_eq!(
+            (two.errors, two.error_codes.as_deref()),
+            (1, Some("1062:1"))
+        );
         // A fourth row evicts the least recently seen (digest 1).
         t.record(&sample(3, "u", 1), || "three".into());
         assert_eq!((t.len(), t.evicted()), (3, 1));
@@ -1925,7 +1781,10 @@ mod tests {
             "{}",
             rows[0].json()
         );
-        assert_eq!(rows[0].order_value("prepares"), Some(2));
+        assert_eq!(
+            rows[0].order_value("prepares"),
+            Some(crate::digest::OrderValue::Number(2))
+        );
         // Counted per (digest, schema, user); nothing when digests are off.
         t.record_prepare(1, Some("db"), "v", at, || "one".into());
         assert_eq!(t.len(), 2);
@@ -1959,23 +1818,29 @@ mod tests {
 
     #[test]
     fn execute_params() {
+        let param = |p: &[u8], n: usize, types: &mut Vec<u8>, want: usize| {
+            let mut out = vec![b'x'];
+            let shown = execute_param(p, n, types, want, &mut out);
+            assert!(shown || out.is_empty());
+            shown.then_some(out)
+        };
         // Two parameters: a LONGLONG 42 and a string "ab".
         let mut p = vec![0x17, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0b00, 1, 8, 0, 253, 0];
         p.extend_from_slice(&42i64.to_le_bytes());
         p.extend_from_slice(&[2, b'a', b'b']);
         let mut types = Vec::new();
-        assert_eq!(execute_param(&p, 2, &mut types, 0), Some(b"42".to_vec()));
-        assert_eq!(execute_param(&p, 2, &mut types, 1), Some(b"ab".to_vec()));
+        assert_eq!(param(&p, 2, &mut types, 0), Some(b"42".to_vec()));
+        assert_eq!(param(&p, 2, &mut types, 1), Some(b"ab".to_vec()));
         // Not rebound: the types of the last bind.
         let mut q = vec![0x17, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0b01, 0];
         q.extend_from_slice(&[1, b'z']);
-        assert_eq!(execute_param(&q, 2, &mut types, 0), None);
-        assert_eq!(execute_param(&q, 2, &mut types, 1), Some(b"z".to_vec()));
+        assert_eq!(param(&q, 2, &mut types, 0), None);
+        assert_eq!(param(&q, 2, &mut types, 1), Some(b"z".to_vec()));
         let mut r = vec![0x17, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 1, 0, 8, 0];
         r.push(0xFF);
         r.extend_from_slice(&7i64.to_le_bytes());
-        assert_eq!(execute_param(&r, 2, &mut types, 0), Some(b"-1".to_vec()));
-        assert_eq!(execute_param(&r, 2, &mut types, 1), Some(b"7".to_vec()));
+        assert_eq!(param(&r, 2, &mut types, 0), Some(b"-1".to_vec()));
+        assert_eq!(param(&r, 2, &mut types, 1), Some(b"7".to_vec()));
     }
 
     #[test]

@@ -443,6 +443,27 @@ fn advise_finds_one_rule_per_hot_spot_and_none_for_the_decoys() {
     ]);
     assert_hot_spots(&from_dump, false);
 
+    // The same rows as `GET /digests` prints them: `hot_keys` a JSON object.
+    let mut objects = dump.clone();
+    for row in objects.as_array_mut().unwrap() {
+        if let Some(h) = row["hot_keys"].as_str() {
+            row["hot_keys"] = serde_json::from_str(h).unwrap();
+        }
+    }
+    let file2 = dir.path().join("digests-objects.json");
+    std::fs::write(&file2, serde_json::to_string_pretty(&objects).unwrap()).unwrap();
+    let from_objects = advise(&[
+        "--digests",
+        file2.to_str().unwrap(),
+        "--backend-url",
+        &url,
+        "--large-rows",
+        LARGE,
+        "--format",
+        "json",
+    ]);
+    assert_hot_spots(&from_objects, false);
+
     // The text report ranks them and names the evidence.
     let text = advise(&[
         "--digests",

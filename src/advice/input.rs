@@ -19,25 +19,13 @@ const SAMPLES_PER_DIGEST: usize = 64;
 /// Heavy hitters kept in a `hot_keys` built from samples (as `SHOW DIGESTS` does).
 const TOP_KEYS: usize = 8;
 
-/// A cell as text, whatever type the protocol carried it as (NULL: `None`).
-fn text(row: &Row, i: usize) -> Option<String> {
-    use mysql_async::Value;
-    match row.as_ref(i)? {
-        Value::NULL => None,
-        Value::Bytes(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::Int(n) => Some(n.to_string()),
-        Value::UInt(n) => Some(n.to_string()),
-        Value::Float(f) => Some(f.to_string()),
-        Value::Double(f) => Some(f.to_string()),
-        other => Some(other.as_sql(true).trim_matches('\'').to_string()),
-    }
-}
+use crate::digest::{cell_named as named, cell_text as text};
 
 /// Reads a `--digests` dump: a JSON array of digest rows.
 pub fn from_file(path: &Path) -> Result<Vec<DigestRow>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::with_cause(Source::Rules, format!("reading {}", path.display()), e))?;
-    serde_json::from_str(&text).map_err(|e| {
+    DigestRow::from_json_array(&text).map_err(|e| {
         Error::with_cause(
             Source::Rules,
             format!(
@@ -47,22 +35,6 @@ pub fn from_file(path: &Path) -> Result<Vec<DigestRow>> {
             e,
         )
     })
-}
-
-/// A value of a named column, as text.
-fn named(row: &Row, col: &str) -> Option<String> {
-    let i = row
-        .columns_ref()
-        .iter()
-        .position(|c| c.name_str().eq_ignore_ascii_case(col))?;
-    text(row, i)
-}
-
-/// A named column's value as a number (0 when missing or NULL).
-fn number(row: &Row, col: &str) -> u64 {
-    named(row, col)
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v.max(0.0) as u64)
 }
 
 /// Runs `SHOW DIGESTS` on a proxy's admin port (`mysql://admin:PW@HOST:PORT`).
@@ -86,30 +58,7 @@ pub async fn from_admin(url: &str) -> Result<Vec<DigestRow>> {
         .await
         .map_err(|e| Error::with_cause(Source::Backend, "SHOW DIGESTS on the admin port", e))?;
     let _ = conn.disconnect().await;
-    Ok(rows
-        .iter()
-        .map(|r| DigestRow {
-            digest: named(r, "digest").unwrap_or_default(),
-            schema_name: named(r, "schema_name"),
-            user: named(r, "user"),
-            digest_text: named(r, "digest_text").unwrap_or_default(),
-            count_star: number(r, "count_star"),
-            first_seen: named(r, "first_seen"),
-            last_seen: named(r, "last_seen"),
-            sum_time_us: number(r, "sum_time_us"),
-            min_time_us: number(r, "min_time_us"),
-            max_time_us: number(r, "max_time_us"),
-            p99_time_us: number(r, "p99_time_us"),
-            rows_sent: number(r, "rows_sent"),
-            rows_affected: number(r, "rows_affected"),
-            errors: number(r, "errors"),
-            error_codes: named(r, "error_codes"),
-            handling: named(r, "handling"),
-            rule: named(r, "rule"),
-            hot_keys: named(r, "hot_keys"),
-            prepares: number(r, "prepares"),
-        })
-        .collect())
+    Ok(rows.iter().map(DigestRow::from_show_digests).collect())
 }
 
 /// Whether a statement is about the server's own bookkeeping (ours included).
@@ -146,15 +95,7 @@ pub async fn from_performance_schema(conn: &mut Conn) -> Result<Vec<Observed>> {
         .await
         .map_err(|e| schema_err("setting the session time zone".into(), e))?;
     let rows: Vec<Row> = conn
-        .query(
-            "SELECT DIGEST, SCHEMA_NAME, DIGEST_TEXT, COUNT_STAR, SUM_TIMER_WAIT, \
-                    MIN_TIMER_WAIT, MAX_TIMER_WAIT, SUM_ROWS_SENT, SUM_ROWS_AFFECTED, \
-                    SUM_ROWS_EXAMINED, SUM_ERRORS, \
-                    DATE_FORMAT(FIRST_SEEN, '%Y-%m-%d %H:%i:%s'), \
-                    DATE_FORMAT(LAST_SEEN, '%Y-%m-%d %H:%i:%s') \
-             FROM performance_schema.events_statements_summary_by_digest \
-             WHERE DIGEST IS NOT NULL AND DIGEST_TEXT IS NOT NULL",
-        )
+        .query(crate::digest::SUMMARY_BY_DIGEST)
         .await
         .map_err(|e| {
             schema_err(
@@ -162,12 +103,6 @@ pub async fn from_performance_schema(conn: &mut Conn) -> Result<Vec<Observed>> {
                 e,
             )
         })?;
-    let us = |row: &Row, i: usize| -> u64 {
-        text(row, i)
-            .and_then(|v| v.parse::<u128>().ok())
-            .map_or(0, |ps| (ps / 1_000_000) as u64)
-    };
-    let n = |row: &Row, i: usize| -> u64 { text(row, i).and_then(|v| v.parse().ok()).unwrap_or(0) };
     let mut out: Vec<Observed> = Vec::new();
     let mut by_digest: HashMap<(String, Option<String>), usize> = HashMap::new();
     for row in &rows {
@@ -176,32 +111,10 @@ pub async fn from_performance_schema(conn: &mut Conn) -> Result<Vec<Observed>> {
             continue;
         }
         let full = text(row, 0).unwrap_or_default();
-        let schema_name = text(row, 1);
-        let max = us(row, 6);
-        let d = DigestRow {
-            digest: full.chars().take(16).collect(),
-            schema_name: schema_name.clone(),
-            user: None,
-            digest_text,
-            count_star: n(row, 3),
-            first_seen: text(row, 11),
-            last_seen: text(row, 12),
-            sum_time_us: us(row, 4),
-            min_time_us: us(row, 5),
-            max_time_us: max,
-            p99_time_us: max,
-            rows_sent: n(row, 7),
-            rows_affected: n(row, 8),
-            errors: n(row, 10),
-            error_codes: None,
-            handling: Some("passthrough".into()),
-            rule: None,
-            hot_keys: None,
-            // performance_schema's digest summary does not count prepares.
-            prepares: 0,
-        };
+        let (d, examined) = DigestRow::from_summary_by_digest(row);
+        let schema_name = d.schema_name.clone();
         let mut o = Observed::new(d);
-        o.rows_examined = Some(n(row, 9));
+        o.rows_examined = Some(examined);
         by_digest.insert((full, schema_name), out.len());
         out.push(o);
     }

@@ -14,64 +14,9 @@ use sqlparser::ast::Statement;
 pub mod input;
 pub mod sql;
 
-/// One row of `SHOW DIGESTS` (and of a `--digests` dump): a statement shape and what
-/// its executions cost. Unknown keys are ignored; missing ones take their empty value.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct DigestRow {
-    /// 16 hex digits, a stable hash of `digest_text`.
-    pub digest: String,
-    /// The session's default database when the statement ran.
-    pub schema_name: Option<String>,
-    /// The client's user name.
-    pub user: Option<String>,
-    /// The fingerprint: literals as `?`, IN lists collapsed to `IN (...)`.
-    pub digest_text: String,
-    /// Executions.
-    pub count_star: u64,
-    /// `YYYY-MM-DD HH:MM:SS` UTC.
-    pub first_seen: Option<String>,
-    /// `YYYY-MM-DD HH:MM:SS` UTC.
-    pub last_seen: Option<String>,
-    /// Total latency, microseconds.
-    pub sum_time_us: u64,
-    /// Fastest execution, microseconds.
-    pub min_time_us: u64,
-    /// Slowest execution, microseconds.
-    pub max_time_us: u64,
-    /// 99th percentile latency, microseconds.
-    pub p99_time_us: u64,
-    /// Rows of result sets.
-    pub rows_sent: u64,
-    /// Affected rows from OK packets.
-    pub rows_affected: u64,
-    /// Statements answered with ERR.
-    pub errors: u64,
-    /// `code:count` pairs, most frequent first (`1213:3,1205:1`).
-    pub error_codes: Option<String>,
-    /// `passthrough`, `rewritten`, `fallback`, `refused` or `shadow`.
-    pub handling: Option<String>,
-    /// The rule that handled it, if any.
-    pub rule: Option<String>,
-    /// JSON: the first `column = literal` equality's heavy hitters ([`HotKeys`]).
-    pub hot_keys: Option<String>,
-    /// COM_STMT_PREPAREs of the statement (0 when the source does not say).
-    pub prepares: u64,
-}
-
-impl DigestRow {
-    /// How many executions ended in error `code`.
-    pub fn errors_with(&self, code: u32) -> u64 {
-        self.error_codes
-            .as_deref()
-            .unwrap_or_default()
-            .split(',')
-            .filter_map(|pair| pair.trim().split_once(':'))
-            .filter(|(c, _)| c.trim().parse::<u32>().ok() == Some(code))
-            .filter_map(|(_, n)| n.trim().parse::<u64>().ok())
-            .sum()
-    }
-}
+/// One row of `SHOW DIGESTS` (and of a `--digests` dump): the row contract, with
+/// its conversions from each source ([`crate::digest::DigestRow`]).
+pub use crate::digest::DigestRow;
 
 /// The `hot_keys` column: the first `column = literal` equality of a statement's
 /// WHERE, how many distinct literals it saw (an estimate), and the heavy hitters.

@@ -97,6 +97,7 @@ pub async fn serve_client(
         outcome: Outcome::default(),
         user: String::new(),
         stmt_digests: HashMap::new(),
+        param_value: Vec::new(),
         last_prepared: None,
         shadow_prepared: HashMap::new(),
     };
@@ -246,6 +247,8 @@ pub(super) struct Session {
     pub(super) user: String,
     /// The digest of each prepared statement, by the client's statement id.
     pub(super) stmt_digests: HashMap<u32, StmtDigest>,
+    /// The hot-key value of the current execute, as text (reused).
+    pub(super) param_value: Vec<u8>,
     /// The client's id of the statement a rewritten COM_STMT_PREPARE just prepared.
     pub(super) last_prepared: Option<u32>,
     /// Prepared statements a rule in shadow mode would have rewritten with checks
@@ -1547,12 +1550,13 @@ impl Session {
         let Some(d) = statement_id(payload).and_then(|id| self.stmt_digests.get_mut(&id)) else {
             return;
         };
-        let value = match &d.hot {
-            Some((_, n)) => crate::digest::execute_param(payload, d.params, &mut d.types, *n),
-            None => None,
-        };
-        let hot = match (&d.hot, &value) {
-            (Some((col, _)), Some(v)) => Some((&**col, v.as_slice())),
+        let value = &mut self.param_value;
+        let hot = match &d.hot {
+            Some((col, n))
+                if crate::digest::execute_param(payload, d.params, &mut d.types, *n, value) =>
+            {
+                Some((&**col, value.as_slice()))
+            }
             _ => None,
         };
         let o = &self.outcome;

@@ -13,16 +13,19 @@
 # With TRANSPORTS="tcp unix" (the default) every workload also runs with both proxies
 # on Unix sockets at both ends (sysbench on the proxy's socket, the proxy on
 # MariaDB's): the sidecar deployment, clients and server on the proxy's host.
+# With RUNTIMES="shared per-core" (the default) heatsink runs twice, once per serve
+# runtime (`--runtime`; the per-core proxies are heatsink_pc and heatsink_unix_pc), each
+# its own process, legs of both in every round.
 # Per leg: statements (sysbench events, one statement each), statements/s, the proxy's
 # CPU time (user + system from /proc/PID/stat) over the leg, and with perf (PERF=1,
 # default when `perf` works) the proxy's system calls and context switches over the
-# leg. Legs alternate (odd rounds haproxy first). Then, with PROFILE=1 (default), one
+# leg, and its CPU migrations. Legs alternate (odd rounds haproxy first). Then, with PROFILE=1 (default), one
 # extra heatsink leg per workload under `perf record`, its flat profile in the report.
 #
 #   scripts/bench-cpu.sh                     # about 6 minutes
 #   ROUNDS=1 DURATION=5 PROFILE=0 scripts/bench-cpu.sh
 #
-# Environment: DURATION (10 s), ROUNDS (3), WORKLOADS, THREADS_*, SKIP_BUILD=1,
+# Environment: DURATION (10 s), ROUNDS (3), WORKLOADS, THREADS_*, TRANSPORTS, RUNTIMES, SKIP_BUILD=1,
 # HEATSINK_BIN (default target/release/heatsink), OUT (bench/results/cpu.md).
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,6 +44,7 @@ THREADS_RING=${THREADS_RING:-64}
 THREADS_ROLLUP=${THREADS_ROLLUP:-32}
 PROFILE=${PROFILE:-1}
 TRANSPORTS=${TRANSPORTS:-"tcp unix"}
+RUNTIMES=${RUNTIMES:-"shared per-core"}
 OUT=${OUT:-bench/results/cpu.md}
 TABLES=4
 TABLE_SIZE=10000
@@ -55,7 +59,7 @@ PERF=${PERF:-$(perf stat -e raw_syscalls:sys_enter true >/dev/null 2>&1 && echo 
 [[ $PERF == 1 ]] || PROFILE=0
 
 hs_tmpdir_into WORK cpu
-RAW=$WORK/raw.tsv # round workload proxy events seconds cpu_us syscalls cswitches
+RAW=$WORK/raw.tsv # round workload proxy events seconds cpu_us syscalls cswitches migrations
 : >"$RAW"
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -73,37 +77,29 @@ merge_workloads_rules "$RULES/rules.toml"
   --backend-url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$MARIADB_PORT/$SB_DB" --apply \
   >"$WORK/migrate.log" 2>&1 || { cat "$WORK/migrate.log" >&2; hs_die "heatsink migrate failed"; }
 
-HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT"
+HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" --runtime shared
+HS_PID=$HEATSINK_PID HS_PORT=$HEATSINK_PORT
 haproxy_start "$MARIADB_PORT"
 PROXIES="haproxy heatsink"
+if [[ $RUNTIMES == *per-core* ]]; then
+  HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" --runtime per-core
+  HSPC_PID=$HEATSINK_PID HSPC_PORT=$HEATSINK_PORT
+  PROXIES+=" heatsink_pc"
+fi
 if [[ $TRANSPORTS == *unix* ]]; then
   HS_UNIX_SOCK=$WORK/heatsink.sock
-  TCP_HS_PORT=$HEATSINK_PORT TCP_HS_PID=$HEATSINK_PID
-  HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --listen-unix "$HS_UNIX_SOCK"
+  HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --runtime shared --listen-unix "$HS_UNIX_SOCK"
   HSU_PID=$HEATSINK_PID
-  HEATSINK_PORT=$TCP_HS_PORT HEATSINK_PID=$TCP_HS_PID
-  HAPROXY_UNIX_SOCK=$WORK/haproxy.sock
-  cat >"$WORK/haproxy-unix.cfg" <<EOF
-global
-    maxconn 4096
-defaults
-    mode tcp
-    timeout connect 5s
-    timeout client 1h
-    timeout server 1h
-frontend mysql_in
-    bind unix@$HAPROXY_UNIX_SOCK
-    default_backend mysql_out
-backend mysql_out
-    server db unix@$MARIADB_SOCKET
-EOF
-  setsid haproxy -f "$WORK/haproxy-unix.cfg" -db >"$WORK/haproxy-unix.log" 2>&1 &
-  HAU_PID=$!
-  hs_register_pid "$HAU_PID"
-  for ((i = 0; i < 100; i++)); do [[ -S $HAPROXY_UNIX_SOCK ]] && break; sleep 0.1; done
-  [[ -S $HAPROXY_UNIX_SOCK ]] || hs_die "haproxy did not listen on $HAPROXY_UNIX_SOCK"
-  PROXIES="haproxy heatsink haproxy_unix heatsink_unix"
+  haproxy_unix_start "$MARIADB_SOCKET"
+  PROXIES+=" haproxy_unix heatsink_unix"
+  if [[ $RUNTIMES == *per-core* ]]; then
+    HSPC_UNIX_SOCK=$WORK/heatsink-pc.sock
+    HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --runtime per-core --listen-unix "$HSPC_UNIX_SOCK"
+    HSUPC_PID=$HEATSINK_PID
+    PROXIES+=" heatsink_unix_pc"
+  fi
 fi
+HEATSINK_PID=$HS_PID HEATSINK_PORT=$HS_PORT
 
 # One Lua workload per write statement (scripts/lib/merge_workloads.sh).
 merge_workloads_lua "$WORK"
@@ -124,8 +120,10 @@ proxy_pid() {
   case $1 in
   haproxy) echo "$HAPROXY_PID" ;;
   heatsink) echo "$HEATSINK_PID" ;;
-  haproxy_unix) echo "$HAU_PID" ;;
+  heatsink_pc) echo "$HSPC_PID" ;;
+  haproxy_unix) echo "$HAPROXY_UNIX_PID" ;;
   heatsink_unix) echo "$HSU_PID" ;;
+  heatsink_unix_pc) echo "$HSUPC_PID" ;;
   esac
 }
 proxy_conn() {
@@ -133,7 +131,9 @@ proxy_conn() {
   haproxy) echo "--mysql-host=127.0.0.1 --mysql-port=$HAPROXY_PORT" ;;
   heatsink) echo "--mysql-host=127.0.0.1 --mysql-port=$HEATSINK_PORT" ;;
   haproxy_unix) echo "--mysql-socket=$HAPROXY_UNIX_SOCK" ;;
+  heatsink_pc) echo "--mysql-host=127.0.0.1 --mysql-port=$HSPC_PORT" ;;
   heatsink_unix) echo "--mysql-socket=$HS_UNIX_SOCK" ;;
+  heatsink_unix_pc) echo "--mysql-socket=$HSPC_UNIX_SOCK" ;;
   esac
 }
 
@@ -150,13 +150,13 @@ run_sysbench() {
 
 # leg ROUND WORKLOAD PROXY -> a line in $RAW
 leg() {
-  local round=$1 w=$2 proxy=$3 pid log c0 c1 perfout events secs sc=0 cs=0
+  local round=$1 w=$2 proxy=$3 pid log c0 c1 perfout events secs sc=0 cs=0 mig=0
   pid=$(proxy_pid "$proxy")
   log=$WORK/$w-$proxy-$round.log
   perfout=$WORK/$w-$proxy-$round.perf
   c0=$(cpu_us "$pid")
   if [[ $PERF == 1 ]]; then
-    perf stat -e raw_syscalls:sys_enter,context-switches -x, -o "$perfout" -p "$pid" &
+    perf stat -e raw_syscalls:sys_enter,context-switches,cpu-migrations -x, -o "$perfout" -p "$pid" &
     local perf_pid=$!
     hs_register_pid "$perf_pid"
   fi
@@ -168,10 +168,11 @@ leg() {
     hs_forget_pid "$perf_pid"
     sc=$(awk -F, '/raw_syscalls:sys_enter/ { print $1 }' "$perfout")
     cs=$(awk -F, '/context-switches/ { print $1 }' "$perfout")
+    mig=$(awk -F, '/cpu-migrations/ { print $1 }' "$perfout")
   fi
   events=$(sed -n 's/^ *total number of events: *\([0-9]*\)/\1/p' "$log" | sed -n 1p)
   secs=$(sed -n 's/^ *total time: *\([0-9.]*\)s/\1/p' "$log" | sed -n 1p)
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$w" "$proxy" "$events" "$secs" "$((c1 - c0))" "${sc:-0}" "${cs:-0}" >>"$RAW"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$w" "$proxy" "$events" "$secs" "$((c1 - c0))" "${sc:-0}" "${cs:-0}" "${mig:-0}" >>"$RAW"
   hs_log "round $round $w $proxy: $events statements in ${secs}s, proxy CPU $(((c1 - c0) / (events > 0 ? events : 1))) µs per statement"
 }
 
@@ -249,8 +250,9 @@ raw, profiles, out = sys.argv[1:4]
 E = os.environ
 rows = {}
 for line in open(raw):
-    r, w, p, ev, secs, cpu, sc, cs = line.rstrip("\n").split("\t")
-    rows[(int(r), w, p)] = dict(events=int(ev or 0), secs=float(secs or 0), cpu=int(cpu), sc=int(sc or 0), cs=int(cs or 0))
+    r, w, p, ev, secs, cpu, sc, cs, mig = line.rstrip("\n").split("\t")
+    num = lambda v: int(v) if v.isdigit() else 0
+    rows[(int(r), w, p)] = dict(events=int(ev or 0), secs=float(secs or 0), cpu=int(cpu), sc=num(sc), cs=num(cs), mig=num(mig))
 rounds, workloads = int(E["B_ROUNDS"]), E["B_WORKLOADS"].split()
 perf = E["B_PERF"] == "1"
 def per(r, w, p, k):
@@ -296,14 +298,32 @@ if "heatsink_unix" in proxies:
         L.append(f"| {w} | {m('haproxy_unix'):.1f} | {m('heatsink_unix'):.1f} | **{ratio('heatsink_unix', 'haproxy_unix'):.2f}** |"
                  f" **{ratio('heatsink_unix', 'haproxy'):.2f}** | {ratio('heatsink_unix', 'heatsink'):.2f} | {tput:.2f} |")
     L += ["", "Ratios are medians of per-round ratios (the legs of a round ran back to back)."]
+pcs = [(a, b) for a, b in [("heatsink_pc", "heatsink"), ("heatsink_unix_pc", "heatsink_unix")] if a in proxies]
+if pcs:
+    L += ["", "## Per-core runtime against the shared one (`--runtime per-core`, same rounds)", "",
+          "| workload | transport | shared µs | per-core µs | **per-core / shared** CPU per statement | per round | per-core / haproxy (same transport) | throughput per-core / shared |"
+          + (" context switches per statement (shared, per-core) | CPU migrations per statement (shared, per-core) |" if perf else ""),
+          "|---|---|---:|---:|---:|---|---:|---:|" + ("---|---|" if perf else "")]
+    for w in workloads:
+        for a, b in pcs:
+            h = "haproxy_unix" if "unix" in a else "haproxy"
+            ratios = [per(r, w, a, "cpu") / max(per(r, w, b, "cpu"), 1e-9) for r in rr]
+            vs_h = med(per(r, w, a, "cpu") / max(per(r, w, h, "cpu"), 1e-9) for r in rr)
+            tput = med(rate(r, w, a) / max(rate(r, w, b), 1e-9) for r in rr)
+            line = (f"| {w} | {'unix' if 'unix' in a else 'tcp'} | {med(per(r, w, b, 'cpu') for r in rr):.1f} | {med(per(r, w, a, 'cpu') for r in rr):.1f} |"
+                    f" **{med(ratios):.2f}** | {', '.join(f'{x:.2f}' for x in ratios)} | {vs_h:.2f} | {tput:.2f} |")
+            if perf:
+                line += (f" {med(per(r, w, b, 'cs') for r in rr):.3f}, {med(per(r, w, a, 'cs') for r in rr):.3f} |"
+                         f" {med(per(r, w, b, 'mig') for r in rr):.4f}, {med(per(r, w, a, 'mig') for r in rr):.4f} |")
+            L.append(line)
 L += ["", "## Raw numbers", "",
-      "| round | workload | proxy | statements | statements/s | proxy CPU ms | CPU µs per statement | syscalls | context switches |",
-      "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+      "| round | workload | proxy | statements | statements/s | proxy CPU ms | CPU µs per statement | syscalls | context switches | CPU migrations |",
+      "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
 for r in rr:
     for w in workloads:
         for p in proxies:
             x = rows[(r, w, p)]
-            L.append(f"| {r} | {w} | {p} | {x['events']:,} | {rate(r, w, p):,.0f} | {x['cpu'] / 1000:,.0f} | {per(r, w, p, 'cpu'):.1f} | {x['sc']:,} | {x['cs']:,} |")
+            L.append(f"| {r} | {w} | {p} | {x['events']:,} | {rate(r, w, p):,.0f} | {x['cpu'] / 1000:,.0f} | {per(r, w, p, 'cpu'):.1f} | {x['sc']:,} | {x['cs']:,} | {x['mig']:,} |")
 prof = open(profiles).read().strip()
 if prof:
     L += ["", "## Where heatsink's CPU goes (`perf record -g`, flat by symbol, one extra leg per workload)", "", prof]

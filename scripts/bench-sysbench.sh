@@ -16,6 +16,11 @@
 # Reference legs: rollup_trg (the log with the rollups' triggers, directly),
 # rollup_hop (the bare log through heatsink: the hop alone), rollup_haproxy (the bare
 # log through haproxy in TCP mode: what any relay's hop costs on this machine).
+# TRANSPORT=unix (a sidecar deployment): every leg over Unix sockets, sysbench on
+# the server's socket (direct), heatsink's (`--listen-unix`, itself on the server's
+# socket with `--backend unix:PATH`) or haproxy's (`bind unix@`, `server unix@`).
+# RUNTIMES="shared per-core": every heatsink leg once per serve runtime (`--runtime`;
+# the per-core legs' names end in _pc), each runtime its own proxy.
 # Legs alternate (order reversed every other round); ratios are medians of the
 # per-round ratios. After the legs: the counter equals the increments heatsink
 # acknowledged, every rollup equals a GROUP BY over its log, no ring key holds more
@@ -24,8 +29,8 @@
 #   scripts/bench-sysbench.sh                       # about 5 minutes
 #   ROUNDS=1 DURATION=5 scripts/bench-sysbench.sh
 #
-# Environment: DURATION (15 s), ROUNDS (3), WORKLOADS, THREADS_*, SKIP_BUILD=1,
-# HEATSINK_BIN, OUT (bench/results/sysbench.md).
+# Environment: DURATION (15 s), ROUNDS (3), WORKLOADS, THREADS_*, TRANSPORT (tcp),
+# RUNTIMES (shared), SKIP_BUILD=1, HEATSINK_BIN, OUT (bench/results/sysbench.md).
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib/mariadb.sh
@@ -40,7 +45,10 @@ WORKLOADS=${WORKLOADS:-"counter ring rollup"}
 THREADS_COUNTER=${THREADS_COUNTER:-64}
 THREADS_RING=${THREADS_RING:-64}
 THREADS_ROLLUP=${THREADS_ROLLUP:-32}
+TRANSPORT=${TRANSPORT:-tcp}
+RUNTIMES=${RUNTIMES:-shared}
 OUT=${OUT:-bench/results/sysbench.md}
+[[ $TRANSPORT == tcp || $TRANSPORT == unix ]] || hs_die "TRANSPORT must be tcp or unix, not $TRANSPORT"
 export MARIADB_EXTRA_ARGS=${MARIADB_EXTRA_ARGS:---innodb-buffer-pool-size=512M}
 
 hs_install_traps
@@ -67,18 +75,52 @@ sed -i -E "s/^table = \"/table = \"$SB_DB./" "$RULES/rules.toml"
 "$HEATSINK_BIN" migrate --rules "$RULES" \
   --backend-url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$MARIADB_PORT/$SB_DB" --apply \
   >"$WORK/migrate.log" 2>&1 || { cat "$WORK/migrate.log" >&2; hs_die "heatsink migrate failed"; }
-HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT"
-haproxy_start "$MARIADB_PORT"
+# One heatsink per runtime (HS_PORT and HS_SOCK by runtime); HEATSINK_PORT (the
+# first one's, TCP) is where the checks read.
+declare -A HS_PORT HS_SOCK
+for rt in $RUNTIMES; do
+  if [[ $TRANSPORT == unix ]]; then
+    HS_SOCK[$rt]=$WORK/heatsink-$rt.sock
+    HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --runtime "$rt" --listen-unix "${HS_SOCK[$rt]}"
+  else
+    HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" --runtime "$rt"
+  fi
+  HS_PORT[$rt]=$HEATSINK_PORT
+done
+HEATSINK_PORT=${HS_PORT[${RUNTIMES%% *}]}
+if [[ $TRANSPORT == unix ]]; then haproxy_unix_start "$MARIADB_SOCKET"; else haproxy_start "$MARIADB_PORT"; fi
 
 # One Lua workload per write statement (scripts/lib/merge_workloads.sh).
 merge_workloads_lua "$WORK"
 
-# The legs of a workload: name, script, where, database.
+# The legs of a workload: name, script, where, database; the heatsink legs once per
+# runtime (names of the per-core ones end in _pc).
 legs_of() {
+  local rt sfx hs=""
+  for rt in $RUNTIMES; do
+    sfx=""
+    [[ $rt != per-core ]] || sfx=_pc
+    case $1 in
+    counter) hs+=" counter_hs$sfx:counter:hs-$rt:$SB_DB" ;;
+    ring) hs+=" ring_hs$sfx:ring:hs-$rt:$SB_DB" ;;
+    rollup) hs+=" rollup_hs$sfx:rollup:hs-$rt:$SB_DB rollup_hop$sfx:rollup:hs-$rt:plain" ;;
+    esac
+  done
   case $1 in
-  counter) echo "counter_direct:counter:direct:plain counter_hs:counter:heatsink:$SB_DB" ;;
-  ring) echo "ring_direct:ring_purge:direct:plain ring_hs:ring:heatsink:$SB_DB" ;;
-  rollup) echo "rollup_direct:rollup:direct:plain rollup_hs:rollup:heatsink:$SB_DB rollup_trg:rollup:direct:$SB_DB rollup_hop:rollup:heatsink:plain rollup_haproxy:rollup:haproxy:plain" ;;
+  counter) echo "counter_direct:counter:direct:plain$hs" ;;
+  ring) echo "ring_direct:ring_purge:direct:plain$hs" ;;
+  rollup) echo "rollup_direct:rollup:direct:plain$hs rollup_trg:rollup:direct:$SB_DB rollup_haproxy:rollup:haproxy:plain" ;;
+  esac
+}
+# sysbench's connection options for a leg's `where`.
+conn_of() {
+  case $TRANSPORT:$1 in
+  tcp:direct) echo "--mysql-host=127.0.0.1 --mysql-port=$MARIADB_PORT" ;;
+  tcp:haproxy) echo "--mysql-host=127.0.0.1 --mysql-port=$HAPROXY_PORT" ;;
+  tcp:hs-*) echo "--mysql-host=127.0.0.1 --mysql-port=${HS_PORT[${1#hs-}]}" ;;
+  unix:direct) echo "--mysql-socket=$MARIADB_SOCKET" ;;
+  unix:haproxy) echo "--mysql-socket=$HAPROXY_UNIX_SOCK" ;;
+  unix:hs-*) echo "--mysql-socket=${HS_SOCK[${1#hs-}]}" ;;
   esac
 }
 threads_of() {
@@ -91,15 +133,11 @@ threads_of() {
 
 # leg ROUND WORKLOAD SPEC SECONDS -> a line in $RAW (round 0: warm-up, not recorded)
 leg() {
-  local round=$1 w=$2 name script where db port log events secs errors
+  local round=$1 w=$2 name script where db conn log events secs errors
   IFS=: read -r name script where db <<<"$3"
-  case $where in
-  direct) port=$MARIADB_PORT ;;
-  haproxy) port=$HAPROXY_PORT ;;
-  *) port=$HEATSINK_PORT ;;
-  esac
+  read -r -a conn <<<"$(conn_of "$where")"
   log=$WORK/$name-$round.log
-  hs_run sysbench "$WORK/$script.lua" --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$port" \
+  hs_run sysbench "$WORK/$script.lua" --db-driver=mysql "${conn[@]}" \
     --mysql-user="$SB_USER" --mysql-password="$SB_PASSWORD" --mysql-db="$db" \
     --mysql-ignore-errors=1213,1205 --threads="$(threads_of "$w")" --time="$4" \
     --report-interval=0 run >"$log" 2>&1 || { tail -n 20 "$log" >&2; hs_die "sysbench $name failed"; }
@@ -127,8 +165,8 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 CHECKS=$WORK/checks.txt
 : >"$CHECKS"
 if [[ $WORKLOADS == *counter* ]]; then
-  acked=$(awk -F'\t' '$2 == "counter_hs" { s += $3 } END { print s + 0 }' "$RAW")
-  warm=$(sed -n 's/^ *total number of events: *\([0-9]*\)/\1/p' "$WORK/counter_hs-0.log" | sed -n 1p)
+  acked=$(awk -F'\t' '$2 ~ /^counter_hs/ { s += $3 } END { print s + 0 }' "$RAW")
+  warm=$(cat "$WORK"/counter_hs*-0.log | sed -n 's/^ *total number of events: *\([0-9]*\)/\1/p' | awk '{ s += $1 } END { print s + 0 }')
   got=$(mariadb_sb "$HEATSINK_PORT" -N -e "SELECT cnt FROM hits WHERE slug = 'hot'")
   echo "counter: heatsink acknowledged $((acked + warm)) increments (warm-up included); the counter reads $got through heatsink" >>"$CHECKS"
 fi
@@ -156,7 +194,7 @@ fi
 cat "$CHECKS" >&2
 SB_VERSION=$(sysbench --version | awk '{print $2}')
 
-B_REV=$REV B_VERSION=$MARIADB_VERSION B_SYSBENCH=$SB_VERSION B_LOAD_START=$load_start \
+B_TRANSPORT=$TRANSPORT B_RUNTIMES=$RUNTIMES B_REV=$REV B_VERSION=$MARIADB_VERSION B_SYSBENCH=$SB_VERSION B_LOAD_START=$load_start \
   B_LOAD_END=$load_end B_DURATION=$DURATION B_ROUNDS=$ROUNDS B_WORKLOADS=$WORKLOADS \
   B_THREADS="counter=$THREADS_COUNTER ring=$THREADS_RING rollup=$THREADS_ROLLUP" \
   python3 - "$RAW" "$CHECKS" "$OUT" <<'PY'
@@ -172,18 +210,28 @@ med = statistics.median
 def ratio(a, b):
     per = [rows[(r, a)]["rate"] / max(rows[(r, b)]["rate"], 1e-9) for r in rr]
     return med(per), per
+RT = {"shared": "", "per-core": "_pc"}
+runtimes = E["B_RUNTIMES"].split()
+def rt_note(rt):
+    return "" if runtimes == ["shared"] else f" ({rt} runtime)"
 goals = [
-    ("counter", "counter_hs", "counter_direct", 6.0, "hot counter, default rule / the single row directly"),
-    ("ring", "ring_hs", "ring_direct", 3.0, "ring, default rule / append + purge every 10th directly"),
-    ("rollup", "rollup_hs", "rollup_direct", 0.7, "rollup log inserts through heatsink / the bare log directly"),
+    (w, f"{hs}{RT[rt]}", direct, goal, text + rt_note(rt))
+    for rt in runtimes
+    for w, hs, direct, goal, text in [
+        ("counter", "counter_hs", "counter_direct", 6.0, "hot counter, default rule / the single row directly"),
+        ("ring", "ring_hs", "ring_direct", 3.0, "ring, default rule / append + purge every 10th directly"),
+        ("rollup", "rollup_hs", "rollup_direct", 0.7, "rollup log inserts through heatsink / the bare log directly"),
+    ]
 ]
 W = E["B_WORKLOADS"].split()
+transport = {"tcp": "TCP (loopback) at every hop", "unix": "Unix sockets at every hop (sysbench on the server's, heatsink's or haproxy's socket; heatsink and haproxy on the server's)"}[E["B_TRANSPORT"]]
 L = [
     "# The write kinds' goals with sysbench clients",
     "",
     f"- date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC; heatsink {E['B_REV']}; MariaDB {E['B_VERSION']}; sysbench {E['B_SYSBENCH']} (Lua client, text protocol, autocommit)",
     f"- machine: {os.cpu_count()} cores shared by sysbench, heatsink and the server; load average (1/5/15 min) at the start {E['B_LOAD_START']}, at the end {E['B_LOAD_END']}",
     f"- {E['B_ROUNDS']} rounds of {E['B_DURATION']} s per leg, the legs of a workload back to back (order reversed every other round); threads {E['B_THREADS']}",
+    f"- transport: {transport}; heatsink runtime(s): {', '.join(runtimes)}",
     "- rules as a DBA writes them (scripts/lib/merge_workloads.sh): counter 16 slots, ring size 5, two rollups (hour and day per track and country, 8 slots); group commit on by default",
     "",
     "| goal | **ratio** (median) | per round | goal |",
@@ -197,12 +245,22 @@ for w, a, b, goal, text in goals:
 if "rollup" in W:
     L += ["", "Rollup references:", "",
           "| ratio | median | per round |", "|---|---:|---|"]
-    for a, b, text in [("rollup_trg", "rollup_direct", "the log with the rollups' triggers, directly / the bare log directly"),
-                       ("rollup_hop", "rollup_direct", "the bare log through heatsink / directly (the hop)"),
-                       ("rollup_haproxy", "rollup_direct", "the bare log through haproxy / directly (an L4 relay's hop)"),
-                       ("rollup_hs", "rollup_hop", "the rollup log through heatsink / the bare log through heatsink")]:
+    refs = [("rollup_trg", "rollup_direct", "the log with the rollups' triggers, directly / the bare log directly"),
+            ("rollup_haproxy", "rollup_direct", "the bare log through haproxy / directly (an L4 relay's hop)")]
+    for rt in runtimes:
+        sfx = RT[rt]
+        refs += [(f"rollup_hop{sfx}", "rollup_direct", "the bare log through heatsink / directly (the hop)" + rt_note(rt)),
+                 (f"rollup_hs{sfx}", f"rollup_hop{sfx}", "the rollup log through heatsink / the bare log through heatsink" + rt_note(rt))]
+    for a, b, text in refs:
         m, per = ratio(a, b)
         L.append(f"| {text} | {m:.2f} | {', '.join(f'{x:.2f}' for x in per)} |")
+if "per-core" in runtimes and "shared" in runtimes:
+    L += ["", "Per-core runtime against the shared one (events per second, same round):", "",
+          "| leg | per-core / shared, median | per round |", "|---|---:|---|"]
+    for name in ["counter_hs", "ring_hs", "rollup_hs", "rollup_hop"]:
+        if (1, name) in rows and (1, name + "_pc") in rows:
+            m, per = ratio(name + "_pc", name)
+            L.append(f"| {name} | **{m:.2f}** | {', '.join(f'{x:.2f}' for x in per)} |")
 L += ["", "## Exact after the legs", ""] + [f"- {l.strip()}" for l in open(checks) if l.strip()]
 L += ["", "## Raw numbers (events per second; ignored errors are deadlocks and lock-wait timeouts sysbench retried past)", "",
       "| round | leg | events/s | ignored errors |", "|---:|---|---:|---:|"]

@@ -9,7 +9,7 @@ pub use crate::report::OutputFormat;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    BackendPolicy, BackendTlsMode, Config, FileConfig, LogFormat, Overrides, Secret,
+    BackendPolicy, BackendTlsMode, Config, FileConfig, LogFormat, Overrides, RuntimeMode, Secret,
 };
 use crate::error::Error;
 
@@ -423,6 +423,14 @@ pub struct ServeArgs {
     /// maintenance runs do (a mailbox fill) [default: no limit].
     #[arg(long, env = "HEATSINK_MAX_ROWS_PER_SECOND", value_name = "N")]
     pub max_rows_per_second: Option<f64>,
+    /// How sessions run on threads: shared (one multi-threaded runtime, work
+    /// stealing) or per-core (a single-threaded runtime and a listener per thread;
+    /// a session stays on the thread that accepted it) [default: shared].
+    #[arg(long, env = "HEATSINK_RUNTIME", value_enum)]
+    pub runtime: Option<RuntimeMode>,
+    /// Threads that run sessions [default: one per available core].
+    #[arg(long, env = "HEATSINK_RUNTIME_THREADS", value_name = "N")]
+    pub runtime_threads: Option<usize>,
 }
 
 impl ServeArgs {
@@ -469,6 +477,8 @@ impl ServeArgs {
             maintain_url: self.maintain_url,
             maintain_interval: self.maintain_interval,
             max_rows_per_second: self.max_rows_per_second,
+            runtime: self.runtime,
+            runtime_threads: self.runtime_threads,
         };
         Config::resolve(o, file)
     }

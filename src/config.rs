@@ -68,6 +68,23 @@ pub enum BackendPolicy {
     First,
 }
 
+/// How `serve` runs its sessions on threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeMode {
+    /// One multi-threaded runtime: sessions move between its worker threads (work
+    /// stealing); one accept loop (default).
+    #[default]
+    Shared,
+    /// One single-threaded runtime per thread, each with its own TCP listener on the
+    /// same address (`SO_REUSEPORT`, the kernel spreads connections): a session, its
+    /// backend connection and its replies stay on the thread that accepted it.
+    PerCore,
+}
+
+/// Most threads `runtime_threads` may ask for.
+pub const MAX_RUNTIME_THREADS: usize = 1024;
+
 /// Default admin port user.
 pub const DEFAULT_ADMIN_USER: &str = "admin";
 
@@ -163,6 +180,10 @@ pub struct Config {
     /// At most this many rows (log rows, readers) a second in the long jobs
     /// maintenance runs (a mailbox fill); `None`: no limit.
     pub max_rows_per_second: Option<f64>,
+    /// How sessions run on threads (see [`crate::server`]).
+    pub runtime: RuntimeMode,
+    /// Threads that run sessions; `None`: one per available core.
+    pub runtime_threads: Option<usize>,
 }
 
 impl Default for Config {
@@ -196,6 +217,8 @@ impl Default for Config {
             maintain_url: None,
             maintain_interval: Duration::from_secs(DEFAULT_MAINTAIN_INTERVAL),
             max_rows_per_second: None,
+            runtime: RuntimeMode::Shared,
+            runtime_threads: None,
             tls_cert: None,
             tls_key: None,
             tls_required: false,
@@ -246,6 +269,8 @@ pub struct FileConfig {
     pub maintain_url: Option<Secret>,
     pub maintain_interval: Option<u64>,
     pub max_rows_per_second: Option<f64>,
+    pub runtime: Option<RuntimeMode>,
+    pub runtime_threads: Option<usize>,
 }
 
 impl FileConfig {
@@ -311,6 +336,8 @@ pub struct Overrides {
     pub maintain_url: Option<Secret>,
     pub maintain_interval: Option<u64>,
     pub max_rows_per_second: Option<f64>,
+    pub runtime: Option<RuntimeMode>,
+    pub runtime_threads: Option<usize>,
 }
 
 impl Config {
@@ -415,6 +442,8 @@ impl Config {
                 .map(secs)
                 .unwrap_or(d.maintain_interval),
             max_rows_per_second: cli.max_rows_per_second.or(file.max_rows_per_second),
+            runtime: cli.runtime.or(file.runtime).unwrap_or(d.runtime),
+            runtime_threads: cli.runtime_threads.or(file.runtime_threads),
         };
         c.validate()
     }
@@ -429,6 +458,14 @@ impl Config {
         };
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1");
+        }
+        if self
+            .runtime_threads
+            .is_some_and(|n| !(1..=MAX_RUNTIME_THREADS).contains(&n))
+        {
+            return bad(&format!(
+                "runtime_threads must be between 1 and {MAX_RUNTIME_THREADS}"
+            ));
         }
         if self.maintain_url.is_some() && self.rules.is_none() {
             return bad("maintain_url runs the rules' maintenance jobs: it needs rules (--rules)");
@@ -558,6 +595,31 @@ mod tests {
         assert!(e.to_string().contains("listn"), "{e}");
         let file = FileConfig::from_str("max_connections = 0\n", "t").unwrap();
         assert!(Config::resolve(Overrides::default(), file).is_err());
+    }
+
+    #[test]
+    fn runtime_from_file_and_flag() {
+        let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
+        assert_eq!((c.runtime, c.runtime_threads), (RuntimeMode::Shared, None));
+        let file =
+            FileConfig::from_str("runtime = \"per-core\"\nruntime_threads = 3\n", "t").unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(
+            (c.runtime, c.runtime_threads),
+            (RuntimeMode::PerCore, Some(3))
+        );
+        let flag = Overrides {
+            runtime: Some(RuntimeMode::Shared),
+            ..Default::default()
+        };
+        let file = FileConfig::from_str("runtime = \"per-core\"\n", "t").unwrap();
+        assert_eq!(
+            Config::resolve(flag, file).unwrap().runtime,
+            RuntimeMode::Shared
+        );
+        let file = FileConfig::from_str("runtime_threads = 0\n", "t").unwrap();
+        assert!(Config::resolve(Overrides::default(), file).is_err());
+        assert!(FileConfig::from_str("runtime = \"percore\"\n", "t").is_err());
     }
 
     #[test]

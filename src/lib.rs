@@ -15,7 +15,8 @@
 //!   jobs; [`kinds::KINDS`] is the registry every driver loops over.
 //! - [`rules`]: rule files — reading them through the registry, validation, building
 //!   an engine.
-//! - [`server`]: accept loop, connection limit, graceful shutdown.
+//! - [`server`]: accept loop, connection limit, graceful shutdown, and the threads
+//!   sessions run on (one shared runtime, or one runtime per core).
 //! - [`backends`]: the backend nodes (a list for a cluster), which node a client
 //!   connection gets, and the health checker.
 //! - [`tls`]: TLS towards clients (terminated by the proxy) and towards the backend;
@@ -95,13 +96,7 @@ pub fn run(cli: cli::Cli) -> Result<()> {
         cli::Command::Serve(args) => {
             let config = args.resolve()?;
             init_logging(&config);
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .thread_name("heatsink")
-                .thread_stack_size(WORKER_STACK_BYTES)
-                .build()
-                .map_err(|e| Error::with_cause(Source::Internal, "starting runtime", e))?;
-            rt.block_on(serve(config, server::shutdown_signal()))
+            server::runtime(&config)?.block_on(serve(config, server::shutdown_signal()))
         }
         cli::Command::Health { url } => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -241,14 +236,8 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
     // The first health check, so that the first clients and `/readyz` see it.
     let health_config = Arc::new(config.clone());
     backends::check_all(&shared.backends, &health_config).await;
-    let listener = server::bind(&config.listen).await?;
-    let unix = match &config.listen_unix {
-        Some(path) => Some(server::bind_unix(path).await?),
-        None => None,
-    };
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Error::with_cause(Source::Internal, "reading listen address", e))?;
+    let listeners = server::Listeners::bind(config).await?;
+    let addr = listeners.local_addr()?;
     let rules = match &config.rules {
         Some(p) => p.display().to_string(),
         None => "none".to_string(),
@@ -260,6 +249,8 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
         unix_socket = %config.listen_unix.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "none".into()),
         rules = %rules,
         rules_loaded = shared.engine.load().has_rules(),
+        runtime = ?config.runtime,
+        threads = server::threads(config),
         rule_names = ?reloader.catalog().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
         "listening on {addr}{}",
         if config.rules.is_none() {
@@ -291,7 +282,7 @@ pub async fn serve(config: Config, shutdown: impl std::future::Future<Output = (
         Arc::clone(&shared.backends),
         health_config,
     ));
-    let served = server::run(listener, unix, Arc::clone(&shared), shutdown).await;
+    let served = server::run(listeners, Arc::clone(&shared), shutdown).await;
     if let Some(w) = watcher {
         w.abort();
     }

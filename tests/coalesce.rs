@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cli::migrate_ok;
-use common::client::{connect, rules_dir, run, tail};
+use common::client::{connect, rules_dir, run, run_text, tail};
 use common::fixture::{
     counter_value, fresh_db, inc_sql, value_of, Env, EnvBuilder, Rule, MATCHED_1,
 };
@@ -988,4 +988,97 @@ fn strict_sessions_never_get_a_clamped_merged_write() {
             "stored more than acknowledged: {summary}"
         );
     });
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. The per-core runtime
+
+/// Names of the proxy's threads (`/proc/PID/task/*/comm`).
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("read the proxy's tasks")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
+/// `--runtime per-core` with two session threads: 64 clients increment hot and cold
+/// counters (merged) while the rule file is rewritten and reloaded; every counter ends
+/// equal to the increments acknowledged, a few statements answer as MariaDB answers them
+/// directly, and SIGTERM drains and exits 0.
+#[test]
+fn per_core_runtime_merges_reloads_and_stops() {
+    let mut env = env_builder("coal_per_core".into(), &hits_rule())
+        .schema(HITS_DDL)
+        .migrate()
+        .arg("--runtime")
+        .arg("per-core")
+        .arg("--runtime-threads")
+        .arg("2")
+        .start();
+    let names = thread_names(env.proxy.pid().expect("proxy running"));
+    // (`comm` holds the first 15 bytes of a thread's name.)
+    for want in ["heatsink-0", "heatsink-1", "heatsink-contro"] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+    let rows: Vec<String> = (0..HOT)
+        .map(|k| format!("('hot{k}', 1000, NULL)"))
+        .collect();
+    mariadb().exec(&format!(
+        "INSERT INTO {}.hits VALUES {}",
+        env.db,
+        rows.join(",")
+    ));
+    run(Duration::from_secs(90), async {
+        let tally = Tally::new(HOT + COLD);
+        let deadline = Instant::now() + Duration::from_secs(6);
+        let load = tokio::spawn(text_load(
+            env.url(),
+            64,
+            deadline,
+            tally.clone(),
+            hot_and_cold,
+        ));
+        // A reload while the load runs (the rule's text changes, its meaning does not).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        env.write_rule("counter.toml", &format!("{}# reloaded\n", hits_rule()));
+        let reloaded = Instant::now() + Duration::from_secs(20);
+        while !env.proxy.log_text().contains("rules reloaded") {
+            assert!(Instant::now() < reloaded, "no reload; log:\n{}", env.tail());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        load.await.expect("load");
+        assert_no_client_errors(&env, &tally);
+        assert!(tally.oks() > 200, "only {} increments", tally.oks());
+        let mut p = connect(&env.url()).await;
+        for k in 0..HOT + COLD {
+            let acked = tally.acked(k);
+            let want = (k < HOT)
+                .then_some(1000 + acked)
+                .or((acked != 0).then_some(acked));
+            assert_counter(&env, &mut p, &key_name(k), want, "per-core").await;
+        }
+        let (writes, increments) = coalesced(&env.metrics());
+        assert!(
+            writes > 0 && increments > writes,
+            "{writes} merged writes of {increments}"
+        );
+        // Passthrough reads, an error and session state answer as MariaDB directly.
+        let mut d = env.direct().await;
+        for sql in [
+            "SELECT slug, note FROM hits WHERE slug IN ('hot0', 'cold1') ORDER BY slug",
+            "SELECT nope FROM hits",
+            "SET @x = 5",
+            "SELECT @x + 1, @@autocommit, DATABASE()",
+        ] {
+            let got = run_text(&mut p, sql).await.map_err(|e| e.to_string());
+            let want = run_text(&mut d, sql).await.map_err(|e| e.to_string());
+            assert_eq!(got, want, "{sql}");
+        }
+        p.disconnect().await.unwrap();
+        d.disconnect().await.unwrap();
+    });
+    let status = env.proxy.stop_graceful();
+    assert!(status.success(), "{status}; log:\n{}", env.tail());
+    assert!(env.proxy.log_text().contains("stopped"), "{}", env.tail());
 }

@@ -8,6 +8,7 @@
 #   mariadb_start                    # sets MARIADB_PORT MARIADB_PID MARIADB_DIR MARIADB_SOCKET
 #   heatsink_start "$MARIADB_PORT"   # sets HEATSINK_PORT HEATSINK_PID HEATSINK_DIR
 #   haproxy_start "$MARIADB_PORT"    # sets HAPROXY_PORT HAPROXY_PID HAPROXY_DIR
+#   haproxy_unix_start "$MARIADB_SOCKET"  # sets HAPROXY_UNIX_SOCK HAPROXY_UNIX_PID
 #
 # Everything started is recorded in HS_PIDS / HS_DIRS; hs_cleanup stops the pids
 # (TERM, then KILL after a timeout) in reverse order and removes the temp dirs.
@@ -311,6 +312,35 @@ EOF
 		sleep 0.1
 	done
 	hs_die "haproxy did not listen within 10s"
+}
+
+# haproxy_unix_start BACKEND_SOCKET -> haproxy on a Unix socket in front of the
+# server's socket. Sets HAPROXY_UNIX_SOCK HAPROXY_UNIX_PID.
+haproxy_unix_start() {
+	local dir
+	hs_tmpdir_into dir haproxy-unix
+	HAPROXY_UNIX_SOCK=$dir/haproxy.sock
+	cat >"$dir/haproxy.cfg" <<EOF
+global
+    maxconn 4096
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 1h
+    timeout server 1h
+frontend mysql_in
+    bind unix@$HAPROXY_UNIX_SOCK
+    default_backend mysql_out
+backend mysql_out
+    server db unix@$1
+EOF
+	setsid haproxy -f "$dir/haproxy.cfg" -db >"$dir/haproxy.log" 2>&1 &
+	HAPROXY_UNIX_PID=$!
+	hs_register_pid "$HAPROXY_UNIX_PID"
+	local i
+	for ((i = 0; i < 100; i++)); do [[ -S $HAPROXY_UNIX_SOCK ]] && break; sleep 0.1; done
+	[[ -S $HAPROXY_UNIX_SOCK ]] || hs_die "haproxy did not listen on $HAPROXY_UNIX_SOCK"
+	hs_log "haproxy: $HAPROXY_UNIX_SOCK -> $1 (pid $HAPROXY_UNIX_PID)"
 }
 
 haproxy_stop() {

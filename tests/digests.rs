@@ -634,7 +634,16 @@ fn fingerprints_group_as_mariadb_digests() {
             admin.query_drop("RESET DIGESTS").await.unwrap();
             // Errors (duplicate keys on a second run) still have digests.
             let _ = p.query_drop(*sql).await;
-            let rows = digests(&mut admin, "SHOW DIGESTS").await;
+            // The session records a statement's digest just after it has sent the
+            // answer: wait for it.
+            let mut rows = Vec::new();
+            for _ in 0..200 {
+                rows = digests(&mut admin, "SHOW DIGESTS").await;
+                if rows.iter().any(|d| d.s("schema_name") == db) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             let ours: Vec<&Digest> = rows.iter().filter(|d| d.s("schema_name") == db).collect();
             assert_eq!(ours.len(), 1, "{sql}: {rows:#?}");
             // The server records a statement's event when it is done with it, which

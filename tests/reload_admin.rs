@@ -418,7 +418,20 @@ fn admin_port_commands() {
             .await
             .unwrap()
             .unwrap();
-        let (cols, rows) = admin_query(&mut admin, "SHOW SESSIONS").await.unwrap();
+        // A session turns idle just after it has sent its answer: wait for that.
+        let mut listing = admin_query(&mut admin, "SHOW SESSIONS").await.unwrap();
+        for _ in 0..200 {
+            let idle = listing
+                .1
+                .iter()
+                .any(|r| cell(&r[4]) == backend_id.to_string() && cell(&r[5]) == "idle");
+            if idle {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            listing = admin_query(&mut admin, "SHOW SESSIONS").await.unwrap();
+        }
+        let (cols, rows) = listing;
         assert_eq!(
             cols,
             [
@@ -441,12 +454,20 @@ fn admin_port_commands() {
         assert!(cell(&me[1]).starts_with("127.0.0.1:"));
         assert!(cell(&me[6]).parse::<u64>().unwrap() >= 4, "{me:?}");
         c.query_drop("USE mysql").await.unwrap();
-        let (_, rows) = admin_query(&mut admin, "SHOW SESSIONS").await.unwrap();
-        let me = rows
-            .iter()
-            .find(|r| cell(&r[4]) == backend_id.to_string())
-            .unwrap();
-        assert_eq!(cell(&me[3]), "mysql");
+        let mut db = String::new();
+        for _ in 0..200 {
+            let (_, rows) = admin_query(&mut admin, "SHOW SESSIONS").await.unwrap();
+            let me = rows
+                .iter()
+                .find(|r| cell(&r[4]) == backend_id.to_string())
+                .unwrap();
+            db = cell(&me[3]);
+            if db == "mysql" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(db, "mysql");
         drop(c);
 
         // EXPLAIN REWRITE resolves unqualified names against the admin connection's

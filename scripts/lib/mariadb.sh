@@ -272,14 +272,10 @@ heatsink_stop() {
 # haproxy (TCP mode, the L4 baseline)
 # ---------------------------------------------------------------------------
 
-# haproxy_start BACKEND_PORT -> sets HAPROXY_PORT HAPROXY_PID HAPROXY_DIR.
-haproxy_start() {
-	local backend_port=$1
-	local dir
-	hs_tmpdir_into dir haproxy
-	HAPROXY_DIR=$dir
-	HAPROXY_PORT=$(hs_free_port)
-	cat >"$dir/haproxy.cfg" <<EOF
+# haproxy_config FILE BIND SERVER: a TCP-mode haproxy that relays BIND to SERVER
+# (haproxy address syntax: `127.0.0.1:PORT` or `unix@PATH`).
+haproxy_config() {
+	cat >"$1" <<EOF
 global
     maxconn 4096
 
@@ -290,12 +286,22 @@ defaults
     timeout server 1h
 
 frontend mysql_in
-    bind 127.0.0.1:$HAPROXY_PORT
+    bind $2
     default_backend mysql_out
 
 backend mysql_out
-    server db 127.0.0.1:$backend_port
+    server db $3
 EOF
+}
+
+# haproxy_start BACKEND_PORT -> sets HAPROXY_PORT HAPROXY_PID HAPROXY_DIR.
+haproxy_start() {
+	local backend_port=$1
+	local dir
+	hs_tmpdir_into dir haproxy
+	HAPROXY_DIR=$dir
+	HAPROXY_PORT=$(hs_free_port)
+	haproxy_config "$dir/haproxy.cfg" "127.0.0.1:$HAPROXY_PORT" "127.0.0.1:$backend_port"
 	setsid haproxy -f "$dir/haproxy.cfg" -db >"$dir/haproxy.log" 2>&1 &
 	HAPROXY_PID=$!
 	hs_register_pid "$HAPROXY_PID"
@@ -320,20 +326,7 @@ haproxy_unix_start() {
 	local dir
 	hs_tmpdir_into dir haproxy-unix
 	HAPROXY_UNIX_SOCK=$dir/haproxy.sock
-	cat >"$dir/haproxy.cfg" <<EOF
-global
-    maxconn 4096
-defaults
-    mode tcp
-    timeout connect 5s
-    timeout client 1h
-    timeout server 1h
-frontend mysql_in
-    bind unix@$HAPROXY_UNIX_SOCK
-    default_backend mysql_out
-backend mysql_out
-    server db unix@$1
-EOF
+	haproxy_config "$dir/haproxy.cfg" "unix@$HAPROXY_UNIX_SOCK" "unix@$1"
 	setsid haproxy -f "$dir/haproxy.cfg" -db >"$dir/haproxy.log" 2>&1 &
 	HAPROXY_UNIX_PID=$!
 	hs_register_pid "$HAPROXY_UNIX_PID"

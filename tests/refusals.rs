@@ -167,6 +167,25 @@ fn metric(env: &Env, series: &str) -> f64 {
     sample(&body, series).unwrap_or(0.0)
 }
 
+/// The counter on `hits` and the rollup on `plays`, migrated, with the metrics and
+/// admin ports.
+fn counter_and_rollup(db: &str) -> Env {
+    let rollup = Rule::rollup(ROLLUP, "plays", "plays_by_country_day", "created_at", "day")
+        .dimensions(&["track_id", "country"])
+        .measures(&["count(*)", "count(user_id)", "sum(user_id)"]);
+    Env::builder(db)
+        .schema(format!(
+            "CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0); \
+             INSERT INTO hits VALUES ('home', 10), ('about', 3); {PLAYS}"
+        ))
+        .rule("hits.toml", counter_rule(COUNTER))
+        .rule("plays.toml", rollup.toml())
+        .migrate()
+        .metrics()
+        .admin(ADMIN_PW)
+        .start()
+}
+
 /// The reason in a refusal's error message (`heatsink rule '<rule>': <reason>`).
 fn reason_of(e: &mysql_async::ServerError, rule: &str) -> String {
     e.message
@@ -178,20 +197,7 @@ fn reason_of(e: &mysql_async::ServerError, rule: &str) -> String {
 #[test]
 fn refusals_and_fallbacks_by_statement_shape() {
     let db = "rf_shapes";
-    let rollup = Rule::rollup(ROLLUP, "plays", "plays_by_country_day", "created_at", "day")
-        .dimensions(&["track_id", "country"])
-        .measures(&["count(*)", "count(user_id)", "sum(user_id)"]);
-    let env = Env::builder(db)
-        .schema(format!(
-            "CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0); \
-             INSERT INTO hits VALUES ('home', 10), ('about', 3); {PLAYS}"
-        ))
-        .rule("hits.toml", counter_rule(COUNTER))
-        .rule("plays.toml", rollup.toml())
-        .migrate()
-        .metrics()
-        .admin(ADMIN_PW)
-        .start();
+    let env = counter_and_rollup(db);
     run(LIMIT, async {
         let started = Instant::now();
         let mut p = env.proxied().await;
@@ -575,20 +581,7 @@ async fn assert_execute_refused(
 #[test]
 fn refusals_and_fallbacks_decided_at_execute() {
     let db = "rf_execute";
-    let rollup = Rule::rollup(ROLLUP, "plays", "plays_by_country_day", "created_at", "day")
-        .dimensions(&["track_id", "country"])
-        .measures(&["count(*)", "count(user_id)", "sum(user_id)"]);
-    let env = Env::builder(db)
-        .schema(format!(
-            "CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0); \
-             INSERT INTO hits VALUES ('home', 10), ('about', 3); {PLAYS}"
-        ))
-        .rule("hits.toml", counter_rule(COUNTER))
-        .rule("plays.toml", rollup.toml())
-        .migrate()
-        .metrics()
-        .admin(ADMIN_PW)
-        .start();
+    let env = counter_and_rollup(db);
     run(LIMIT, async {
         let mut p = env.proxied().await;
         let mut d = env.direct().await;

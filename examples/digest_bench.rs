@@ -85,6 +85,26 @@ fn cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// Times `n` text statements taken round-robin from `corpus` and reports them under
+/// `label` when `report_it` (the first pass only warms up).
+fn time_text(
+    d: &mut Digester,
+    table: &Digests,
+    label: &str,
+    corpus: &[Vec<u8>],
+    n: u64,
+    report_it: bool,
+) {
+    let t = Clock::start();
+    for i in 0..n {
+        let sql = &corpus[(i % corpus.len() as u64) as usize];
+        text_statement(d, table, black_box(sql), None);
+    }
+    if report_it {
+        report(label, corpus[0].len(), n, &t);
+    }
+}
+
 /// A CPU-time stopwatch.
 struct Clock(u64);
 
@@ -164,14 +184,14 @@ fn main() {
     for _ in 0..2 {
         // The first pass warms up; the second is reported.
         let report_it = !table.is_empty();
-        let t = Clock::start();
-        for i in 0..n {
-            let sql = &point[(i % 1024) as usize];
-            text_statement(&mut d, &table, black_box(sql), None);
-        }
-        if report_it {
-            report("point select, text (COM_QUERY)", point[0].len(), n, &t);
-        }
+        time_text(
+            &mut d,
+            &table,
+            "point select, text (COM_QUERY)",
+            &point,
+            n,
+            report_it,
+        );
         let (mut types, mut value) = (Vec::new(), Vec::new());
         let t = Clock::start();
         for i in 0..n {
@@ -193,29 +213,10 @@ fn main() {
                 &t,
             );
         }
-        let m = (n / 10).max(1);
-        let t = Clock::start();
-        for i in 0..m {
-            let sql = &in_list[(i % 64) as usize];
-            text_statement(&mut d, &table, black_box(sql), None);
-        }
-        if report_it {
-            report(
-                "SELECT with a 50-item IN list, text",
-                in_list[0].len(),
-                m,
-                &t,
-            );
-        }
-        let m = (n / 100).max(1);
-        let t = Clock::start();
-        for i in 0..m {
-            let sql = &insert[(i % 16) as usize];
-            text_statement(&mut d, &table, black_box(sql), None);
-        }
-        if report_it {
-            report("100-row INSERT, text", insert[0].len(), m, &t);
-        }
+        let label = "SELECT with a 50-item IN list, text";
+        time_text(&mut d, &table, label, &in_list, (n / 10).max(1), report_it);
+        let label = "100-row INSERT, text";
+        time_text(&mut d, &table, label, &insert, (n / 100).max(1), report_it);
         // Fingerprint alone (no record), for the split.
         let t = Clock::start();
         for i in 0..n {

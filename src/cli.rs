@@ -9,7 +9,8 @@ pub use crate::report::OutputFormat;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    BackendPolicy, BackendTlsMode, Config, FileConfig, LogFormat, Overrides, RuntimeMode, Secret,
+    BackendPolicy, BackendTlsMode, Config, FileConfig, LogFormat, Overrides, RuntimeMode,
+    SchedPolicy, Secret,
 };
 use crate::error::Error;
 
@@ -431,6 +432,12 @@ pub struct ServeArgs {
     /// Threads that run sessions [default: one per available core].
     #[arg(long, env = "HEATSINK_RUNTIME_THREADS", value_name = "N")]
     pub runtime_threads: Option<usize>,
+    /// The scheduling policy of the proxy's threads: batch (SCHED_BATCH: woken by a
+    /// client's or the server's bytes, a proxy thread lets the sender go on until it
+    /// waits, instead of preempting it) or inherit (keep the policy heatsink was
+    /// started with) [default: batch].
+    #[arg(long, env = "HEATSINK_SCHED_POLICY", value_enum)]
+    pub sched_policy: Option<SchedPolicy>,
 }
 
 impl ServeArgs {
@@ -479,6 +486,7 @@ impl ServeArgs {
             max_rows_per_second: self.max_rows_per_second,
             runtime: self.runtime,
             runtime_threads: self.runtime_threads,
+            sched_policy: self.sched_policy,
         };
         Config::resolve(o, file)
     }

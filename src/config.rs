@@ -82,6 +82,21 @@ pub enum RuntimeMode {
     PerCore,
 }
 
+/// The Linux scheduling policy of `serve`'s threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchedPolicy {
+    /// `SCHED_BATCH`: a proxy thread woken by a peer's bytes does not preempt the peer,
+    /// which is about to wait for the answer anyway; the proxy runs once it does (one
+    /// context switch per hop instead of two). Same CPU share as any other thread; no
+    /// privilege needed. (default)
+    #[default]
+    Batch,
+    /// Keep the policy the process was started with (`SCHED_OTHER`, or whatever `chrt`
+    /// set).
+    Inherit,
+}
+
 /// Most threads `runtime_threads` may ask for.
 pub const MAX_RUNTIME_THREADS: usize = 1024;
 
@@ -184,6 +199,8 @@ pub struct Config {
     pub runtime: RuntimeMode,
     /// Threads that run sessions; `None`: one per available core.
     pub runtime_threads: Option<usize>,
+    /// The scheduling policy of every thread (see [`crate::server::runtime`]).
+    pub sched_policy: SchedPolicy,
 }
 
 impl Default for Config {
@@ -219,6 +236,7 @@ impl Default for Config {
             max_rows_per_second: None,
             runtime: RuntimeMode::Shared,
             runtime_threads: None,
+            sched_policy: SchedPolicy::Batch,
             tls_cert: None,
             tls_key: None,
             tls_required: false,
@@ -271,6 +289,7 @@ pub struct FileConfig {
     pub max_rows_per_second: Option<f64>,
     pub runtime: Option<RuntimeMode>,
     pub runtime_threads: Option<usize>,
+    pub sched_policy: Option<SchedPolicy>,
 }
 
 impl FileConfig {
@@ -338,6 +357,7 @@ pub struct Overrides {
     pub max_rows_per_second: Option<f64>,
     pub runtime: Option<RuntimeMode>,
     pub runtime_threads: Option<usize>,
+    pub sched_policy: Option<SchedPolicy>,
 }
 
 impl Config {
@@ -444,6 +464,10 @@ impl Config {
             max_rows_per_second: cli.max_rows_per_second.or(file.max_rows_per_second),
             runtime: cli.runtime.or(file.runtime).unwrap_or(d.runtime),
             runtime_threads: cli.runtime_threads.or(file.runtime_threads),
+            sched_policy: cli
+                .sched_policy
+                .or(file.sched_policy)
+                .unwrap_or(d.sched_policy),
         };
         c.validate()
     }
@@ -620,6 +644,25 @@ mod tests {
         let file = FileConfig::from_str("runtime_threads = 0\n", "t").unwrap();
         assert!(Config::resolve(Overrides::default(), file).is_err());
         assert!(FileConfig::from_str("runtime = \"percore\"\n", "t").is_err());
+    }
+
+    #[test]
+    fn sched_policy_from_file_and_flag() {
+        let c = Config::resolve(Overrides::default(), FileConfig::default()).unwrap();
+        assert_eq!(c.sched_policy, SchedPolicy::Batch);
+        let file = FileConfig::from_str("sched_policy = \"inherit\"\n", "t").unwrap();
+        let c = Config::resolve(Overrides::default(), file).unwrap();
+        assert_eq!(c.sched_policy, SchedPolicy::Inherit);
+        let file = FileConfig::from_str("sched_policy = \"inherit\"\n", "t").unwrap();
+        let flag = Overrides {
+            sched_policy: Some(SchedPolicy::Batch),
+            ..Default::default()
+        };
+        assert_eq!(
+            Config::resolve(flag, file).unwrap().sched_policy,
+            SchedPolicy::Batch
+        );
+        assert!(FileConfig::from_str("sched_policy = \"fifo\"\n", "t").is_err());
     }
 
     #[test]

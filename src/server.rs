@@ -27,7 +27,7 @@ use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use crate::config::{Config, RuntimeMode};
+use crate::config::{Config, RuntimeMode, SchedPolicy};
 use crate::error::{Error, Result, Source};
 use crate::relay::{serve_client, Shared};
 use crate::tls::Stream;
@@ -53,7 +53,11 @@ pub fn threads(config: &Config) -> usize {
 /// The runtime `serve` runs on. Shared: the multi-threaded runtime that runs every
 /// session. Per-core: the control runtime (one worker thread: admin port, metrics,
 /// reloads, health checks); [`run`] starts the session threads.
+///
+/// First the calling thread takes `sched_policy`; every thread started after it (the
+/// runtimes' workers, the blocking pool, per-core threads) inherits it.
 pub fn runtime(config: &Config) -> Result<tokio::runtime::Runtime> {
+    set_sched_policy(config.sched_policy)?;
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     match config.runtime {
         RuntimeMode::Shared => {
@@ -71,6 +75,40 @@ pub fn runtime(config: &Config) -> Result<tokio::runtime::Runtime> {
         .thread_stack_size(crate::WORKER_STACK_BYTES)
         .build()
         .map_err(|e| Error::with_cause(Source::Internal, "starting runtime", e))
+}
+
+/// Sets the calling thread's scheduling policy (Linux: `sched_setscheduler` acts on
+/// the calling thread, and threads it creates afterwards inherit the policy; elsewhere
+/// nothing changes).
+///
+/// Why `batch` is the default: a relay is woken by every packet a client or the
+/// server sends, and under `SCHED_OTHER` the woken proxy thread preempts the sender,
+/// which then runs again only to block waiting for its answer: two context switches
+/// where one suffices. Under `SCHED_BATCH` the woken thread waits until the sender
+/// blocks (or its slice ends). Measured in docs/design.md ("Cost per client
+/// statement").
+pub fn set_sched_policy(policy: SchedPolicy) -> Result<()> {
+    match policy {
+        SchedPolicy::Inherit => Ok(()),
+        #[cfg(not(target_os = "linux"))]
+        SchedPolicy::Batch => Ok(()),
+        #[cfg(target_os = "linux")]
+        SchedPolicy::Batch => {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is
+            // the calling thread.
+            let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(Error::with_cause(
+                    Source::Internal,
+                    "setting the scheduling policy to SCHED_BATCH (--sched-policy inherit keeps the current one)",
+                    std::io::Error::last_os_error(),
+                ))
+            }
+        }
+    }
 }
 
 /// The client listeners, bound before the proxy says it listens: one TCP listener per

@@ -1002,6 +1002,54 @@ fn thread_names(pid: u32) -> Vec<String> {
         .collect()
 }
 
+/// The scheduling policy (`policy`, field 41 of /proc/PID/task/TID/stat) of each thread
+/// of `pid`, by thread name.
+fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("read the proxy's tasks")
+        .filter_map(|t| {
+            let stat = std::fs::read_to_string(t.ok()?.path().join("stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(") ")?;
+            let name = head.split_once(" (")?.1.to_string();
+            // Fields after the name start at field 3 (the state).
+            let policy = rest.split_whitespace().nth(41 - 3)?.parse().ok()?;
+            Some((name, policy))
+        })
+        .collect()
+}
+
+const SCHED_OTHER: u32 = 0;
+const SCHED_BATCH: u32 = 3;
+
+/// Every thread of the proxy (runtime workers, blocking pool, per-core and control
+/// threads) runs under SCHED_BATCH by default, and `--sched-policy inherit` keeps the
+/// policy it was started with (SCHED_OTHER here); statements are answered either way.
+#[test]
+fn proxy_threads_take_the_scheduling_policy() {
+    for (args, want) in [
+        (vec![], SCHED_BATCH),
+        (vec!["--runtime", "per-core"], SCHED_BATCH),
+        (vec!["--sched-policy", "inherit"], SCHED_OTHER),
+    ] {
+        let mut builder = Proxy::builder().no_rules();
+        for a in &args {
+            builder = builder.arg(*a);
+        }
+        let proxy = builder.start();
+        run(Duration::from_secs(30), async {
+            let mut c = connect(&proxy.url("")).await;
+            let one: Option<i64> = c.query_first("SELECT 1").await.unwrap();
+            assert_eq!(one, Some(1), "{args:?}");
+            c.disconnect().await.unwrap();
+        });
+        let policies = thread_policies(proxy.pid().expect("proxy running"));
+        assert!(policies.len() >= 3, "{args:?}: {policies:?}");
+        for (name, policy) in &policies {
+            assert_eq!(*policy, want, "thread {name} under {args:?}: {policies:?}");
+        }
+    }
+}
+
 /// `--runtime per-core` with two session threads: 64 clients increment hot and cold
 /// counters (merged) while the rule file is rewritten and reloaded; every counter ends
 /// equal to the increments acknowledged, a few statements answer as MariaDB answers them

@@ -13,11 +13,13 @@
 # With TRANSPORTS="tcp unix" (the default) every workload also runs with both proxies
 # on Unix sockets at both ends (sysbench on the proxy's socket, the proxy on
 # MariaDB's): the sidecar deployment, clients and server on the proxy's host.
-# With RUNTIMES="shared per-core" (the default) heatsink runs twice, once per serve
-# runtime (`--runtime`; the per-core proxies are heatsink_pc and heatsink_unix_pc), each
-# its own process, legs of both in every round.
-# Per leg: statements (sysbench events, one statement each), statements/s, the proxy's
-# CPU time (user + system from /proc/PID/stat) over the leg, and with perf (PERF=1,
+# With VARIANT (serve flags; default "--sched-policy inherit", the threads' policy before
+# SCHED_BATCH became the default; "--runtime per-core" compares the runtimes) a second
+# heatsink runs with those flags (heatsink_v, and heatsink_unix_v on sockets), its own
+# process, legs of both in every round; VARIANT="" leaves it out.
+# Per leg: statements (sysbench events, one statement each), statements/s, sysbench's
+# latency (average and 95th percentile), the proxy's CPU time (user + system, and user
+# alone, from /proc/PID/stat) over the leg, and with perf (PERF=1,
 # default when `perf` works) the proxy's system calls and context switches over the
 # leg, and its CPU migrations. Legs alternate (odd rounds haproxy first). Then, with PROFILE=1 (default), one
 # extra heatsink leg per workload under `perf record`, its flat profile in the report.
@@ -25,7 +27,7 @@
 #   scripts/bench-cpu.sh                     # about 6 minutes
 #   ROUNDS=1 DURATION=5 PROFILE=0 scripts/bench-cpu.sh
 #
-# Environment: DURATION (10 s), ROUNDS (3), WORKLOADS, THREADS_*, TRANSPORTS, RUNTIMES, SKIP_BUILD=1,
+# Environment: DURATION (10 s), ROUNDS (3), WORKLOADS, THREADS_*, TRANSPORTS, VARIANT, SKIP_BUILD=1,
 # HEATSINK_BIN (default target/release/heatsink), OUT (bench/results/cpu.md).
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,7 +46,8 @@ THREADS_RING=${THREADS_RING:-64}
 THREADS_ROLLUP=${THREADS_ROLLUP:-32}
 PROFILE=${PROFILE:-1}
 TRANSPORTS=${TRANSPORTS:-"tcp unix"}
-RUNTIMES=${RUNTIMES:-"shared per-core"}
+VARIANT=${VARIANT-"--sched-policy inherit"}
+read -r -a VARIANT_ARGS <<<"$VARIANT"
 OUT=${OUT:-bench/results/cpu.md}
 TABLES=4
 TABLE_SIZE=10000
@@ -59,7 +62,7 @@ PERF=${PERF:-$(perf stat -e raw_syscalls:sys_enter true >/dev/null 2>&1 && echo 
 [[ $PERF == 1 ]] || PROFILE=0
 
 hs_tmpdir_into WORK cpu
-RAW=$WORK/raw.tsv # round workload proxy events seconds cpu_us syscalls cswitches migrations
+RAW=$WORK/raw.tsv # round workload proxy events seconds cpu_us syscalls cswitches migrations user_us lat_avg_ms lat_p95_ms
 : >"$RAW"
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -77,26 +80,26 @@ merge_workloads_rules "$RULES/rules.toml"
   --backend-url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$MARIADB_PORT/$SB_DB" --apply \
   >"$WORK/migrate.log" 2>&1 || { cat "$WORK/migrate.log" >&2; hs_die "heatsink migrate failed"; }
 
-HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" --runtime shared
+HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT"
 HS_PID=$HEATSINK_PID HS_PORT=$HEATSINK_PORT
 haproxy_start "$MARIADB_PORT"
 PROXIES="haproxy heatsink"
-if [[ $RUNTIMES == *per-core* ]]; then
-  HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" --runtime per-core
-  HSPC_PID=$HEATSINK_PID HSPC_PORT=$HEATSINK_PORT
-  PROXIES+=" heatsink_pc"
+if [[ -n $VARIANT ]]; then
+  HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" "${VARIANT_ARGS[@]}"
+  HSV_PID=$HEATSINK_PID HSV_PORT=$HEATSINK_PORT
+  PROXIES+=" heatsink_v"
 fi
 if [[ $TRANSPORTS == *unix* ]]; then
   HS_UNIX_SOCK=$WORK/heatsink.sock
-  HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --runtime shared --listen-unix "$HS_UNIX_SOCK"
+  HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --listen-unix "$HS_UNIX_SOCK"
   HSU_PID=$HEATSINK_PID
   haproxy_unix_start "$MARIADB_SOCKET"
   PROXIES+=" haproxy_unix heatsink_unix"
-  if [[ $RUNTIMES == *per-core* ]]; then
-    HSPC_UNIX_SOCK=$WORK/heatsink-pc.sock
-    HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --runtime per-core --listen-unix "$HSPC_UNIX_SOCK"
-    HSUPC_PID=$HEATSINK_PID
-    PROXIES+=" heatsink_unix_pc"
+  if [[ -n $VARIANT ]]; then
+    HSV_UNIX_SOCK=$WORK/heatsink-v.sock
+    HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" "${VARIANT_ARGS[@]}" --listen-unix "$HSV_UNIX_SOCK"
+    HSUV_PID=$HEATSINK_PID
+    PROXIES+=" heatsink_unix_v"
   fi
 fi
 HEATSINK_PID=$HS_PID HEATSINK_PORT=$HS_PORT
@@ -113,17 +116,22 @@ threads_of() {
   esac
 }
 CLK_TCK=$(getconf CLK_TCK)
-cpu_us() { awk -v t="$CLK_TCK" '{ printf "%d\n", ($14 + $15) * 1000000 / t }' "/proc/$1/stat"; }
+# CPU µs of a process: user + system (after the command name, which may hold spaces),
+# or with a second argument "user" user time alone.
+cpu_us() {
+  sed 's/^.*) //' "/proc/$1/stat" |
+    awk -v t="$CLK_TCK" -v only="${2:-}" '{ printf "%d\n", ($12 + (only == "user" ? 0 : $13)) * 1000000 / t }'
+}
 
 # The proxy a leg measures: its pid and sysbench's connection options.
 proxy_pid() {
   case $1 in
   haproxy) echo "$HAPROXY_PID" ;;
   heatsink) echo "$HEATSINK_PID" ;;
-  heatsink_pc) echo "$HSPC_PID" ;;
+  heatsink_v) echo "$HSV_PID" ;;
   haproxy_unix) echo "$HAPROXY_UNIX_PID" ;;
   heatsink_unix) echo "$HSU_PID" ;;
-  heatsink_unix_pc) echo "$HSUPC_PID" ;;
+  heatsink_unix_v) echo "$HSUV_PID" ;;
   esac
 }
 proxy_conn() {
@@ -131,9 +139,9 @@ proxy_conn() {
   haproxy) echo "--mysql-host=127.0.0.1 --mysql-port=$HAPROXY_PORT" ;;
   heatsink) echo "--mysql-host=127.0.0.1 --mysql-port=$HEATSINK_PORT" ;;
   haproxy_unix) echo "--mysql-socket=$HAPROXY_UNIX_SOCK" ;;
-  heatsink_pc) echo "--mysql-host=127.0.0.1 --mysql-port=$HSPC_PORT" ;;
+  heatsink_v) echo "--mysql-host=127.0.0.1 --mysql-port=$HSV_PORT" ;;
   heatsink_unix) echo "--mysql-socket=$HS_UNIX_SOCK" ;;
-  heatsink_unix_pc) echo "--mysql-socket=$HSPC_UNIX_SOCK" ;;
+  heatsink_unix_v) echo "--mysql-socket=$HSV_UNIX_SOCK" ;;
   esac
 }
 
@@ -150,18 +158,18 @@ run_sysbench() {
 
 # leg ROUND WORKLOAD PROXY -> a line in $RAW
 leg() {
-  local round=$1 w=$2 proxy=$3 pid log c0 c1 perfout events secs sc=0 cs=0 mig=0
+  local round=$1 w=$2 proxy=$3 pid log c0 c1 u0 u1 perfout events secs lat avg p95 sc=0 cs=0 mig=0
   pid=$(proxy_pid "$proxy")
   log=$WORK/$w-$proxy-$round.log
   perfout=$WORK/$w-$proxy-$round.perf
-  c0=$(cpu_us "$pid")
+  c0=$(cpu_us "$pid") u0=$(cpu_us "$pid" user)
   if [[ $PERF == 1 ]]; then
     perf stat -e raw_syscalls:sys_enter,context-switches,cpu-migrations -x, -o "$perfout" -p "$pid" &
     local perf_pid=$!
     hs_register_pid "$perf_pid"
   fi
   run_sysbench "$w" "$proxy" "$DURATION" "$log" || { tail -n 20 "$log" >&2; hs_die "sysbench $w through $proxy failed"; }
-  c1=$(cpu_us "$pid")
+  c1=$(cpu_us "$pid") u1=$(cpu_us "$pid" user)
   if [[ $PERF == 1 ]]; then
     kill -INT "$perf_pid" 2>/dev/null || true
     wait "$perf_pid" 2>/dev/null || true
@@ -172,7 +180,10 @@ leg() {
   fi
   events=$(sed -n 's/^ *total number of events: *\([0-9]*\)/\1/p' "$log" | sed -n 1p)
   secs=$(sed -n 's/^ *total time: *\([0-9.]*\)s/\1/p' "$log" | sed -n 1p)
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$w" "$proxy" "$events" "$secs" "$((c1 - c0))" "${sc:-0}" "${cs:-0}" "${mig:-0}" >>"$RAW"
+  avg=$(sed -n 's/^ *avg: *\([0-9.]*\)$/\1/p' "$log" | sed -n 1p)
+  p95=$(sed -n 's/^ *95th percentile: *\([0-9.]*\)$/\1/p' "$log" | sed -n 1p)
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$w" "$proxy" "$events" "$secs" "$((c1 - c0))" \
+    "${sc:-0}" "${cs:-0}" "${mig:-0}" "$((u1 - u0))" "${avg:-0}" "${p95:-0}" >>"$RAW"
   hs_log "round $round $w $proxy: $events statements in ${secs}s, proxy CPU $(((c1 - c0) / (events > 0 ? events : 1))) µs per statement"
 }
 
@@ -244,20 +255,23 @@ SB_VERSION=$(sysbench --version | awk '{print $2}')
 B_REV=$REV B_VERSION=$MARIADB_VERSION B_HAPROXY=$HAPROXY_VERSION B_SYSBENCH=$SB_VERSION \
   B_LOAD_START=$load_start B_LOAD_END=$load_end B_DURATION=$DURATION B_ROUNDS=$ROUNDS \
   B_THREADS="point_select=$THREADS_PS counter=$THREADS_COUNTER ring=$THREADS_RING rollup=$THREADS_ROLLUP" \
-  B_PERF=$PERF B_WORKLOADS=$WORKLOADS B_PROXIES=$PROXIES python3 - "$RAW" "$PROFILES" "$OUT" <<'PY'
+  B_PERF=$PERF B_WORKLOADS=$WORKLOADS B_PROXIES=$PROXIES B_VARIANT=$VARIANT python3 - "$RAW" "$PROFILES" "$OUT" <<'PY'
 import datetime, os, statistics, sys
 raw, profiles, out = sys.argv[1:4]
 E = os.environ
 rows = {}
 for line in open(raw):
-    r, w, p, ev, secs, cpu, sc, cs, mig = line.rstrip("\n").split("\t")
+    r, w, p, ev, secs, cpu, sc, cs, mig, usr, avg, p95 = line.rstrip("\n").split("\t")
     num = lambda v: int(v) if v.isdigit() else 0
-    rows[(int(r), w, p)] = dict(events=int(ev or 0), secs=float(secs or 0), cpu=int(cpu), sc=num(sc), cs=num(cs), mig=num(mig))
+    rows[(int(r), w, p)] = dict(events=int(ev or 0), secs=float(secs or 0), cpu=int(cpu), sc=num(sc), cs=num(cs), mig=num(mig),
+                                usr=int(usr), avg=float(avg or 0), p95=float(p95 or 0))
 rounds, workloads = int(E["B_ROUNDS"]), E["B_WORKLOADS"].split()
 perf = E["B_PERF"] == "1"
 def per(r, w, p, k):
     x = rows[(r, w, p)]
     return x[k] / max(x["events"], 1)
+def lat(r, w, p, k):
+    return rows[(r, w, p)][k]
 def rate(r, w, p):
     x = rows[(r, w, p)]
     return x["events"] / max(x["secs"], 1e-9)
@@ -269,19 +283,24 @@ L = [
     f"- date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC; heatsink {E['B_REV']}; MariaDB {E['B_VERSION']}, HAProxy {E['B_HAPROXY']} (TCP mode), sysbench {E['B_SYSBENCH']}",
     f"- machine: {os.cpu_count()} cores, shared by sysbench, both proxies and the server; load average (1/5/15 min) at the start {E['B_LOAD_START']}, at the end {E['B_LOAD_END']}",
     f"- {rounds} rounds of {E['B_DURATION']} s per leg, haproxy and heatsink back to back (order alternating); threads: {E['B_THREADS']}",
-    "- CPU: user + system time of the proxy process over the leg (`/proc/PID/stat`), divided by the statements sysbench completed (one statement per event)",
+    "- CPU: user + system time of the proxy process over the leg (`/proc/PID/stat`), divided by the statements sysbench completed (one statement per event); user: the user time alone; latency: sysbench's average and 95th percentile per statement",
     "- haproxy forwards to the plain tables; heatsink runs the default rules (counter 16 slots, ring size 5, two rollups; group commit on), so its statements are merged",
     "",
     "## CPU per statement, heatsink / haproxy",
     "",
-    "| workload | haproxy µs | heatsink µs | **ratio** (median of rounds) | per round | throughput heatsink / haproxy |" + (" syscalls per statement (haproxy, heatsink) | context switches per statement (haproxy, heatsink) |" if perf else ""),
-    "|---|---:|---:|---:|---|---:|" + ("---|---|" if perf else ""),
+    "| workload | haproxy µs | heatsink µs | **ratio** (median of rounds) | per round | user µs (haproxy, heatsink) | throughput heatsink / haproxy | latency avg ms (haproxy, heatsink) | latency p95 ms (haproxy, heatsink) |" + (" syscalls per statement (haproxy, heatsink) | context switches per statement (haproxy, heatsink) |" if perf else ""),
+    "|---|---:|---:|---:|---|---|---:|---|---|" + ("---|---|" if perf else ""),
 ]
+def pair(w, a, b, f):
+    return f"{f(med(per(r, w, a, 'usr') for r in rr))}, {f(med(per(r, w, b, 'usr') for r in rr))}"
+def lats(w, a, b, k):
+    return f"{med(lat(r, w, a, k) for r in rr):.2f}, {med(lat(r, w, b, k) for r in rr):.2f}"
 for w in workloads:
     ratios = [per(r, w, "heatsink", "cpu") / max(per(r, w, "haproxy", "cpu"), 1e-9) for r in rr]
     tput = med(rate(r, w, "heatsink") / max(rate(r, w, "haproxy"), 1e-9) for r in rr)
     line = (f"| {w} | {med(per(r, w, 'haproxy', 'cpu') for r in rr):.1f} | {med(per(r, w, 'heatsink', 'cpu') for r in rr):.1f} |"
-            f" **{med(ratios):.2f}** | {', '.join(f'{x:.2f}' for x in ratios)} | {tput:.2f} |")
+            f" **{med(ratios):.2f}** | {', '.join(f'{x:.2f}' for x in ratios)} | {pair(w, 'haproxy', 'heatsink', lambda v: f'{v:.1f}')} |"
+            f" {tput:.2f} | {lats(w, 'haproxy', 'heatsink', 'avg')} | {lats(w, 'haproxy', 'heatsink', 'p95')} |")
     if perf:
         line += (f" {med(per(r, w, 'haproxy', 'sc') for r in rr):.2f}, {med(per(r, w, 'heatsink', 'sc') for r in rr):.2f} |"
                  f" {med(per(r, w, 'haproxy', 'cs') for r in rr):.2f}, {med(per(r, w, 'heatsink', 'cs') for r in rr):.2f} |")
@@ -298,32 +317,33 @@ if "heatsink_unix" in proxies:
         L.append(f"| {w} | {m('haproxy_unix'):.1f} | {m('heatsink_unix'):.1f} | **{ratio('heatsink_unix', 'haproxy_unix'):.2f}** |"
                  f" **{ratio('heatsink_unix', 'haproxy'):.2f}** | {ratio('heatsink_unix', 'heatsink'):.2f} | {tput:.2f} |")
     L += ["", "Ratios are medians of per-round ratios (the legs of a round ran back to back)."]
-pcs = [(a, b) for a, b in [("heatsink_pc", "heatsink"), ("heatsink_unix_pc", "heatsink_unix")] if a in proxies]
-if pcs:
-    L += ["", "## Per-core runtime against the shared one (`--runtime per-core`, same rounds)", "",
-          "| workload | transport | shared µs | per-core µs | **per-core / shared** CPU per statement | per round | per-core / haproxy (same transport) | throughput per-core / shared |"
-          + (" context switches per statement (shared, per-core) | CPU migrations per statement (shared, per-core) |" if perf else ""),
-          "|---|---|---:|---:|---:|---|---:|---:|" + ("---|---|" if perf else "")]
+vs = [(a, b) for a, b in [("heatsink_v", "heatsink"), ("heatsink_unix_v", "heatsink_unix")] if a in proxies]
+if vs:
+    L += ["", f"## heatsink `{E['B_VARIANT']}` (the variant) against heatsink with its defaults, same rounds", "",
+          "| workload | transport | default µs | variant µs | **variant / default** CPU per statement | per round | user µs (default, variant) | variant / haproxy (same transport) | throughput variant / default | latency avg ms (default, variant) | latency p95 ms (default, variant) |"
+          + (" context switches per statement (default, variant) | CPU migrations per statement (default, variant) |" if perf else ""),
+          "|---|---|---:|---:|---:|---|---|---:|---:|---|---|" + ("---|---|" if perf else "")]
     for w in workloads:
-        for a, b in pcs:
+        for a, b in vs:
             h = "haproxy_unix" if "unix" in a else "haproxy"
             ratios = [per(r, w, a, "cpu") / max(per(r, w, b, "cpu"), 1e-9) for r in rr]
             vs_h = med(per(r, w, a, "cpu") / max(per(r, w, h, "cpu"), 1e-9) for r in rr)
             tput = med(rate(r, w, a) / max(rate(r, w, b), 1e-9) for r in rr)
             line = (f"| {w} | {'unix' if 'unix' in a else 'tcp'} | {med(per(r, w, b, 'cpu') for r in rr):.1f} | {med(per(r, w, a, 'cpu') for r in rr):.1f} |"
-                    f" **{med(ratios):.2f}** | {', '.join(f'{x:.2f}' for x in ratios)} | {vs_h:.2f} | {tput:.2f} |")
+                    f" **{med(ratios):.2f}** | {', '.join(f'{x:.2f}' for x in ratios)} | {pair(w, b, a, lambda v: f'{v:.1f}')} | {vs_h:.2f} | {tput:.2f} |"
+                    f" {lats(w, b, a, 'avg')} | {lats(w, b, a, 'p95')} |")
             if perf:
                 line += (f" {med(per(r, w, b, 'cs') for r in rr):.3f}, {med(per(r, w, a, 'cs') for r in rr):.3f} |"
                          f" {med(per(r, w, b, 'mig') for r in rr):.4f}, {med(per(r, w, a, 'mig') for r in rr):.4f} |")
             L.append(line)
 L += ["", "## Raw numbers", "",
-      "| round | workload | proxy | statements | statements/s | proxy CPU ms | CPU µs per statement | syscalls | context switches | CPU migrations |",
-      "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+      "| round | workload | proxy | statements | statements/s | latency avg / p95 ms | proxy CPU ms | CPU µs per statement | user µs per statement | syscalls | context switches | CPU migrations |",
+      "|---:|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
 for r in rr:
     for w in workloads:
         for p in proxies:
             x = rows[(r, w, p)]
-            L.append(f"| {r} | {w} | {p} | {x['events']:,} | {rate(r, w, p):,.0f} | {x['cpu'] / 1000:,.0f} | {per(r, w, p, 'cpu'):.1f} | {x['sc']:,} | {x['cs']:,} | {x['mig']:,} |")
+            L.append(f"| {r} | {w} | {p} | {x['events']:,} | {rate(r, w, p):,.0f} | {x['avg']:.2f} / {x['p95']:.2f} | {x['cpu'] / 1000:,.0f} | {per(r, w, p, 'cpu'):.1f} | {per(r, w, p, 'usr'):.1f} | {x['sc']:,} | {x['cs']:,} | {x['mig']:,} |")
 prof = open(profiles).read().strip()
 if prof:
     L += ["", "## Where heatsink's CPU goes (`perf record -g`, flat by symbol, one extra leg per workload)", "", prof]

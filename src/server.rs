@@ -57,7 +57,7 @@ pub fn threads(config: &Config) -> usize {
 /// First the calling thread takes `sched_policy`; every thread started after it (the
 /// runtimes' workers, the blocking pool, per-core threads) inherits it.
 pub fn runtime(config: &Config) -> Result<tokio::runtime::Runtime> {
-    set_sched_policy(config.sched_policy)?;
+    set_sched_policy(config.sched_policy);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     match config.runtime {
         RuntimeMode::Shared => {
@@ -86,26 +86,25 @@ pub fn runtime(config: &Config) -> Result<tokio::runtime::Runtime> {
 /// which then runs again only to block waiting for its answer: two context switches
 /// where one suffices. Under `SCHED_BATCH` the woken thread waits until the sender
 /// blocks (or its slice ends). Measured in docs/design.md ("Cost per client
-/// statement").
-pub fn set_sched_policy(policy: SchedPolicy) -> Result<()> {
+/// statement"). Where the call is refused (a seccomp profile), a warning says so and
+/// the threads keep their policy.
+pub fn set_sched_policy(policy: SchedPolicy) {
     match policy {
-        SchedPolicy::Inherit => Ok(()),
+        SchedPolicy::Inherit => {}
         #[cfg(not(target_os = "linux"))]
-        SchedPolicy::Batch => Ok(()),
+        SchedPolicy::Batch => {}
         #[cfg(target_os = "linux")]
         SchedPolicy::Batch => {
             let param = libc::sched_param { sched_priority: 0 };
             // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is
             // the calling thread.
             let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
-            if rc == 0 {
-                Ok(())
-            } else {
-                Err(Error::with_cause(
-                    Source::Internal,
-                    "setting the scheduling policy to SCHED_BATCH (--sched-policy inherit keeps the current one)",
-                    std::io::Error::last_os_error(),
-                ))
+            if rc != 0 {
+                // Only a cost, never a meaning: serve on under the policy it has.
+                warn!(
+                    error = %std::io::Error::last_os_error(),
+                    "could not set the threads' scheduling policy to SCHED_BATCH; they keep the one heatsink was started with (--sched-policy inherit says so without trying)"
+                );
             }
         }
     }

@@ -16,7 +16,8 @@
 # With VARIANT (serve flags; default "--sched-policy inherit", the threads' policy before
 # SCHED_BATCH became the default; "--runtime per-core" compares the runtimes) a second
 # heatsink runs with those flags (heatsink_v, and heatsink_unix_v on sockets), its own
-# process, legs of both in every round; VARIANT="" leaves it out.
+# process, legs of both in every round; VARIANT="" leaves it out. VARIANT_BIN runs the
+# variant from another binary (a build before or after a change), with VARIANT's flags.
 # Per leg: statements (sysbench events, one statement each), statements/s, sysbench's
 # latency (average and 95th percentile), the proxy's CPU time (user + system, and user
 # alone, from /proc/PID/stat) over the leg, and with perf (PERF=1,
@@ -27,7 +28,7 @@
 #   scripts/bench-cpu.sh                     # about 6 minutes
 #   ROUNDS=1 DURATION=5 PROFILE=0 scripts/bench-cpu.sh
 #
-# Environment: DURATION (10 s), ROUNDS (3), WORKLOADS, THREADS_*, TRANSPORTS, VARIANT, SKIP_BUILD=1,
+# Environment: DURATION (10 s), ROUNDS (3), WORKLOADS, THREADS_*, TRANSPORTS, VARIANT, VARIANT_BIN, SKIP_BUILD=1,
 # HEATSINK_BIN (default target/release/heatsink), OUT (bench/results/cpu.md).
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -57,6 +58,9 @@ hs_install_traps
 [[ ${SKIP_BUILD:-0} == 1 ]] || cargo build --release --quiet --bin heatsink
 HEATSINK_BIN=${HEATSINK_BIN:-$HS_REPO_DIR/target/release/heatsink}
 export HEATSINK_BIN
+VARIANT_BIN=${VARIANT_BIN:-$HEATSINK_BIN}
+VARIANT_LABEL=$VARIANT
+[[ $VARIANT_BIN == "$HEATSINK_BIN" ]] || VARIANT_LABEL+="${VARIANT:+ }from $VARIANT_BIN"
 REV=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo " (uncommitted changes)")
 PERF=${PERF:-$(perf stat -e raw_syscalls:sys_enter true >/dev/null 2>&1 && echo 1 || echo 0)}
 [[ $PERF == 1 ]] || PROFILE=0
@@ -84,8 +88,8 @@ HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT"
 HS_PID=$HEATSINK_PID HS_PORT=$HEATSINK_PORT
 haproxy_start "$MARIADB_PORT"
 PROXIES="haproxy heatsink"
-if [[ -n $VARIANT ]]; then
-  HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" "${VARIANT_ARGS[@]}"
+if [[ -n $VARIANT_LABEL ]]; then
+  HEATSINK_BIN=$VARIANT_BIN HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" "${VARIANT_ARGS[@]}"
   HSV_PID=$HEATSINK_PID HSV_PORT=$HEATSINK_PORT
   PROXIES+=" heatsink_v"
 fi
@@ -95,9 +99,9 @@ if [[ $TRANSPORTS == *unix* ]]; then
   HSU_PID=$HEATSINK_PID
   haproxy_unix_start "$MARIADB_SOCKET"
   PROXIES+=" haproxy_unix heatsink_unix"
-  if [[ -n $VARIANT ]]; then
+  if [[ -n $VARIANT_LABEL ]]; then
     HSV_UNIX_SOCK=$WORK/heatsink-v.sock
-    HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" "${VARIANT_ARGS[@]}" --listen-unix "$HSV_UNIX_SOCK"
+    HEATSINK_BIN=$VARIANT_BIN HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" "${VARIANT_ARGS[@]}" --listen-unix "$HSV_UNIX_SOCK"
     HSUV_PID=$HEATSINK_PID
     PROXIES+=" heatsink_unix_v"
   fi
@@ -114,13 +118,6 @@ threads_of() {
   ring) echo "$THREADS_RING" ;;
   rollup) echo "$THREADS_ROLLUP" ;;
   esac
-}
-CLK_TCK=$(getconf CLK_TCK)
-# CPU µs of a process: user + system (after the command name, which may hold spaces),
-# or with a second argument "user" user time alone.
-cpu_us() {
-  sed 's/^.*) //' "/proc/$1/stat" |
-    awk -v t="$CLK_TCK" -v only="${2:-}" '{ printf "%d\n", ($12 + (only == "user" ? 0 : $13)) * 1000000 / t }'
 }
 
 # The proxy a leg measures: its pid and sysbench's connection options.
@@ -162,14 +159,14 @@ leg() {
   pid=$(proxy_pid "$proxy")
   log=$WORK/$w-$proxy-$round.log
   perfout=$WORK/$w-$proxy-$round.perf
-  c0=$(cpu_us "$pid") u0=$(cpu_us "$pid" user)
+  c0=$(hs_cpu_us "$pid") u0=$(hs_cpu_us "$pid" user)
   if [[ $PERF == 1 ]]; then
     perf stat -e raw_syscalls:sys_enter,context-switches,cpu-migrations -x, -o "$perfout" -p "$pid" &
     local perf_pid=$!
     hs_register_pid "$perf_pid"
   fi
   run_sysbench "$w" "$proxy" "$DURATION" "$log" || { tail -n 20 "$log" >&2; hs_die "sysbench $w through $proxy failed"; }
-  c1=$(cpu_us "$pid") u1=$(cpu_us "$pid" user)
+  c1=$(hs_cpu_us "$pid") u1=$(hs_cpu_us "$pid" user)
   if [[ $PERF == 1 ]]; then
     kill -INT "$perf_pid" 2>/dev/null || true
     wait "$perf_pid" 2>/dev/null || true
@@ -255,7 +252,7 @@ SB_VERSION=$(sysbench --version | awk '{print $2}')
 B_REV=$REV B_VERSION=$MARIADB_VERSION B_HAPROXY=$HAPROXY_VERSION B_SYSBENCH=$SB_VERSION \
   B_LOAD_START=$load_start B_LOAD_END=$load_end B_DURATION=$DURATION B_ROUNDS=$ROUNDS \
   B_THREADS="point_select=$THREADS_PS counter=$THREADS_COUNTER ring=$THREADS_RING rollup=$THREADS_ROLLUP" \
-  B_PERF=$PERF B_WORKLOADS=$WORKLOADS B_PROXIES=$PROXIES B_VARIANT=$VARIANT python3 - "$RAW" "$PROFILES" "$OUT" <<'PY'
+  B_PERF=$PERF B_WORKLOADS=$WORKLOADS B_PROXIES=$PROXIES B_VARIANT=$VARIANT_LABEL python3 - "$RAW" "$PROFILES" "$OUT" <<'PY'
 import datetime, os, statistics, sys
 raw, profiles, out = sys.argv[1:4]
 E = os.environ

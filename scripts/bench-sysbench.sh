@@ -58,7 +58,7 @@ export HEATSINK_BIN
 REV=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo " (uncommitted changes)")
 
 hs_tmpdir_into WORK sysbench
-RAW=$WORK/raw.tsv # round leg events seconds errors
+RAW=$WORK/raw.tsv # round leg events seconds errors client_us server_us proxy_us
 : >"$RAW"
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -77,7 +77,7 @@ sed -i -E "s/^table = \"/table = \"$SB_DB./" "$RULES/rules.toml"
   >"$WORK/migrate.log" 2>&1 || { cat "$WORK/migrate.log" >&2; hs_die "heatsink migrate failed"; }
 # One heatsink per runtime (HS_PORT and HS_SOCK by runtime); HEATSINK_PORT (the
 # first one's, TCP) is where the checks read.
-declare -A HS_PORT HS_SOCK
+declare -A HS_PORT HS_SOCK HS_PID
 for rt in $RUNTIMES; do
   if [[ $TRANSPORT == unix ]]; then
     HS_SOCK[$rt]=$WORK/heatsink-$rt.sock
@@ -85,7 +85,7 @@ for rt in $RUNTIMES; do
   else
     HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" --runtime "$rt"
   fi
-  HS_PORT[$rt]=$HEATSINK_PORT
+  HS_PORT[$rt]=$HEATSINK_PORT HS_PID[$rt]=$HEATSINK_PID
 done
 HEATSINK_PORT=${HS_PORT[${RUNTIMES%% *}]}
 if [[ $TRANSPORT == unix ]]; then haproxy_unix_start "$MARIADB_SOCKET"; else haproxy_start "$MARIADB_PORT"; fi
@@ -131,21 +131,38 @@ threads_of() {
   esac
 }
 
-# leg ROUND WORKLOAD SPEC SECONDS -> a line in $RAW (round 0: warm-up, not recorded)
+# The proxy process of a leg's `where`, if any.
+proxy_pid_of() {
+  case $1 in
+  haproxy) echo "$HAPROXY_PID" ;;
+  hs-*) echo "${HS_PID[${1#hs-}]}" ;;
+  esac
+}
+
+# leg ROUND WORKLOAD SPEC SECONDS -> a line in $RAW (round 0: warm-up, not recorded).
+# CPU time over the leg of each process: sysbench (the client; its own threads and
+# nothing else), mariadbd, and the proxy when the leg has one.
 leg() {
-  local round=$1 w=$2 name script where db conn log events secs errors
+  local round=$1 w=$2 name script where db conn log events secs errors ppid s0 s1 p0=0 p1=0 client
   IFS=: read -r name script where db <<<"$3"
   read -r -a conn <<<"$(conn_of "$where")"
   log=$WORK/$name-$round.log
-  hs_run sysbench "$WORK/$script.lua" --db-driver=mysql "${conn[@]}" \
+  ppid=$(proxy_pid_of "$where")
+  s0=$(hs_cpu_us "$MARIADB_PID")
+  [[ -z $ppid ]] || p0=$(hs_cpu_us "$ppid")
+  hs_run /usr/bin/time -f '%U %S' -o "$log.time" sysbench "$WORK/$script.lua" --db-driver=mysql "${conn[@]}" \
     --mysql-user="$SB_USER" --mysql-password="$SB_PASSWORD" --mysql-db="$db" \
     --mysql-ignore-errors=1213,1205 --threads="$(threads_of "$w")" --time="$4" \
     --report-interval=0 run >"$log" 2>&1 || { tail -n 20 "$log" >&2; hs_die "sysbench $name failed"; }
+  s1=$(hs_cpu_us "$MARIADB_PID")
+  [[ -z $ppid ]] || p1=$(hs_cpu_us "$ppid")
+  client=$(awk '{ printf "%d", ($1 + $2) * 1000000 }' "$log.time")
   events=$(sed -n 's/^ *total number of events: *\([0-9]*\)/\1/p' "$log" | sed -n 1p)
   secs=$(sed -n 's/^ *total time: *\([0-9.]*\)s/\1/p' "$log" | sed -n 1p)
   errors=$(sed -n 's/^ *ignored errors: *\([0-9]*\).*/\1/p' "$log" | sed -n 1p)
   ((round == 0)) && return 0
-  printf '%s\t%s\t%s\t%s\t%s\n' "$round" "$name" "$events" "$secs" "${errors:-0}" >>"$RAW"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$name" "$events" "$secs" "${errors:-0}" \
+    "$client" "$((s1 - s0))" "$((p1 - p0))" >>"$RAW"
   hs_log "round $round $name: $events events in ${secs}s ($((events * 10 / ${secs%.*}0))/s), ignored errors ${errors:-0}"
 }
 
@@ -203,8 +220,10 @@ raw, checks, out = sys.argv[1:4]
 E = os.environ
 rows = {}
 for line in open(raw):
-    r, name, ev, secs, err = line.rstrip("\n").split("\t")
-    rows[(int(r), name)] = dict(rate=int(ev or 0) / max(float(secs or 0), 1e-9), errors=int(err or 0))
+    r, name, ev, secs, err, client, server, proxy = line.rstrip("\n").split("\t")
+    n = max(int(ev or 0), 1)
+    rows[(int(r), name)] = dict(rate=int(ev or 0) / max(float(secs or 0), 1e-9), errors=int(err or 0),
+                                client=int(client) / n, server=int(server) / n, proxy=int(proxy) / n)
 rr = range(1, int(E["B_ROUNDS"]) + 1)
 med = statistics.median
 def ratio(a, b):
@@ -261,6 +280,12 @@ if "per-core" in runtimes and "shared" in runtimes:
         if (1, name) in rows and (1, name + "_pc") in rows:
             m, per = ratio(name + "_pc", name)
             L.append(f"| {name} | **{m:.2f}** | {', '.join(f'{x:.2f}' for x in per)} |")
+L += ["", "## Where each event's CPU goes (µs per event, medians over rounds)", "",
+      "CPU time of each process over the leg (sysbench from `time`, mariadbd and the proxy from `/proc/PID/stat`) divided by the events. On two saturated cores the events per second are about 2,000,000 / the total.", "",
+      "| leg | client (sysbench) | server (mariadbd) | proxy | total |", "|---|---:|---:|---:|---:|"]
+for name in sorted({n for (_, n) in rows}):
+    c, sv, p = (med(rows[(r, name)][k] for r in rr) for k in ("client", "server", "proxy"))
+    L.append(f"| {name} | {c:.1f} | {sv:.1f} | {p:.1f} | {c + sv + p:.1f} |")
 L += ["", "## Exact after the legs", ""] + [f"- {l.strip()}" for l in open(checks) if l.strip()]
 L += ["", "## Raw numbers (events per second; ignored errors are deadlocks and lock-wait timeouts sysbench retried past)", "",
       "| round | leg | events/s | ignored errors |", "|---:|---|---:|---:|"]

@@ -100,6 +100,14 @@ hs_run() {
 	return "$rc"
 }
 
+# hs_cpu_us PID [user] -> the process's CPU time so far in µs: user + system, or with
+# "user" the user time alone (fields 14 and 15 of /proc/PID/stat; the command name
+# before them may hold spaces).
+hs_cpu_us() {
+	sed 's/^.*) //' "/proc/$1/stat" |
+		awk -v t="$(getconf CLK_TCK)" -v only="${2:-}" '{ printf "%d\n", ($12 + (only == "user" ? 0 : $13)) * 1000000 / t }'
+}
+
 # hs_stop_pid PID [TIMEOUT_SECS] -> TERM, wait, then KILL. Only the given pid.
 hs_stop_pid() {
 	local pid=$1 timeout=${2:-20} i

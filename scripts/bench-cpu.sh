@@ -13,8 +13,8 @@
 # With TRANSPORTS="tcp unix" (the default) every workload also runs with both proxies
 # on Unix sockets at both ends (sysbench on the proxy's socket, the proxy on
 # MariaDB's): the sidecar deployment, clients and server on the proxy's host.
-# With VARIANT (serve flags; default "--sched-policy inherit", the threads' policy before
-# SCHED_BATCH became the default; "--runtime per-core" compares the runtimes) a second
+# With VARIANT (serve flags; default "--sched-policy batch"; "--runtime per-core"
+# compares the runtimes) a second
 # heatsink runs with those flags (heatsink_v, and heatsink_unix_v on sockets), its own
 # process, legs of both in every round; VARIANT="" leaves it out. VARIANT_BIN runs the
 # variant from another binary (a build before or after a change), with VARIANT's flags.
@@ -47,7 +47,7 @@ THREADS_RING=${THREADS_RING:-64}
 THREADS_ROLLUP=${THREADS_ROLLUP:-32}
 PROFILE=${PROFILE:-1}
 TRANSPORTS=${TRANSPORTS:-"tcp unix"}
-VARIANT=${VARIANT-"--sched-policy inherit"}
+VARIANT=${VARIANT-"--sched-policy batch"}
 read -r -a VARIANT_ARGS <<<"$VARIANT"
 OUT=${OUT:-bench/results/cpu.md}
 TABLES=4

@@ -81,11 +81,12 @@ pub fn runtime(config: &Config) -> Result<tokio::runtime::Runtime> {
 /// the calling thread, and threads it creates afterwards inherit the policy; elsewhere
 /// nothing changes).
 ///
-/// Why `batch` is the default: a relay is woken by every packet a client or the
-/// server sends, and under `SCHED_OTHER` the woken proxy thread preempts the sender,
-/// which then runs again only to block waiting for its answer: two context switches
-/// where one suffices. Under `SCHED_BATCH` the woken thread waits until the sender
-/// blocks (or its slice ends). Measured in docs/design.md ("Cost per client
+/// What `batch` is for: a relay is woken by every packet a client or the server sends,
+/// and under `SCHED_OTHER` the woken proxy thread preempts the sender, which then runs
+/// again only to block waiting for its answer: two context switches where one
+/// suffices. Under `SCHED_BATCH` the woken thread waits until the sender blocks (or
+/// its slice ends), which is also why it is not the default: next to CPU-bound work it
+/// waits out that work's slice. Measured in docs/design.md ("Cost per client
 /// statement"). Where the call is refused (a seccomp profile), a warning says so and
 /// the threads keep their policy.
 pub fn set_sched_policy(policy: SchedPolicy) {

@@ -1021,15 +1021,19 @@ fn thread_policies(pid: u32) -> Vec<(String, u32)> {
 const SCHED_OTHER: u32 = 0;
 const SCHED_BATCH: u32 = 3;
 
-/// Every thread of the proxy (runtime workers, blocking pool, per-core and control
-/// threads) runs under SCHED_BATCH by default, and `--sched-policy inherit` keeps the
-/// policy it was started with (SCHED_OTHER here); statements are answered either way.
+/// With `--sched-policy batch` every thread of the proxy (runtime workers, blocking
+/// pool, per-core and control threads) runs under SCHED_BATCH; by default (`inherit`)
+/// each keeps the policy the proxy was started with (SCHED_OTHER here). Statements are
+/// answered either way.
 #[test]
 fn proxy_threads_take_the_scheduling_policy() {
     for (args, want) in [
-        (vec![], SCHED_BATCH),
-        (vec!["--runtime", "per-core"], SCHED_BATCH),
-        (vec!["--sched-policy", "inherit"], SCHED_OTHER),
+        (vec![], SCHED_OTHER),
+        (vec!["--sched-policy", "batch"], SCHED_BATCH),
+        (
+            vec!["--sched-policy", "batch", "--runtime", "per-core"],
+            SCHED_BATCH,
+        ),
     ] {
         let mut builder = Proxy::builder().no_rules();
         for a in &args {

@@ -993,12 +993,11 @@ fn strict_sessions_never_get_a_clamped_merged_write() {
 // ---------------------------------------------------------------------------------------
 // 8. The per-core runtime
 
-/// Names of the proxy's threads (`/proc/PID/task/*/comm`).
+/// Names of the proxy's threads (the `comm` of each, as /proc/PID/task/*/stat gives it).
 fn thread_names(pid: u32) -> Vec<String> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .expect("read the proxy's tasks")
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|n| n.trim().to_string())
+    thread_policies(pid)
+        .into_iter()
+        .map(|(name, _)| name)
         .collect()
 }
 

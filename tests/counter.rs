@@ -1251,6 +1251,79 @@ fn unsupported_shapes_are_rejected_and_write_nothing() {
     });
 }
 
+/// An upsert whose row MariaDB converts — an over-long or ill-formed value: a warning
+/// in a non-strict `sql_mode`, an error in a strict one — is refused and writes
+/// nothing. Its rewrite stores the row with `INSERT IGNORE` (which turns the strict
+/// error into a warning) and the key once more in a slot row (a second warning).
+/// Values that fit still rewrite, without warnings; a key too long for the column
+/// still fails with the table's own error (the slot upsert is not IGNORE).
+#[test]
+fn upserts_whose_values_convert_are_refused_and_write_nothing() {
+    let env = hits_env("convert", false);
+    run(Duration::from_secs(30), async {
+        let mut p = env.proxied().await;
+        let mut d = env.direct().await;
+        let before = snapshot(&env);
+        let long_note = "a note longer than twenty characters";
+        for (mode, row, reference) in [
+            ("", "('KEY', 6, NULL)", Ok(1)),
+            ("", "('home', 6, 'LONG')", Ok(1)),
+            ("", "('new', 6, 'LONG')", Ok(1)),
+            ("STRICT_ALL_TABLES", "('new', 6, 'LONG')", Err(1406)),
+            ("STRICT_ALL_TABLES", "('home', 6, 'LONG')", Err(1406)),
+        ] {
+            let row = row
+                .replace("LONG", long_note)
+                .replace("KEY", &"k".repeat(80));
+            let template = format!(
+                "INSERT INTO {{t}} (slug, cnt, note) VALUES {row} ON DUPLICATE KEY UPDATE cnt = cnt + 6"
+            );
+            for c in [&mut p, &mut d] {
+                c.query_drop(format!("SET sql_mode = '{mode}'"))
+                    .await
+                    .unwrap();
+            }
+            assert_rejected(&mut p, &fill(&template, "hits", &env.db)).await;
+            // What the statement does to a plain table: warns, or fails.
+            let direct = d.query_drop(fill(&template, "hits_ref", &env.db)).await;
+            match (reference, direct) {
+                (Ok(w), Ok(())) => assert_eq!(d.get_warnings(), w, "{mode} {row}"),
+                (Err(code), Err(mysql_async::Error::Server(e))) => {
+                    assert_eq!(e.code, code, "{mode} {row}")
+                }
+                (want, got) => panic!("{mode} {row}: the plain table gave {got:?}, not {want:?}"),
+            }
+        }
+        // The binary protocol: an ill-formed key parameter.
+        p.query_drop("SET sql_mode = ''").await.unwrap();
+        match p
+            .exec_drop(
+                "INSERT INTO hits (slug, cnt) VALUES (?, ?) ON DUPLICATE KEY UPDATE cnt = cnt + VALUES(cnt)",
+                (b"tmp\xff\xfe".to_vec(), 5),
+            )
+            .await
+        {
+            Err(mysql_async::Error::Server(e)) => {
+                assert_eq!(e.code, 1105, "{e:?}");
+                assert!(e.message.contains("converts a value"), "{e:?}");
+            }
+            other => panic!("an ill-formed key parameter must be refused: {other:?}"),
+        }
+        assert_eq!(snapshot(&env), before, "a refused upsert wrote something");
+
+        // Values that fit: rewritten, 1 then 2 affected rows, no warning.
+        for affected in [1, 2] {
+            p.query_drop("INSERT INTO hits (slug, cnt, note) VALUES ('new', 1, 'short') ON DUPLICATE KEY UPDATE cnt = cnt + 1")
+                .await
+                .unwrap();
+            assert_eq!((p.affected_rows(), p.get_warnings()), (affected, 0));
+        }
+        assert_eq!(value_of(&mut p, "new").await, Some(2));
+        p.disconnect().await.unwrap();
+        d.disconnect().await.unwrap();
+    });
+}
+
 // ---------------------------------------------------------------------------------------
 // 6. Query plans
 

@@ -148,6 +148,29 @@ fn renamed_text_row(row: &[u8], names: &Renames) -> Option<Vec<u8>> {
     Some(text_row(&cells))
 }
 
+/// Why a rewrite whose probe warned beyond a duplicate key is refused.
+pub(super) const PROBE_CONVERTED: &str = "MariaDB converts a value of the inserted row with a warning (or fails on it in a strict sql_mode), which the rewrite cannot answer as the statement would: nothing was written";
+
+/// Whether the probe of an `INSERT … ON DUPLICATE KEY UPDATE` rewrite (an `INSERT
+/// IGNORE` of the statement's row) warned about more than the duplicate key it
+/// expects when the row exists: a value MariaDB converted. The statement itself
+/// would have given those warnings once (the rewrite stores the row twice, so
+/// they would be counted twice), or failed on them in a strict `sql_mode`, where
+/// the probe's IGNORE turned the error into a warning.
+fn probe_converted(reply: &Reply, results: &[Collected]) -> bool {
+    let Reply::Ok {
+        affected_rows: Affected::InsertedOrUpdated { probe },
+        ..
+    } = reply
+    else {
+        return false;
+    };
+    results
+        .get(*probe)
+        .and_then(Collected::ok)
+        .is_some_and(|o| o.warnings > u16::from(o.affected_rows == 0))
+}
+
 /// The error code of an ERR packet's payload.
 fn err_code(payload: &[u8]) -> Option<u16> {
     payload.get(1..3).map(|b| u16::from_le_bytes([b[0], b[1]]))
@@ -620,7 +643,10 @@ impl Session {
         let retry = self.retry_safe(n, wrap);
         let mut attempt = 1;
         loop {
-            match self.attempt(commands, reply, wrap, atomic, cmd_seq).await? {
+            match self
+                .attempt(rule, commands, reply, wrap, atomic, cmd_seq)
+                .await?
+            {
                 Attempt::Answered => return Ok(()),
                 Attempt::Conflict(err) => {
                     if !retry || attempt >= self.max_attempts() {
@@ -636,6 +662,7 @@ impl Session {
 
     async fn attempt(
         &mut self,
+        rule: &str,
         commands: &[Vec<u8>],
         reply: &Reply,
         wrap: bool,
@@ -679,6 +706,20 @@ impl Session {
                 return Ok(Attempt::Answered);
             }
             results.push(c);
+        }
+        if (wrap || savepoint) && probe_converted(reply, &results) {
+            // The statement itself would have warned or failed where the probe's
+            // IGNORE let it through: nothing is kept, and the client is told.
+            if wrap {
+                self.run_collect(b"ROLLBACK").await?;
+            } else {
+                self.run_collect(b"ROLLBACK TO SAVEPOINT heatsink_rewrite")
+                    .await?;
+            }
+            self.refused_at_run = Some(PROBE_CONVERTED);
+            let msg = format!("heatsink rule '{rule}': {PROBE_CONVERTED}");
+            self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await?;
+            return Ok(Attempt::Answered);
         }
         if savepoint {
             self.run_collect(b"RELEASE SAVEPOINT heatsink_rewrite")

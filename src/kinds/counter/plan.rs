@@ -12,7 +12,7 @@
 //! | `UPDATE t SET c = c + n WHERE key = v` | `INSERT INTO slots (key, slot, c) VALUES (v, <random>, n) ON DUPLICATE KEY UPDATE c = c + VALUES(c)`; the client sees the UPDATE's OK (1 row matched and changed) |
 //! | `UPDATE t SET c = v WHERE key = …` | `UPDATE t …` then `DELETE FROM slots WHERE key = …`, atomically |
 //! | `DELETE FROM t WHERE key = …` | `DELETE FROM t …` then `DELETE FROM slots WHERE key = …`, atomically |
-//! | `INSERT INTO t (key, c) VALUES (v, n) ON DUPLICATE KEY UPDATE c = c + n` | `INSERT IGNORE INTO t (key, c) VALUES (v, 0)` then the slot upsert, atomically; affected rows 1 or 2 as the original |
+//! | `INSERT INTO t (key, c) VALUES (v, n) ON DUPLICATE KEY UPDATE c = c + n` | `INSERT IGNORE INTO t (key, c) VALUES (v, 0)` then the slot upsert, atomically; affected rows 1 or 2 as the original; undone and refused when the `INSERT IGNORE` warns about more than a duplicate key (a value MariaDB converts: `relay::splice`'s probe check) |
 //! | any read of `t` | `t` replaced by a derived table computing `base + SUM(slots)` per row; MariaDB merges it, so point lookups use both primary keys; column metadata restored |
 //! | plain `INSERT`, updates of other columns | unchanged |
 //! | anything else that writes the counter or filters on it | ERR 1105 naming the rule |

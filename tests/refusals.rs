@@ -573,6 +573,77 @@ async fn assert_execute_refused(
     }
 }
 
+/// A counter upsert whose row MariaDB converts (here a key longer than the column, in
+/// a non-strict `sql_mode`) is run, undone and refused: listed in `SHOW REFUSALS`
+/// (class `value`) under its text and under its prepared text, counted like any
+/// refusal.
+#[test]
+fn upserts_undone_for_a_converted_value_are_listed_as_refusals() {
+    let db = "rf_converted";
+    let env = counter_and_rollup(db);
+    run(LIMIT, async {
+        let mut p = env.proxied().await;
+        let mut admin = connect(&admin_url(env.admin_addr())).await;
+        p.query_drop("SET sql_mode = ''").await.unwrap();
+        let long = "k".repeat(80);
+        let text = format!(
+            "INSERT INTO hits (slug, cnt) VALUES ('{long}', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1"
+        );
+        let e = assert_refused_by(&mut p, &text, COUNTER).await;
+        let reason = reason_of(&e, COUNTER);
+        assert!(reason.contains("converts a value"), "{reason}");
+        let prepared =
+            "INSERT INTO hits (slug, cnt) VALUES (?, 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1";
+        let stmt = p.prep(prepared).await.unwrap();
+        assert_execute_refused(&mut p, &stmt, (long.as_str(),).into(), COUNTER).await;
+        p.close(stmt).await.unwrap();
+        // Nothing was written; a key that fits is rewritten as before.
+        assert_eq!(
+            env.backend_scalar("SELECT COUNT(*) FROM {db}.hits_slots"),
+            Some("0".into())
+        );
+        p.query_drop(
+            "INSERT INTO hits (slug, cnt) VALUES ('k', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1",
+        )
+        .await
+        .unwrap();
+        assert_eq!(p.affected_rows(), 1);
+
+        let refusals = shapes(&mut admin, "SHOW REFUSALS").await;
+        let mut seen: Vec<(&str, Option<&str>, &str, u64)> = refusals
+            .iter()
+            .map(|r| {
+                (
+                    r.rule.as_str(),
+                    r.class.as_deref(),
+                    r.reason.as_str(),
+                    r.count,
+                )
+            })
+            .collect();
+        seen.sort();
+        assert_eq!(
+            seen,
+            vec![
+                (COUNTER, Some("value"), reason.as_str(), 1),
+                (COUNTER, Some("value"), reason.as_str(), 1)
+            ],
+            "{refusals:?}"
+        );
+        // One shape per protocol, the example with its values masked.
+        assert!(
+            refusals.iter().all(|r| r.example
+                == "INSERT INTO hits (slug, cnt) VALUES (?, ?) ON DUPLICATE KEY UPDATE cnt = cnt + ?"),
+            "{refusals:?}"
+        );
+        assert_ne!(refusals[0].fingerprint, refusals[1].fingerprint);
+        assert_eq!(
+            metric(&env, "heatsink_refusals_total{class=\"value\"}"),
+            2.0
+        );
+    });
+}
+
 /// Executes of a prepared statement (binary protocol) refused at COM_STMT_EXECUTE
 /// for a parameter value the rule's check does not take are listed in `SHOW
 /// REFUSALS` under the prepared text; an execute whose value the check declines

@@ -1023,13 +1023,7 @@ impl Session {
         let Some(p) = self.prepared.get(&id) else {
             return;
         };
-        self.execute_not_rewritten = true;
-        self.shared.stats.rejected.fetch_add(1, Relaxed);
-        if let Some(r) = self.shared.rules.load().get(&p.rule) {
-            r.rejected.fetch_add(1, Relaxed);
-        }
-        debug!(peer = %self.peer, rule = %p.rule, class = %class, reason, "execute rejected");
-        self.shared.shapes.refused(&Seen {
+        self.count_refused(&Seen {
             rule: &p.rule,
             reason,
             class: Some(class),
@@ -1037,18 +1031,14 @@ impl Session {
             sql: &p.text,
             mode: p.mode,
         });
+        self.execute_not_rewritten = true;
         self.outcome.decided = Some(crate::digest::Handling::Refused);
     }
 
     /// A text statement whose rewrite ran, was undone and answered with a refusal
     /// (`refused_at_run`): counted and listed in `SHOW REFUSALS` as refused.
     fn refused_at_run(&mut self, rule: &Arc<str>, reason: &str, sql: &[u8]) {
-        self.shared.stats.rejected.fetch_add(1, Relaxed);
-        if let Some(r) = self.shared.rules.load().get(rule) {
-            r.rejected.fetch_add(1, Relaxed);
-        }
-        debug!(peer = %self.peer, rule = %rule, reason, "rewrite undone and refused");
-        self.shared.shapes.refused(&Seen {
+        self.count_refused(&Seen {
             rule,
             reason,
             class: Some(crate::rewrite::RefusalClass::Value),
@@ -1057,6 +1047,17 @@ impl Session {
             mode: self.shape_mode(),
         });
         self.outcome.handling = crate::digest::Handling::Refused;
+    }
+
+    /// A refusal decided while the statement ran (at execute, or by the server's
+    /// answer): the rule's `rejected`, the global count, and `SHOW REFUSALS`.
+    fn count_refused(&self, seen: &Seen<'_>) {
+        self.shared.stats.rejected.fetch_add(1, Relaxed);
+        if let Some(r) = self.shared.rules.load().get(seen.rule) {
+            r.rejected.fetch_add(1, Relaxed);
+        }
+        debug!(peer = %self.peer, rule = %seen.rule, class = ?seen.class, reason = seen.reason, "statement refused while it ran");
+        self.shared.shapes.refused(seen);
     }
 
     /// An execute of the prepared rewrite `id` that runs the client's own statement

@@ -660,6 +660,19 @@ impl Session {
         }
     }
 
+    /// Undoes what an attempt ran: its own transaction (`wrap`), or back to its
+    /// savepoint inside the client's (which fails harmlessly when a deadlock already
+    /// rolled back the whole transaction).
+    async fn undo_attempt(&mut self, wrap: bool, savepoint: bool) -> Result<()> {
+        if wrap {
+            self.run_collect(b"ROLLBACK").await?;
+        } else if savepoint {
+            self.run_collect(b"ROLLBACK TO SAVEPOINT heatsink_rewrite")
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn attempt(
         &mut self,
         rule: &str,
@@ -691,14 +704,7 @@ impl Session {
             let c = self.run_command(command).await?;
             if let Some(e) = c.err() {
                 let payload = e.payload.to_vec();
-                if wrap {
-                    self.run_collect(b"ROLLBACK").await?;
-                } else if savepoint {
-                    // Fails harmlessly when a deadlock already rolled back the
-                    // whole transaction.
-                    self.run_collect(b"ROLLBACK TO SAVEPOINT heatsink_rewrite")
-                        .await?;
-                }
+                self.undo_attempt(wrap, savepoint).await?;
                 if c.err_code().is_some_and(|code| RETRYABLE.contains(&code)) {
                     return Ok(Attempt::Conflict(payload));
                 }
@@ -710,12 +716,7 @@ impl Session {
         if (wrap || savepoint) && probe_converted(reply, &results) {
             // The statement itself would have warned or failed where the probe's
             // IGNORE let it through: nothing is kept, and the client is told.
-            if wrap {
-                self.run_collect(b"ROLLBACK").await?;
-            } else {
-                self.run_collect(b"ROLLBACK TO SAVEPOINT heatsink_rewrite")
-                    .await?;
-            }
+            self.undo_attempt(wrap, savepoint).await?;
             self.refused_at_run = Some(PROBE_CONVERTED);
             let msg = format!("heatsink rule '{rule}': {PROBE_CONVERTED}");
             self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await?;

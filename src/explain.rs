@@ -439,7 +439,7 @@ fn reply_text(reply: &Reply, statements: usize) -> String {
                     format!("OK, the rows of {} the server wrote (a row it skips counts nothing)", rows(*n))
                 }
                 Affected::InsertedOrUpdated { .. } => {
-                    "OK, 1 row affected when the row is new, 2 when it existed (as the original statement reports); ERR 1105 and nothing written when the first statement warns about more than a duplicate key (a value MariaDB converts)".to_string()
+                    "OK, 1 row affected when the row is new, 2 when it existed (as the original statement reports); when the first statement warns about anything but the key's duplicate (a value MariaDB converts, a foreign key, a CHECK, another unique key), all is undone and the statement runs as sent".to_string()
                 }
             };
             if let Some(info) = info {

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::cli::{heatsink, migrate};
-use common::client::{connect, rules_dir, run};
+use common::client::{connect, fill, rules_dir, run};
 use common::fixture::{fresh_db, Env, Rule};
 use common::mariadb;
 use mysql_async::prelude::Queryable;
@@ -379,21 +379,34 @@ fn counter_column_under_a_check_is_refused() {
     assert_eq!(code, 0, "{out}\n{err}");
 }
 
-/// A row the counter table refuses — a missing parent under a `RESTRICT` foreign key,
-/// a CHECK on another column — is refused directly (1452, 4025). Through heatsink the
-/// upsert's probe (`INSERT IGNORE`) skips it with one warning, which reads like the
-/// duplicate key of an existing counter, and the slot row is written: the client gets
-/// OK and an orphan slot row stays behind.
+/// A counter upsert whose row the table refuses — a missing parent under a `RESTRICT`
+/// foreign key (1452), a CHECK on another column (4025) — or that collides on another
+/// unique key (the plain table then updates that other row) does exactly what it does
+/// to a plain twin table: same error or affected rows, same rows after, text and
+/// prepared, alone and inside a transaction. The rewrite's probes (`INSERT IGNORE` of
+/// the row, then of the key alone) show the proxy that the skip was not the key's
+/// duplicate; it undoes them and runs the statement as sent, and no slot row stays
+/// behind. An existing key's upsert still lands in a slot row.
 #[test]
-#[ignore = "known limitation (rules/README.md): an upsert of a row the counter table's foreign key or CHECK refuses is answered OK and leaves a slot row"]
 fn counter_upserts_of_refused_rows_fail_like_the_table() {
     let db = "hs_con_counter_fk";
+    let table = |name: &str, check: &str| {
+        format!(
+            "CREATE TABLE {name} (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0, \
+             note VARCHAR(8), UNIQUE KEY u_note (note), \
+             CONSTRAINT {check} CHECK (CHAR_LENGTH(slug) > 1), \
+             FOREIGN KEY (slug) REFERENCES pages (slug) ON DELETE RESTRICT); \
+             INSERT INTO {name} VALUES ('home', 5, 'h');"
+        )
+    };
     fresh_db(
         db,
-        "CREATE TABLE pages (slug VARCHAR(64) PRIMARY KEY); INSERT INTO pages VALUES ('home'); \
-         CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0, \
-         CONSTRAINT slug_len CHECK (CHAR_LENGTH(slug) > 1), \
-         FOREIGN KEY (slug) REFERENCES pages (slug) ON DELETE RESTRICT);",
+        &format!(
+            "CREATE TABLE pages (slug VARCHAR(64) PRIMARY KEY); \
+             INSERT INTO pages VALUES ('home'), ('h'), ('ab'), ('cd'), ('ef'); {} {}",
+            table("hits", "slug_len"),
+            table("hits_ref", "slug_len")
+        ),
     );
     let rule = Rule::counter("page_hits", "hits").toml();
     let d = rules_dir("r.toml", &rule);
@@ -401,19 +414,95 @@ fn counter_upserts_of_refused_rows_fail_like_the_table() {
     assert_eq!(code, 0, "{out}\n{err}");
     let env = Env::builder(db).rule("r.toml", rule).start();
     run(LIMIT, async {
-        let mut c = env.proxied().await;
-        for (row, want) in [("('nopage', 1)", 1452), ("('h', 1)", 4025)] {
-            let sql = format!(
-                "INSERT INTO hits (slug, cnt) VALUES {row} ON DUPLICATE KEY UPDATE cnt = cnt + 1"
-            );
-            let (code, message) = server_error(&mut c, &sql).await;
-            assert_eq!(code, want, "{sql}: {message}");
+        let mut p = env.proxied().await;
+        let mut r = env.direct().await;
+        let upsert = |row: &str| {
+            format!("INSERT INTO {{t}} (slug, cnt, note) VALUES {row} ON DUPLICATE KEY UPDATE cnt = cnt + 1")
+        };
+        let mut scenario: Vec<String> = [
+            "('nopage', 1, NULL)", // the foreign key: 1452
+            "('h', 1, NULL)",      // the CHECK: 4025
+            "('ab', 1, 'h')",      // a new key, a duplicate note: updates 'home'
+            "('home', 1, 'x')",    // the key exists: a slot row
+            "('ab', 1, 'y')",      // a new key: inserted
+            "('ab', 1, 'h')",      // the key exists (checked first): a slot row
+        ]
+        .iter()
+        .map(|row| upsert(row))
+        .collect();
+        scenario.extend(
+            [
+                "BEGIN",
+                &upsert("('nopage', 1, NULL)"),
+                &upsert("('cd', 1, 'h')"),
+                &upsert("('cd', 1, NULL)"),
+                "COMMIT",
+                "SELECT * FROM {t} ORDER BY slug",
+            ]
+            .map(str::to_string),
+        );
+        for template in &scenario {
+            let po = outcome_or_error(&mut p, &fill(template, "hits", db), false, ()).await;
+            let ro = outcome_or_error(&mut r, &fill(template, "hits_ref", db), false, ()).await;
+            assert_eq!(po, ro, "{template}\n{}", env.proxy.log_text());
         }
+        let prepared = "INSERT INTO {t} (slug, cnt, note) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE cnt = cnt + VALUES(cnt)";
+        for (slug, note) in [
+            ("nopage", None),
+            ("h", None),
+            ("ef", Some("h")),
+            ("ef", Some("z")),
+            ("ef", Some("h")),
+        ] {
+            let params = (slug, 1, note);
+            let po = outcome_or_error(&mut p, &fill(prepared, "hits", db), true, params).await;
+            let ro = outcome_or_error(&mut r, &fill(prepared, "hits_ref", db), true, params).await;
+            assert_eq!(po, ro, "{slug} {note:?}\n{}", env.proxy.log_text());
+        }
+        let rows = "SELECT * FROM {t} ORDER BY slug";
         assert_eq!(
-            env.backend_scalar("SELECT COUNT(*) FROM {db}.hits_slots"),
-            Some("0".into())
+            outcome_or_error(&mut p, &fill(rows, "hits", db), false, ()).await,
+            outcome_or_error(&mut r, &fill(rows, "hits_ref", db), false, ()).await,
+        );
+        assert_eq!(
+            env.backend_rows("SELECT DISTINCT slug FROM {db}.hits_slots ORDER BY slug"),
+            [["ab"], ["cd"], ["ef"], ["home"]].map(|r| r.map(|s| Some(s.to_string())).to_vec()),
+            "slot rows only for the upserts of existing keys"
         );
     });
+}
+
+/// What a client sees of `sql` (an execute with `params` when `prepared`): rows and
+/// their values, affected rows and warnings, or the error's code and SQLSTATE.
+async fn outcome_or_error(
+    conn: &mut Conn,
+    sql: &str,
+    prepared: bool,
+    params: impl Into<mysql_async::Params> + Send,
+) -> Result<(Vec<Vec<Option<String>>>, u64, u16), (u16, String)> {
+    let rows: Result<Vec<mysql_async::Row>, _> = match prepared {
+        true => conn.exec(sql, params).await,
+        false => conn.query(sql).await,
+    };
+    match rows {
+        Ok(rows) => Ok((
+            rows.into_iter()
+                .map(|r| {
+                    r.unwrap()
+                        .into_iter()
+                        .map(|v| match v {
+                            mysql_async::Value::NULL => None,
+                            v => Some(v.as_sql(true)),
+                        })
+                        .collect()
+                })
+                .collect(),
+            conn.affected_rows(),
+            conn.get_warnings(),
+        )),
+        Err(mysql_async::Error::Server(e)) => Err((e.code, e.state)),
+        Err(e) => panic!("{sql}: {e}"),
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -574,11 +574,11 @@ async fn assert_execute_refused(
 }
 
 /// A counter upsert whose row MariaDB converts (here a key longer than the column, in
-/// a non-strict `sql_mode`) is run, undone and refused: listed in `SHOW REFUSALS`
-/// (class `value`) under its text and under its prepared text, counted like any
-/// refusal.
+/// a non-strict `sql_mode`) is run, undone and run as sent: the client gets the
+/// table's own warning, and the statement is listed in `SHOW FALLBACKS` under its
+/// text and under its prepared text, counted as the rule's fallback.
 #[test]
-fn upserts_undone_for_a_converted_value_are_listed_as_refusals() {
+fn upserts_undone_for_a_converted_value_are_listed_as_fallbacks() {
     let db = "rf_converted";
     let env = counter_and_rollup(db);
     run(LIMIT, async {
@@ -589,18 +589,22 @@ fn upserts_undone_for_a_converted_value_are_listed_as_refusals() {
         let text = format!(
             "INSERT INTO hits (slug, cnt) VALUES ('{long}', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1"
         );
-        let e = assert_refused_by(&mut p, &text, COUNTER).await;
-        let reason = reason_of(&e, COUNTER);
-        assert!(reason.contains("converts a value"), "{reason}");
+        p.query_drop(&text).await.unwrap();
+        assert_eq!((p.affected_rows(), p.get_warnings()), (1, 1));
         let prepared =
             "INSERT INTO hits (slug, cnt) VALUES (?, 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1";
         let stmt = p.prep(prepared).await.unwrap();
-        assert_execute_refused(&mut p, &stmt, (long.as_str(),).into(), COUNTER).await;
+        p.exec_drop(&stmt, (long.as_str(),)).await.unwrap();
+        assert_eq!((p.affected_rows(), p.get_warnings()), (2, 1));
         p.close(stmt).await.unwrap();
-        // Nothing was written; a key that fits is rewritten as before.
+        // The table's row took both; no slot row. A key that fits is rewritten.
         assert_eq!(
             env.backend_scalar("SELECT COUNT(*) FROM {db}.hits_slots"),
             Some("0".into())
+        );
+        assert_eq!(
+            env.backend_scalar("SELECT cnt FROM {db}.hits WHERE slug LIKE 'kkk%'"),
+            Some("2".into())
         );
         p.query_drop(
             "INSERT INTO hits (slug, cnt) VALUES ('k', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1",
@@ -608,38 +612,37 @@ fn upserts_undone_for_a_converted_value_are_listed_as_refusals() {
         .await
         .unwrap();
         assert_eq!(p.affected_rows(), 1);
+        assert_eq!(
+            env.backend_scalar("SELECT COUNT(*) FROM {db}.hits_slots"),
+            Some("1".into())
+        );
 
-        let refusals = shapes(&mut admin, "SHOW REFUSALS").await;
-        let mut seen: Vec<(&str, Option<&str>, &str, u64)> = refusals
+        assert!(shapes(&mut admin, "SHOW REFUSALS").await.is_empty());
+        let fell = shapes(&mut admin, "SHOW FALLBACKS").await;
+        let seen: Vec<(&str, Option<&str>, u64)> = fell
             .iter()
-            .map(|r| {
-                (
-                    r.rule.as_str(),
-                    r.class.as_deref(),
-                    r.reason.as_str(),
-                    r.count,
-                )
-            })
+            .map(|r| (r.rule.as_str(), r.class.as_deref(), r.count))
             .collect();
-        seen.sort();
         assert_eq!(
             seen,
-            vec![
-                (COUNTER, Some("value"), reason.as_str(), 1),
-                (COUNTER, Some("value"), reason.as_str(), 1)
-            ],
-            "{refusals:?}"
+            vec![(COUNTER, None, 1), (COUNTER, None, 1)],
+            "{fell:?}"
+        );
+        assert!(
+            fell.iter()
+                .all(|r| r.reason.contains("converted or refused the inserted row")),
+            "{fell:?}"
         );
         // One shape per protocol, the example with its values masked.
         assert!(
-            refusals.iter().all(|r| r.example
+            fell.iter().all(|r| r.example
                 == "INSERT INTO hits (slug, cnt) VALUES (?, ?) ON DUPLICATE KEY UPDATE cnt = cnt + ?"),
-            "{refusals:?}"
+            "{fell:?}"
         );
-        assert_ne!(refusals[0].fingerprint, refusals[1].fingerprint);
+        assert_ne!(fell[0].fingerprint, fell[1].fingerprint);
         assert_eq!(
-            metric(&env, "heatsink_refusals_total{class=\"value\"}"),
-            2.0
+            rule_stats(&mut admin, COUNTER, &["fallbacks", "rewritten"]).await,
+            ["2", "1"]
         );
     });
 }

@@ -81,7 +81,7 @@ pub async fn serve_client(
         answered_error: false,
         execute_not_rewritten: false,
         fell_back: None,
-        refused_at_run: None,
+        declined: None,
         state: SessionState::new(false),
         peer,
         backend_id: 0,
@@ -202,10 +202,10 @@ pub(super) struct Session {
     /// tell the column flags: [`crate::rewrite::Plan::plan_flags`]); counted as the
     /// rule's fallback, not as a rewrite.
     pub(super) fell_back: Option<&'static str>,
-    /// The current rewrite ran and was undone, and the client refused, for this
-    /// reason (its probe found a value MariaDB converts: `splice::PROBE_CONVERTED`);
-    /// counted as the rule's rejection, not as a rewrite.
-    pub(super) refused_at_run: Option<&'static str>,
+    /// The current rewrite ran and was undone without an answer, for this reason
+    /// (`splice::Ran::Declined`: its probes did not show it exact): the session then
+    /// runs the client's own statement, counted as the rule's fallback.
+    pub(super) declined: Option<&'static str>,
     /// What the relay knows of the backend session's state (status flags, default
     /// database, character set and `sql_mode` for the lexer, Galera share, whether
     /// it may share merged writes): see [`SessionState`].
@@ -916,11 +916,13 @@ impl Session {
                 let started = Instant::now();
                 self.answered_error = false;
                 self.execute_not_rewritten = false;
-                self.refused_at_run = None;
+                self.declined = None;
                 self.rewrite_names = self.shared.engine.load().message_names();
-                let r = self.execute_rewrite(id, c).await;
-                if let Some(reason) = self.refused_at_run.take() {
-                    self.execute_refused(id, reason, crate::rewrite::RefusalClass::Value);
+                let mut r = self.execute_rewrite(id, c).await;
+                if let (Ok(()), Some(reason)) = (&r, self.declined.take()) {
+                    // Declined in a path that ran it as text (`run_alone`).
+                    self.execute_fell_back(id, reason);
+                    r = self.execute_as_sent(id, c).await;
                 }
                 if !self.execute_not_rewritten {
                     self.record_rewrite(&rule, started, r.is_err());
@@ -1035,22 +1037,8 @@ impl Session {
         self.outcome.decided = Some(crate::digest::Handling::Refused);
     }
 
-    /// A text statement whose rewrite ran, was undone and answered with a refusal
-    /// (`refused_at_run`): counted and listed in `SHOW REFUSALS` as refused.
-    fn refused_at_run(&mut self, rule: &Arc<str>, reason: &str, sql: &[u8]) {
-        self.count_refused(&Seen {
-            rule,
-            reason,
-            class: Some(crate::rewrite::RefusalClass::Value),
-            shadow: false,
-            sql,
-            mode: self.shape_mode(),
-        });
-        self.outcome.handling = crate::digest::Handling::Refused;
-    }
-
-    /// A refusal decided while the statement ran (at execute, or by the server's
-    /// answer): the rule's `rejected`, the global count, and `SHOW REFUSALS`.
+    /// A refusal decided while the statement ran (at execute): the rule's
+    /// `rejected`, the global count, and `SHOW REFUSALS`.
     fn count_refused(&self, seen: &Seen<'_>) {
         self.shared.stats.rejected.fetch_add(1, Relaxed);
         if let Some(r) = self.shared.rules.load().get(seen.rule) {
@@ -1460,12 +1448,15 @@ impl Session {
                 let rule = rw.rule.clone();
                 self.answered_error = false;
                 self.fell_back = None;
-                self.refused_at_run = None;
+                self.declined = None;
                 self.rewrite_names = engine.message_names();
-                let r = self.run_rewrite(rw, c.last_seq).await;
-                if let Some(reason) = self.refused_at_run.take() {
-                    self.refused_at_run(&rule, reason, &c.payload()[1..]);
-                } else if let Some(reason) = self.fell_back {
+                let mut r = self.run_rewrite(rw, c.last_seq).await;
+                if let (Ok(()), Some(reason)) = (&r, self.declined.take()) {
+                    r = self
+                        .run_original(&c.payload()[1..], reason, c.last_seq)
+                        .await;
+                }
+                if let Some(reason) = self.fell_back {
                     self.outcome.handling = crate::digest::Handling::Fallback;
                     if let Some(stats) = self.shared.rules.load().get(&rule) {
                         stats.fallbacks.fetch_add(1, Relaxed);

@@ -117,6 +117,18 @@ enum Attempt {
     /// A lock conflict rolled the attempt back; this is the error, should retrying
     /// not be possible.
     Conflict(Vec<u8>),
+    /// The attempt was undone without answering the client: the statement must run
+    /// as sent (the server's answer to the rewrite's probes did not show it exact).
+    Declined(&'static str),
+}
+
+/// How [`Session::run_commands`] ended.
+pub(super) enum Ran {
+    /// The client has its answer.
+    Answered,
+    /// Nothing was kept and the client has no answer yet: the caller runs the
+    /// client's own statement, counted as the rule's fallback for this reason.
+    Declined(&'static str),
 }
 
 /// Waits before retry `attempt + 1` of a write that hit a lock conflict: a random
@@ -148,27 +160,74 @@ fn renamed_text_row(row: &[u8], names: &Renames) -> Option<Vec<u8>> {
     Some(text_row(&cells))
 }
 
-/// Why a rewrite whose probe warned beyond a duplicate key is refused.
-pub(super) const PROBE_CONVERTED: &str = "MariaDB converts a value of the inserted row with a warning (or fails on it in a strict sql_mode), which the rewrite cannot answer as the statement would: nothing was written";
+/// What the probes of an `INSERT … ON DUPLICATE KEY UPDATE` rewrite found so far
+/// (see [`Affected::InsertedOrUpdated`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Probed {
+    /// The statement's row was inserted without a warning: the key probe is skipped.
+    Inserted,
+    /// The row was skipped by one duplicate-key warning with this message: the key
+    /// probe must be skipped by the same.
+    Duplicate(Vec<u8>),
+    /// Anything else: the statement runs as sent.
+    Declined,
+}
 
-/// Whether the probe of an `INSERT … ON DUPLICATE KEY UPDATE` rewrite (an `INSERT
-/// IGNORE` of the statement's row) warned about more than the duplicate key it
-/// expects when the row exists: a value MariaDB converted. The statement itself
-/// would have given those warnings once (the rewrite stores the row twice, so
-/// they would be counted twice), or failed on them in a strict `sql_mode`, where
-/// the probe's IGNORE turned the error into a warning.
-fn probe_converted(reply: &Reply, results: &[Collected]) -> bool {
-    let Reply::Ok {
-        affected_rows: Affected::InsertedOrUpdated { probe },
-        ..
-    } = reply
-    else {
-        return false;
+/// MariaDB's ER_DUP_ENTRY.
+const DUP_ENTRY: &[u8] = b"1062";
+
+/// The (code, message) of each row of a `SHOW WARNINGS` answer, when it lists
+/// exactly `count` warnings (`max_error_count` may keep fewer) and parses.
+fn warning_rows(c: &Collected, count: u16, deprecate_eof: bool) -> Option<Vec<(&[u8], &[u8])>> {
+    if c.parser.errored {
+        return None;
+    }
+    let rows = c.text_rows(deprecate_eof);
+    if rows.len() != usize::from(count) {
+        return None;
+    }
+    c.packets
+        .get(rows)?
+        .iter()
+        .map(|p| match text_cells(&p.payload)?[..] {
+            [_, Some(code), Some(message)] => Some((code, message)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The statement's row probe (`INSERT IGNORE` of the row) and its `SHOW WARNINGS`.
+fn row_probed(probe: &Collected, warnings: &Collected, deprecate_eof: bool) -> Probed {
+    let Some(o) = probe.ok() else {
+        return Probed::Declined;
     };
-    results
-        .get(*probe)
-        .and_then(Collected::ok)
-        .is_some_and(|o| o.warnings > u16::from(o.affected_rows == 0))
+    match (o.affected_rows, o.warnings) {
+        (1, 0) => Probed::Inserted,
+        (0, 1) => match warning_rows(warnings, 1, deprecate_eof).as_deref() {
+            Some([(DUP_ENTRY, message)]) => Probed::Duplicate(message.to_vec()),
+            _ => Probed::Declined,
+        },
+        _ => Probed::Declined,
+    }
+}
+
+/// Whether the key probe (`INSERT IGNORE` of the key alone) was skipped by the
+/// duplicate-key warning the row probe had (`message`): the row with the statement's
+/// key exists, and the row probe collided with it. Other warnings of the key probe
+/// (columns without a default) do not matter: it wrote nothing.
+fn key_probed(
+    probe: &Collected,
+    warnings: &Collected,
+    message: &[u8],
+    deprecate_eof: bool,
+) -> bool {
+    probe.ok().is_some_and(|o| {
+        o.affected_rows == 0
+            && warning_rows(warnings, o.warnings, deprecate_eof).is_some_and(|rows| {
+                rows.iter()
+                    .any(|&(code, m)| code == DUP_ENTRY && m == message)
+            })
+    })
 }
 
 /// The error code of an ERR packet's payload.
@@ -436,6 +495,27 @@ impl Session {
         Ok(Collected { parser, packets })
     }
 
+    /// Sends one command and `SHOW WARNINGS` behind it in the same round trip, and
+    /// reads both responses (the second lists the first's warnings).
+    async fn run_with_warnings(&mut self, payload: &[u8]) -> Result<(Collected, Collected)> {
+        self.link.backend.write_packet(0, payload).await?;
+        self.link
+            .backend
+            .write_packet(0, &query_payload(b"SHOW WARNINGS"))
+            .await?;
+        let (parser, packets) = self.collect_response(ResponseKind::Generic).await?;
+        let answered_error = self.answered_error;
+        let (wp, wpackets) = self.collect_response(ResponseKind::Generic).await?;
+        self.answered_error = answered_error;
+        Ok((
+            Collected { parser, packets },
+            Collected {
+                parser: wp,
+                packets: wpackets,
+            },
+        ))
+    }
+
     /// Runs one text statement on the backend and reads its whole response.
     pub(super) async fn run_collect(&mut self, sql: &[u8]) -> Result<Collected> {
         self.run_command(&query_payload(sql)).await
@@ -542,13 +622,19 @@ impl Session {
             };
         }
         let commands: Vec<Vec<u8>> = statements.iter().map(|sql| query_payload(sql)).collect();
-        self.run_commands(&rw.rule, &commands, reply, rw.atomic, cmd_seq)
-            .await
+        if let Ran::Declined(reason) = self
+            .run_commands(&rw.rule, &commands, reply, rw.atomic, cmd_seq)
+            .await?
+        {
+            // The session runs the client's statement (it holds its text).
+            self.declined = Some(reason);
+        }
+        Ok(())
     }
 
     /// Forwards the client's own text statement in place of its rewrite, counted
     /// as the rule's fallback for `reason`.
-    async fn run_original(
+    pub(super) async fn run_original(
         &mut self,
         original: &[u8],
         reason: &'static str,
@@ -626,7 +712,8 @@ impl Session {
     /// Runs the commands of a rewrite — inside the proxy's own transaction when they
     /// must commit together and the client is in autocommit mode outside a
     /// transaction — retrying lock conflicts when a failed attempt left nothing
-    /// behind, and answers the client as `reply` says.
+    /// behind, and answers the client as `reply` says, unless the attempt was
+    /// declined ([`Ran::Declined`]: the caller answers).
     async fn run_commands(
         &mut self,
         rule: &str,
@@ -634,7 +721,7 @@ impl Session {
         reply: &Reply,
         atomic: bool,
         cmd_seq: u8,
-    ) -> Result<()> {
+    ) -> Result<Ran> {
         let n = commands.len();
         let wrap = atomic
             && n > 1
@@ -643,14 +730,13 @@ impl Session {
         let retry = self.retry_safe(n, wrap);
         let mut attempt = 1;
         loop {
-            match self
-                .attempt(rule, commands, reply, wrap, atomic, cmd_seq)
-                .await?
-            {
-                Attempt::Answered => return Ok(()),
+            match self.attempt(commands, reply, wrap, atomic, cmd_seq).await? {
+                Attempt::Answered => return Ok(Ran::Answered),
+                Attempt::Declined(reason) => return Ok(Ran::Declined(reason)),
                 Attempt::Conflict(err) => {
                     if !retry || attempt >= self.max_attempts() {
-                        return self.reply(cmd_seq, &err).await;
+                        self.reply(cmd_seq, &err).await?;
+                        return Ok(Ran::Answered);
                     }
                     tracing::debug!(rule, attempt, "lock conflict in rewrite: retrying");
                     backoff(attempt).await;
@@ -675,7 +761,6 @@ impl Session {
 
     async fn attempt(
         &mut self,
-        rule: &str,
         commands: &[Vec<u8>],
         reply: &Reply,
         wrap: bool,
@@ -699,9 +784,32 @@ impl Session {
                 return Ok(Attempt::Answered);
             }
         }
+        let probes = match reply {
+            Reply::Ok {
+                affected_rows: Affected::InsertedOrUpdated { probe, key_probe },
+                ..
+            } => Some((*probe, *key_probe)),
+            _ => None,
+        };
+        let mut probed = None;
         let mut results = Vec::with_capacity(commands.len());
-        for command in commands {
-            let c = self.run_command(command).await?;
+        for (i, command) in commands.iter().enumerate() {
+            let is_probe = probes.is_some_and(|(p, k)| i == p || i == k);
+            if probes.is_some_and(|(_, k)| i == k) && probed == Some(Probed::Inserted) {
+                // The row is new: nothing to tell apart, nothing run.
+                results.push(Collected {
+                    parser: ResponseParser::new(ResponseKind::Generic, self.link.deprecate_eof),
+                    packets: Vec::new(),
+                });
+                continue;
+            }
+            let (c, warnings) = match is_probe {
+                true => {
+                    let (c, w) = self.run_with_warnings(command).await?;
+                    (c, Some(w))
+                }
+                false => (self.run_command(command).await?, None),
+            };
             if let Some(e) = c.err() {
                 let payload = e.payload.to_vec();
                 self.undo_attempt(wrap, savepoint).await?;
@@ -711,16 +819,24 @@ impl Session {
                 self.reply(cmd_seq, &payload).await?;
                 return Ok(Attempt::Answered);
             }
+            if let Some(w) = &warnings {
+                let eof = self.link.deprecate_eof;
+                probed = Some(match probed.take() {
+                    None => row_probed(&c, w, eof),
+                    Some(Probed::Duplicate(m)) if key_probed(&c, w, &m, eof) => {
+                        Probed::Duplicate(m)
+                    }
+                    Some(_) => Probed::Declined,
+                });
+                if probed == Some(Probed::Declined) {
+                    // The statement would have warned, failed or updated another
+                    // row where the probes' IGNORE let them through: nothing is
+                    // kept, and the statement runs as sent.
+                    self.undo_attempt(wrap, savepoint).await?;
+                    return Ok(Attempt::Declined(crate::rewrite::UPSERT_DECLINED));
+                }
+            }
             results.push(c);
-        }
-        if (wrap || savepoint) && probe_converted(reply, &results) {
-            // The statement itself would have warned or failed where the probe's
-            // IGNORE let it through: nothing is kept, and the client is told.
-            self.undo_attempt(wrap, savepoint).await?;
-            self.refused_at_run = Some(PROBE_CONVERTED);
-            let msg = format!("heatsink rule '{rule}': {PROBE_CONVERTED}");
-            self.reply(cmd_seq, &err_of(errors::UNKNOWN, &msg)).await?;
-            return Ok(Attempt::Answered);
         }
         if savepoint {
             self.run_collect(b"RELEASE SAVEPOINT heatsink_rewrite")
@@ -743,24 +859,20 @@ impl Session {
 
     /// Builds the client's answer from the collected responses of a rewrite.
     async fn answer(&mut self, reply: &Reply, results: &[Collected], cmd_seq: u8) -> Result<()> {
-        // A probe that found its row (INSERT IGNORE of an existing key) warns about
-        // the duplicate; the original statement would not have.
-        let quiet_probe = match reply {
+        // The probes of an upsert warn about the duplicate key (the row probe when
+        // the row existed, the key probe always); the original statement would not
+        // have.
+        let probes = match reply {
             Reply::Ok {
-                affected_rows: Affected::InsertedOrUpdated { probe },
+                affected_rows: Affected::InsertedOrUpdated { probe, key_probe },
                 ..
-            } => Some(*probe).filter(|p| {
-                results
-                    .get(*p)
-                    .and_then(Collected::ok)
-                    .is_some_and(|o| o.affected_rows == 0)
-            }),
+            } => Some((*probe, *key_probe)),
             _ => None,
         };
         let warnings = results
             .iter()
             .enumerate()
-            .filter(|(i, _)| Some(*i) != quiet_probe)
+            .filter(|(i, _)| probes.is_none_or(|(p, k)| *i != p && *i != k))
             .filter_map(|(_, c)| c.ok())
             .map(|o| o.warnings as u32)
             .sum::<u32>()
@@ -795,7 +907,7 @@ impl Session {
             } => {
                 let affected = match affected_rows {
                     Affected::Fixed(n) => *n,
-                    Affected::InsertedOrUpdated { probe } => {
+                    Affected::InsertedOrUpdated { probe, .. } => {
                         match results.get(*probe).and_then(Collected::ok) {
                             Some(o) if o.affected_rows == 1 => 1,
                             _ => 2,
@@ -1136,16 +1248,47 @@ impl Session {
         c: &crate::wire::io::Logical,
         chunks: Vec<(u16, Vec<u8>)>,
     ) -> Result<()> {
-        let cmd_seq = c.last_seq;
         let Some(p) = self.prepared.get(&id) else {
             return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
         };
-        let (rule, Some(sql)) = (p.rule.clone(), p.original.clone()) else {
+        let Some(sql) = p.original.clone() else {
             return Err(Error::new(
                 Source::Internal,
                 "prepared rewrite lost its text",
             ));
         };
+        self.execute_text(id, c, chunks, sql).await
+    }
+
+    /// [`Session::execute_original`] for a rewrite whose attempt was declined
+    /// ([`Ran::Declined`]), whatever its rule: the client's statement is what the
+    /// server answers exactly.
+    pub(super) async fn execute_as_sent(
+        &mut self,
+        id: u32,
+        c: &crate::wire::io::Logical,
+    ) -> Result<()> {
+        let Some(p) = self.prepared.get(&id) else {
+            return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
+        };
+        let sql = p.text.to_vec();
+        self.execute_text(id, c, Vec::new(), sql).await
+    }
+
+    /// Prepares `sql` (the client's statement), sends it `chunks` of long data,
+    /// executes it with the client's parameters and closes it.
+    async fn execute_text(
+        &mut self,
+        id: u32,
+        c: &crate::wire::io::Logical,
+        chunks: Vec<(u16, Vec<u8>)>,
+        sql: Vec<u8>,
+    ) -> Result<()> {
+        let cmd_seq = c.last_seq;
+        let Some(p) = self.prepared.get(&id) else {
+            return Err(Error::new(Source::Internal, "prepared rewrite vanished"));
+        };
+        let rule = p.rule.clone();
         self.restore_insert_id().await?;
         let mut prepare = Vec::with_capacity(sql.len() + 1);
         prepare.push(cmd::STMT_PREPARE);
@@ -1338,10 +1481,16 @@ impl Session {
                     .await
                     .map(|_| ())
             }
-            _ => {
-                self.run_commands(&rule, &commands, &reply, atomic, cmd_seq)
-                    .await
-            }
+            _ => match self
+                .run_commands(&rule, &commands, &reply, atomic, cmd_seq)
+                .await?
+            {
+                Ran::Answered => Ok(()),
+                Ran::Declined(reason) => {
+                    self.execute_fell_back(id, reason);
+                    self.execute_as_sent(id, c).await
+                }
+            },
         }
     }
 }

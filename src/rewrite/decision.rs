@@ -623,9 +623,21 @@ pub enum Affected {
     Fixed(u64),
     /// `INSERT … ON DUPLICATE KEY UPDATE` semantics: 1 when statement `probe`
     /// inserted a row (reported 1 affected row), 2 when the row existed.
+    ///
+    /// `probe` is an `INSERT IGNORE` of the statement's row, `key_probe` an `INSERT
+    /// IGNORE` of its key alone (other columns at their defaults). The relay reads
+    /// each one's warnings and keeps the rewrite only when the row was inserted
+    /// without a warning, or when both were skipped by the same duplicate-key
+    /// warning (1062, the same message: the row with the statement's key exists and
+    /// is the one the statement would update); `key_probe` runs only then and
+    /// answers nothing. Otherwise (a value MariaDB converts, a foreign key, a
+    /// duplicate on another unique key, …) the attempt is undone and the client's
+    /// own statement runs as sent (`relay::splice`, [`UPSERT_DECLINED`](super::UPSERT_DECLINED)).
     InsertedOrUpdated {
         /// The statement whose affected rows tell whether the row was new.
         probe: usize,
+        /// The key-only insert that tells whether the duplicate is the key's.
+        key_probe: usize,
     },
     /// The rows an `INSERT IGNORE … ON DUPLICATE KEY UPDATE` of `rows` rows wrote
     /// (inserted or updated; a row the server skipped, for a foreign key or a CHECK,

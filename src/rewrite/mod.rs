@@ -125,6 +125,7 @@ pub use merge::Merger;
 pub use refusal::{Refusal, RefusalClass};
 pub use rule::{
     table_db, Literal, Plan, PlanContext, Prelude, Rule, PLAN_UNTOLD, PRELUDE_DECLINED,
+    UPSERT_DECLINED,
 };
 pub(crate) use rule::{Dynamic, SPELLING};
 pub use sqltok::{LexMode, LiteralClass, LiteralKind, Slot};

@@ -108,6 +108,12 @@ pub struct Prelude {
 /// its prelude declined the values (see [`Prelude::original_on_decline`]).
 pub const PRELUDE_DECLINED: &str = "the values the server computed first for this statement (its bounds) are not exact in the one-step form";
 
+/// The reason shown (`SHOW FALLBACKS`) for an `INSERT … ON DUPLICATE KEY UPDATE`
+/// whose rewrite was undone and that ran as sent because the table did not take its
+/// row as a plain insert or a duplicate of its key (see
+/// [`Affected::InsertedOrUpdated`](super::Affected::InsertedOrUpdated)).
+pub const UPSERT_DECLINED: &str = "the table converted or refused the inserted row, or matched it on another unique key (a value MariaDB converts, a foreign key, a duplicate of another key), which the rewrite cannot answer as the statement would";
+
 /// The reason shown (`SHOW FALLBACKS`) for a statement forwarded unchanged because
 /// the server's plan of it did not tell its reply's column flags (see
 /// [`Plan::plan_flags`]).

@@ -12,7 +12,7 @@
 //! | `UPDATE t SET c = c + n WHERE key = v` | `INSERT INTO slots (key, slot, c) VALUES (v, <random>, n) ON DUPLICATE KEY UPDATE c = c + VALUES(c)`; the client sees the UPDATE's OK (1 row matched and changed) |
 //! | `UPDATE t SET c = v WHERE key = …` | `UPDATE t …` then `DELETE FROM slots WHERE key = …`, atomically |
 //! | `DELETE FROM t WHERE key = …` | `DELETE FROM t …` then `DELETE FROM slots WHERE key = …`, atomically |
-//! | `INSERT INTO t (key, c) VALUES (v, n) ON DUPLICATE KEY UPDATE c = c + n` | `INSERT IGNORE INTO t (key, c) VALUES (v, 0)` then the slot upsert, atomically; affected rows 1 or 2 as the original; undone and refused when the `INSERT IGNORE` warns about more than a duplicate key (a value MariaDB converts: `relay::splice`'s probe check) |
+//! | `INSERT INTO t (key, c) VALUES (v, n) ON DUPLICATE KEY UPDATE c = c + n` | `INSERT IGNORE INTO t (key, c) VALUES (v, 0)`, then (when that found a row) `INSERT IGNORE` of the key alone, then the slot upsert, atomically; affected rows 1 or 2 as the original; undone and run as sent when the probes warn about anything but the key's duplicate (a value MariaDB converts, a foreign key, a CHECK, another unique key: `relay::splice`'s `Probed`) |
 //! | any read of `t` | `t` replaced by a derived table computing `base + SUM(slots)` per row; MariaDB merges it, so point lookups use both primary keys; column metadata restored |
 //! | plain `INSERT`, updates of other columns | unchanged |
 //! | anything else that writes the counter or filters on it | ERR 1105 naming the rule |
@@ -700,14 +700,20 @@ impl CounterRule {
         }
         // The base row: the original insert with counters at zero, ignoring a
         // duplicate key (then the row exists and only the slot grows).
+        // Then, only when that was skipped, the key alone: both skipped by the same
+        // duplicate-key warning say the duplicate is the key's (the relay checks).
         let base = self.base_insert_sql(name, &cols, row);
         let slot = ctx.random_below(self.slots).to_string();
         let mut statements = parse(&base)?;
+        statements.extend(parse(&self.key_insert_sql(name, &keys))?);
         statements.extend(parse(&self.upsert_sql(name, &keys, &slot, &incs))?);
         Ok(Some(Plan {
             statements,
             reply: Reply::Ok {
-                affected_rows: Affected::InsertedOrUpdated { probe: 0 },
+                affected_rows: Affected::InsertedOrUpdated {
+                    probe: 0,
+                    key_probe: 1,
+                },
                 info: None,
                 last_insert_id: None,
             },
@@ -786,6 +792,28 @@ impl CounterRule {
             "INSERT IGNORE INTO {name} ({}) VALUES ({})",
             cols.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", "),
             base_vals.join(", ")
+        )
+    }
+
+    /// `INSERT IGNORE INTO t (key…, counters…) VALUES (…, 0…)`: the row the slot
+    /// table's trigger creates for a new key.
+    fn key_insert_sql(&self, name: &ObjectName, keys: &[Expr]) -> String {
+        let cols: Vec<String> = self
+            .logical
+            .key()
+            .iter()
+            .chain(&self.columns)
+            .map(|c| quote(c))
+            .collect();
+        let vals: Vec<String> = keys
+            .iter()
+            .map(ToString::to_string)
+            .chain(self.columns.iter().map(|_| "0".to_string()))
+            .collect();
+        format!(
+            "INSERT IGNORE INTO {name} ({}) VALUES ({})",
+            cols.join(", "),
+            vals.join(", ")
         )
     }
 
@@ -1298,6 +1326,7 @@ mod tests {
             &r,
             &[
                 "INSERT IGNORE INTO hits (`slug`, `cnt`, `note`) VALUES ('home', 0, 'n')",
+                "INSERT IGNORE INTO hits (`slug`, `cnt`) VALUES ('home', 0)",
                 "INSERT INTO `hits_slots` (`slug`, `slot`, `cnt`) VALUES ('home', 0, 1) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)",
             ],
         );
@@ -1305,13 +1334,16 @@ mod tests {
         assert_eq!(
             r.reply,
             Reply::Ok {
-                affected_rows: Affected::InsertedOrUpdated { probe: 0 },
+                affected_rows: Affected::InsertedOrUpdated {
+                    probe: 0,
+                    key_probe: 1
+                },
                 info: None,
                 last_insert_id: None,
             }
         );
         let r = rewrite(&e, "INSERT INTO hits (slug, cnt) VALUES ('home', 3) ON DUPLICATE KEY UPDATE cnt = cnt + VALUES(cnt)");
-        assert!(String::from_utf8_lossy(&r.statements[1]).contains("VALUES ('home', 0, 3)"));
+        assert!(String::from_utf8_lossy(&r.statements[2]).contains("VALUES ('home', 0, 3)"));
         assert!(reject(
             &e,
             "INSERT INTO hits (slug, cnt) VALUES ('home', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 2"

@@ -393,7 +393,7 @@ impl Kind for Counter {
 
     fn schema(&self) -> String {
         "CREATE TABLE hits (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0, \
-             note VARCHAR(20)) DEFAULT CHARSET=utf8mb4;
+             note VARCHAR(20), UNIQUE KEY hits_note_u (note)) DEFAULT CHARSET=utf8mb4;
          CREATE TABLE pages (slug VARCHAR(64) PRIMARY KEY, title VARCHAR(100) NOT NULL) \
              DEFAULT CHARSET=utf8mb4;
          INSERT INTO hits VALUES ('home', 10, 'front'), ('about', 3, NULL), ('blog', 7, 'b'),
@@ -798,6 +798,7 @@ fn note_lit(g: &mut Gen) -> Lit {
         b"it's",
         b"",
         b"x\"y",
+        b"forbidden",
     ]);
     g.string_lit(v)
 }
@@ -862,10 +863,17 @@ fn counter_insert(g: &mut Gen, s: &mut Stmt) {
             let pool = if g.chance(50) { STABLE } else { VOLATILE };
             let k = key_lit(g, pool);
             let d = delta(g);
-            s.sql(" (slug, cnt) VALUES (")
-                .lit(k)
-                .sql(", ")
-                .lit(d.clone());
+            // With a note: the table may refuse the row (its CHECK), convert it (too
+            // long) or match it on the note's unique key instead of the slug.
+            let note = g.chance(40).then(|| note_lit(g));
+            let columns = match note {
+                Some(_) => " (slug, cnt, note) VALUES (",
+                None => " (slug, cnt) VALUES (",
+            };
+            s.sql(columns).lit(k).sql(", ").lit(d.clone());
+            if let Some(n) = note {
+                s.sql(", ").lit(n);
+            }
             let odku = g.kw("ON DUPLICATE KEY UPDATE");
             s.sql(format!(") {odku} "));
             match g.below(4) {

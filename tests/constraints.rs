@@ -383,7 +383,9 @@ fn counter_column_under_a_check_is_refused() {
 /// foreign key (1452), a CHECK on another column (4025) — or that collides on another
 /// unique key (the plain table then updates that other row) does exactly what it does
 /// to a plain twin table: same error or affected rows, same rows after, text and
-/// prepared, alone and inside a transaction. The rewrite's probes (`INSERT IGNORE` of
+/// prepared, alone and inside a transaction. So does a NULL key, which the probe's
+/// `IGNORE` would store as '' and then fail the CHECK with, where the statement fails
+/// with 1048. The rewrite's probes (`INSERT IGNORE` of
 /// the row, then of the key alone) show the proxy that the skip was not the key's
 /// duplicate; it undoes them and runs the statement as sent, and no slot row stays
 /// behind. An existing key's upsert still lands in a slot row.
@@ -422,6 +424,7 @@ fn counter_upserts_of_refused_rows_fail_like_the_table() {
         let mut scenario: Vec<String> = [
             "('nopage', 1, NULL)", // the foreign key: 1452
             "('h', 1, NULL)",      // the CHECK: 4025
+            "(NULL, 1, NULL)",     // 1048 (IGNORE would store '' and fail the CHECK)
             "('ab', 1, 'h')",      // a new key, a duplicate note: updates 'home'
             "('home', 1, 'x')",    // the key exists: a slot row
             "('ab', 1, 'y')",      // a new key: inserted

@@ -816,6 +816,12 @@ impl Session {
                 if c.err_code().is_some_and(|code| RETRYABLE.contains(&code)) {
                     return Ok(Attempt::Conflict(payload));
                 }
+                if is_probe {
+                    // A probe's error need not be the statement's: its IGNORE
+                    // changes which check fails first (a NULL key is stored as ''
+                    // before a CHECK fails, where the statement fails with 1048).
+                    return Ok(Attempt::Declined(crate::rewrite::UPSERT_DECLINED));
+                }
                 self.reply(cmd_seq, &payload).await?;
                 return Ok(Attempt::Answered);
             }

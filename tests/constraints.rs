@@ -433,6 +433,12 @@ fn counter_upserts_of_refused_rows_fail_like_the_table() {
         .iter()
         .map(|row| upsert(row))
         .collect();
+        // The key and the counter alone: the row probe is the key probe too.
+        for row in ["('nopage', 1)", "('home', 1)", "(NULL, 1)"] {
+            scenario.push(format!(
+                "INSERT INTO {{t}} (slug, cnt) VALUES {row} ON DUPLICATE KEY UPDATE cnt = cnt + 1"
+            ));
+        }
         scenario.extend(
             [
                 "BEGIN",

@@ -794,8 +794,9 @@ impl Session {
         let mut probed = None;
         let mut results = Vec::with_capacity(commands.len());
         for (i, command) in commands.iter().enumerate() {
-            let is_probe = probes.is_some_and(|(p, k)| i == p || i == k);
-            if probes.is_some_and(|(_, k)| i == k) && probed == Some(Probed::Inserted) {
+            let is_key_probe = probes.is_some_and(|(_, k)| k == Some(i));
+            let is_probe = is_key_probe || probes.is_some_and(|(p, _)| i == p);
+            if is_key_probe && probed == Some(Probed::Inserted) {
                 // The row is new: nothing to tell apart, nothing run.
                 results.push(Collected {
                     parser: ResponseParser::new(ResponseKind::Generic, self.link.deprecate_eof),
@@ -878,7 +879,7 @@ impl Session {
         let warnings = results
             .iter()
             .enumerate()
-            .filter(|(i, _)| probes.is_none_or(|(p, k)| *i != p && *i != k))
+            .filter(|(i, _)| probes.is_none_or(|(p, k)| *i != p && Some(*i) != k))
             .filter_map(|(_, c)| c.ok())
             .map(|o| o.warnings as u32)
             .sum::<u32>()

@@ -625,7 +625,8 @@ pub enum Affected {
     /// inserted a row (reported 1 affected row), 2 when the row existed.
     ///
     /// `probe` is an `INSERT IGNORE` of the statement's row, `key_probe` an `INSERT
-    /// IGNORE` of its key alone (other columns at their defaults). The relay reads
+    /// IGNORE` of its key alone (other columns at their defaults; `None` when the
+    /// row is the key and the counters alone, which `probe` then is already). The relay reads
     /// each one's warnings and keeps the rewrite only when the row was inserted
     /// without a warning, or when both were skipped by the same duplicate-key
     /// warning (1062, the same message: the row with the statement's key exists and
@@ -637,7 +638,7 @@ pub enum Affected {
         /// The statement whose affected rows tell whether the row was new.
         probe: usize,
         /// The key-only insert that tells whether the duplicate is the key's.
-        key_probe: usize,
+        key_probe: Option<usize>,
     },
     /// The rows an `INSERT IGNORE … ON DUPLICATE KEY UPDATE` of `rows` rows wrote
     /// (inserted or updated; a row the server skipped, for a foreign key or a CHECK,

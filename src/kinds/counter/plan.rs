@@ -12,7 +12,7 @@
 //! | `UPDATE t SET c = c + n WHERE key = v` | `INSERT INTO slots (key, slot, c) VALUES (v, <random>, n) ON DUPLICATE KEY UPDATE c = c + VALUES(c)`; the client sees the UPDATE's OK (1 row matched and changed) |
 //! | `UPDATE t SET c = v WHERE key = …` | `UPDATE t …` then `DELETE FROM slots WHERE key = …`, atomically |
 //! | `DELETE FROM t WHERE key = …` | `DELETE FROM t …` then `DELETE FROM slots WHERE key = …`, atomically |
-//! | `INSERT INTO t (key, c) VALUES (v, n) ON DUPLICATE KEY UPDATE c = c + n` | `INSERT IGNORE INTO t (key, c) VALUES (v, 0)`, then (when that found a row) `INSERT IGNORE` of the key alone, then the slot upsert, atomically; affected rows 1 or 2 as the original; undone and run as sent when the probes warn about anything but the key's duplicate (a value MariaDB converts, a foreign key, a CHECK, another unique key: `relay::splice`'s `Probed`) |
+//! | `INSERT INTO t (key, c) VALUES (v, n) ON DUPLICATE KEY UPDATE c = c + n` | `INSERT IGNORE INTO t (key, c) VALUES (v, 0)`, then (when that found a row, and the row has other columns than the key and the counters) `INSERT IGNORE` of the key alone, then the slot upsert, atomically; affected rows 1 or 2 as the original; undone and run as sent when the probes warn about anything but the key's duplicate (a value MariaDB converts, a foreign key, a CHECK, another unique key: `relay::splice`'s `Probed`) |
 //! | any read of `t` | `t` replaced by a derived table computing `base + SUM(slots)` per row; MariaDB merges it, so point lookups use both primary keys; column metadata restored |
 //! | plain `INSERT`, updates of other columns | unchanged |
 //! | anything else that writes the counter or filters on it | ERR 1105 naming the rule |
@@ -702,17 +702,28 @@ impl CounterRule {
         // duplicate key (then the row exists and only the slot grows).
         // Then, only when that was skipped, the key alone: both skipped by the same
         // duplicate-key warning say the duplicate is the key's (the relay checks).
+        // An insert of the key and the counters alone is that statement already.
         let base = self.base_insert_sql(name, &cols, row);
         let slot = ctx.random_below(self.slots).to_string();
         let mut statements = parse(&base)?;
-        statements.extend(parse(&self.key_insert_sql(name, &keys))?);
+        let key_only = cols.len() == self.logical.key().len() + self.columns.len()
+            && cols
+                .iter()
+                .all(|c| self.logical.is_key(c) || self.is_counter(c));
+        let key_probe = match key_only {
+            true => None,
+            false => {
+                statements.extend(parse(&self.key_insert_sql(name, &keys))?);
+                Some(1)
+            }
+        };
         statements.extend(parse(&self.upsert_sql(name, &keys, &slot, &incs))?);
         Ok(Some(Plan {
             statements,
             reply: Reply::Ok {
                 affected_rows: Affected::InsertedOrUpdated {
                     probe: 0,
-                    key_probe: 1,
+                    key_probe,
                 },
                 info: None,
                 last_insert_id: None,
@@ -1336,14 +1347,31 @@ mod tests {
             Reply::Ok {
                 affected_rows: Affected::InsertedOrUpdated {
                     probe: 0,
-                    key_probe: 1
+                    key_probe: Some(1)
                 },
                 info: None,
                 last_insert_id: None,
             }
         );
         let r = rewrite(&e, "INSERT INTO hits (slug, cnt) VALUES ('home', 3) ON DUPLICATE KEY UPDATE cnt = cnt + VALUES(cnt)");
-        assert!(String::from_utf8_lossy(&r.statements[2]).contains("VALUES ('home', 0, 3)"));
+        // The key and the counter alone: the row probe is the key probe already.
+        assert_sql(
+            &r,
+            &[
+                "INSERT IGNORE INTO hits (`slug`, `cnt`) VALUES ('home', 0)",
+                "INSERT INTO `hits_slots` (`slug`, `slot`, `cnt`) VALUES ('home', 0, 3) ON DUPLICATE KEY UPDATE `cnt` = `cnt` + VALUES(`cnt`)",
+            ],
+        );
+        assert!(matches!(
+            r.reply,
+            Reply::Ok {
+                affected_rows: Affected::InsertedOrUpdated {
+                    probe: 0,
+                    key_probe: None
+                },
+                ..
+            }
+        ));
         assert!(reject(
             &e,
             "INSERT INTO hits (slug, cnt) VALUES ('home', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 2"

@@ -5,9 +5,10 @@
 #   direct   the upsert of the hot row, directly (what the rule replaces)
 #   base     through a heatsink build given as BASE_BIN (an earlier commit), if set
 #   rule     through this build's heatsink with the counter rule
-# for two statements: `hot` (one existing key: the row probe finds it, so the key probe
-# runs) and `new` (a fresh key each time: the row probe inserts it). Checks after
-# every proxied leg that the hot counter grew by exactly the acknowledged upserts.
+# for three statements: `hot` (one existing key, the key and the counter alone: the row
+# probe finds it), `hot_note` (the same with a note: then the key probe runs too) and
+# `new` (a fresh key each time: the row probe inserts it). Checks after every leg of a
+# hot statement that the hot counter grew by exactly the acknowledged upserts.
 # Writes bench/results/counter-upsert.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,7 @@ fi
 
 url() { echo "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$1/$db"; }
 HOT="INSERT INTO hits (slug, cnt) VALUES ('hot', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1"
+HOT_NOTE="INSERT INTO hits (slug, cnt, note) VALUES ('hot', 1, 'n') ON DUPLICATE KEY UPDATE cnt = cnt + 1"
 NEW="INSERT INTO hits (slug, cnt, note) VALUES ('{randstr:16}', 1, 'n') ON DUPLICATE KEY UPDATE cnt = cnt + 1"
 logical() { mariadb_root -N "$db" -e "SELECT cnt + COALESCE((SELECT SUM(cnt) FROM hits_slots WHERE slug = 'hot'), 0) FROM hits WHERE slug = 'hot'"; }
 
@@ -54,20 +56,23 @@ trap 'rm -f "$results"; hs_cleanup' EXIT
 check_failed=0
 for ((round = 1; round <= ROUNDS; round++)); do
   for c in $CONNS; do
-    for stmt in hot new; do
+    for stmt in hot hot_note new; do
       for leg in $legs; do
         case $leg in
           direct) u=$(url "$MARIADB_PORT") ;;
           base) u=$(url "$BASE_PORT") ;;
           rule) u=$(url "$RULE_PORT") ;;
         esac
-        sql=$HOT
-        [[ $stmt == new ]] && sql=$NEW
+        case $stmt in
+          hot) sql=$HOT ;;
+          hot_note) sql=$HOT_NOTE ;;
+          new) sql=$NEW ;;
+        esac
         before=$(logical)
         json=$(target/release/examples/loadgen --url "$u" -c "$c" -d "$DURATION" --sql "$sql" --json --label "$leg")
         after=$(logical)
         ops=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["ops"])' "$json")
-        if [[ $stmt == hot ]] && ((after - before != ops)); then
+        if [[ $stmt == hot* ]] && ((after - before != ops)); then
           hs_log "MISMATCH: $leg c=$c acknowledged $ops, counter grew by $((after - before))"
           check_failed=1
         fi
@@ -102,8 +107,9 @@ lines = [
     f"- date: {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, heatsink {rev}" + (f"; `base`: {base}" if base else ""),
     f"- machine: {os.cpu_count()} cores; MariaDB {version}; client, proxy and server share the machine",
     f"- each leg {duration} s, {rounds} round(s) interleaved; ratios are medians of per-round ratios",
-    "- `hot`: `INSERT INTO hits (slug, cnt) VALUES ('hot', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1` (the row exists);"
-    " `new`: the same with a fresh random key and a note (the row is inserted)",
+    "- `hot`: `INSERT INTO hits (slug, cnt) VALUES ('hot', 1) ON DUPLICATE KEY UPDATE cnt = cnt + 1` (the row exists: the row probe finds it);"
+    " `hot_note`: the same with a note (then the key probe runs too);"
+    " `new`: with a fresh random key and a note (the row probe inserts it)",
     f"- exact totals (the hot counter grew by the acknowledged upserts): {'**NO**' if check_failed == '1' else 'yes, every leg'}",
     "",
     "## Ratios (ops/s)",
@@ -112,7 +118,7 @@ lines = [
 head = "| connections | statement | rule / direct |" + (" rule / base |" if "base" in legs else "")
 lines += [head, "|---:|---|---:|" + ("---:|" if "base" in legs else "")]
 for c in conns:
-    for stmt in ("hot", "new"):
+    for stmt in ("hot", "hot_note", "new"):
         row = f"| {c} | {stmt} | {ratio(c, stmt, 'rule', 'direct'):.2f} |"
         if "base" in legs:
             row += f" {ratio(c, stmt, 'rule', 'base'):.2f} |"
@@ -125,7 +131,7 @@ lines += [
     "|---:|---|---|---:|---:|---:|---:|---:|",
 ]
 for c in conns:
-    for stmt in ("hot", "new"):
+    for stmt in ("hot", "hot_note", "new"):
         for leg in legs:
             lines.append(f"| {c} | {stmt} | {leg} | {med(c, stmt, leg, 'ops_per_sec'):,.0f} | {med(c, stmt, leg, 'p50_us'):,.0f} | {med(c, stmt, leg, 'p95_us'):,.0f} | {med(c, stmt, leg, 'p99_us'):,.0f} | {sum(j['errors'] for j in data[(c, stmt, leg)])} |")
 open(out, "w").write("\n".join(lines) + "\n")

@@ -173,6 +173,18 @@ enum Probed {
     Declined,
 }
 
+/// The row probe and the key probe of an upsert's reply (see
+/// [`Affected::InsertedOrUpdated`]), if it has them.
+fn upsert_probes(reply: &Reply) -> Option<(usize, Option<usize>)> {
+    match reply {
+        Reply::Ok {
+            affected_rows: Affected::InsertedOrUpdated { probe, key_probe },
+            ..
+        } => Some((*probe, *key_probe)),
+        _ => None,
+    }
+}
+
 /// MariaDB's ER_DUP_ENTRY.
 const DUP_ENTRY: &[u8] = b"1062";
 
@@ -784,13 +796,7 @@ impl Session {
                 return Ok(Attempt::Answered);
             }
         }
-        let probes = match reply {
-            Reply::Ok {
-                affected_rows: Affected::InsertedOrUpdated { probe, key_probe },
-                ..
-            } => Some((*probe, *key_probe)),
-            _ => None,
-        };
+        let probes = upsert_probes(reply);
         let mut probed = None;
         let mut results = Vec::with_capacity(commands.len());
         for (i, command) in commands.iter().enumerate() {
@@ -869,13 +875,7 @@ impl Session {
         // The probes of an upsert warn about the duplicate key (the row probe when
         // the row existed, the key probe always); the original statement would not
         // have.
-        let probes = match reply {
-            Reply::Ok {
-                affected_rows: Affected::InsertedOrUpdated { probe, key_probe },
-                ..
-            } => Some((*probe, *key_probe)),
-            _ => None,
-        };
+        let probes = upsert_probes(reply);
         let warnings = results
             .iter()
             .enumerate()

@@ -809,22 +809,12 @@ impl CounterRule {
     /// `INSERT IGNORE INTO t (key…, counters…) VALUES (…, 0…)`: the row the slot
     /// table's trigger creates for a new key.
     fn key_insert_sql(&self, name: &ObjectName, keys: &[Expr]) -> String {
-        let cols: Vec<String> = self
-            .logical
-            .key()
-            .iter()
-            .chain(&self.columns)
-            .map(|c| quote(c))
-            .collect();
-        let vals: Vec<String> = keys
-            .iter()
-            .map(ToString::to_string)
-            .chain(self.columns.iter().map(|_| "0".to_string()))
-            .collect();
-        format!(
-            "INSERT IGNORE INTO {name} ({}) VALUES ({})",
-            cols.join(", "),
-            vals.join(", ")
+        let values: Vec<String> = keys.iter().map(ToString::to_string).collect();
+        super::schema::key_row_insert(
+            &name.to_string(),
+            self.logical.key(),
+            &self.columns,
+            &values,
         )
     }
 

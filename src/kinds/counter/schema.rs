@@ -516,15 +516,27 @@ fn slot_table_problems(
 
 /// The trigger's statement: create the logical row with counters at 0.
 fn trigger_body(logical: &TableName, key: &[String], columns: &[String]) -> String {
+    let values: Vec<String> = key.iter().map(|k| format!("NEW.{}", quote(k))).collect();
+    key_row_insert(&logical.quoted(), key, columns, &values)
+}
+
+/// `INSERT IGNORE INTO table (key…, counters…) VALUES (values…, 0…)`: a counter's
+/// row with its key alone, as the slot trigger creates it (and as the upsert's key
+/// probe asks for it).
+pub(crate) fn key_row_insert(
+    table: &str,
+    key: &[String],
+    columns: &[String],
+    values: &[String],
+) -> String {
     let cols: Vec<String> = key.iter().chain(columns).map(|c| quote(c)).collect();
-    let vals: Vec<String> = key
+    let vals: Vec<String> = values
         .iter()
-        .map(|k| format!("NEW.{}", quote(k)))
+        .cloned()
         .chain(columns.iter().map(|_| "0".to_string()))
         .collect();
     format!(
-        "INSERT IGNORE INTO {} ({}) VALUES ({})",
-        logical.quoted(),
+        "INSERT IGNORE INTO {table} ({}) VALUES ({})",
         cols.join(", "),
         vals.join(", ")
     )

@@ -306,6 +306,8 @@ pub(crate) enum TriggerPlan {
     Exists,
     /// Create it with this statement.
     Create(String),
+    /// Replace an earlier form of it with this statement (`CREATE OR REPLACE`).
+    Replace(String),
 }
 
 /// `<base><suffix>`, shortened with a hash of `base` when that would exceed 64

@@ -108,7 +108,9 @@ fn migrate_prints_then_applies_then_is_a_no_op() {
     );
     assert!(
         out.contains(&format!(
-            "CREATE TRIGGER IF NOT EXISTS `{db}`.`hits_slots_hs_ai` AFTER INSERT ON `{db}`.`hits_slots` FOR EACH ROW INSERT IGNORE INTO `{db}`.`hits` (`slug`, `cnt`, `views`) VALUES (NEW.`slug`, 0, 0);"
+            "CREATE TRIGGER IF NOT EXISTS `{db}`.`hits_slots_hs_ai` AFTER INSERT ON `{db}`.`hits_slots` FOR EACH ROW BEGIN "
+        )) && out.contains(&format!(
+            "INSERT INTO `{db}`.`hits` (`slug`, `cnt`, `views`) VALUES (NEW.`slug`, 0, 0); END;"
         )),
         "{out}"
     );
@@ -691,7 +693,7 @@ fn compact_under_concurrent_increments_loses_nothing() {
 }
 
 #[test]
-fn migrate_accepts_an_equivalent_trigger_and_refuses_a_foreign_one() {
+fn migrate_replaces_an_earlier_trigger_and_refuses_a_foreign_one() {
     let db = "hs_mig_trigger";
     fresh_db(
         db,
@@ -713,9 +715,21 @@ fn migrate_accepts_an_equivalent_trigger_and_refuses_a_foreign_one() {
         &["cnt"],
         "hits_slots",
     ));
+    // The earlier form (an INSERT IGNORE, hand-written here) is replaced, once.
     let (code, out, err) = migrate(&rules, db, true);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("-- note: trigger"), "{out}");
+    assert!(out.contains("has an earlier body"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "CREATE OR REPLACE TRIGGER `{db}`.`hits_slots_hs_ai` AFTER INSERT ON `{db}`.`hits_slots`"
+        )),
+        "{out}"
+    );
+    assert!(out.contains("-- applied: replaced trigger"), "{out}");
+    let (code, out, err) = migrate(&rules, db, true);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("exists and matches the rule"), "{out}");
     assert!(!out.contains("CREATE"), "{out}");
 
     let (_d, rules) = rules_dir(&counter_rule(

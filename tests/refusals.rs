@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::client::{assert_refused_by, connect, run, run_text};
 use common::fixture::{counter_rule, create_counter_db, Env, Rule};
+use common::mariadb;
 use common::sample;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Row, Value};
@@ -640,6 +641,55 @@ fn upserts_undone_for_a_converted_value_are_listed_as_fallbacks() {
             "{fell:?}"
         );
         assert_ne!(fell[0].fingerprint, fell[1].fingerprint);
+        assert_eq!(
+            rule_stats(&mut admin, COUNTER, &["fallbacks", "rewritten"]).await,
+            ["2", "1"]
+        );
+    });
+}
+
+/// An increment of a key without a row whose row the table refuses (here a CHECK)
+/// runs as sent, text and prepared: MariaDB's answer (0 rows matched), no slot row,
+/// and `SHOW FALLBACKS` lists both shapes under the increment's reason.
+#[test]
+fn increments_of_refused_keys_are_listed_as_fallbacks() {
+    let db = "rf_refused_key";
+    let env = counter_and_rollup(db);
+    mariadb().exec(&format!(
+        "ALTER TABLE {db}.hits ADD CONSTRAINT no_spam CHECK (slug <> 'spam')"
+    ));
+    run(LIMIT, async {
+        let mut p = env.proxied().await;
+        let mut admin = connect(&admin_url(env.admin_addr())).await;
+        p.query_drop("UPDATE hits SET cnt = cnt + 1 WHERE slug = 'spam'")
+            .await
+            .unwrap();
+        assert_eq!(
+            (p.affected_rows(), p.info().to_string()),
+            (0, "Rows matched: 0  Changed: 0  Warnings: 0".to_string())
+        );
+        let stmt = p
+            .prep("UPDATE hits SET cnt = cnt + ? WHERE slug = ?")
+            .await
+            .unwrap();
+        p.exec_drop(&stmt, (2, "spam")).await.unwrap();
+        assert_eq!(p.affected_rows(), 0);
+        p.exec_drop(&stmt, (2, "home")).await.unwrap();
+        assert_eq!(p.affected_rows(), 1);
+        p.close(stmt).await.unwrap();
+        assert_eq!(
+            env.backend_rows("SELECT DISTINCT slug FROM {db}.hits_slots"),
+            [[Some("home".to_string())]]
+        );
+        assert!(shapes(&mut admin, "SHOW REFUSALS").await.is_empty());
+        let fell = shapes(&mut admin, "SHOW FALLBACKS").await;
+        let seen: Vec<(&str, u64)> = fell.iter().map(|r| (r.rule.as_str(), r.count)).collect();
+        assert_eq!(seen, vec![(COUNTER, 1), (COUNTER, 1)], "{fell:?}");
+        assert!(
+            fell.iter()
+                .all(|r| r.reason.contains("the table refused the row it creates")),
+            "{fell:?}"
+        );
         assert_eq!(
             rule_stats(&mut admin, COUNTER, &["fallbacks", "rewritten"]).await,
             ["2", "1"]

@@ -141,6 +141,7 @@ impl Session {
             merge: Some(m.merger.clone()),
             prelude: None,
             probe: None,
+            as_sent_on_error: p.as_sent_on_error,
         })
     }
 

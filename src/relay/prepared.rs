@@ -52,6 +52,8 @@ pub struct PreparedRewrite {
     /// The reply's column flags follow the server's plan of the client's statement
     /// (see [`crate::rewrite::Plan::plan_flags`]).
     pub probe: Option<PreparedProbe>,
+    /// Runs as sent when it fails (see [`crate::rewrite::Plan::as_sent_on_error`]).
+    pub as_sent_on_error: Option<&'static str>,
 }
 
 /// The plan probe of a prepared rewrite: `EXPLAIN FORMAT=JSON` of the client's
@@ -408,6 +410,7 @@ mod tests {
             checks: Vec::new(),
             merge: None,
             probe: None,
+            as_sent_on_error: None,
         }
     }
 

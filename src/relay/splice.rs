@@ -122,6 +122,31 @@ enum Attempt {
     Declined(&'static str),
 }
 
+/// How [`Session::run_commands`] runs a rewrite's commands.
+#[derive(Clone, Copy)]
+pub(super) struct Run {
+    /// They must commit together (see [`Rewritten::atomic`]).
+    pub atomic: bool,
+    /// See [`Rewritten::as_sent_on_error`].
+    pub as_sent_on_error: Option<&'static str>,
+}
+
+/// Whether the error in `payload` undid only the statement that raised it, and
+/// says something about the values it wrote: a data exception (SQLSTATE class 22:
+/// out of range, too long, an incorrect value), an integrity constraint (class 23:
+/// a duplicate key, a foreign key, a CHECK, a NULL), a trigger's `SIGNAL` (class
+/// 45), or a column without a default (1364). Other errors (a lock conflict, an
+/// interruption, a lost connection, a missing grant) may have ended more than the
+/// statement, or are the statement's own as much as the rewrite's.
+fn undone_alone(payload: &[u8]) -> bool {
+    const NO_DEFAULT_FOR_FIELD: u16 = 1364;
+    let class = match payload.get(3..6) {
+        Some([b'#', a, b]) => [*a, *b],
+        _ => return false,
+    };
+    matches!(&class, b"22" | b"23" | b"45") || err_code(payload) == Some(NO_DEFAULT_FOR_FIELD)
+}
+
 /// How [`Session::run_commands`] ended.
 pub(super) enum Ran {
     /// The client has its answer.
@@ -634,8 +659,12 @@ impl Session {
             };
         }
         let commands: Vec<Vec<u8>> = statements.iter().map(|sql| query_payload(sql)).collect();
+        let how = Run {
+            atomic: rw.atomic,
+            as_sent_on_error: rw.as_sent_on_error,
+        };
         if let Ran::Declined(reason) = self
-            .run_commands(&rw.rule, &commands, reply, rw.atomic, cmd_seq)
+            .run_commands(&rw.rule, &commands, reply, how, cmd_seq)
             .await?
         {
             // The session runs the client's statement (it holds its text).
@@ -731,18 +760,18 @@ impl Session {
         rule: &str,
         commands: &[Vec<u8>],
         reply: &Reply,
-        atomic: bool,
+        how: Run,
         cmd_seq: u8,
     ) -> Result<Ran> {
         let n = commands.len();
-        let wrap = atomic
+        let wrap = how.atomic
             && n > 1
             && self.state.status & status::IN_TRANS == 0
             && self.state.status & status::AUTOCOMMIT != 0;
         let retry = self.retry_safe(n, wrap);
         let mut attempt = 1;
         loop {
-            match self.attempt(commands, reply, wrap, atomic, cmd_seq).await? {
+            match self.attempt(commands, reply, wrap, how, cmd_seq).await? {
                 Attempt::Answered => return Ok(Ran::Answered),
                 Attempt::Declined(reason) => return Ok(Ran::Declined(reason)),
                 Attempt::Conflict(err) => {
@@ -776,13 +805,13 @@ impl Session {
         commands: &[Vec<u8>],
         reply: &Reply,
         wrap: bool,
-        atomic: bool,
+        how: Run,
         cmd_seq: u8,
     ) -> Result<Attempt> {
         // Inside the client's transaction (or with autocommit off) a failing
         // statement undoes only itself: a savepoint makes the rewrite's statements
         // fail together, as the one statement they stand for would.
-        let savepoint = atomic && !wrap && commands.len() > 1;
+        let savepoint = how.atomic && !wrap && commands.len() > 1;
         let opening: &[u8] = if wrap {
             b"BEGIN"
         } else {
@@ -828,6 +857,12 @@ impl Session {
                     // changes which check fails first (a NULL key is stored as ''
                     // before a CHECK fails, where the statement fails with 1048).
                     return Ok(Attempt::Declined(crate::rewrite::UPSERT_DECLINED));
+                }
+                if let Some(reason) = how.as_sent_on_error.filter(|_| undone_alone(&payload)) {
+                    // The rewrite did something the statement would not (created a
+                    // key's row) and that failed: the statement's own answer is
+                    // the server's to give.
+                    return Ok(Attempt::Declined(reason));
                 }
                 self.reply(cmd_seq, &payload).await?;
                 return Ok(Attempt::Answered);
@@ -1238,6 +1273,7 @@ impl Session {
                         holes: rw.aux_holes.clone(),
                     }),
                 probe,
+                as_sent_on_error: rw.as_sent_on_error,
             },
         );
         self.link.client.write_all(&out).await
@@ -1439,7 +1475,11 @@ impl Session {
                 return self.reply(cmd_seq, &answer).await;
             }
         };
-        let (rule, reply, atomic) = (p.rule.clone(), p.reply.clone(), p.atomic);
+        let (rule, reply) = (p.rule.clone(), p.reply.clone());
+        let how = Run {
+            atomic: p.atomic,
+            as_sent_on_error: p.as_sent_on_error,
+        };
         // The server's plan of the client's statement with these values, asked in
         // the same round trip as the rewrite.
         let probe = match p
@@ -1489,7 +1529,7 @@ impl Session {
                     .map(|_| ())
             }
             _ => match self
-                .run_commands(&rule, &commands, &reply, atomic, cmd_seq)
+                .run_commands(&rule, &commands, &reply, how, cmd_seq)
                 .await?
             {
                 Ran::Answered => Ok(()),

@@ -71,6 +71,8 @@ pub struct Template {
     pub prelude: Option<Box<PreludeTemplate>>,
     /// The reply's flags follow the server's plan (see [`crate::rewrite::Plan::plan_flags`]).
     pub plan_flags: Option<std::sync::Arc<dyn crate::rewrite::PlanFlags>>,
+    /// Runs as sent when it fails (see [`crate::rewrite::Plan::as_sent_on_error`]).
+    pub as_sent_on_error: Option<&'static str>,
 }
 
 impl Template {
@@ -138,6 +140,7 @@ impl Template {
             param_checks: Vec::new(),
             prelude: None,
             plan_flags: None,
+            as_sent_on_error: None,
         })
     }
 
@@ -223,6 +226,7 @@ impl Template {
                 Vec::new()
             },
             prelude,
+            as_sent_on_error: self.as_sent_on_error,
             probe: self
                 .plan_flags
                 .as_ref()

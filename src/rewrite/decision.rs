@@ -171,6 +171,8 @@ pub struct Rewritten {
     /// The reply's column flags follow the server's plan of the original statement
     /// (see [`Plan::plan_flags`](super::Plan::plan_flags)).
     pub probe: Option<Arc<Probe>>,
+    /// Runs as sent when it fails (see [`Plan::as_sent_on_error`](super::Plan::as_sent_on_error)).
+    pub as_sent_on_error: Option<&'static str>,
 }
 
 /// How a rewrite learns the plan the server picks for the original statement.

@@ -1032,6 +1032,7 @@ impl Engine {
                 }
                 template.reply = plan.reply;
                 template.plan_flags = plan.plan_flags;
+                template.as_sent_on_error = plan.as_sent_on_error;
                 template.atomic = plan.atomic;
                 template.merge = plan.merge;
                 template.param_checks = plan.param_checks;

@@ -124,8 +124,8 @@ pub use engine::{parse_statements, Engine, EngineError, MAX_NESTING};
 pub use merge::Merger;
 pub use refusal::{Refusal, RefusalClass};
 pub use rule::{
-    table_db, Literal, Plan, PlanContext, Prelude, Rule, PLAN_UNTOLD, PRELUDE_DECLINED,
-    UPSERT_DECLINED,
+    table_db, Literal, Plan, PlanContext, Prelude, Rule, INCREMENT_DECLINED, PLAN_UNTOLD,
+    PRELUDE_DECLINED, UPSERT_DECLINED,
 };
 pub(crate) use rule::{Dynamic, SPELLING};
 pub use sqltok::{LexMode, LiteralClass, LiteralKind, Slot};

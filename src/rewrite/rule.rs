@@ -74,6 +74,13 @@ pub struct Plan {
     /// another form), the client's statement runs as sent, counted as the rule's
     /// fallback. [`Plan::reply`] must be [`Reply::Patched`].
     pub plan_flags: Option<Arc<dyn PlanFlags>>,
+    /// When a statement of the rewrite fails (other than by a lock conflict, which
+    /// is retried, or an interruption), nothing of it is kept and the client's own
+    /// statement runs as sent, counted as the rule's fallback for this reason: for
+    /// rewrites that may do what the statement would not (an increment that creates
+    /// its key's row), whose failure then says nothing about the statement. The
+    /// statements must fail as a whole: one statement, or [`Plan::atomic`].
+    pub as_sent_on_error: Option<&'static str>,
 }
 
 /// Two steps instead of one: a `SELECT` of constant expressions runs first, and
@@ -113,6 +120,12 @@ pub const PRELUDE_DECLINED: &str = "the values the server computed first for thi
 /// row as a plain insert or a duplicate of its key (see
 /// [`Affected::InsertedOrUpdated`](super::Affected::InsertedOrUpdated)).
 pub const UPSERT_DECLINED: &str = "the table converted or refused the inserted row, or matched it on another unique key (a value MariaDB converts, a foreign key, a duplicate of another key), which the rewrite cannot answer as the statement would";
+
+/// The reason shown (`SHOW FALLBACKS`) for a counter increment whose rewrite failed
+/// and that ran as sent (see [`Plan::as_sent_on_error`]): most often the table
+/// refused the row the increment of a key without one creates, where the UPDATE
+/// matches no row and changes nothing.
+pub const INCREMENT_DECLINED: &str = "the increment's rewrite failed (the table refused the row it creates for a key without one: a foreign key, a CHECK, a column without a default, another unique key, a trigger), which the UPDATE itself would not have done";
 
 /// The reason shown (`SHOW FALLBACKS`) for a statement forwarded unchanged because
 /// the server's plan of it did not tell its reply's column flags (see

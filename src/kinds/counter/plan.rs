@@ -9,7 +9,7 @@
 //!
 //! | statement | becomes |
 //! |---|---|
-//! | `UPDATE t SET c = c + n WHERE key = v` | `INSERT INTO slots (key, slot, c) VALUES (v, <random>, n) ON DUPLICATE KEY UPDATE c = c + VALUES(c)`; the client sees the UPDATE's OK (1 row matched and changed) |
+//! | `UPDATE t SET c = c + n WHERE key = v` | `INSERT INTO slots (key, slot, c) VALUES (v, <random>, n) ON DUPLICATE KEY UPDATE c = c + VALUES(c)`; the client sees the UPDATE's OK (1 row matched and changed); when the upsert fails with a data or constraint error (most often: the table refuses the row the slot trigger creates for a key without one) the UPDATE runs as sent (`Plan::as_sent_on_error`) |
 //! | `UPDATE t SET c = v WHERE key = …` | `UPDATE t …` then `DELETE FROM slots WHERE key = …`, atomically |
 //! | `DELETE FROM t WHERE key = …` | `DELETE FROM t …` then `DELETE FROM slots WHERE key = …`, atomically |
 //! | `INSERT INTO t (key, c) VALUES (v, n) ON DUPLICATE KEY UPDATE c = c + n` | `INSERT IGNORE INTO t (key, c) VALUES (v, 0)`, then (when that found a row, and the row has other columns than the key and the counters) `INSERT IGNORE` of the key alone, then the slot upsert, atomically; affected rows 1 or 2 as the original; undone and run as sent when the probes warn about anything but the key's duplicate (a value MariaDB converts, a foreign key, a CHECK, another unique key: `relay::splice`'s `Probed`) |
@@ -19,8 +19,9 @@
 //!
 //! An increment of a key that has no row yet lands in a slot row; the slot table's
 //! trigger (created by `heatsink migrate`) creates the logical row, so the key then
-//! exists with base 0. Without the trigger such increments stay invisible to reads
-//! until the row is inserted.
+//! exists with base 0, or fails the upsert when the table refuses that row (the
+//! UPDATE then runs as sent and matches nothing). Without the trigger such
+//! increments stay invisible to reads until the row is inserted.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -276,6 +277,10 @@ impl CounterRule {
                 fallback: None,
                 prelude: None,
                 plan_flags: None,
+                // The upsert may fail where the UPDATE would not: the slot trigger
+                // creates the row of a key without one, which the table may refuse
+                // (the UPDATE then matches no row and changes nothing).
+                as_sent_on_error: Some(crate::rewrite::INCREMENT_DECLINED),
             }));
         }
         // Absolute set: the base takes the value, the slots are cleared.
@@ -811,6 +816,7 @@ impl CounterRule {
     fn key_insert_sql(&self, name: &ObjectName, keys: &[Expr]) -> String {
         let values: Vec<String> = keys.iter().map(ToString::to_string).collect();
         super::schema::key_row_insert(
+            "INSERT IGNORE",
             &name.to_string(),
             self.logical.key(),
             &self.columns,

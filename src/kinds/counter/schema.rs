@@ -13,13 +13,18 @@
 //!    table's default character set and collation;
 //! 2. the trigger `<slot_table>_hs_ai`, `AFTER INSERT` on the slot table, which inserts
 //!    the logical row (counters at 0) when an increment names a key that has none yet.
+//!    A duplicate of the key is skipped (the row exists); anything else the table
+//!    refuses (a foreign key, a CHECK, a column without a default, a duplicate of
+//!    another unique key) fails the increment, whose UPDATE the proxy then runs as
+//!    sent: it matches no row. An earlier form of the trigger (`INSERT IGNORE`, which
+//!    let such an increment stay in a slot row no read shows) is replaced.
 //!    A counter without key columns needs no trigger: its logical table must hold its
 //!    one row.
 //!
 //! The rule is refused (nothing is printed or created for any rule) when the logical
 //! table is missing, a key or counter column is missing, a counter column is not an
-//! integer, the key columns are not exactly the primary key or a unique key (then
-//! `INSERT IGNORE` would not create exactly one row per key), or an existing slot table
+//! integer, the key columns are not exactly the primary key or a unique key (then the
+//! trigger would not create exactly one row per key), or an existing slot table
 //! or trigger does not match what the rule needs.
 //!
 //! With `--apply` the statements are executed. They are idempotent (`IF NOT EXISTS`),
@@ -364,10 +369,27 @@ async fn plan_slot_trigger(
         && t.timing.eq_ignore_ascii_case("AFTER")
         && t.event.eq_ignore_ascii_case("INSERT");
     let found = normalize(&t.body);
-    // A hand-written equivalent (same INSERT IGNORE into the logical table,
-    // e.g. without the counters) is accepted; anything else is not ours.
-    let creates_row = found.starts_with("insert ignore into")
-        && found.contains(&logical.name.to_ascii_lowercase());
+    let table = logical.name.to_ascii_lowercase();
+    // The earlier form (an INSERT IGNORE into the logical table, ours or a
+    // hand-written one, e.g. without the counters) is replaced; a hand-written
+    // equivalent of today's (a 1062 handler around the insert) is accepted;
+    // anything else is not ours.
+    let earlier = found.starts_with("insert ignore into") && found.contains(&table);
+    let creates_row = found.starts_with("begin")
+        && found.contains("continue handler for 1062")
+        && found.contains(&table);
+    if on_slot && earlier {
+        notes.push(format!(
+            "trigger {} has an earlier body, `{}`, which lets the increment of a key whose row the table refuses stay in a slot row that no read shows; it is replaced (`heatsink migrate --apply`)",
+            trig.quoted(),
+            t.body
+        ));
+        return Ok(TriggerPlan::Replace(format!(
+            "CREATE OR REPLACE TRIGGER {} AFTER INSERT ON {} FOR EACH ROW {body}",
+            trig.quoted(),
+            slot.quoted()
+        )));
+    }
     if !on_slot || !creates_row {
         return Err(SchemaError::Refused(format!(
             "trigger {} exists but is not `AFTER INSERT ON {} FOR EACH ROW {body}` (it is `{} {} ON {} FOR EACH ROW {}`); drop it or rename the slot table",
@@ -405,7 +427,7 @@ fn note_omitted_columns(
         .collect();
     if !omitted.is_empty() {
         notes.push(format!(
-            "{} has no default for {}; rows the trigger creates get the type's implicit default there",
+"{} has no default for {}: under a strict sql_mode (the trigger keeps the one it is created with) the trigger cannot create the row of a new key, and an increment of a key without a row runs as sent and matches none; otherwise such rows get the type's implicit default there",
             logical.quoted(),
             list(&omitted)
         ));
@@ -514,16 +536,36 @@ fn slot_table_problems(
     problems
 }
 
-/// The trigger's statement: create the logical row with counters at 0.
+/// The trigger's body: create the logical row with counters at 0. A duplicate of the
+/// key means the row exists, and is skipped; a duplicate of another unique key (the
+/// row with the key is not there, shown by a locking read of it) and every other
+/// error fail the statement that inserted the slot row, and so the increment.
 fn trigger_body(logical: &TableName, key: &[String], columns: &[String]) -> String {
     let values: Vec<String> = key.iter().map(|k| format!("NEW.{}", quote(k))).collect();
-    key_row_insert(&logical.quoted(), key, columns, &values)
+    let insert = key_row_insert("INSERT", &logical.quoted(), key, columns, &values);
+    // Qualified: a local variable would shadow a column of its name.
+    let table = logical.quoted();
+    let found: Vec<String> = key
+        .iter()
+        .map(|k| format!("{table}.{0} = NEW.{0}", quote(k)))
+        .collect();
+    format!(
+        "BEGIN DECLARE hs_found INT DEFAULT 0; \
+         DECLARE CONTINUE HANDLER FOR 1062 BEGIN \
+         SELECT COUNT(*) INTO hs_found FROM {} WHERE {} LOCK IN SHARE MODE; \
+         IF hs_found = 0 THEN SIGNAL SQLSTATE '23000' SET MYSQL_ERRNO = 1062, \
+         MESSAGE_TEXT = 'heatsink: another unique key refuses the new row of this counter key'; \
+         END IF; END; {insert}; END",
+        logical.quoted(),
+        found.join(" AND ")
+    )
 }
 
-/// `INSERT IGNORE INTO table (key…, counters…) VALUES (values…, 0…)`: a counter's
-/// row with its key alone, as the slot trigger creates it (and as the upsert's key
-/// probe asks for it).
+/// `<verb> INTO table (key…, counters…) VALUES (values…, 0…)`: a counter's row with
+/// its key alone, as the slot trigger creates it (`INSERT`) and as the upsert's key
+/// probe asks for it (`INSERT IGNORE`).
 pub(crate) fn key_row_insert(
+    verb: &str,
     table: &str,
     key: &[String],
     columns: &[String],
@@ -536,7 +578,7 @@ pub(crate) fn key_row_insert(
         .chain(columns.iter().map(|_| "0".to_string()))
         .collect();
     format!(
-        "INSERT IGNORE INTO {table} ({}) VALUES ({})",
+        "{verb} INTO {table} ({}) VALUES ({})",
         cols.join(", "),
         vals.join(", ")
     )
@@ -592,6 +634,7 @@ pub(crate) async fn print_and_apply(
             &format!("-- trigger {} exists and matches the rule", rule.trigger_quoted()),
         )?,
         TriggerPlan::Create(ddl) => statements.push(("created trigger", ddl.clone())),
+        TriggerPlan::Replace(ddl) => statements.push(("replaced trigger", ddl.clone())),
     }
     for (done, sql) in statements {
         emit(out, &format!("{sql};"))?;
@@ -625,11 +668,22 @@ mod tests {
     }
 
     #[test]
-    fn trigger_body_sets_counters_to_zero() {
+    fn trigger_body_creates_the_row_or_fails() {
         let t = TableName::parse("shop.hits").unwrap();
+        let body = trigger_body(&t, &["slug".into(), "day".into()], &["cnt".into()]);
         assert_eq!(
-            trigger_body(&t, &["slug".into()], &["cnt".into()]),
-            "INSERT IGNORE INTO `shop`.`hits` (`slug`, `cnt`) VALUES (NEW.`slug`, 0)"
+            normalize(&body),
+            normalize(
+                "BEGIN DECLARE hs_found INT DEFAULT 0; \
+                 DECLARE CONTINUE HANDLER FOR 1062 BEGIN \
+                 SELECT COUNT(*) INTO hs_found FROM `shop`.`hits` \
+                 WHERE `shop`.`hits`.`slug` = NEW.`slug` AND `shop`.`hits`.`day` = NEW.`day` \
+                 LOCK IN SHARE MODE; \
+                 IF hs_found = 0 THEN SIGNAL SQLSTATE '23000' SET MYSQL_ERRNO = 1062, \
+                 MESSAGE_TEXT = 'heatsink: another unique key refuses the new row of this counter key'; \
+                 END IF; END; \
+                 INSERT INTO `shop`.`hits` (`slug`, `day`, `cnt`) VALUES (NEW.`slug`, NEW.`day`, 0); END"
+            )
         );
     }
 }

@@ -237,6 +237,7 @@ impl RingRule {
             aux,
             merge,
             param_checks,
+            as_sent_on_error: None,
             fallback: None,
             prelude: None,
             plan_flags: None,

@@ -358,6 +358,10 @@ const STABLE: &[Key] = &[
     },
 ];
 
+/// Keys whose row the table refuses (a CHECK on the key): never there, so an
+/// increment of one creates no row, matches none and changes nothing.
+const REFUSED: &[Key] = &[Key::ascii("banned"), Key::ascii("banned o'x")];
+
 /// Keys that come and go (inserted, deleted, set).
 const VOLATILE: &[Key] = &[
     Key::ascii("tmp1"),
@@ -400,7 +404,8 @@ impl Kind for Counter {
              ('中文', 1, 'zh'), ('café', 0, NULL), ('tmp1', 5, NULL);
          INSERT INTO pages VALUES ('home', 'Home'), ('blog', 'Blog'), ('contact', 'Contact'),
              ('tmp1', 'Temp');
-         ALTER TABLE hits ADD CONSTRAINT hits_note CHECK (note IS NULL OR note <> 'forbidden');
+         ALTER TABLE hits ADD CONSTRAINT hits_note CHECK (note IS NULL OR note <> 'forbidden'),
+             ADD CONSTRAINT hits_banned CHECK (slug NOT LIKE 'banned%');
          CREATE TABLE hit_notes (slug VARCHAR(64) NOT NULL, body VARCHAR(20), \
              FOREIGN KEY (slug) REFERENCES hits (slug) ON DELETE RESTRICT ON UPDATE CASCADE) \
              DEFAULT CHARSET=utf8mb4;
@@ -750,6 +755,8 @@ fn counter_increment(g: &mut Gen, s: &mut Stmt) {
     s.sql(format!(" {w} "));
     let pool = if g.chance(5) && g.open("doc_missing_key") {
         VOLATILE
+    } else if g.chance(8) {
+        REFUSED
     } else {
         STABLE
     };

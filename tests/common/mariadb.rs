@@ -411,10 +411,16 @@ impl MariaDb {
 
         let port = free_port();
         let log = dir.join("error.log");
+        // A tmpdir of its own: a server starting up deletes every `#sql*` file in
+        // its tmpdir, which in a shared /tmp are other servers' live temporary
+        // tables (seen as `Error on delete of '/tmp/#sql-temptable-….MAI'`).
+        let tmp = dir.join("tmp");
+        fs::create_dir_all(&tmp).expect("create the server's tmpdir");
         let mut server: Vec<String> = vec![
             "mariadbd".into(),
             "--no-defaults".into(),
             format!("--datadir={}", data.display()),
+            format!("--tmpdir={}", tmp.display()),
             format!("--socket={}", dir.join("sock").display()),
             format!("--pid-file={}", dir.join("mariadbd.pid").display()),
             format!("--log-error={}", log.display()),

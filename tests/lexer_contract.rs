@@ -482,7 +482,7 @@ fn settings_are_queried_once_per_session_and_after_changes() {
     // Every slot row of the key exists already: a new one fires the slot trigger,
     // whose duplicate-key check is a SELECT the session's Com_select counts too.
     mariadb().exec(&format!(
-        "INSERT INTO {}.hits_slots (slug, slot, cnt) SELECT 'home', seq, 0 FROM seq_0_to_255",
+        "INSERT INTO {0}.hits_slots (slug, slot, cnt) SELECT 'home', seq, 0 FROM {0}.seq_0_to_255",
         env.db
     ));
     // A first session pays the rule's metadata query too.

@@ -379,6 +379,26 @@ fn counter_column_under_a_check_is_refused() {
     assert_eq!(code, 0, "{out}\n{err}");
 }
 
+/// Database `db` with `pages` holding these keys (`('a'), ('b')`) and two counter
+/// tables `table` makes: `hits`, under a counter rule (migrated), and its plain twin
+/// `hits_ref`; a proxy in front.
+fn counter_twins(db: &str, pages: &str, table: impl Fn(&str) -> String) -> Env {
+    fresh_db(
+        db,
+        &format!(
+            "CREATE TABLE pages (slug VARCHAR(64) PRIMARY KEY); \
+             INSERT INTO pages VALUES {pages}; {} {}",
+            table("hits"),
+            table("hits_ref")
+        ),
+    );
+    let rule = Rule::counter("page_hits", "hits").toml();
+    let d = rules_dir("r.toml", &rule);
+    let (code, out, err) = migrate(d.path(), db, true);
+    assert_eq!(code, 0, "{out}\n{err}");
+    Env::builder(db).rule("r.toml", rule).start()
+}
+
 /// A counter upsert whose row the table refuses — a missing parent under a `RESTRICT`
 /// foreign key (1452), a CHECK on another column (4025) — or that collides on another
 /// unique key (the plain table then updates that other row) does exactly what it does
@@ -392,29 +412,15 @@ fn counter_column_under_a_check_is_refused() {
 #[test]
 fn counter_upserts_of_refused_rows_fail_like_the_table() {
     let db = "hs_con_counter_fk";
-    let table = |name: &str, check: &str| {
+    let env = counter_twins(db, "('home'), ('h'), ('ab'), ('cd'), ('ef')", |name| {
         format!(
             "CREATE TABLE {name} (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0, \
              note VARCHAR(8), UNIQUE KEY u_note (note), \
-             CONSTRAINT {check} CHECK (CHAR_LENGTH(slug) > 1), \
+             CONSTRAINT slug_len CHECK (CHAR_LENGTH(slug) > 1), \
              FOREIGN KEY (slug) REFERENCES pages (slug) ON DELETE RESTRICT); \
              INSERT INTO {name} VALUES ('home', 5, 'h');"
         )
-    };
-    fresh_db(
-        db,
-        &format!(
-            "CREATE TABLE pages (slug VARCHAR(64) PRIMARY KEY); \
-             INSERT INTO pages VALUES ('home'), ('h'), ('ab'), ('cd'), ('ef'); {} {}",
-            table("hits", "slug_len"),
-            table("hits_ref", "slug_len")
-        ),
-    );
-    let rule = Rule::counter("page_hits", "hits").toml();
-    let d = rules_dir("r.toml", &rule);
-    let (code, out, err) = migrate(d.path(), db, true);
-    assert_eq!(code, 0, "{out}\n{err}");
-    let env = Env::builder(db).rule("r.toml", rule).start();
+    });
     run(LIMIT, async {
         let mut p = env.proxied().await;
         let mut r = env.direct().await;
@@ -468,11 +474,7 @@ fn counter_upserts_of_refused_rows_fail_like_the_table() {
             let ro = outcome_or_error(&mut r, &fill(prepared, "hits_ref", db), true, params).await;
             assert_eq!(po, ro, "{slug} {note:?}\n{}", env.proxy.log_text());
         }
-        let rows = "SELECT * FROM {t} ORDER BY slug";
-        assert_eq!(
-            outcome_or_error(&mut p, &fill(rows, "hits", db), false, ()).await,
-            outcome_or_error(&mut r, &fill(rows, "hits_ref", db), false, ()).await,
-        );
+        same(&mut p, &mut r, "SELECT * FROM {t} ORDER BY slug", db, &env).await;
         assert_eq!(
             env.backend_rows("SELECT DISTINCT slug FROM {db}.hits_slots ORDER BY slug"),
             [["ab"], ["cd"], ["ef"], ["home"]].map(|r| r.map(|s| Some(s.to_string())).to_vec()),
@@ -492,7 +494,7 @@ fn counter_upserts_of_refused_rows_fail_like_the_table() {
 #[test]
 fn counter_increments_of_keys_the_table_refuses_match_no_row() {
     let db = "hs_con_counter_inc";
-    let table = |name: &str| {
+    let env = counter_twins(db, "('home'), ('h'), ('ab'), ('cd'), ('blocked')", |name| {
         format!(
             "CREATE TABLE {name} (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0, \
              tag VARCHAR(8) NOT NULL DEFAULT 'new', UNIQUE KEY u_tag (tag), \
@@ -502,21 +504,7 @@ fn counter_increments_of_keys_the_table_refuses_match_no_row() {
              IF NEW.slug = 'blocked' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'blocked'; END IF; \
              INSERT INTO {name} VALUES ('home', 5, 'h');"
         )
-    };
-    fresh_db(
-        db,
-        &format!(
-            "CREATE TABLE pages (slug VARCHAR(64) PRIMARY KEY); \
-             INSERT INTO pages VALUES ('home'), ('h'), ('ab'), ('cd'), ('blocked'); {} {}",
-            table("hits"),
-            table("hits_ref")
-        ),
-    );
-    let rule = Rule::counter("page_hits", "hits").toml();
-    let d = rules_dir("r.toml", &rule);
-    let (code, out, err) = migrate(d.path(), db, true);
-    assert_eq!(code, 0, "{out}\n{err}");
-    let env = Env::builder(db).rule("r.toml", rule).start();
+    });
     run(LIMIT, async {
         let mut p = env.proxied().await;
         let mut r = env.direct().await;
@@ -583,11 +571,14 @@ fn counter_increments_of_keys_the_table_refuses_match_no_row() {
         ))
         .await
         .unwrap();
-        let rows = "SELECT slug, cnt FROM {t} WHERE slug <> 'ab' ORDER BY slug";
-        assert_eq!(
-            outcome_or_error(&mut p, &fill(rows, "hits", db), false, ()).await,
-            outcome_or_error(&mut r, &fill(rows, "hits_ref", db), false, ()).await,
-        );
+        same(
+            &mut p,
+            &mut r,
+            "SELECT slug, cnt FROM {t} WHERE slug <> 'ab' ORDER BY slug",
+            db,
+            &env,
+        )
+        .await;
         assert_eq!(
             env.backend_rows("SELECT DISTINCT slug FROM {db}.hits_slots ORDER BY slug"),
             [["ab"], ["home"]].map(|r| r.map(|s| Some(s.to_string())).to_vec()),

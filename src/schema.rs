@@ -88,6 +88,34 @@ pub(crate) struct Column {
     pub extra: String,
 }
 
+#[cfg(test)]
+impl Column {
+    /// A column as `information_schema` would describe it (`column_type` as it spells
+    /// it: `int(11)`, `varchar(64)`), without character set or `EXTRA`.
+    pub(crate) fn for_test(
+        name: &str,
+        column_type: &str,
+        nullable: bool,
+        default: Option<&str>,
+    ) -> Column {
+        Column {
+            name: name.into(),
+            data_type: column_type
+                .split(['(', ' '])
+                .next()
+                .unwrap_or_default()
+                .into(),
+            column_type: column_type.into(),
+            charset: None,
+            collation: None,
+            nullable,
+            omittable: nullable || default.is_some(),
+            default: default.map(str::to_string),
+            extra: String::new(),
+        }
+    }
+}
+
 impl Column {
     /// `TINYINT` … `BIGINT`, signed or not.
     pub(crate) fn is_integer(&self) -> bool {
@@ -160,6 +188,8 @@ pub(crate) struct Table {
     pub primary: Option<Vec<String>>,
     /// Unique keys (primary key included) that cover whole columns: name and columns.
     pub unique: Vec<(String, Vec<String>)>,
+    /// Unique keys over a prefix of a column (`UNIQUE (name(10))`): name and columns.
+    pub unique_prefix: Vec<(String, Vec<String>)>,
 }
 
 impl Table {
@@ -222,6 +252,7 @@ pub(crate) async fn inspect_table(conn: &mut Conn, t: &TableName) -> Result<Opti
         columns: Vec::new(),
         primary: None,
         unique: Vec::new(),
+        unique_prefix: Vec::new(),
     };
     let rows: Vec<Row> = conn
         .exec(
@@ -281,8 +312,9 @@ pub(crate) async fn inspect_table(conn: &mut Conn, t: &TableName) -> Result<Opti
         if index == "PRIMARY" {
             table.primary = Some(cols.clone());
         }
-        if whole {
-            table.unique.push((index, cols));
+        match whole {
+            true => table.unique.push((index, cols)),
+            false => table.unique_prefix.push((index, cols)),
         }
     }
     Ok(Some(table))

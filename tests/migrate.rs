@@ -731,6 +731,19 @@ fn migrate_replaces_an_earlier_trigger_and_refuses_a_foreign_one() {
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("exists and matches the rule"), "{out}");
     assert!(!out.contains("CREATE"), "{out}");
+    // A unique key that a new key's row can collide with needs the trigger's check
+    // that a duplicate is the key's own: the trigger is replaced with that form.
+    mariadb().exec(&format!(
+        "ALTER TABLE {db}.hits ADD tag VARCHAR(8) NOT NULL DEFAULT 'x', ADD UNIQUE KEY u_tag (tag)"
+    ));
+    let (code, out, err) = migrate(&rules, db, true);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("which takes any duplicate for the key's own"),
+        "{out}"
+    );
+    assert!(out.contains("LOCK IN SHARE MODE"), "{out}");
+    assert!(out.contains("-- applied: replaced trigger"), "{out}");
 
     let (_d, rules) = rules_dir(&counter_rule(
         "other",

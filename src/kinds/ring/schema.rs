@@ -1737,21 +1737,7 @@ mod tests {
     use super::*;
 
     fn col(name: &str, column_type: &str, nullable: bool, default: Option<&str>) -> Column {
-        Column {
-            name: name.into(),
-            data_type: column_type
-                .split(['(', ' '])
-                .next()
-                .unwrap_or_default()
-                .into(),
-            column_type: column_type.into(),
-            charset: None,
-            collation: None,
-            nullable,
-            omittable: nullable || default.is_some(),
-            default: default.map(str::to_string),
-            extra: String::new(),
-        }
+        Column::for_test(name, column_type, nullable, default)
     }
 
     #[test]
@@ -1807,6 +1793,7 @@ mod tests {
             columns: vec![id, uid.clone(), col("v", "int(11)", false, None)],
             primary: Some(vec!["id".into()]),
             unique: Vec::new(),
+            unique_prefix: Vec::new(),
         };
         (spec, table, uid)
     }

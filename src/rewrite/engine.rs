@@ -989,6 +989,16 @@ impl Engine {
                 Refusal::internal("internal error: the rewrite has no statement"),
             ));
         }
+        if plan.as_sent_on_error.is_some() && plan.statements.len() > 1 && !plan.atomic {
+            // A statement that failed half way would leave the others' work behind
+            // the client's statement run as sent.
+            return Cached::Reject(Rejection::new(
+                rule,
+                Refusal::internal(
+                    "internal error: a rewrite that runs as sent when it fails must fail as a whole",
+                ),
+            ));
+        }
         let printed: Vec<String> = plan.statements.iter().map(ToString::to_string).collect();
         match Template::build(&printed, slots, dynamics) {
             Ok(mut template) => {
@@ -1933,10 +1943,21 @@ mod tests {
         }
     }
 
+    /// How [`Broken`] misbehaves.
+    #[derive(Clone, Copy)]
+    enum Breaks {
+        /// It panics.
+        Panics,
+        /// Its plan holds a `?` of its own.
+        BareParam,
+        /// Its plan runs as sent on error but could fail half way.
+        LooseAsSent,
+    }
+
     /// Test-only rule that misbehaves in a configurable way.
     struct Broken {
         tables: Vec<TableName>,
-        bare_param: bool,
+        breaks: Breaks,
     }
 
     impl Rule for Broken {
@@ -1947,12 +1968,23 @@ mod tests {
             &self.tables
         }
         fn plan(&self, _: &Statement, _: &PlanContext<'_>) -> Result<Option<Plan>, Refusal> {
-            if self.bare_param {
-                let stmts =
-                    parse_statements("SELECT ?").map_err(|e| Refusal::internal(e.to_string()))?;
-                return Ok(Some(stmts.into()));
+            match self.breaks {
+                Breaks::Panics => panic!("rule bug"),
+                Breaks::BareParam => {
+                    let stmts = parse_statements("SELECT ?")
+                        .map_err(|e| Refusal::internal(e.to_string()))?;
+                    Ok(Some(stmts.into()))
+                }
+                Breaks::LooseAsSent => {
+                    let stmts = parse_statements("UPDATE t SET a = 1; UPDATE t SET a = 2")
+                        .map_err(|e| Refusal::internal(e.to_string()))?;
+                    Ok(Some(Plan {
+                        statements: stmts,
+                        as_sent_on_error: Some("because"),
+                        ..Default::default()
+                    }))
+                }
             }
-            panic!("rule bug");
         }
     }
 
@@ -2357,18 +2389,28 @@ mod tests {
         let tables = vec![TableName::new(None, "t")];
         let e = engine(vec![Arc::new(Broken {
             tables: tables.clone(),
-            bare_param: false,
+            breaks: Breaks::Panics,
         })]);
         let rej = rejected(e.decide(b"SELECT a FROM t", &TEXT));
         assert!(rej.reason.contains("internal error"), "{}", rej.reason);
         assert_eq!(rej.class, RefusalClass::Internal);
         assert_eq!(e.decide(b"SELECT a FROM u", &TEXT), Decision::Passthrough);
         let e = engine(vec![Arc::new(Broken {
-            tables,
-            bare_param: true,
+            tables: tables.clone(),
+            breaks: Breaks::BareParam,
         })]);
         let rej = rejected(e.decide(b"SELECT a FROM t", &TEXT));
         assert!(rej.reason.contains("`?` parameter"), "{}", rej.reason);
+        let e = engine(vec![Arc::new(Broken {
+            tables,
+            breaks: Breaks::LooseAsSent,
+        })]);
+        let rej = rejected(e.decide(b"UPDATE t SET a = 0", &TEXT));
+        assert!(
+            rej.reason.contains("must fail as a whole"),
+            "{}",
+            rej.reason
+        );
     }
 
     #[test]

@@ -555,9 +555,8 @@ const CHECKED: &str = "hs_found";
 /// table could also hold the new row's values (`lone` false: see
 /// [`only_the_key_collides`]), a duplicate is taken for the key's only when a locking
 /// read finds the key's row, else the trigger signals 1062 itself. The check costs
-/// the server about 60 µs each time an existing key gets a new slot row (measured
-/// with a 1062 handler that does only that read), so the tables that do not need it
-/// go without.
+/// the server 1.29 × per new slot row of an existing key (`bench-counter-trigger.sh`),
+/// so the tables that do not need it go without.
 fn trigger_body(logical: &TableName, key: &[String], columns: &[String], lone: bool) -> String {
     let values: Vec<String> = key.iter().map(|k| format!("NEW.{}", quote(k))).collect();
     let insert = key_row_insert("INSERT", &logical.quoted(), key, columns, &values);

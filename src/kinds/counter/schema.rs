@@ -436,7 +436,7 @@ fn note_omitted_columns(
         .collect();
     if !omitted.is_empty() {
         notes.push(format!(
-"{} has no default for {}: under a strict sql_mode (the trigger keeps the one it is created with) the trigger cannot create the row of a new key, and an increment of a key without a row runs as sent and matches none; otherwise such rows get the type's implicit default there",
+            "{} has no default for {}: under a strict sql_mode (the trigger keeps the one it is created with) the trigger cannot create the row of a new key, and an increment of a key without a row runs as sent and matches none; otherwise such rows get the type's implicit default there",
             logical.quoted(),
             list(&omitted)
         ));

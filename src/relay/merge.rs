@@ -304,7 +304,13 @@ impl Session {
             // Nothing was written (one statement in autocommit), and the error may
             // be one member's doing: each member runs its own statement, so only a
             // statement that fails alone gets an error.
-            Err(_) if m.alone_after_failure(members) => {
+            // A lone member whose rewrite runs as sent on such an error does so
+            // alone too (`Plan::as_sent_on_error`): its failed write says nothing
+            // about its own statement.
+            Err(payload)
+                if m.alone_after_failure(members)
+                    || (rw.as_sent_on_error.is_some() && super::splice::undone_alone(&payload)) =>
+            {
                 for _ in 0..members {
                     self.count_alone(AloneReason::WriteFailed);
                 }

@@ -138,7 +138,7 @@ pub(super) struct Run {
 /// 45), or a column without a default (1364). Other errors (a lock conflict, an
 /// interruption, a lost connection, a missing grant) may have ended more than the
 /// statement, or are the statement's own as much as the rewrite's.
-fn undone_alone(payload: &[u8]) -> bool {
+pub(super) fn undone_alone(payload: &[u8]) -> bool {
     const NO_DEFAULT_FOR_FIELD: u16 = 1364;
     let class = match payload.get(3..6) {
         Some([b'#', a, b]) => [*a, *b],

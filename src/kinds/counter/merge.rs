@@ -142,12 +142,11 @@ impl Merger for Increments {
         None
     }
 
-    fn alone_after_failure(&self, _members: usize) -> bool {
-        // The error may be one member's doing (a sum out of range, say, or a key
-        // whose row the table refuses). Each member's increment runs alone, where
-        // a failure runs the member's UPDATE as sent (`Plan::as_sent_on_error`):
-        // even a lone member, whose failed write says nothing about its UPDATE.
-        true
+    fn alone_after_failure(&self, members: usize) -> bool {
+        // The error may be one member's doing (a sum out of range, say). A lone
+        // member's write is its own increment: it gets the error (or, when the
+        // error says nothing about its UPDATE, runs it as sent: `relay::merge`).
+        members > 1
     }
 
     fn routes_warnings(&self) -> bool {

@@ -234,7 +234,10 @@ fn migrate_refuses_rules_the_tables_do_not_fit() {
              cnt INT NOT NULL DEFAULT 0, KEY (slug));
          CREATE TABLE odd (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0);
          CREATE TABLE odd_slots (slug VARCHAR(32) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
-             cnt BIGINT UNSIGNED NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));",
+             cnt BIGINT UNSIGNED NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));
+         CREATE TABLE narrow (slug VARCHAR(64) PRIMARY KEY, cnt INT NOT NULL DEFAULT 0);
+         CREATE TABLE narrow_slots (slug VARCHAR(64) NOT NULL, slot SMALLINT UNSIGNED NOT NULL,
+             cnt INT NOT NULL DEFAULT 0, PRIMARY KEY (slug, slot));",
     );
     let cases = [
         (
@@ -256,6 +259,11 @@ fn migrate_refuses_rules_the_tables_do_not_fit() {
         (
             counter_rule("odd", "odd", &["slug"], &["cnt"], "odd_slots"),
             "slot table `hs_mig_refuse`.`odd_slots` exists but does not match the rule",
+        ),
+        (
+            // As wide as the counter, but a slot row sums deltas: only BIGINT holds them.
+            counter_rule("narrow", "narrow", &["slug"], &["cnt"], "narrow_slots"),
+            "counter column `cnt` is int(11), not BIGINT",
         ),
     ];
     for (rule, want) in &cases {
@@ -744,6 +752,17 @@ fn migrate_replaces_an_earlier_trigger_and_refuses_a_foreign_one() {
     );
     assert!(out.contains("LOCK IN SHARE MODE"), "{out}");
     assert!(out.contains("-- applied: replaced trigger"), "{out}");
+    // A hand-written trigger with a 1062 handler is left as it is, but one that never
+    // checks whose duplicate it is, on a table that needs the check, is called out.
+    mariadb().exec(&format!(
+        "CREATE OR REPLACE TRIGGER {db}.hits_slots_hs_ai AFTER INSERT ON {db}.hits_slots
+             FOR EACH ROW BEGIN DECLARE CONTINUE HANDLER FOR 1062 BEGIN END;
+             INSERT INTO hits (slug) VALUES (NEW.slug); END"
+    ));
+    let (code, out, err) = migrate(&rules, db, true);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("left as it is; another unique key"), "{out}");
+    assert!(!out.contains("CREATE"), "{out}");
 
     let (_d, rules) = rules_dir(&counter_rule(
         "other",

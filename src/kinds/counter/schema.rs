@@ -411,8 +411,15 @@ async fn plan_slot_trigger(
         )));
     }
     if found != want {
+        // The table needs the check that a duplicate is the key's own; a hand-written
+        // body that never signals cannot have it.
+        let unchecked = if want.contains(CHECKED) && !found.contains("signal") {
+            "; another unique key of the table (or its `BEFORE INSERT` trigger) can make a new key's row a duplicate that is not the key's, which this body takes for the key's own: such an increment would stay in a slot row that no read shows (drop the trigger and run `heatsink migrate --apply` for the form that checks)"
+        } else {
+            ""
+        };
         notes.push(format!(
-            "trigger {} exists with the body `{}`; left as it is",
+            "trigger {} exists with the body `{}`; left as it is{unchecked}",
             trig.quoted(),
             t.body
         ));
@@ -511,6 +518,13 @@ fn slot_table_problems(
             None => problems.push(format!("counter column `{name}` is missing")),
             Some(c) if !c.is_integer() || c.is_unsigned() => problems.push(format!(
                 "counter column `{name}` is {}, not a signed integer (deltas may be negative)",
+                c.column_type
+            )),
+            // A slot row sums any number of deltas, whatever the counter's own type
+            // holds; a narrower column would fail them, or clamp them in a session
+            // that is not strict.
+            Some(c) if !c.data_type.eq_ignore_ascii_case("bigint") => problems.push(format!(
+                "counter column `{name}` is {}, not BIGINT (a slot row sums any number of deltas; a narrower column would clamp them in a session that is not strict)",
                 c.column_type
             )),
             Some(_) => {}

@@ -16,6 +16,12 @@
 # Reference legs: rollup_trg (the log with the rollups' triggers, directly),
 # rollup_hop (the bare log through heatsink: the hop alone), rollup_haproxy (the bare
 # log through haproxy in TCP mode: what any relay's hop costs on this machine).
+# Ceiling legs (<workload>_null): the heatsink leg's script against a server that
+# answers every statement with OK at once, no database behind it
+# (examples/null_server.rs, on the runtime heatsink uses): sysbench's own cost and
+# one answer per statement, nothing else. No proxy that answers each client
+# statement serves more statements per second than that on the same machine, so the
+# ceiling / direct ratio bounds what any relay can reach against each goal.
 # TRANSPORT=unix (a sidecar deployment): every leg over Unix sockets, sysbench on
 # the server's socket (direct), heatsink's (`--listen-unix`, itself on the server's
 # socket with `--backend unix:PATH`) or haproxy's (`bind unix@`, `server unix@`).
@@ -52,9 +58,11 @@ OUT=${OUT:-bench/results/sysbench.md}
 export MARIADB_EXTRA_ARGS=${MARIADB_EXTRA_ARGS:---innodb-buffer-pool-size=512M}
 
 hs_install_traps
-[[ ${SKIP_BUILD:-0} == 1 ]] || cargo build --release --quiet --bin heatsink
+[[ ${SKIP_BUILD:-0} == 1 ]] || cargo build --release --quiet --bin heatsink --example null_server
 HEATSINK_BIN=${HEATSINK_BIN:-$HS_REPO_DIR/target/release/heatsink}
 export HEATSINK_BIN
+NULL_BIN=${NULL_BIN:-$HS_REPO_DIR/target/release/examples/null_server}
+[[ -x $NULL_BIN ]] || hs_die "null server not found at $NULL_BIN (cargo build --release --example null_server)"
 REV=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo " (uncommitted changes)")
 
 hs_tmpdir_into WORK sysbench
@@ -89,6 +97,19 @@ for rt in $RUNTIMES; do
 done
 HEATSINK_PORT=${HS_PORT[${RUNTIMES%% *}]}
 if [[ $TRANSPORT == unix ]]; then haproxy_unix_start "$MARIADB_SOCKET"; else haproxy_start "$MARIADB_PORT"; fi
+# The ceiling's server: TCP and, for TRANSPORT=unix, a socket.
+NULL_PORT=$(hs_free_port) NULL_SOCK=$WORK/null.sock
+null_args=(--listen "127.0.0.1:$NULL_PORT")
+[[ $TRANSPORT != unix ]] || null_args+=(--unix "$NULL_SOCK")
+setsid "$NULL_BIN" "${null_args[@]}" >"$WORK/null.log" 2>&1 &
+NULL_PID=$!
+hs_register_pid "$NULL_PID"
+for ((i = 0; i < 100; i++)); do
+  grep -q 'listening on' "$WORK/null.log" 2>/dev/null && break
+  kill -0 "$NULL_PID" 2>/dev/null || { cat "$WORK/null.log" >&2; hs_die "null server exited during startup"; }
+  sleep 0.1
+done
+grep -q 'listening on' "$WORK/null.log" || hs_die "null server did not listen within 10s"
 
 # One Lua workload per write statement (scripts/lib/merge_workloads.sh).
 merge_workloads_lua "$WORK"
@@ -107,9 +128,9 @@ legs_of() {
     esac
   done
   case $1 in
-  counter) echo "counter_direct:counter:direct:plain$hs" ;;
-  ring) echo "ring_direct:ring_purge:direct:plain$hs" ;;
-  rollup) echo "rollup_direct:rollup:direct:plain$hs rollup_trg:rollup:direct:$SB_DB rollup_haproxy:rollup:haproxy:plain" ;;
+  counter) echo "counter_direct:counter:direct:plain$hs counter_null:counter:null:plain" ;;
+  ring) echo "ring_direct:ring_purge:direct:plain$hs ring_null:ring:null:plain" ;;
+  rollup) echo "rollup_direct:rollup:direct:plain$hs rollup_trg:rollup:direct:$SB_DB rollup_haproxy:rollup:haproxy:plain rollup_null:rollup:null:plain" ;;
   esac
 }
 # sysbench's connection options for a leg's `where`.
@@ -117,6 +138,8 @@ conn_of() {
   case $TRANSPORT:$1 in
   tcp:direct) echo "--mysql-host=127.0.0.1 --mysql-port=$MARIADB_PORT" ;;
   tcp:haproxy) echo "--mysql-host=127.0.0.1 --mysql-port=$HAPROXY_PORT" ;;
+  tcp:null) echo "--mysql-host=127.0.0.1 --mysql-port=$NULL_PORT" ;;
+  unix:null) echo "--mysql-socket=$NULL_SOCK" ;;
   tcp:hs-*) echo "--mysql-host=127.0.0.1 --mysql-port=${HS_PORT[${1#hs-}]}" ;;
   unix:direct) echo "--mysql-socket=$MARIADB_SOCKET" ;;
   unix:haproxy) echo "--mysql-socket=$HAPROXY_UNIX_SOCK" ;;
@@ -135,6 +158,7 @@ threads_of() {
 proxy_pid_of() {
   case $1 in
   haproxy) echo "$HAPROXY_PID" ;;
+  null) echo "$NULL_PID" ;;
   hs-*) echo "${HS_PID[${1#hs-}]}" ;;
   esac
 }
@@ -261,6 +285,14 @@ for w, a, b, goal, text in goals:
         continue
     m, per = ratio(a, b)
     L.append(f"| {text} | **{m:.2f}** | {', '.join(f'{x:.2f}' for x in per)} | ≥ {goal:g} |")
+ceil = [(w, f"{w}_null", f"{w}_direct", goal) for w, goal in [("counter", 6.0), ("ring", 3.0), ("rollup", 0.7)] if w in W]
+if ceil:
+    L += ["", "The ceiling: the same sysbench script against a server that answers every statement with OK at once, no database behind it (examples/null_server.rs). No relay that answers each client statement serves more than that on this machine.", "",
+          "| workload | ceiling / direct (median) | per round | goal | heatsink / ceiling (median) |", "|---|---:|---|---:|---:|"]
+    for w, n, d, goal in ceil:
+        m, per = ratio(n, d)
+        hs, _ = ratio(f"{w}_hs{RT[runtimes[0]]}", n)
+        L.append(f"| {w} | **{m:.2f}** | {', '.join(f'{x:.2f}' for x in per)} | ≥ {goal:g} | {hs:.2f} |")
 if "rollup" in W:
     L += ["", "Rollup references:", "",
           "| ratio | median | per round |", "|---|---:|---|"]
@@ -281,7 +313,7 @@ if "per-core" in runtimes and "shared" in runtimes:
             m, per = ratio(name + "_pc", name)
             L.append(f"| {name} | **{m:.2f}** | {', '.join(f'{x:.2f}' for x in per)} |")
 L += ["", "## Where each event's CPU goes (µs per event, medians over rounds)", "",
-      "CPU time of each process over the leg (sysbench from `time`, mariadbd and the proxy from `/proc/PID/stat`) divided by the events. On two saturated cores the events per second are about 2,000,000 / the total.", "",
+      "CPU time of each process over the leg (sysbench from `time`, mariadbd and the proxy from `/proc/PID/stat`) divided by the events; for the `_null` legs the proxy column is the null server. On two saturated cores the events per second are about 2,000,000 / the total.", "",
       "| leg | client (sysbench) | server (mariadbd) | proxy | total |", "|---|---:|---:|---:|---:|"]
 for name in sorted({n for (_, n) in rows}):
     c, sv, p = (med(rows[(r, name)][k] for r in rr) for k in ("client", "server", "proxy"))

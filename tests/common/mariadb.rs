@@ -582,6 +582,11 @@ pub(super) fn process_alive(pid: u32) -> bool {
 
 /// Returns the template data directory, creating it on first use.
 pub(super) fn ensure_template() -> PathBuf {
+    // The staging directory is named by the process: threads of one test binary
+    // that start servers at once (a server and a cluster) must not share it, so
+    // one creates the template while the others wait.
+    static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _creating = CREATING.lock().unwrap_or_else(|e| e.into_inner());
     let target = target_dir();
     let template = target.join("mariadb-template");
     if template.join("mysql").is_dir() {

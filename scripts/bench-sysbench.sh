@@ -157,7 +157,7 @@ threads_of() {
 # The proxy process of a leg's `where`, if any.
 proxy_pid_of() {
   case $1 in
-  haproxy) echo "$HAPROXY_PID" ;;
+  haproxy) if [[ $TRANSPORT == unix ]]; then echo "$HAPROXY_UNIX_PID"; else echo "$HAPROXY_PID"; fi ;;
   null) echo "$NULL_PID" ;;
   hs-*) echo "${HS_PID[${1#hs-}]}" ;;
   esac

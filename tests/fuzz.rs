@@ -485,6 +485,11 @@ impl Kind for Counter {
                 malformed(g, &mut s);
             }
         }
+        // `slug = 0` compares every key as a number: in a strict mode each
+        // non-numeric key fails the write, and the first one visited is named.
+        if s.write && g.used("numeric_key") {
+            s.first_error_by_plan = true;
+        }
         s
     }
 }

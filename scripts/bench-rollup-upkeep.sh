@@ -48,14 +48,7 @@ started=$(date -u '+%Y-%m-%d %H:%M')
 mariadb_start
 hs_tmpdir_into WORK upkeep
 merge_workloads_schema "$SB_DB"
-merge_workloads_rules "$WORK/all.toml"
-mkdir -p "$WORK/rules"
-# Only the two rollups.
-awk '/^\[\[/ { keep = ($0 == "[[rollup]]") } keep' "$WORK/all.toml" |
-  sed -E "s/^table = \"/table = \"$SB_DB./" >"$WORK/rules/rules.toml"
-"$HEATSINK_BIN" migrate --rules "$WORK/rules" \
-  --backend-url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$MARIADB_PORT/$SB_DB" --apply \
-  >"$WORK/migrate.log" 2>&1 || { cat "$WORK/migrate.log" >&2; hs_die "heatsink migrate failed"; }
+merge_workloads_migrate rollup "$WORK" "$HEATSINK_BIN"
 
 ROLLUPS=(plays_by_country_hour plays_by_country_day)
 declare -A BODY

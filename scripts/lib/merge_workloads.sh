@@ -5,6 +5,7 @@
 #
 #   merge_workloads_schema DB      creates the tables in DB (as root)
 #   merge_workloads_rules FILE     writes the rule file
+#   merge_workloads_migrate KIND DIR BIN  switches one kind's rules on
 
 merge_workloads_schema() {
 	mariadb_root "$1" -e "
@@ -29,6 +30,23 @@ merge_workloads_schema() {
     KEY (user_id),
     KEY (created_at)
   ) ENGINE=InnoDB;"
+}
+
+# merge_workloads_migrate KIND DIR HEATSINK_BIN -> the rules of one kind (ring,
+# rollup, counter) with their tables qualified by $SB_DB, written to DIR/rules and
+# switched on in $SB_DB with `heatsink migrate --apply` (its output in DIR/migrate.log)
+merge_workloads_migrate() {
+	local kind=$1 dir=$2 bin=$3
+	merge_workloads_rules "$dir/all.toml"
+	mkdir -p "$dir/rules"
+	awk -v want="[[$kind]]" '/^\[\[/ { keep = ($0 == want) } keep' "$dir/all.toml" |
+		sed -E "s/^table = \"/table = \"$SB_DB./" >"$dir/rules/rules.toml"
+	"$bin" migrate --rules "$dir/rules" \
+		--backend-url "mysql://$SB_USER:$SB_PASSWORD@127.0.0.1:$MARIADB_PORT/$SB_DB" --apply \
+		>"$dir/migrate.log" 2>&1 || {
+		cat "$dir/migrate.log" >&2
+		hs_die "heatsink migrate failed"
+	}
 }
 
 merge_workloads_rules() {

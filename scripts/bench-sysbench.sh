@@ -313,11 +313,12 @@ if "per-core" in runtimes and "shared" in runtimes:
             m, per = ratio(name + "_pc", name)
             L.append(f"| {name} | **{m:.2f}** | {', '.join(f'{x:.2f}' for x in per)} |")
 L += ["", "## Where each event's CPU goes (µs per event, medians over rounds)", "",
-      "CPU time of each process over the leg (sysbench from `time`, mariadbd and the proxy from `/proc/PID/stat`) divided by the events; for the `_null` legs the proxy column is the null server. On two saturated cores the events per second are about 2,000,000 / the total.", "",
-      "| leg | client (sysbench) | server (mariadbd) | proxy | total |", "|---|---:|---:|---:|---:|"]
+      "CPU time of each process over the leg (sysbench from `time`, mariadbd and the proxy from `/proc/PID/stat`) divided by the events; for the `_null` legs the proxy column is the null server. On two saturated cores the events per second are about 2,000,000 / the total. Cores busy: the three processes' CPU time over the leg / its length (what is left of the machine's cores was idle, or went to other work).", "",
+      "| leg | client (sysbench) | server (mariadbd) | proxy | total | cores busy |", "|---|---:|---:|---:|---:|---:|"]
 for name in sorted({n for (_, n) in rows}):
     c, sv, p = (med(rows[(r, name)][k] for r in rr) for k in ("client", "server", "proxy"))
-    L.append(f"| {name} | {c:.1f} | {sv:.1f} | {p:.1f} | {c + sv + p:.1f} |")
+    busy = med((rows[(r, name)]["client"] + rows[(r, name)]["server"] + rows[(r, name)]["proxy"]) * rows[(r, name)]["rate"] / 1e6 for r in rr)
+    L.append(f"| {name} | {c:.1f} | {sv:.1f} | {p:.1f} | {c + sv + p:.1f} | {busy:.2f} |")
 L += ["", "## Exact after the legs", ""] + [f"- {l.strip()}" for l in open(checks) if l.strip()]
 L += ["", "## Raw numbers (events per second; ignored errors are deadlocks and lock-wait timeouts sysbench retried past)", "",
       "| round | leg | events/s | ignored errors |", "|---:|---|---:|---:|"]

@@ -16,6 +16,7 @@ mod common;
 
 use common::differential::{Charset, Differential, Gen, Kind, Lit, Order, Protocol, Stmt};
 use common::fixture::Rule;
+use common::packets::FLAGS_BY_PLAN;
 use common::rawclient::RawParam;
 
 /// Statements per round in the bounded run.
@@ -385,12 +386,6 @@ const VOLATILE: &[Key] = &[
         has_5c: true,
     },
 ];
-
-/// Column flags a result loses when the server's plan puts its rows through a
-/// temporary table (key flags): two tables of the same rows whose statistics differ
-/// may be read with different plans, so a join or subquery read may carry them on
-/// one side and not on the other.
-const FLAGS_BY_PLAN: u16 = 0x0002 | 0x0004 | 0x0008 | 0x4000;
 
 struct Counter;
 

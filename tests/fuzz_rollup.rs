@@ -11,6 +11,7 @@
 mod common;
 
 use common::differential::{Gen, Kind, Lit, Order, Stmt};
+use common::packets::GROUPED_FLAGS_BY_PLAN;
 use common::rawclient::RawParam;
 
 /// Statements per round in the bounded run.
@@ -22,10 +23,6 @@ const SEED: u64 = 20_261_126;
 
 /// The log.
 const LOG: &str = "plays";
-
-/// Column flags MariaDB sets from the plan of a grouped read: PRI/UNIQUE/MULTIPLE
-/// key, BINARY, AUTO_INCREMENT, PART_KEY and the group flag.
-const FLAGS_BY_PLAN: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0080 | 0x0200 | 0x4000 | 0x8000;
 
 #[test]
 fn rollup_reads_match_the_log() {
@@ -602,7 +599,7 @@ fn read(g: &mut Gen, s: &mut Stmt) {
     // the server's own plan (`exact_flags`) where it does not, compared in full.
     // A dimension bound as a parameter makes the read fall back: both sides then
     // run it as sent, each planned on its own table (their statistics differ).
-    s.param_flags_mask = FLAGS_BY_PLAN;
+    s.param_flags_mask = GROUPED_FLAGS_BY_PLAN;
     let mut first = true;
     let mut and = |s: &mut Stmt| {
         s.sql(if first { " WHERE " } else { " AND " });

@@ -13,6 +13,7 @@ mod common;
 
 use common::differential::{Gen, Kind, Order, Stmt};
 use common::fixture::Rule;
+use common::packets::{FLAGS_BY_PLAN, GROUPED_FLAGS_BY_PLAN};
 
 /// Statements per round in the bounded run.
 const STATEMENTS: usize = 1200;
@@ -23,10 +24,6 @@ const SEED: u64 = 20_261_127;
 
 /// Users in the graph; authors 1–3 are followed by most.
 const USERS: i64 = 40;
-
-/// Column flags that follow MariaDB's plan (a join sorted through a temporary table
-/// loses the key and AUTO_INCREMENT flags): either form is the log's answer.
-const PLAN_FLAGS: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0200 | 0x4000 | 0x8000;
 
 #[test]
 fn pull_timelines_match_the_plain_tables() {
@@ -224,7 +221,7 @@ fn unfollow(g: &mut Gen, s: &mut Stmt) {
 /// The friends-timeline read in one of its spellings.
 fn read(g: &mut Gen, s: &mut Stmt) {
     s.order = Order::Exact;
-    s.flags_mask = PLAN_FLAGS;
+    s.flags_mask = FLAGS_BY_PLAN;
     let sel = g.kw("SELECT");
     let reader = user(g);
     let rl = g.int_lit(reader);
@@ -274,7 +271,7 @@ fn read(g: &mut Gen, s: &mut Stmt) {
         _ => {
             // Not the timeline's shape: forwarded as sent. The count's BINARY flag
             // follows the plan too (grouped through a temporary table or not).
-            s.flags_mask = PLAN_FLAGS | 0x0080;
+            s.flags_mask = GROUPED_FLAGS_BY_PLAN;
             s.sql(format!(
                 "{sel} m.id, COUNT(*) AS n FROM message m JOIN follower f ON m.user_id = f.follower_id WHERE f.user_id = "
             ))

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use common::cli::{Cli, Running};
 use common::client::{run, run_text, Outcome};
 use common::fixture::{fresh_db, scalar, Env, Rule};
+use common::packets::FLAGS_BY_PLAN;
 use common::{http_get, mariadb, mariadb_primary, replica_of, sample, MariaDb};
 
 /// The log the rollup tests use: `n` rows over a few tracks and days.
@@ -559,15 +560,10 @@ fn mailboxes_and_timelines(db: &str) -> (Groups, Groups) {
     (timelines, mailboxes)
 }
 
-/// Column flags that follow MariaDB's plan (a join sorted through a temporary table
-/// loses the key and AUTO_INCREMENT flags): either form is the plain query's answer
-/// (as in tests/timeline.rs).
-const PLAN_FLAGS: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0200 | 0x4000 | 0x8000;
-
 fn masked(mut o: Outcome) -> Outcome {
     for c in &mut o.columns {
         c.flags =
-            mysql_async::consts::ColumnFlags::from_bits_truncate(c.flags.bits() & !PLAN_FLAGS);
+            mysql_async::consts::ColumnFlags::from_bits_truncate(c.flags.bits() & !FLAGS_BY_PLAN);
     }
     o
 }

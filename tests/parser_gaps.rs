@@ -16,7 +16,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use common::fixture::{fresh_db, migrate_apply, utc_date, Rule};
-use common::packets::{describe, read_lenenc, read_lenenc_str, text_rows, Packet};
+use common::packets::{
+    describe, read_lenenc, read_lenenc_str, text_rows, Packet, GROUPED_FLAGS_BY_PLAN,
+};
 use common::rawclient::{caps, types, ConnectOpts, RawClient, RawParam};
 use common::{http_get, mariadb, sample, Proxy, PASSWORD, USER};
 
@@ -174,16 +176,10 @@ fn same_as_direct(
     proxied
 }
 
-/// Column flags MariaDB sets from the plan it picks for a read (PRI/UNIQUE/MULTIPLE
-/// key, BINARY, AUTO_INCREMENT, PART_KEY, group): a rewritten read may be planned
-/// otherwise than the log's (documented in rules/README.md), so they are not compared,
-/// as in the differential fuzzers.
-const FLAGS_BY_PLAN: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0080 | 0x0200 | 0x4000 | 0x8000;
-
 /// Status bits that follow the plan too: NO_GOOD_INDEX_USED, NO_INDEX_USED.
 const STATUS_BY_PLAN: u16 = 0x0010 | 0x0020;
 
-/// The packets with [`FLAGS_BY_PLAN`] cleared in column definitions and
+/// The packets with [`GROUPED_FLAGS_BY_PLAN`] cleared in column definitions and
 /// [`STATUS_BY_PLAN`] in OK and EOF packets.
 fn masked(packets: &[Packet]) -> Vec<Packet> {
     packets
@@ -211,8 +207,8 @@ fn masked(packets: &[Packet]) -> Vec<Packet> {
                 // 0x0c, character set (2), length (4), type (1), then the flags.
                 let at = pos + 8;
                 if strings && p.payload.len() >= at + 2 {
-                    let flags =
-                        u16::from_le_bytes([p.payload[at], p.payload[at + 1]]) & !FLAGS_BY_PLAN;
+                    let flags = u16::from_le_bytes([p.payload[at], p.payload[at + 1]])
+                        & !GROUPED_FLAGS_BY_PLAN;
                     p.payload[at..at + 2].copy_from_slice(&flags.to_le_bytes());
                 }
             }

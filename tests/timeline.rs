@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::client::{run, run_exec, run_text, Outcome};
 use common::differential::Prng;
 use common::fixture::{Env, Rule};
+use common::packets::FLAGS_BY_PLAN;
 use mysql_async::prelude::Queryable;
 use mysql_async::Value;
 
@@ -21,10 +22,6 @@ const SCHEMA: &str = "CREATE TABLE follower (user_id INT UNSIGNED NOT NULL, foll
 
 /// Users in the graph.
 const USERS: u64 = 2500;
-
-/// Column flags that follow MariaDB's plan (a join sorted through a temporary table
-/// loses the key and AUTO_INCREMENT flags): either form is the log's answer.
-const PLAN_FLAGS: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0200 | 0x4000 | 0x8000;
 
 /// A heavy-tailed graph: authors 1–4 are followed by most users, the rest at random
 /// (readers follow 0 to ~80 authors, and every 97th about 1,000); messages mostly
@@ -71,7 +68,7 @@ fn data(g: &mut Prng) -> String {
 fn masked(mut o: Outcome) -> Outcome {
     for c in &mut o.columns {
         c.flags =
-            mysql_async::consts::ColumnFlags::from_bits_truncate(c.flags.bits() & !PLAN_FLAGS);
+            mysql_async::consts::ColumnFlags::from_bits_truncate(c.flags.bits() & !FLAGS_BY_PLAN);
     }
     o
 }

@@ -1262,8 +1262,9 @@ impl<'k> Differential<'k> {
     }
 
     /// The server's plans of a differing data statement on both databases, read
-    /// directly (not through the proxy): whether the two tables are visited in
-    /// different orders, which decides the first row an error names.
+    /// directly (not through the proxy): whether the two tables, of the same rows but
+    /// different histories, are read with different plans, which decide the first
+    /// row an error names and the column flags a temporary table drops.
     fn plans(&self, psql: &[u8], rsql: &[u8]) -> String {
         let head: String = String::from_utf8_lossy(psql)
             .trim_start()

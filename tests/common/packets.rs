@@ -22,6 +22,17 @@ pub mod status {
     pub const SESSION_STATE_CHANGED: u16 = 0x4000;
 }
 
+/// Column flags that follow the plan MariaDB picks for a read, not the table: a read
+/// whose rows go through a temporary table (a join or subquery sorted there, a
+/// grouped read) loses the key flags (PRI_KEY, UNIQUE_KEY, MULTIPLE_KEY, PART_KEY),
+/// AUTO_INCREMENT and the group flag. Two tables of the same rows whose statistics
+/// differ, or a rewritten read and the original, may be planned differently: either
+/// form is the plain table's answer.
+pub const FLAGS_BY_PLAN: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0200 | 0x4000 | 0x8000;
+
+/// [`FLAGS_BY_PLAN`] and BINARY, which the plan of a grouped read sets too.
+pub const GROUPED_FLAGS_BY_PLAN: u16 = FLAGS_BY_PLAN | 0x0080;
+
 /// One logical packet (fragments of a >= 16 MiB payload are joined; `seq` is the
 /// sequence id of the first fragment).
 #[derive(Clone, PartialEq, Eq)]

@@ -584,6 +584,74 @@ fn user_variable_read_by_a_signalling_trigger_stays_in_its_session() {
     }
 }
 
+/// A trigger of the application's that records the writing connection
+/// (`CONNECTION_ID()`) for each log row: every session finds its own inserts under
+/// its own connection id, as directly.
+#[test]
+fn trigger_reading_the_connection_id_sees_its_own_session() {
+    let _serial = serial();
+    let s = Sides::start(
+        "connid",
+        "CREATE TABLE audit (user_id INT, conn BIGINT);
+         CREATE TRIGGER plays_audit AFTER INSERT ON plays FOR EACH ROW \
+         INSERT INTO audit VALUES (NEW.user_id, CONNECTION_ID())",
+    );
+    differential(&s, &audited_scripts());
+    assert_alone(&s, &["connection_bound"]);
+}
+
+/// Every session inserts into the log, then counts the audit rows of its own user
+/// recorded under its own connection id.
+fn audited_scripts() -> Vec<Script> {
+    let mut scripts = half_changed(|_| Vec::new(), plays_only);
+    for (i, script) in scripts.iter_mut().enumerate() {
+        script.suffix.push(sql(&format!(
+            "SELECT COUNT(*) FROM audit WHERE user_id = {i} AND conn = CONNECTION_ID()"
+        )));
+    }
+    scripts
+}
+
+/// The same through a table the trigger writes: the audit table's column default
+/// is `CONNECTION_ID()`.
+#[test]
+fn connection_default_of_a_table_a_trigger_writes_sees_its_own_session() {
+    let _serial = serial();
+    let s = Sides::start(
+        "conndef",
+        "CREATE TABLE audit (user_id INT, conn BIGINT DEFAULT (CONNECTION_ID()));
+         CREATE TRIGGER plays_audit AFTER INSERT ON plays FOR EACH ROW \
+         INSERT INTO audit (user_id) VALUES (NEW.user_id)",
+    );
+    differential(&s, &audited_scripts());
+    assert_alone(&s, &["connection_bound"]);
+}
+
+/// A trigger that reads only its row and the clock (a per-track tally) leaves the
+/// log's inserts merging, with the same rows and tallies as directly.
+#[test]
+fn trigger_reading_only_its_row_keeps_merging() {
+    let _serial = serial();
+    let s = Sides::start(
+        "tally",
+        "CREATE TABLE tally (track_id INT PRIMARY KEY, n INT NOT NULL, at DATETIME);
+         CREATE TRIGGER plays_tally AFTER INSERT ON plays FOR EACH ROW \
+         INSERT INTO tally VALUES (NEW.track_id, 1, NOW()) \
+         ON DUPLICATE KEY UPDATE n = n + 1, at = GREATEST(at, VALUES(at))",
+    );
+    differential(&s, &half_changed(|_| Vec::new(), plays_only));
+    let tally = |side| {
+        mariadb().query_strings(&format!(
+            "SELECT track_id, n FROM {}.tally ORDER BY track_id",
+            s.db(side)
+        ))
+    };
+    assert_eq!(tally(Side::Proxied), tally(Side::Direct));
+    let m = s.metrics();
+    assert!(coalesced_writes(&m) > 0, "{m:?}");
+    assert_eq!(alone(&m, &["connection_bound"]), 0, "{m:?}");
+}
+
 /// `SET NAMES latin1` in a versioned comment: the session's non-ASCII literals are
 /// latin1 bytes, in a log value and in a counter key.
 #[test]

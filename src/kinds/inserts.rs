@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use sqlparser::ast::{Expr, FunctionArg, FunctionArgExpr, FunctionArguments};
 
-use crate::rewrite::merge::{Limits, Member, MergeMetric, Merged, Merger, Part, Written};
+use crate::rewrite::merge::{
+    Limits, Member, MergeMetric, MergeTable, Merged, Merger, Part, Written,
+};
 use crate::rewrite::shape::is_value;
 use crate::wire::packets::OkSummary;
 
@@ -108,22 +110,36 @@ impl<'a> InsertPieces<'a, Vec<u8>> {
 
 /// The [`Merger`] of inserts: inserts into the same table merge (when `merges`;
 /// else the pieces only serve an insert running alone with `RETURNING`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Inserts {
     /// Executions merge (the rule coalesces and the rows are session-independent).
     pub merges: bool,
     /// The kind's names, metric and answers.
     pub flavor: &'static Flavor,
+    /// The table the rows go to ([`Merger::table`]).
+    pub table: Option<MergeTable>,
 }
 
 impl Inserts {
     /// The merger, as a plan carries it.
-    pub fn merger(merges: bool, flavor: &'static Flavor) -> Arc<dyn Merger> {
-        Arc::new(Inserts { merges, flavor })
+    pub fn merger(
+        merges: bool,
+        flavor: &'static Flavor,
+        table: Option<MergeTable>,
+    ) -> Arc<dyn Merger> {
+        Arc::new(Inserts {
+            merges,
+            flavor,
+            table,
+        })
     }
 }
 
 impl Merger for Inserts {
+    fn table(&self) -> Option<&MergeTable> {
+        self.table.as_ref()
+    }
+
     fn name(&self) -> &'static str {
         if self.merges {
             self.flavor.name
@@ -327,6 +343,7 @@ mod tests {
         let m = Inserts {
             merges: true,
             flavor: &TEST,
+            table: None,
         };
         let a = aux("", "1");
         let (target, mine) = m.part(&a).unwrap();
@@ -345,7 +362,8 @@ mod tests {
         );
         assert!(Inserts {
             merges: false,
-            flavor: &TEST
+            flavor: &TEST,
+            table: None,
         }
         .part(&a)
         .is_none());
@@ -356,6 +374,7 @@ mod tests {
         let m = Inserts {
             merges: true,
             flavor: &TEST,
+            table: None,
         };
         assert_eq!(m.returning(&aux("", "2")), None);
         assert_eq!(m.returning(&aux("`id`", "1")), Some(&b"`id`"[..]));

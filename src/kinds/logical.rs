@@ -85,6 +85,23 @@ impl LogicalTable {
         self.meta.provide(current_db, columns);
     }
 
+    /// The table a merged write of a statement on this table writes: `physical` (this
+    /// table itself for a log) in the database its SQL name resolves to
+    /// ([`LogicalTable::physical_sql`]); `expects_own_trigger` when heatsink's own
+    /// trigger is on it.
+    pub fn merge_table(
+        &self,
+        physical: &TableName,
+        ctx: &PlanContext<'_>,
+        expects_own_trigger: bool,
+    ) -> Option<crate::rewrite::MergeTable> {
+        let db = physical
+            .db
+            .as_deref()
+            .or_else(|| ctx.table_db(&self.tables[0]));
+        crate::rewrite::MergeTable::new(db, &physical.name, expects_own_trigger)
+    }
+
     /// A physical table's SQL name: as the rule wrote it when that names a database,
     /// else qualified like the statement's reference `logical` to this table (so it
     /// lives next to the logical table the statement meant).

@@ -401,8 +401,8 @@ mod tests {
     fn merged_items_keep_their_metric_names() {
         let items = MergedItems::default();
         for m in [
-            counter::merge::Increments::merger(),
-            ring::merge::merger(true),
+            counter::merge::Increments::merger(None),
+            ring::merge::merger(true, None),
         ] {
             assert!(merge_metrics().any(|x| std::ptr::eq(x, m.metric())));
         }

@@ -13,9 +13,12 @@
 //!   write.
 //! - `splice`: running rewritten statements on the client's connection and shaping
 //!   the reply the original statement would have produced.
+//! - `bound`: whether a merged write's table has triggers or defaults that read
+//!   the connection (`rewrite::bound`), learned and kept per table.
 //! - `merge`: writing a merged batch as the rule kind's merger
 //!   (`rewrite::Merger`) builds it, and answering each member.
 
+mod bound;
 pub mod coalesce;
 mod link;
 mod merge;
@@ -26,5 +29,6 @@ pub mod shared;
 mod splice;
 pub mod state;
 
+pub use bound::MergeTables;
 pub use session::{serve_client, LEARN_PACKET_LIMIT_AT};
 pub use shared::{Shared, Stats};

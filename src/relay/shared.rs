@@ -80,6 +80,9 @@ pub struct Shared {
     pub shapes: crate::refusals::Shapes,
     /// Query digests of all traffic (`SHOW DIGESTS`).
     pub digests: crate::digest::Digests,
+    /// Whether merged writes' tables have triggers or defaults that read the
+    /// connection, per table.
+    pub merge_tables: super::MergeTables,
 }
 
 impl Shared {
@@ -104,6 +107,7 @@ impl Shared {
             rules: ArcSwap::from_pointee(rules),
             sessions: Registry::default(),
             coalescer: Arc::default(),
+            merge_tables: super::MergeTables::default(),
             tls,
         })
     }
@@ -115,5 +119,7 @@ impl Shared {
         let table = RuleTable::for_engine(&engine, &self.rules.load());
         self.rules.store(Arc::new(table));
         self.engine.store(Arc::new(engine));
+        // A reload is also how a DBA says the schema changed: tables are read again.
+        self.merge_tables.clear();
     }
 }

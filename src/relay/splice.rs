@@ -578,7 +578,9 @@ impl Session {
     /// on its own.
     pub(super) async fn run_rewrite(&mut self, rw: Rewritten, cmd_seq: u8) -> Result<()> {
         if let Some((key, part)) = self.merge_part(&rw) {
-            return self.run_merged(key, part, &rw, cmd_seq).await;
+            if self.merge_table_free(&rw).await? {
+                return self.run_merged(key, part, &rw, cmd_seq).await;
+            }
         }
         self.run_alone(&rw, cmd_seq).await
     }
@@ -1458,7 +1460,9 @@ impl Session {
         // text statement its parameters make.
         if let Some(rw) = self.execute_as_text(id, &payload) {
             if let Some((key, part)) = self.merge_part(&rw) {
-                return self.run_merged(key, part, &rw, cmd_seq).await;
+                if self.merge_table_free(&rw).await? {
+                    return self.run_merged(key, part, &rw, cmd_seq).await;
+                }
             }
             if self.returning_column(&rw).is_some() {
                 return self.run_alone(&rw, cmd_seq).await;

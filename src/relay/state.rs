@@ -105,11 +105,15 @@ pub enum AloneReason {
     /// A merged write failed; its members ran alone so that only a statement that
     /// fails on its own gets an error.
     WriteFailed,
+    /// The written table's triggers or column defaults may read the connection
+    /// (`CONNECTION_ID()`, a user variable, …), or could not be read
+    /// (`rewrite::bound`).
+    ConnectionBound,
 }
 
 impl AloneReason {
     /// Every reason, in metric order.
-    pub const ALL: [AloneReason; 9] = [
+    pub const ALL: [AloneReason; 10] = [
         AloneReason::Transaction,
         AloneReason::SessionState,
         AloneReason::UserVariable,
@@ -119,6 +123,7 @@ impl AloneReason {
         AloneReason::Untracked,
         AloneReason::LockTimeout,
         AloneReason::WriteFailed,
+        AloneReason::ConnectionBound,
     ];
 
     /// The metric label.
@@ -133,6 +138,7 @@ impl AloneReason {
             AloneReason::Untracked => "untracked",
             AloneReason::LockTimeout => "lock_timeout",
             AloneReason::WriteFailed => "write_failed",
+            AloneReason::ConnectionBound => "connection_bound",
         }
     }
 

@@ -147,6 +147,12 @@ pub trait Merger: Send + Sync + fmt::Debug {
         1
     }
 
+    /// The table a merged write inserts into or updates, resolved at plan time:
+    /// its triggers and column defaults run on the leader's connection, so group
+    /// commit asks whether they may read the connection (`rewrite::bound`) before
+    /// an execution joins a merge. `None`: not known; executions run alone.
+    fn table(&self) -> Option<&MergeTable>;
+
     /// The OK of an execution that ran alone with [`Merger::returning_alone`]
     /// (status flags are the session's), from its response (`None`: not
     /// understood); `Err` holds the message of the error it gets instead.
@@ -156,6 +162,34 @@ pub trait Merger: Send + Sync + fmt::Debug {
     /// write's response (`None`: not understood); `Err` holds the message of the
     /// error every member then gets.
     fn answer(&self, written: Option<&Written>, member: Member) -> Result<OkSummary, &'static str>;
+}
+
+/// The table a merged write writes ([`Merger::table`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeTable {
+    /// Its database.
+    pub db: String,
+    /// Its name.
+    pub name: String,
+    /// heatsink's own trigger is on it (what tells that the connection's user can
+    /// see the table's triggers).
+    pub expects_own_trigger: bool,
+    /// Database and name lower-cased (what verdicts are kept by).
+    pub key: (String, String),
+}
+
+impl MergeTable {
+    /// The table `name` in `db` (the statement's database when the rule names
+    /// none); `None` without a database.
+    pub fn new(db: Option<&str>, name: &str, expects_own_trigger: bool) -> Option<MergeTable> {
+        let db = db?;
+        Some(MergeTable {
+            db: db.to_string(),
+            name: name.to_string(),
+            expects_own_trigger,
+            key: (db.to_ascii_lowercase(), name.to_ascii_lowercase()),
+        })
+    }
 }
 
 impl PartialEq for dyn Merger {

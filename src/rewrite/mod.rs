@@ -95,6 +95,7 @@
 //! - Strings the rule introduces itself are printed by sqlparser without backslash
 //!   escaping: keep them free of quotes and backslashes.
 
+pub mod bound;
 mod cache;
 mod charset;
 mod cluster;
@@ -121,7 +122,7 @@ pub use decision::{
     EXPLAIN_JSON,
 };
 pub use engine::{parse_statements, Engine, EngineError, MAX_NESTING};
-pub use merge::Merger;
+pub use merge::{MergeTable, Merger};
 pub use refusal::{Refusal, RefusalClass};
 pub use rule::{
     table_db, Literal, Plan, PlanContext, Prelude, Rule, INCREMENT_DECLINED, PLAN_UNTOLD,

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use crate::rewrite::merge::{Limits, Member, MergeMetric, Merged, Merger, Part, Written};
+use crate::rewrite::merge::{
+    Limits, Member, MergeMetric, MergeTable, Merged, Merger, Part, Written,
+};
 use crate::wire::packets::OkSummary;
 
 /// Counter increments written as part of a merged write.
@@ -83,17 +85,24 @@ impl IncrementPieces<'_, Vec<u8>> {
 
 /// The counter's [`Merger`]: executions of the same counter's increment with the
 /// same key merge; parts are the deltas, summed.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Increments;
+#[derive(Debug, Clone, Default)]
+pub struct Increments {
+    /// The slot table the upserts write ([`Merger::table`]).
+    table: Option<MergeTable>,
+}
 
 impl Increments {
     /// The merger, as a plan carries it.
-    pub fn merger() -> Arc<dyn Merger> {
-        Arc::new(Increments)
+    pub fn merger(table: Option<MergeTable>) -> Arc<dyn Merger> {
+        Arc::new(Increments { table })
     }
 }
 
 impl Merger for Increments {
+    fn table(&self) -> Option<&MergeTable> {
+        self.table.as_ref()
+    }
+
     fn name(&self) -> &'static str {
         "counter increment"
     }
@@ -230,7 +239,7 @@ mod tests {
 
     #[test]
     fn merged_upsert_of_summed_deltas() {
-        let m = Increments;
+        let m = Increments::default();
         let a = aux("7", &["-(2)", "5"]);
         let (target, part) = m.part(&a).unwrap();
         assert_eq!(target, vec![&a[0][..], b"7"]);

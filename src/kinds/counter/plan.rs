@@ -258,7 +258,13 @@ impl CounterRule {
             let (aux, merge) = if self.coalesce && !ctx.prepared {
                 (
                     self.merge_pieces(name, &keys, &slot, &increments),
-                    Some(Increments::merger()),
+                    // The slot trigger (heatsink's own) exists when the counter
+                    // has key columns.
+                    Some(Increments::merger(self.logical.merge_table(
+                        &self.slot_table,
+                        ctx,
+                        !self.logical.key().is_empty(),
+                    ))),
                 )
             } else {
                 (Vec::new(), None)

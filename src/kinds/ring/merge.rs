@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 pub use crate::kinds::inserts::InsertPieces as RingPieces;
 use crate::kinds::inserts::{Flavor, Inserts};
-use crate::rewrite::merge::{MergeMetric, Merger};
+use crate::rewrite::merge::{MergeMetric, MergeTable, Merger};
 
 /// Ring rows written as part of a merged write.
 pub static METRIC: MergeMetric = MergeMetric {
@@ -29,6 +29,6 @@ static FLAVOR: Flavor = Flavor {
 };
 
 /// The ring's [`Merger`], as a plan carries it.
-pub fn merger(merges: bool) -> Arc<dyn Merger> {
-    Inserts::merger(merges, &FLAVOR)
+pub fn merger(merges: bool, table: Option<MergeTable>) -> Arc<dyn Merger> {
+    Inserts::merger(merges, &FLAVOR, table)
 }

@@ -219,7 +219,13 @@ impl RingRule {
         } else {
             Vec::new()
         };
-        let merge = (!aux.is_empty()).then(|| super::merge::merger(mergeable));
+        // The numbering trigger is heatsink's own, on the ring table.
+        let merge = (!aux.is_empty()).then(|| {
+            super::merge::merger(
+                mergeable,
+                self.logical.merge_table(&self.ring_table, ctx, true),
+            )
+        });
         Ok(Some(Plan {
             statements,
             reply: Reply::Ok {

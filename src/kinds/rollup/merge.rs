@@ -156,7 +156,12 @@ pub(super) fn plan_insert(
             last_insert_id: Some(0),
         },
         aux,
-        merge: Some(Inserts::merger(true, &FLAVOR)),
+        // The rollups' triggers are heatsink's own, on the log itself.
+        merge: Some(Inserts::merger(
+            true,
+            &FLAVOR,
+            rule.logical.merge_table(rule.logical.name(), ctx, true),
+        )),
         ..Default::default()
     }))
 }

@@ -1,0 +1,156 @@
+//! Group commit's question about the written table (`rewrite::bound`): may its
+//! triggers and column defaults run on another session's connection? The answer is
+//! kept per table for [`VERDICT_TTL`] and shared by every session of the server; the
+//! session that finds it missing or stale learns it on its own backend connection
+//! (a few `information_schema` queries, before its statement) while the others keep
+//! the previous answer.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::session::Session;
+use super::state::AloneReason;
+use crate::error::Result;
+use crate::rewrite::bound::{self, Learn, Verdict, VERDICT_TTL};
+use crate::rewrite::{MergeTable, Rewritten};
+use crate::wire::resultset::text_cells;
+
+/// Verdicts per table (lower-cased database and name).
+#[derive(Debug, Default)]
+pub struct MergeTables {
+    map: Mutex<HashMap<(String, String), Entry>>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    at: Instant,
+    verdict: Verdict,
+    /// A session is learning it again.
+    refreshing: bool,
+}
+
+/// What [`MergeTables::lookup`] found.
+enum Lookup {
+    /// Whether the table is free.
+    Known(bool),
+    /// The caller learns it (and stores or abandons).
+    Learn,
+}
+
+/// Looks up without allocating: the map's keys are lower-cased, and so are
+/// [`MergeTable::key`]s.
+fn get_mut<'a>(
+    map: &'a mut HashMap<(String, String), Entry>,
+    t: &MergeTable,
+) -> Option<&'a mut Entry> {
+    map.get_mut(&t.key)
+}
+
+impl MergeTables {
+    fn lookup(&self, t: &MergeTable) -> Lookup {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        match get_mut(&mut map, t) {
+            Some(e) if e.refreshing || e.at.elapsed() < VERDICT_TTL => {
+                Lookup::Known(e.verdict == Verdict::Free)
+            }
+            Some(e) => {
+                e.refreshing = true;
+                Lookup::Learn
+            }
+            None => Lookup::Learn,
+        }
+    }
+
+    fn store(&self, t: &MergeTable, verdict: Verdict) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(
+            t.key.clone(),
+            Entry {
+                at: Instant::now(),
+                verdict,
+                refreshing: false,
+            },
+        );
+    }
+
+    /// A learning that did not finish (the connection failed): the next session
+    /// tries.
+    fn abandon(&self, t: &MergeTable) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = get_mut(&mut map, t) {
+            e.refreshing = false;
+        }
+    }
+
+    /// Forgets every verdict (a rule reload).
+    pub fn clear(&self) {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+impl Session {
+    /// Whether an execution that may merge ([`Session::merge_part`] said so) may run
+    /// on another session's connection as far as its table goes; counts it as run
+    /// alone (`connection_bound`) when not.
+    pub(super) async fn merge_table_free(&mut self, rw: &Rewritten) -> Result<bool> {
+        let merger = rw.merge.clone();
+        let free = match merger.as_deref().and_then(|m| m.table()) {
+            None => false,
+            Some(t) => match self.shared.merge_tables.lookup(t) {
+                Lookup::Known(free) => free,
+                Lookup::Learn => self.learn_merge_table(t).await? == Verdict::Free,
+            },
+        };
+        if !free {
+            self.count_alone(AloneReason::ConnectionBound);
+        }
+        Ok(free)
+    }
+
+    /// Learns `t`'s verdict on this connection and stores it.
+    async fn learn_merge_table(&mut self, t: &MergeTable) -> Result<Verdict> {
+        let mut learn = Learn::new(&t.db, &t.name, t.expects_own_trigger);
+        while let Some(q) = learn.query() {
+            let c = match self.run_collect(q.as_bytes()).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.shared.merge_tables.abandon(t);
+                    return Err(e);
+                }
+            };
+            if c.err().is_some() {
+                // A server without these tables (MariaDB < 10.6 has no
+                // SQL_FUNCTIONS), or one the user may not read.
+                learn.take([None]);
+                continue;
+            }
+            let rows = c.text_rows(self.link.deprecate_eof);
+            let found: Vec<_> = c
+                .packets
+                .get(rows)
+                .unwrap_or_default()
+                .iter()
+                .map(|p| text_cells(&p.payload).and_then(|cells| bound::found(&cells)))
+                .collect();
+            learn.take(found);
+        }
+        let verdict = learn
+            .verdict()
+            .cloned()
+            .unwrap_or_else(|| Verdict::Bound("not learned".into()));
+        match &verdict {
+            Verdict::Free => {
+                tracing::debug!(db = %t.db, table = %t.name, "merged writes may run on any connection")
+            }
+            Verdict::Bound(why) => tracing::info!(
+                db = %t.db,
+                table = %t.name,
+                reason = %why,
+                "writes into this table run alone on their own connections (no group commit)"
+            ),
+        }
+        self.shared.merge_tables.store(t, verdict.clone());
+        Ok(verdict)
+    }
+}

@@ -1,9 +1,11 @@
 //! Group commit's question about the written table (`rewrite::bound`): may its
 //! triggers and column defaults run on another session's connection? The answer is
-//! kept per table for [`VERDICT_TTL`] and shared by every session of the server; the
-//! session that finds it missing or stale learns it on its own backend connection
-//! (a few `information_schema` queries, before its statement) while the others keep
-//! the previous answer.
+//! kept per table for [`VERDICT_TTL`] and shared by every session of the server; a
+//! session that finds it missing or stale learns it on its own backend connection (a
+//! few `information_schema` queries, before its statement). A stale verdict is never
+//! used, also not while another session is learning it again: a trigger created
+//! while heatsink serves is seen by every write that starts more than
+//! [`VERDICT_TTL`] after it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,61 +28,34 @@ pub struct MergeTables {
 struct Entry {
     at: Instant,
     verdict: Verdict,
-    /// A session is learning it again.
-    refreshing: bool,
 }
 
 /// What [`MergeTables::lookup`] found.
 enum Lookup {
     /// Whether the table is free.
     Known(bool),
-    /// The caller learns it (and stores or abandons).
+    /// The caller learns it and stores the verdict.
     Learn,
-}
-
-/// Looks up without allocating: the map's keys are lower-cased, and so are
-/// [`MergeTable::key`]s.
-fn get_mut<'a>(
-    map: &'a mut HashMap<(String, String), Entry>,
-    t: &MergeTable,
-) -> Option<&'a mut Entry> {
-    map.get_mut(&t.key)
 }
 
 impl MergeTables {
     fn lookup(&self, t: &MergeTable) -> Lookup {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        match get_mut(&mut map, t) {
-            Some(e) if e.refreshing || e.at.elapsed() < VERDICT_TTL => {
-                Lookup::Known(e.verdict == Verdict::Free)
-            }
-            Some(e) => {
-                e.refreshing = true;
-                Lookup::Learn
-            }
-            None => Lookup::Learn,
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(&t.key) {
+            Some(e) if e.at.elapsed() < VERDICT_TTL => Lookup::Known(e.verdict == Verdict::Free),
+            _ => Lookup::Learn,
         }
     }
 
-    fn store(&self, t: &MergeTable, verdict: Verdict) {
+    fn store(&self, t: &MergeTable, verdict: Verdict, learned_at: Instant) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.insert(
             t.key.clone(),
             Entry {
-                at: Instant::now(),
+                at: learned_at,
                 verdict,
-                refreshing: false,
             },
         );
-    }
-
-    /// A learning that did not finish (the connection failed): the next session
-    /// tries.
-    fn abandon(&self, t: &MergeTable) {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = get_mut(&mut map, t) {
-            e.refreshing = false;
-        }
     }
 
     /// Forgets every verdict (a rule reload).
@@ -110,15 +85,11 @@ impl Session {
 
     /// Learns `t`'s verdict on this connection and stores it.
     async fn learn_merge_table(&mut self, t: &MergeTable) -> Result<Verdict> {
+        // The verdict stands from when the reading began.
+        let started = Instant::now();
         let mut learn = Learn::new(&t.db, &t.name, t.expects_own_trigger);
         while let Some(q) = learn.query() {
-            let c = match self.run_collect(q.as_bytes()).await {
-                Ok(c) => c,
-                Err(e) => {
-                    self.shared.merge_tables.abandon(t);
-                    return Err(e);
-                }
-            };
+            let c = self.run_collect(q.as_bytes()).await?;
             if c.err().is_some() {
                 // A server without these tables (MariaDB < 10.6 has no
                 // SQL_FUNCTIONS), or one the user may not read.
@@ -150,7 +121,7 @@ impl Session {
                 "writes into this table run alone on their own connections (no group commit)"
             ),
         }
-        self.shared.merge_tables.store(t, verdict.clone());
+        self.shared.merge_tables.store(t, verdict.clone(), started);
         Ok(verdict)
     }
 }

@@ -1192,6 +1192,13 @@ impl Kind for Ring {
         Some(s)
     }
 
+    /// The sessions' keys (`10 + session`) as users: the log's foreign key refuses
+    /// others, and a session whose every insert fails exercises no merged write.
+    fn session_schema(&self) -> String {
+        let users: Vec<String> = (10..74).map(|u| format!("({u}, 's{u}')")).collect();
+        format!("INSERT INTO users VALUES {};", users.join(", "))
+    }
+
     fn session_state_query(&self) -> String {
         format!(
             "SELECT uid, visitor_uid, IF(last_update >= '2025-01-01', CONCAT('now ', \

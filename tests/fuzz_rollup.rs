@@ -240,13 +240,27 @@ impl Kind for Rollup {
         Some(s)
     }
 
-    /// A trigger that stores the session's `@hs_tag` (when set) as the row's
-    /// referer (the log's `track_id` must name a track: its foreign key).
+    /// On the DATETIME log, a trigger that stores the session's `@hs_tag` (when set)
+    /// as the row's referer: it reads the connection, so the log's writes run alone
+    /// (`rewrite::bound`) and a session's tag never lands in another's row. On the
+    /// TIMESTAMP log, a trigger that reads only its row, so that writes merge.
+    /// (The log's `track_id` must name a track: its foreign key.)
     fn session_schema(&self) -> String {
-        format!(
-            "CREATE TRIGGER {LOG}_tag BEFORE INSERT ON {LOG} FOR EACH ROW
-                 SET NEW.referer = COALESCE(@hs_tag, NEW.referer)"
-        )
+        if self.utc {
+            format!(
+                "CREATE TRIGGER {LOG}_tag BEFORE INSERT ON {LOG} FOR EACH ROW
+                     SET NEW.referer = COALESCE(NEW.referer, CONCAT('track ', NEW.track_id))"
+            )
+        } else {
+            format!(
+                "CREATE TRIGGER {LOG}_tag BEFORE INSERT ON {LOG} FOR EACH ROW
+                     SET NEW.referer = COALESCE(@hs_tag, NEW.referer)"
+            )
+        }
+    }
+
+    fn session_merges(&self) -> bool {
+        self.utc
     }
 
     fn session_state_query(&self) -> String {

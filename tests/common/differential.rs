@@ -726,6 +726,12 @@ pub trait Kind {
     fn session_schema(&self) -> String {
         String::new()
     }
+    /// Whether the session runs merge writes (group commit): `false` when the
+    /// session schema's triggers read the connection, so that every write runs alone
+    /// (`rewrite::bound`).
+    fn session_merges(&self) -> bool {
+        true
+    }
     /// The logical state after a session run, in a defined order, without what the
     /// order of concurrent sessions decides (AUTO_INCREMENT ids), `NOW()` values as
     /// their offset from UTC in hours.
@@ -1702,6 +1708,11 @@ pub fn run_sessions_bounded(
         total.mismatches.len(),
         total.details(),
         super::client::tail(&diff.proxy.log_text(), 20)
+    );
+    assert!(
+        !kind.session_merges() || merged > 0.0,
+        "{}: no write was merged; group commit was not exercised",
+        kind.name()
     );
 }
 

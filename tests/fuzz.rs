@@ -1199,10 +1199,14 @@ impl Kind for Ring {
         format!("INSERT INTO users VALUES {};", users.join(", "))
     }
 
+    /// `NOW(6)` values as their offset from UTC in quarter hours: the sessions' zones
+    /// are whole quarter hours, and a time with microseconds against the whole-second
+    /// `UTC_TIMESTAMP()` lies up to a second either side of one (in hours, −03:30
+    /// rounds to −3 or −4 by that second).
     fn session_state_query(&self) -> String {
         format!(
             "SELECT uid, visitor_uid, IF(last_update >= '2025-01-01', CONCAT('now ', \
-             ROUND(TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), last_update) / 3600)), last_update) \
+             ROUND(TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(), last_update) / 900)), last_update) \
              FROM {LOG}"
         )
     }

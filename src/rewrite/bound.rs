@@ -128,7 +128,8 @@ pub enum Verdict {
 pub struct Scan {
     /// Why the text may read the connection, if it may.
     pub hazard: Option<String>,
-    /// Names it mentions that may be tables: (qualifier, name).
+    /// Names in its INSERT, UPDATE, REPLACE and DELETE statements that may be the
+    /// tables they write: (qualifier, name).
     pub names: Vec<(Option<String>, String)>,
     /// Names it calls as functions: (qualifier, name).
     pub calls: Vec<(Option<String>, String)>,
@@ -199,6 +200,9 @@ pub fn scan(text: &[u8], mode: LexMode) -> Scan {
     // columns of the table written, or a SIGNAL, whose SET assigns its condition's
     // items: not variables.
     let mut in_dml = false;
+    // Inside an INSERT/UPDATE/REPLACE/DELETE: the names that may be tables it writes
+    // (only writes fire triggers and fill defaults) are listed.
+    let mut writes = false;
     for (i, t) in tokens.iter().enumerate() {
         if t.kind == TokenKind::Variable {
             hazard(
@@ -212,6 +216,7 @@ pub fn scan(text: &[u8], mode: LexMode) -> Scan {
         }
         if is_punct(text, Some(t), b";") {
             in_dml = false;
+            writes = false;
             continue;
         }
         let Some(w) = words[i].as_ref() else {
@@ -219,8 +224,16 @@ pub fn scan(text: &[u8], mode: LexMode) -> Scan {
         };
         let up = upper(i);
         match up.as_deref() {
-            Some("BEGIN" | "THEN" | "ELSE" | "DO" | "LOOP" | "REPEAT") => in_dml = false,
-            Some("INSERT" | "UPDATE" | "REPLACE" | "SIGNAL" | "RESIGNAL") => in_dml = true,
+            Some("BEGIN" | "THEN" | "ELSE" | "DO" | "LOOP" | "REPEAT") => {
+                in_dml = false;
+                writes = false;
+            }
+            Some("INSERT" | "UPDATE" | "REPLACE") => {
+                in_dml = true;
+                writes = true;
+            }
+            Some("DELETE") => writes = true,
+            Some("SIGNAL" | "RESIGNAL") => in_dml = true,
             Some("CALL") => hazard(&mut out, "it calls a stored procedure".into()),
             Some("TEMPORARY") => hazard(&mut out, "it uses a temporary table".into()),
             Some("PREVIOUS") => hazard(&mut out, "it reads PREVIOUS VALUE FOR".into()),
@@ -264,7 +277,7 @@ pub fn scan(text: &[u8], mode: LexMode) -> Scan {
         let name = (qualifier, w.clone());
         if is_punct(text, tokens.get(i + 1), b"(") && !after_table_word {
             out.calls.push(name);
-        } else if !up.as_deref().is_some_and(|u| NOT_TABLES.contains(&u)) {
+        } else if writes && !up.as_deref().is_some_and(|u| NOT_TABLES.contains(&u)) {
             out.names.push(name);
         }
     }
@@ -573,14 +586,16 @@ impl Learn {
     }
 }
 
-/// `X'…'` of a name's UTF-8 bytes, compared as utf8mb4.
+/// `_utf8mb4 X'…'` of a name's UTF-8 bytes: a constant `information_schema` looks
+/// up by key (measured with EXPLAIN: "Scanned 0 databases"; `CONVERT(X'…' USING
+/// utf8mb4)` scans every database, opening every table's definition).
 fn hex_str(s: &str) -> String {
-    let mut out = String::with_capacity(2 * s.len() + 32);
-    out.push_str("CONVERT(X'");
+    let mut out = String::with_capacity(2 * s.len() + 16);
+    out.push_str("_utf8mb4 X'");
     for b in s.bytes() {
         out.push_str(&format!("{b:02X}"));
     }
-    out.push_str("' USING utf8mb4)");
+    out.push('\'');
     out
 }
 
@@ -683,6 +698,14 @@ mod tests {
         assert!(s.calls.contains(&(None, "f".into())));
         assert!(s.calls.contains(&(Some("g".into()), "h".into())));
         assert!(!s.names.iter().any(|(_, n)| n == "a" || n == "b"));
+        let s = scan(
+            b"BEGIN IF (SELECT COUNT(*) FROM quota) > 0 THEN SET NEW.a = 1; END IF; END",
+            LexMode::default(),
+        );
+        assert!(
+            s.names.is_empty(),
+            "a table only read is not followed: {s:?}"
+        );
         let s = scan(
             b"INSERT INTO app.r (k, n) VALUES (NEW.k, 1) ON DUPLICATE KEY UPDATE n = n + VALUES(n)",
             LexMode::default(),

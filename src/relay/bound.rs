@@ -1,10 +1,11 @@
 //! Group commit's question about the written table (`rewrite::bound`): may its
 //! triggers and column defaults run on another session's connection? The answer is
 //! kept per table for [`VERDICT_TTL`] and shared by every session of the server; a
-//! session that finds it missing or stale learns it on its own backend connection (a
-//! few `information_schema` queries, before its statement). A stale verdict is never
-//! used, also not while another session is learning it again: a trigger created
-//! while heatsink serves is seen by every write that starts more than
+//! session that finds it missing, or the first that finds it stale, learns it on its
+//! own backend connection (a few `information_schema` queries, before its
+//! statement). A stale verdict is never used: while one session reads the table
+//! again, the others' writes into it run alone (`table_recheck`), so a trigger
+//! created while heatsink serves is seen by every write that starts more than
 //! [`VERDICT_TTL`] after it.
 
 use std::collections::HashMap;
@@ -28,7 +29,13 @@ pub struct MergeTables {
 struct Entry {
     at: Instant,
     verdict: Verdict,
+    /// When a session began reading the table again (one at a time).
+    rechecking: Option<Instant>,
 }
+
+/// How long one session's re-reading may take before another session may start one
+/// (its connection failed or hangs).
+const RECHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What [`MergeTables::lookup`] found.
 enum Lookup {
@@ -36,14 +43,24 @@ enum Lookup {
     Known(bool),
     /// The caller learns it and stores the verdict.
     Learn,
+    /// Stale, and another session is reading the table again: the execution runs
+    /// alone meanwhile (a stale verdict is never used).
+    Rechecking,
 }
 
 impl MergeTables {
     fn lookup(&self, t: &MergeTable) -> Lookup {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        match map.get(&t.key) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get_mut(&t.key) {
             Some(e) if e.at.elapsed() < VERDICT_TTL => Lookup::Known(e.verdict == Verdict::Free),
-            _ => Lookup::Learn,
+            Some(e) if e.rechecking.is_some_and(|r| r.elapsed() < RECHECK_LIMIT) => {
+                Lookup::Rechecking
+            }
+            Some(e) => {
+                e.rechecking = Some(Instant::now());
+                Lookup::Learn
+            }
+            None => Lookup::Learn,
         }
     }
 
@@ -54,8 +71,17 @@ impl MergeTables {
             Entry {
                 at: learned_at,
                 verdict,
+                rechecking: None,
             },
         );
+    }
+
+    /// A re-reading that failed: the next session may start one.
+    fn abandon(&self, t: &MergeTable) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = map.get_mut(&t.key) {
+            e.rechecking = None;
+        }
     }
 
     /// Forgets every verdict (a rule reload).
@@ -70,15 +96,19 @@ impl Session {
     /// alone (`connection_bound`) when not.
     pub(super) async fn merge_table_free(&mut self, rw: &Rewritten) -> Result<bool> {
         let merger = rw.merge.clone();
-        let free = match merger.as_deref().and_then(|m| m.table()) {
-            None => false,
+        let (free, reason) = match merger.as_deref().and_then(|m| m.table()) {
+            None => (false, AloneReason::ConnectionBound),
             Some(t) => match self.shared.merge_tables.lookup(t) {
-                Lookup::Known(free) => free,
-                Lookup::Learn => self.learn_merge_table(t).await? == Verdict::Free,
+                Lookup::Known(free) => (free, AloneReason::ConnectionBound),
+                Lookup::Rechecking => (false, AloneReason::TableRecheck),
+                Lookup::Learn => (
+                    self.learn_merge_table(t).await? == Verdict::Free,
+                    AloneReason::ConnectionBound,
+                ),
             },
         };
         if !free {
-            self.count_alone(AloneReason::ConnectionBound);
+            self.count_alone(reason);
         }
         Ok(free)
     }
@@ -89,7 +119,13 @@ impl Session {
         let started = Instant::now();
         let mut learn = Learn::new(&t.db, &t.name, t.expects_own_trigger);
         while let Some(q) = learn.query() {
-            let c = self.run_collect(q.as_bytes()).await?;
+            let c = match self.run_collect(q.as_bytes()).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.shared.merge_tables.abandon(t);
+                    return Err(e);
+                }
+            };
             if c.err().is_some() {
                 // A server without these tables (MariaDB < 10.6 has no
                 // SQL_FUNCTIONS), or one the user may not read.

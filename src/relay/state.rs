@@ -109,11 +109,13 @@ pub enum AloneReason {
     /// (`CONNECTION_ID()`, a user variable, …), or could not be read
     /// (`rewrite::bound`).
     ConnectionBound,
+    /// The table's verdict had expired and another session was reading it again.
+    TableRecheck,
 }
 
 impl AloneReason {
     /// Every reason, in metric order.
-    pub const ALL: [AloneReason; 10] = [
+    pub const ALL: [AloneReason; 11] = [
         AloneReason::Transaction,
         AloneReason::SessionState,
         AloneReason::UserVariable,
@@ -124,6 +126,7 @@ impl AloneReason {
         AloneReason::LockTimeout,
         AloneReason::WriteFailed,
         AloneReason::ConnectionBound,
+        AloneReason::TableRecheck,
     ];
 
     /// The metric label.
@@ -139,6 +142,7 @@ impl AloneReason {
             AloneReason::LockTimeout => "lock_timeout",
             AloneReason::WriteFailed => "write_failed",
             AloneReason::ConnectionBound => "connection_bound",
+            AloneReason::TableRecheck => "table_recheck",
         }
     }
 

@@ -27,6 +27,9 @@
 # socket with `--backend unix:PATH`) or haproxy's (`bind unix@`, `server unix@`).
 # RUNTIMES="shared per-core": every heatsink leg once per serve runtime (`--runtime`;
 # the per-core legs' names end in _pc), each runtime its own proxy.
+# BASE_BIN=PATH: every heatsink leg also through a second heatsink built from another
+# tree (shared runtime; the legs' names end in _base), in the same rounds, and the
+# report compares this build with that one.
 # Legs alternate (order reversed every other round); ratios are medians of the
 # per-round ratios. After the legs: the counter equals the increments heatsink
 # acknowledged, every rollup equals a GROUP BY over its log, no ring key holds more
@@ -36,7 +39,7 @@
 #   ROUNDS=1 DURATION=5 scripts/bench-sysbench.sh
 #
 # Environment: DURATION (15 s), ROUNDS (3), WORKLOADS, THREADS_*, TRANSPORT (tcp),
-# RUNTIMES (shared), SKIP_BUILD=1, HEATSINK_BIN, OUT (bench/results/sysbench.md).
+# RUNTIMES (shared), BASE_BIN, SKIP_BUILD=1, HEATSINK_BIN, OUT (bench/results/sysbench.md).
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib/mariadb.sh
@@ -53,6 +56,8 @@ THREADS_RING=${THREADS_RING:-64}
 THREADS_ROLLUP=${THREADS_ROLLUP:-32}
 TRANSPORT=${TRANSPORT:-tcp}
 RUNTIMES=${RUNTIMES:-shared}
+BASE_BIN=${BASE_BIN:-}
+[[ -z $BASE_BIN ]] || { [[ -x $BASE_BIN ]] || hs_die "BASE_BIN $BASE_BIN is not executable"; RUNTIMES+=" base"; }
 OUT=${OUT:-bench/results/sysbench.md}
 [[ $TRANSPORT == tcp || $TRANSPORT == unix ]] || hs_die "TRANSPORT must be tcp or unix, not $TRANSPORT"
 export MARIADB_EXTRA_ARGS=${MARIADB_EXTRA_ARGS:---innodb-buffer-pool-size=512M}
@@ -64,6 +69,7 @@ export HEATSINK_BIN
 NULL_BIN=${NULL_BIN:-$HS_REPO_DIR/target/release/examples/null_server}
 [[ -x $NULL_BIN ]] || hs_die "null server not found at $NULL_BIN (cargo build --release --example null_server)"
 REV=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo " (uncommitted changes)")
+BASE_REV=${BASE_REV:-$BASE_BIN}
 
 hs_tmpdir_into WORK sysbench
 RAW=$WORK/raw.tsv # round leg events seconds errors client_us server_us proxy_us
@@ -87,11 +93,13 @@ sed -i -E "s/^table = \"/table = \"$SB_DB./" "$RULES/rules.toml"
 # first one's, TCP) is where the checks read.
 declare -A HS_PORT HS_SOCK HS_PID
 for rt in $RUNTIMES; do
+  bin=$HEATSINK_BIN runtime=$rt
+  [[ $rt != base ]] || bin=$BASE_BIN runtime=shared
   if [[ $TRANSPORT == unix ]]; then
     HS_SOCK[$rt]=$WORK/heatsink-$rt.sock
-    HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --runtime "$rt" --listen-unix "${HS_SOCK[$rt]}"
+    HEATSINK_BIN=$bin HS_RULES_DIR=$RULES heatsink_start "unix:$MARIADB_SOCKET" --runtime "$runtime" --listen-unix "${HS_SOCK[$rt]}"
   else
-    HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" --runtime "$rt"
+    HEATSINK_BIN=$bin HS_RULES_DIR=$RULES heatsink_start "$MARIADB_PORT" --runtime "$runtime"
   fi
   HS_PORT[$rt]=$HEATSINK_PORT HS_PID[$rt]=$HEATSINK_PID
 done
@@ -119,8 +127,7 @@ merge_workloads_lua "$WORK"
 legs_of() {
   local rt sfx hs=""
   for rt in $RUNTIMES; do
-    sfx=""
-    [[ $rt != per-core ]] || sfx=_pc
+    case $rt in per-core) sfx=_pc ;; base) sfx=_base ;; *) sfx="" ;; esac
     case $1 in
     counter) hs+=" counter_hs$sfx:counter:hs-$rt:$SB_DB" ;;
     ring) hs+=" ring_hs$sfx:ring:hs-$rt:$SB_DB" ;;
@@ -235,7 +242,7 @@ fi
 cat "$CHECKS" >&2
 SB_VERSION=$(sysbench --version | awk '{print $2}')
 
-B_TRANSPORT=$TRANSPORT B_RUNTIMES=$RUNTIMES B_REV=$REV B_VERSION=$MARIADB_VERSION B_SYSBENCH=$SB_VERSION B_LOAD_START=$load_start \
+B_BASE=$BASE_REV B_TRANSPORT=$TRANSPORT B_RUNTIMES=$RUNTIMES B_REV=$REV B_VERSION=$MARIADB_VERSION B_SYSBENCH=$SB_VERSION B_LOAD_START=$load_start \
   B_LOAD_END=$load_end B_DURATION=$DURATION B_ROUNDS=$ROUNDS B_WORKLOADS=$WORKLOADS \
   B_THREADS="counter=$THREADS_COUNTER ring=$THREADS_RING rollup=$THREADS_ROLLUP" \
   python3 - "$RAW" "$CHECKS" "$OUT" <<'PY'
@@ -253,10 +260,12 @@ med = statistics.median
 def ratio(a, b):
     per = [rows[(r, a)]["rate"] / max(rows[(r, b)]["rate"], 1e-9) for r in rr]
     return med(per), per
-RT = {"shared": "", "per-core": "_pc"}
+RT = {"shared": "", "per-core": "_pc", "base": "_base"}
 runtimes = E["B_RUNTIMES"].split()
 def rt_note(rt):
-    return "" if runtimes == ["shared"] else f" ({rt} runtime)"
+    if rt == "base":
+        return f" (the base build, {E.get('B_BASE', '')})"
+    return "" if [r for r in runtimes if r != "base"] == ["shared"] else f" ({rt} runtime)"
 goals = [
     (w, f"{hs}{RT[rt]}", direct, goal, text + rt_note(rt))
     for rt in runtimes
@@ -305,6 +314,16 @@ if "rollup" in W:
     for a, b, text in refs:
         m, per = ratio(a, b)
         L.append(f"| {text} | {m:.2f} | {', '.join(f'{x:.2f}' for x in per)} |")
+if "base" in runtimes:
+    L += ["", f"This build ({E['B_REV']}) against the base build ({E.get('B_BASE', '')}), both shared runtime, in the same rounds: events per second and the proxy's CPU per event, this build / the base:", "",
+          "| leg | events/s, median | per round | proxy CPU per event, median | per round |", "|---|---:|---|---:|---|"]
+    first = runtimes[0]
+    for name in ["counter_hs", "ring_hs", "rollup_hs", "rollup_hop"]:
+        a, b = name + RT[first], name + "_base"
+        if (1, a) in rows and (1, b) in rows:
+            m, per = ratio(a, b)
+            cpu = [rows[(r, a)]["proxy"] / max(rows[(r, b)]["proxy"], 1e-9) for r in rr]
+            L.append(f"| {name} | **{m:.2f}** | {', '.join(f'{x:.2f}' for x in per)} | {med(cpu):.2f} | {', '.join(f'{x:.2f}' for x in cpu)} |")
 if "per-core" in runtimes and "shared" in runtimes:
     L += ["", "Per-core runtime against the shared one (events per second, same round):", "",
           "| leg | per-core / shared, median | per round |", "|---|---:|---|"]

@@ -12,15 +12,9 @@
 //! latency when there is no contention); parts arriving while that write is in
 //! flight join the *pending* batch. When the write completes, every member of the
 //! finished batch gets its answer — only now, after the write committed, so an OK
-//! still means durable — and the leader keeps the pending batch and writes it
-//! next on its own backend connection ([`LeaderGuard::resolve_each_and_keep`]),
-//! after answering its own client, a few batches at most
-//! (`relay::merge::KEEP_LEADING`; its client's next statement waits meanwhile).
-//! After that the pending batch is handed to one of its members, which becomes the
-//! next leader and writes it on its own connection. Any session of the group may
-//! write a batch: the group key holds everything that makes sessions equivalent
-//! for the write (`Session::merge_part`), and the leader's own session does not
-//! change while it leads, since it reads no client statement meanwhile.
+//! still means durable — and the pending batch is handed to one of its members,
+//! which becomes the next leader and writes the batch on its own backend
+//! connection.
 //!
 //! Nothing is kept in proxy memory longer than one write: a crash of the proxy loses
 //! only writes whose clients have not been answered.
@@ -178,29 +172,6 @@ impl Coalescer {
         Some(Role::Wait(rx))
     }
 
-    /// The target's pending batch, for the leader that just finished a write to
-    /// write next (the target stays in flight); `None` when nothing is pending or
-    /// no member of it still waits, and then the target is idle as after
-    /// [`Coalescer::finish`].
-    fn take_pending(&self, key: &[u8]) -> Option<Batch> {
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        let g = groups.get_mut(key)?;
-        match g.pending.take() {
-            Some(batch)
-                if batch
-                    .waiters
-                    .iter()
-                    .any(|w| w.as_ref().is_some_and(|w| !w.is_closed())) =>
-            {
-                Some(batch)
-            }
-            _ => {
-                groups.remove(key);
-                None
-            }
-        }
-    }
-
     /// Ends the write of a leader: hands the pending batch to one of its members,
     /// or marks the target idle.
     fn finish(&self, key: &[u8]) {
@@ -235,8 +206,6 @@ pub struct LeaderGuard {
     key: Vec<u8>,
     /// The batch being written (`None` once resolved).
     pub batch: Option<Batch>,
-    /// The target's next batch went to a new guard of this leader.
-    kept: bool,
 }
 
 impl LeaderGuard {
@@ -246,7 +215,6 @@ impl LeaderGuard {
             coalescer,
             key,
             batch: Some(batch),
-            kept: false,
         }
     }
 
@@ -267,32 +235,7 @@ impl LeaderGuard {
 
     /// Tells member `i` what `signal(i)` says (called for the waiting members only)
     /// and hands over the next batch.
-    pub fn resolve_each(mut self, signal: impl FnMut(usize) -> Signal) {
-        self.signal_members(signal);
-        // Drop runs finish().
-    }
-
-    /// Tells member `i` what `signal(i)` says, then keeps the target's pending batch
-    /// for this leader to write next (every part of it a waiting member's), instead
-    /// of handing it to one of its members. `None` when nothing is pending: the
-    /// target is idle.
-    pub fn resolve_each_and_keep(
-        mut self,
-        signal: impl FnMut(usize) -> Signal,
-    ) -> Option<LeaderGuard> {
-        self.signal_members(signal);
-        let next = self.coalescer.take_pending(&self.key)?;
-        // The target stays in flight, now for the kept batch: this guard's drop
-        // must not end it.
-        self.kept = true;
-        Some(LeaderGuard::new(
-            self.coalescer.clone(),
-            self.key.clone(),
-            next,
-        ))
-    }
-
-    fn signal_members(&mut self, mut signal: impl FnMut(usize) -> Signal) {
+    pub fn resolve_each(mut self, mut signal: impl FnMut(usize) -> Signal) {
         if let Some(b) = self.batch.take() {
             for (i, w) in b.waiters.into_iter().enumerate() {
                 if let Some(w) = w {
@@ -300,6 +243,7 @@ impl LeaderGuard {
                 }
             }
         }
+        // Drop runs finish().
     }
 }
 
@@ -314,9 +258,7 @@ impl Drop for LeaderGuard {
                 let _ = w.send(Signal::Done(Err(lost.clone())));
             }
         }
-        if !self.kept {
-            self.coalescer.finish(&self.key);
-        }
+        self.coalescer.finish(&self.key);
     }
 }
 
@@ -376,61 +318,6 @@ mod tests {
         };
         drop(g);
         assert!(matches!(w1.await.unwrap(), Signal::Lead(_, 0)));
-    }
-
-    #[tokio::test]
-    async fn a_leader_may_keep_the_next_batch() {
-        let c = Arc::new(Coalescer::default());
-        let Some(Role::Lead(first, 0)) = c.join(b"k", d(1), NONE) else {
-            panic!()
-        };
-        let Some(Role::Wait(w1)) = c.join(b"k", d(2), NONE) else {
-            panic!()
-        };
-        let Some(Role::Wait(w2)) = c.join(b"k", d(3), NONE) else {
-            panic!()
-        };
-        // The first batch holds only the leader's part: nobody to tell, and the
-        // pending batch (2 + 3) stays with this leader.
-        let g = LeaderGuard::new(c.clone(), b"k".to_vec(), first);
-        let Some(kept) = g.resolve_each_and_keep(|_| unreachable!()) else {
-            panic!()
-        };
-        assert_eq!(kept.sums(), &[5]);
-        assert_eq!(kept.parts().len(), 2);
-        // The target is still in flight: a newcomer waits.
-        let Some(Role::Wait(w3)) = c.join(b"k", d(4), NONE) else {
-            panic!()
-        };
-        // Both members of the kept batch hear from it; none was made a leader.
-        let Some(last) = kept.resolve_each_and_keep(|_| Signal::Done(Ok(OkSummary::default())))
-        else {
-            panic!()
-        };
-        assert!(matches!(w1.await.unwrap(), Signal::Done(Ok(_))));
-        assert!(matches!(w2.await.unwrap(), Signal::Done(Ok(_))));
-        assert_eq!(last.sums(), &[4]);
-        // Nothing pending after it: the target is idle.
-        assert!(last
-            .resolve_each_and_keep(|_| Signal::Done(Ok(OkSummary::default())))
-            .is_none());
-        assert!(matches!(w3.await.unwrap(), Signal::Done(Ok(_))));
-        assert!(matches!(c.join(b"k", d(1), NONE), Some(Role::Lead(..))));
-    }
-
-    #[tokio::test]
-    async fn a_kept_batch_whose_members_left_is_dropped() {
-        let c = Arc::new(Coalescer::default());
-        let Some(Role::Lead(first, 0)) = c.join(b"k", d(1), NONE) else {
-            panic!()
-        };
-        let Some(Role::Wait(w1)) = c.join(b"k", d(2), NONE) else {
-            panic!()
-        };
-        drop(w1);
-        let g = LeaderGuard::new(c.clone(), b"k".to_vec(), first);
-        assert!(g.resolve_each_and_keep(|_| unreachable!()).is_none());
-        assert!(matches!(c.join(b"k", d(1), NONE), Some(Role::Lead(..))));
     }
 
     #[test]

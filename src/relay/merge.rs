@@ -167,8 +167,7 @@ impl Session {
     }
 
     /// Writes a merged batch on this connection, tells every member its outcome and
-    /// answers this session's client (member `me`); then writes the batches that
-    /// formed meanwhile, up to [`KEEP_LEADING`] of them, on the same connection.
+    /// answers this session's client (member `me`).
     async fn lead(
         &mut self,
         guard: LeaderGuard,
@@ -176,17 +175,8 @@ impl Session {
         rw: &Rewritten,
         cmd_seq: u8,
     ) -> Result<()> {
-        let (mine, mut next) = self.write_merged(guard, Some(me), rw, true).await?;
-        self.answer_member(mine, rw, cmd_seq).await?;
-        // The batch that formed meanwhile goes out on this connection at once,
-        // rather than through a hand-off to one of its members; a few times at
-        // most, since this session's client waits for its next statement meanwhile.
-        let mut left = KEEP_LEADING;
-        while let Some(guard) = next.take() {
-            left -= 1;
-            next = self.write_merged(guard, None, rw, left > 0).await?.1;
-        }
-        Ok(())
+        let mine = self.write_merged(guard, me, rw).await?;
+        self.answer_member(mine, rw, cmd_seq).await
     }
 
     /// Waits for the merged write holding this session's part. A client that goes
@@ -251,16 +241,13 @@ impl Session {
     }
 
     /// Writes the batch as the merger merges it, tells every member its outcome
-    /// and returns this session's (member `me`; `None` for a batch this session
-    /// writes for others), and, when `keep`, the target's next batch for this
-    /// session to write (else it is handed to one of its members).
+    /// and returns this session's (member `me`).
     async fn write_merged(
         &mut self,
         guard: LeaderGuard,
-        me: Option<usize>,
+        me: usize,
         rw: &Rewritten,
-        keep: bool,
-    ) -> Result<(Signal, Option<LeaderGuard>)> {
+    ) -> Result<Signal> {
         let parts = guard.parts();
         let members = parts.len();
         let merged = rw
@@ -270,7 +257,7 @@ impl Session {
         let Some((m, merged)) = merged else {
             // Not pieces the merger knows: every member runs its own statement.
             guard.resolve_each(|_| Signal::Alone);
-            return Ok((Signal::Alone, None));
+            return Ok(Signal::Alone);
         };
         // Each part's first item, counted in statement order.
         let items: Vec<u64> = parts.iter().map(|p| p.items).collect();
@@ -287,7 +274,7 @@ impl Session {
         // it waits as the statement would. Only a write holding other sessions'
         // statements is bounded (`SET STATEMENT` costs the server 15–25 µs a
         // statement, measured).
-        let sql = self.bounded(&merged.sql, returning, members > 1 || me.is_none());
+        let sql = self.bounded(&merged.sql, returning, members > 1);
         self.state.before_proxy_statement();
         let written = match self.run_retrying(&sql, true, true).await? {
             Ok(c) if returning.is_none() => c.ok().map(|o| Written {
@@ -312,7 +299,7 @@ impl Session {
                     self.count_alone(AloneReason::LockTimeout);
                 }
                 guard.resolve_each(|_| Signal::Alone);
-                return Ok((Signal::Alone, None));
+                return Ok(Signal::Alone);
             }
             // Nothing was written (one statement in autocommit), and the error may
             // be one member's doing: each member runs its own statement, so only a
@@ -328,13 +315,13 @@ impl Session {
                     self.count_alone(AloneReason::WriteFailed);
                 }
                 guard.resolve_each(|_| Signal::Alone);
-                return Ok((Signal::Alone, None));
+                return Ok(Signal::Alone);
             }
             Err(payload) => {
                 self.count_merged(m.as_ref(), members, total);
                 let outcome: Outcome = Err(payload);
                 guard.resolve(outcome.clone());
-                return Ok((Signal::Done(outcome), None));
+                return Ok(Signal::Done(outcome));
             }
         };
         let own_warnings = match &written {
@@ -370,14 +357,10 @@ impl Session {
                 Err(message) => Signal::Done(Err(err_of(errors::UNKNOWN, message))),
             }
         };
-        let mine = me.map_or(Signal::Alone, |me| signal(me));
+        let mine = signal(me);
         self.count_merged(m.as_ref(), members, total);
-        if keep {
-            let next = guard.resolve_each_and_keep(signal);
-            return Ok((mine, next));
-        }
         guard.resolve_each(signal);
-        Ok((mine, None))
+        Ok(mine)
     }
 
     /// Counts a merged write of `members` members that wrote `items` items.
@@ -599,14 +582,6 @@ impl Session {
 /// How long a merged write of several sessions waits for a metadata lock before it
 /// gives up and its members run alone on their own connections.
 pub(super) const MERGE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// How many more batches a leader writes on its own connection after its own batch
-/// (see `relay::coalesce`), before it hands the next one to a member: the batch goes
-/// out without a hand-off to another task, on the server thread that just finished
-/// the previous one. Its own client's next statement waits meanwhile, so the run is
-/// short. Measured (bench/results/sysbench.md, the `_base` legs): see docs/design.md,
-/// "Group commit".
-const KEEP_LEADING: u32 = 4;
 
 /// How much client input a session waiting for a merged write buffers while it
 /// watches for the client going away.

@@ -1,12 +1,13 @@
 //! Group commit's question about the written table (`rewrite::bound`): may its
 //! triggers and column defaults run on another session's connection? The answer is
-//! kept per table for [`VERDICT_TTL`] and shared by every session of the server; a
-//! session that finds it missing, or the first that finds it stale, learns it on its
-//! own backend connection (a few `information_schema` queries, before its
-//! statement). A stale verdict is never used: while one session reads the table
-//! again, the others' writes into it run alone (`table_recheck`), so a trigger
-//! created while heatsink serves is seen by every write that starts more than
-//! [`VERDICT_TTL`] after it.
+//! kept per table for [`VERDICT_TTL`] and shared by every session of the server; the
+//! first session that finds it missing or stale learns it on its own backend
+//! connection (a few `information_schema` queries, before its statement). A missing
+//! or stale verdict is never used: while one session reads the table, the others'
+//! writes into it run alone (`table_recheck`), so a trigger created while heatsink
+//! serves is seen by every write that starts more than [`VERDICT_TTL`] after it, and
+//! neither a start nor a reload under load sends every session to read the same
+//! table at once.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -27,7 +28,8 @@ pub struct MergeTables {
 
 #[derive(Debug)]
 struct Entry {
-    at: Instant,
+    /// When the verdict's reading began; `None` before the first one finished.
+    at: Option<Instant>,
     verdict: Verdict,
     /// When a session began reading the table again (one at a time).
     rechecking: Option<Instant>,
@@ -52,7 +54,9 @@ impl MergeTables {
     fn lookup(&self, t: &MergeTable) -> Lookup {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         match map.get_mut(&t.key) {
-            Some(e) if e.at.elapsed() < VERDICT_TTL => Lookup::Known(e.verdict == Verdict::Free),
+            Some(e) if e.at.is_some_and(|at| at.elapsed() < VERDICT_TTL) => {
+                Lookup::Known(e.verdict == Verdict::Free)
+            }
             Some(e) if e.rechecking.is_some_and(|r| r.elapsed() < RECHECK_LIMIT) => {
                 Lookup::Rechecking
             }
@@ -60,7 +64,17 @@ impl MergeTables {
                 e.rechecking = Some(Instant::now());
                 Lookup::Learn
             }
-            None => Lookup::Learn,
+            None => {
+                map.insert(
+                    t.key.clone(),
+                    Entry {
+                        at: None,
+                        verdict: Verdict::Bound("not learned yet".into()),
+                        rechecking: Some(Instant::now()),
+                    },
+                );
+                Lookup::Learn
+            }
         }
     }
 
@@ -69,7 +83,7 @@ impl MergeTables {
         map.insert(
             t.key.clone(),
             Entry {
-                at: learned_at,
+                at: Some(learned_at),
                 verdict,
                 rechecking: None,
             },
@@ -159,5 +173,58 @@ impl Session {
         }
         self.shared.merge_tables.store(t, verdict.clone(), started);
         Ok(verdict)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> MergeTable {
+        MergeTable {
+            db: "d".into(),
+            name: "t".into(),
+            expects_own_trigger: false,
+            key: ("d".into(), "t".into()),
+        }
+    }
+
+    #[test]
+    fn one_session_reads_a_missing_verdict_the_others_run_alone() {
+        let tables = MergeTables::default();
+        let t = table();
+        assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        // Meanwhile nobody else reads it, and nobody uses a verdict.
+        assert!(matches!(tables.lookup(&t), Lookup::Rechecking));
+        tables.store(&t, Verdict::Free, Instant::now());
+        assert!(matches!(tables.lookup(&t), Lookup::Known(true)));
+    }
+
+    #[test]
+    fn an_abandoned_first_reading_is_taken_up_by_the_next_session() {
+        let tables = MergeTables::default();
+        let t = table();
+        assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        tables.abandon(&t);
+        assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        assert!(matches!(tables.lookup(&t), Lookup::Rechecking));
+        tables.store(&t, Verdict::Bound("a trigger".into()), Instant::now());
+        assert!(matches!(tables.lookup(&t), Lookup::Known(false)));
+        // A reload forgets it: read again, by one session.
+        tables.clear();
+        assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        assert!(matches!(tables.lookup(&t), Lookup::Rechecking));
+    }
+
+    #[test]
+    fn a_stale_verdict_is_read_again_by_one_session() {
+        let tables = MergeTables::default();
+        let t = table();
+        let Some(long_ago) = Instant::now().checked_sub(VERDICT_TTL * 2) else {
+            return;
+        };
+        tables.store(&t, Verdict::Free, long_ago);
+        assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        assert!(matches!(tables.lookup(&t), Lookup::Rechecking));
     }
 }

@@ -3,15 +3,18 @@
 //! kept per table for [`VERDICT_TTL`] and shared by every session of the server; the
 //! first session that finds it missing or stale learns it on its own backend
 //! connection (a few `information_schema` queries, before its statement). A missing
-//! or stale verdict is never used: while one session reads the table, the others'
-//! writes into it run alone (`table_recheck`), so a trigger created while heatsink
-//! serves is seen by every write that starts more than [`VERDICT_TTL`] after it, and
-//! neither a start nor a reload under load sends every session to read the same
-//! table at once.
+//! or stale verdict is never used: while one session reads the table, the others
+//! wait for its verdict (a few milliseconds) and run alone (`table_recheck`) if it
+//! does not come within [`RECHECK_LIMIT`]. So a trigger created while heatsink serves
+//! is seen by every write that starts more than [`VERDICT_TTL`] after it, and neither
+//! a start nor a reload under load sends every session to read the same table at
+//! once.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
+
+use tokio::sync::watch;
 
 use super::session::Session;
 use super::state::AloneReason;
@@ -21,9 +24,21 @@ use crate::rewrite::{MergeTable, Rewritten};
 use crate::wire::resultset::text_cells;
 
 /// Verdicts per table (lower-cased database and name).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MergeTables {
     map: Mutex<HashMap<(String, String), Entry>>,
+    /// Bumped whenever a reading ends (stored or abandoned), under the map's lock:
+    /// what sessions waiting for another's reading watch.
+    readings: watch::Sender<u64>,
+}
+
+impl Default for MergeTables {
+    fn default() -> Self {
+        MergeTables {
+            map: Mutex::default(),
+            readings: watch::Sender::new(0),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -35,8 +50,9 @@ struct Entry {
     rechecking: Option<Instant>,
 }
 
-/// How long one session's re-reading may take before another session may start one
-/// (its connection failed or hangs).
+/// How long one session's reading may take before another session may start one
+/// (its connection failed or hangs), and how long the others wait for it before
+/// their writes run alone.
 const RECHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What [`MergeTables::lookup`] found.
@@ -45,9 +61,10 @@ enum Lookup {
     Known(bool),
     /// The caller learns it and stores the verdict.
     Learn,
-    /// Stale, and another session is reading the table again: the execution runs
-    /// alone meanwhile (a stale verdict is never used).
-    Rechecking,
+    /// Missing or stale, and another session is reading the table: the caller
+    /// waits for a change of the receiver (subscribed under the map's lock, so no
+    /// ending reading is missed) and asks again (a stale verdict is never used).
+    Rechecking(watch::Receiver<u64>),
 }
 
 impl MergeTables {
@@ -58,7 +75,7 @@ impl MergeTables {
                 Lookup::Known(e.verdict == Verdict::Free)
             }
             Some(e) if e.rechecking.is_some_and(|r| r.elapsed() < RECHECK_LIMIT) => {
-                Lookup::Rechecking
+                Lookup::Rechecking(self.readings.subscribe())
             }
             Some(e) => {
                 e.rechecking = Some(Instant::now());
@@ -88,14 +105,16 @@ impl MergeTables {
                 rechecking: None,
             },
         );
+        self.readings.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// A re-reading that failed: the next session may start one.
+    /// A reading that failed: the next session may start one.
     fn abandon(&self, t: &MergeTable) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = map.get_mut(&t.key) {
             e.rechecking = None;
         }
+        self.readings.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Forgets every verdict (a rule reload).
@@ -112,14 +131,28 @@ impl Session {
         let merger = rw.merge.clone();
         let (free, reason) = match merger.as_deref().and_then(|m| m.table()) {
             None => (false, AloneReason::ConnectionBound),
-            Some(t) => match self.shared.merge_tables.lookup(t) {
-                Lookup::Known(free) => (free, AloneReason::ConnectionBound),
-                Lookup::Rechecking => (false, AloneReason::TableRecheck),
-                Lookup::Learn => (
-                    self.learn_merge_table(t).await? == Verdict::Free,
-                    AloneReason::ConnectionBound,
-                ),
-            },
+            Some(t) => {
+                let until = tokio::time::Instant::now() + RECHECK_LIMIT;
+                loop {
+                    match self.shared.merge_tables.lookup(t) {
+                        Lookup::Known(free) => break (free, AloneReason::ConnectionBound),
+                        Lookup::Learn => {
+                            break (
+                                self.learn_merge_table(t).await? == Verdict::Free,
+                                AloneReason::ConnectionBound,
+                            )
+                        }
+                        Lookup::Rechecking(mut readings) => {
+                            // Another session is reading the table: its verdict, or
+                            // its failure (then this one may read it), is a change.
+                            match tokio::time::timeout_at(until, readings.changed()).await {
+                                Ok(Ok(())) => continue,
+                                Ok(Err(_)) | Err(_) => break (false, AloneReason::TableRecheck),
+                            }
+                        }
+                    }
+                }
+            }
         };
         if !free {
             self.count_alone(reason);
@@ -190,13 +223,18 @@ mod tests {
     }
 
     #[test]
-    fn one_session_reads_a_missing_verdict_the_others_run_alone() {
+    fn one_session_reads_a_missing_verdict_the_others_wait_for_it() {
         let tables = MergeTables::default();
         let t = table();
         assert!(matches!(tables.lookup(&t), Lookup::Learn));
-        // Meanwhile nobody else reads it, and nobody uses a verdict.
-        assert!(matches!(tables.lookup(&t), Lookup::Rechecking));
+        // Meanwhile nobody else reads it, and nobody uses a verdict: they wait for
+        // the reading to end.
+        let Lookup::Rechecking(waiting) = tables.lookup(&t) else {
+            panic!("a second reading")
+        };
+        assert!(!waiting.has_changed().unwrap());
         tables.store(&t, Verdict::Free, Instant::now());
+        assert!(waiting.has_changed().unwrap());
         assert!(matches!(tables.lookup(&t), Lookup::Known(true)));
     }
 
@@ -205,15 +243,20 @@ mod tests {
         let tables = MergeTables::default();
         let t = table();
         assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        let Lookup::Rechecking(waiting) = tables.lookup(&t) else {
+            panic!("a second reading")
+        };
         tables.abandon(&t);
+        // The one waiting hears of it and reads the table itself.
+        assert!(waiting.has_changed().unwrap());
         assert!(matches!(tables.lookup(&t), Lookup::Learn));
-        assert!(matches!(tables.lookup(&t), Lookup::Rechecking));
+        assert!(matches!(tables.lookup(&t), Lookup::Rechecking(_)));
         tables.store(&t, Verdict::Bound("a trigger".into()), Instant::now());
         assert!(matches!(tables.lookup(&t), Lookup::Known(false)));
         // A reload forgets it: read again, by one session.
         tables.clear();
         assert!(matches!(tables.lookup(&t), Lookup::Learn));
-        assert!(matches!(tables.lookup(&t), Lookup::Rechecking));
+        assert!(matches!(tables.lookup(&t), Lookup::Rechecking(_)));
     }
 
     #[test]
@@ -225,6 +268,6 @@ mod tests {
         };
         tables.store(&t, Verdict::Free, long_ago);
         assert!(matches!(tables.lookup(&t), Lookup::Learn));
-        assert!(matches!(tables.lookup(&t), Lookup::Rechecking));
+        assert!(matches!(tables.lookup(&t), Lookup::Rechecking(_)));
     }
 }

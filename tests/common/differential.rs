@@ -1709,8 +1709,11 @@ pub fn run_sessions_bounded(
         total.details(),
         super::client::tail(&diff.proxy.log_text(), 20)
     );
+    // One round alone (`HEATSINK_FUZZ_ROUNDS=1`, a quick sweep of seeds) may merge
+    // nothing by timing: a rollup session round of about 200 statements merged 0 or 3
+    // writes in two runs of one seed.
     assert!(
-        !kind.session_merges() || merged > 0.0,
+        !kind.session_merges() || rounds < 2 || merged > 0.0,
         "{}: no write was merged; group commit was not exercised",
         kind.name()
     );

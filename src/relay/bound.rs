@@ -26,10 +26,18 @@ use crate::wire::resultset::text_cells;
 /// Verdicts per table (lower-cased database and name).
 #[derive(Debug)]
 pub struct MergeTables {
-    map: Mutex<HashMap<(String, String), Entry>>,
+    map: Mutex<Verdicts>,
     /// Bumped whenever a reading ends (stored or abandoned), under the map's lock:
     /// what sessions waiting for another's reading watch.
     readings: watch::Sender<u64>,
+}
+
+/// The verdicts, and how many times they were forgotten (rule reloads): a reading
+/// that began before a reload is not stored after it.
+#[derive(Debug, Default)]
+struct Verdicts {
+    by_table: HashMap<(String, String), Entry>,
+    generation: u64,
 }
 
 impl Default for MergeTables {
@@ -59,8 +67,8 @@ const RECHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 enum Lookup {
     /// Whether the table is free.
     Known(bool),
-    /// The caller learns it and stores the verdict.
-    Learn,
+    /// The caller learns it and stores the verdict (with this generation).
+    Learn(u64),
     /// Missing or stale, and another session is reading the table: the caller
     /// waits for a change of the receiver (subscribed under the map's lock, so no
     /// ending reading is missed) and asks again (a stale verdict is never used).
@@ -69,8 +77,9 @@ enum Lookup {
 
 impl MergeTables {
     fn lookup(&self, t: &MergeTable) -> Lookup {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        match map.get_mut(&t.key) {
+        let mut verdicts = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let generation = verdicts.generation;
+        match verdicts.by_table.get_mut(&t.key) {
             Some(e) if e.at.is_some_and(|at| at.elapsed() < VERDICT_TTL) => {
                 Lookup::Known(e.verdict == Verdict::Free)
             }
@@ -79,10 +88,10 @@ impl MergeTables {
             }
             Some(e) => {
                 e.rechecking = Some(Instant::now());
-                Lookup::Learn
+                Lookup::Learn(generation)
             }
             None => {
-                map.insert(
+                verdicts.by_table.insert(
                     t.key.clone(),
                     Entry {
                         at: None,
@@ -90,28 +99,40 @@ impl MergeTables {
                         rechecking: Some(Instant::now()),
                     },
                 );
-                Lookup::Learn
+                Lookup::Learn(generation)
             }
         }
     }
 
-    fn store(&self, t: &MergeTable, verdict: Verdict, learned_at: Instant) {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.insert(
-            t.key.clone(),
-            Entry {
-                at: Some(learned_at),
-                verdict,
-                rechecking: None,
-            },
-        );
+    /// Stores a verdict read from `learned_at` on, unless the verdicts were forgotten
+    /// since its reading began (`generation`); whether it was stored.
+    fn store(
+        &self,
+        t: &MergeTable,
+        verdict: Verdict,
+        learned_at: Instant,
+        generation: u64,
+    ) -> bool {
+        let mut verdicts = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let current = verdicts.generation == generation;
+        if current {
+            verdicts.by_table.insert(
+                t.key.clone(),
+                Entry {
+                    at: Some(learned_at),
+                    verdict,
+                    rechecking: None,
+                },
+            );
+        }
         self.readings.send_modify(|n| *n = n.wrapping_add(1));
+        current
     }
 
     /// A reading that failed: the next session may start one.
     fn abandon(&self, t: &MergeTable) {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = map.get_mut(&t.key) {
+        let mut verdicts = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = verdicts.by_table.get_mut(&t.key) {
             e.rechecking = None;
         }
         self.readings.send_modify(|n| *n = n.wrapping_add(1));
@@ -119,7 +140,9 @@ impl MergeTables {
 
     /// Forgets every verdict (a rule reload).
     pub fn clear(&self) {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let mut verdicts = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        verdicts.by_table.clear();
+        verdicts.generation = verdicts.generation.wrapping_add(1);
     }
 }
 
@@ -136,9 +159,9 @@ impl Session {
                 loop {
                     match self.shared.merge_tables.lookup(t) {
                         Lookup::Known(free) => break (free, AloneReason::ConnectionBound),
-                        Lookup::Learn => {
+                        Lookup::Learn(generation) => {
                             break (
-                                self.learn_merge_table(t).await? == Verdict::Free,
+                                self.learn_merge_table(t, generation).await? == Verdict::Free,
                                 AloneReason::ConnectionBound,
                             )
                         }
@@ -161,7 +184,7 @@ impl Session {
     }
 
     /// Learns `t`'s verdict on this connection and stores it.
-    async fn learn_merge_table(&mut self, t: &MergeTable) -> Result<Verdict> {
+    async fn learn_merge_table(&mut self, t: &MergeTable, generation: u64) -> Result<Verdict> {
         // The verdict stands from when the reading began.
         let started = Instant::now();
         let mut learn = Learn::new(&t.db, &t.name, t.expects_own_trigger);
@@ -204,7 +227,16 @@ impl Session {
                 "writes into this table run alone on their own connections (no group commit)"
             ),
         }
-        self.shared.merge_tables.store(t, verdict.clone(), started);
+        if !self
+            .shared
+            .merge_tables
+            .store(t, verdict.clone(), started, generation)
+        {
+            // The rules were reloaded while it read (perhaps after a trigger changed):
+            // what it read may be older than the reload. This write runs alone; the
+            // next one reads the table again.
+            return Ok(Verdict::Bound("rules reloaded while reading".into()));
+        }
         Ok(verdict)
     }
 }
@@ -226,14 +258,14 @@ mod tests {
     fn one_session_reads_a_missing_verdict_the_others_wait_for_it() {
         let tables = MergeTables::default();
         let t = table();
-        assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        assert!(matches!(tables.lookup(&t), Lookup::Learn(_)));
         // Meanwhile nobody else reads it, and nobody uses a verdict: they wait for
         // the reading to end.
         let Lookup::Rechecking(waiting) = tables.lookup(&t) else {
             panic!("a second reading")
         };
         assert!(!waiting.has_changed().unwrap());
-        tables.store(&t, Verdict::Free, Instant::now());
+        assert!(tables.store(&t, Verdict::Free, Instant::now(), 0));
         assert!(waiting.has_changed().unwrap());
         assert!(matches!(tables.lookup(&t), Lookup::Known(true)));
     }
@@ -242,20 +274,20 @@ mod tests {
     fn an_abandoned_first_reading_is_taken_up_by_the_next_session() {
         let tables = MergeTables::default();
         let t = table();
-        assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        assert!(matches!(tables.lookup(&t), Lookup::Learn(_)));
         let Lookup::Rechecking(waiting) = tables.lookup(&t) else {
             panic!("a second reading")
         };
         tables.abandon(&t);
         // The one waiting hears of it and reads the table itself.
         assert!(waiting.has_changed().unwrap());
-        assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        assert!(matches!(tables.lookup(&t), Lookup::Learn(_)));
         assert!(matches!(tables.lookup(&t), Lookup::Rechecking(_)));
-        tables.store(&t, Verdict::Bound("a trigger".into()), Instant::now());
+        assert!(tables.store(&t, Verdict::Bound("a trigger".into()), Instant::now(), 0));
         assert!(matches!(tables.lookup(&t), Lookup::Known(false)));
         // A reload forgets it: read again, by one session.
         tables.clear();
-        assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        assert!(matches!(tables.lookup(&t), Lookup::Learn(_)));
         assert!(matches!(tables.lookup(&t), Lookup::Rechecking(_)));
     }
 
@@ -266,8 +298,31 @@ mod tests {
         let Some(long_ago) = Instant::now().checked_sub(VERDICT_TTL * 2) else {
             return;
         };
-        tables.store(&t, Verdict::Free, long_ago);
-        assert!(matches!(tables.lookup(&t), Lookup::Learn));
+        assert!(tables.store(&t, Verdict::Free, long_ago, 0));
+        assert!(matches!(tables.lookup(&t), Lookup::Learn(_)));
         assert!(matches!(tables.lookup(&t), Lookup::Rechecking(_)));
+    }
+
+    #[test]
+    fn a_reading_begun_before_a_reload_is_not_kept() {
+        let tables = MergeTables::default();
+        let t = table();
+        let Lookup::Learn(before) = tables.lookup(&t) else {
+            panic!("no reading")
+        };
+        tables.clear();
+        let Lookup::Learn(after) = tables.lookup(&t) else {
+            panic!("no reading after the reload")
+        };
+        // The older reading ends first: not stored; the newer one is.
+        assert!(!tables.store(&t, Verdict::Free, Instant::now(), before));
+        assert!(matches!(tables.lookup(&t), Lookup::Rechecking(_)));
+        assert!(tables.store(
+            &t,
+            Verdict::Bound("a trigger".into()),
+            Instant::now(),
+            after
+        ));
+        assert!(matches!(tables.lookup(&t), Lookup::Known(false)));
     }
 }

@@ -26,7 +26,7 @@ use crate::wire::resultset::text_cells;
 /// Verdicts per table (lower-cased database and name).
 #[derive(Debug)]
 pub struct MergeTables {
-    map: Mutex<Verdicts>,
+    verdicts: Mutex<Verdicts>,
     /// Bumped whenever a reading ends (stored or abandoned), under the map's lock:
     /// what sessions waiting for another's reading watch.
     readings: watch::Sender<u64>,
@@ -43,7 +43,7 @@ struct Verdicts {
 impl Default for MergeTables {
     fn default() -> Self {
         MergeTables {
-            map: Mutex::default(),
+            verdicts: Mutex::default(),
             readings: watch::Sender::new(0),
         }
     }
@@ -76,8 +76,17 @@ enum Lookup {
 }
 
 impl MergeTables {
+    fn verdicts(&self) -> std::sync::MutexGuard<'_, Verdicts> {
+        self.verdicts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes the sessions waiting for a reading (called under the verdicts' lock).
+    fn reading_ended(&self) {
+        self.readings.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     fn lookup(&self, t: &MergeTable) -> Lookup {
-        let mut verdicts = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut verdicts = self.verdicts();
         let generation = verdicts.generation;
         match verdicts.by_table.get_mut(&t.key) {
             Some(e) if e.at.is_some_and(|at| at.elapsed() < VERDICT_TTL) => {
@@ -113,7 +122,7 @@ impl MergeTables {
         learned_at: Instant,
         generation: u64,
     ) -> bool {
-        let mut verdicts = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut verdicts = self.verdicts();
         let current = verdicts.generation == generation;
         if current {
             verdicts.by_table.insert(
@@ -125,22 +134,22 @@ impl MergeTables {
                 },
             );
         }
-        self.readings.send_modify(|n| *n = n.wrapping_add(1));
+        self.reading_ended();
         current
     }
 
     /// A reading that failed: the next session may start one.
     fn abandon(&self, t: &MergeTable) {
-        let mut verdicts = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut verdicts = self.verdicts();
         if let Some(e) = verdicts.by_table.get_mut(&t.key) {
             e.rechecking = None;
         }
-        self.readings.send_modify(|n| *n = n.wrapping_add(1));
+        self.reading_ended();
     }
 
     /// Forgets every verdict (a rule reload).
     pub fn clear(&self) {
-        let mut verdicts = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut verdicts = self.verdicts();
         verdicts.by_table.clear();
         verdicts.generation = verdicts.generation.wrapping_add(1);
     }
@@ -160,10 +169,12 @@ impl Session {
                     match self.shared.merge_tables.lookup(t) {
                         Lookup::Known(free) => break (free, AloneReason::ConnectionBound),
                         Lookup::Learn(generation) => {
-                            break (
-                                self.learn_merge_table(t, generation).await? == Verdict::Free,
-                                AloneReason::ConnectionBound,
-                            )
+                            break match self.learn_merge_table(t, generation).await? {
+                                Some(v) => (v == Verdict::Free, AloneReason::ConnectionBound),
+                                // Read across a rule reload: not kept, and this
+                                // write runs alone as while another session reads.
+                                None => (false, AloneReason::TableRecheck),
+                            };
                         }
                         Lookup::Rechecking(mut readings) => {
                             // Another session is reading the table: its verdict, or
@@ -184,7 +195,12 @@ impl Session {
     }
 
     /// Learns `t`'s verdict on this connection and stores it.
-    async fn learn_merge_table(&mut self, t: &MergeTable, generation: u64) -> Result<Verdict> {
+    /// `None` when the rules were reloaded while it read: the verdict is not kept.
+    async fn learn_merge_table(
+        &mut self,
+        t: &MergeTable,
+        generation: u64,
+    ) -> Result<Option<Verdict>> {
         // The verdict stands from when the reading began.
         let started = Instant::now();
         let mut learn = Learn::new(&t.db, &t.name, t.expects_own_trigger);
@@ -216,6 +232,16 @@ impl Session {
             .verdict()
             .cloned()
             .unwrap_or_else(|| Verdict::Bound("not learned".into()));
+        if !self
+            .shared
+            .merge_tables
+            .store(t, verdict.clone(), started, generation)
+        {
+            // The rules were reloaded while it read (perhaps after a trigger changed):
+            // what it read may be older than the reload. The next write reads the
+            // table again.
+            return Ok(None);
+        }
         match &verdict {
             Verdict::Free => {
                 tracing::debug!(db = %t.db, table = %t.name, "merged writes may run on any connection")
@@ -227,17 +253,7 @@ impl Session {
                 "writes into this table run alone on their own connections (no group commit)"
             ),
         }
-        if !self
-            .shared
-            .merge_tables
-            .store(t, verdict.clone(), started, generation)
-        {
-            // The rules were reloaded while it read (perhaps after a trigger changed):
-            // what it read may be older than the reload. This write runs alone; the
-            // next one reads the table again.
-            return Ok(Verdict::Bound("rules reloaded while reading".into()));
-        }
-        Ok(verdict)
+        Ok(Some(verdict))
     }
 }
 
